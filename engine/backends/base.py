@@ -1,0 +1,102 @@
+"""The backend contract: a frozen model behind ``complete`` / ``acomplete`` / ``batch`` / ``stream``.
+
+Backends declare what they can do with ``Capabilities`` flags; callers never guess from a name.
+Subclasses implement ``complete`` (and ``stream`` when they can emit text incrementally); the
+async and batch forms have sensible defaults built on it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator, Sequence
+
+from engine.types import Completion, Request
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend offers. ``white_box``: hidden states and gradients are reachable."""
+
+    vision: bool = False
+    white_box: bool = False
+    logprobs: bool = False
+    tool_calls: bool = False  # native tool calls (the model's own format)
+    streaming: bool = False
+    max_concurrency: int = 1
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """A piece of a streamed completion. The last chunk carries the full ``completion``."""
+
+    text: str = ""
+    completion: Completion | None = None
+
+
+class Backend(abc.ABC):
+    """Base class for frozen-model backends (one level of inheritance, no more)."""
+
+    spec: str = ""
+    capabilities: Capabilities = Capabilities()
+
+    @abc.abstractmethod
+    def complete(self, request: Request) -> Completion:
+        """Run one chat completion. Must fill usage and latency."""
+
+    async def acomplete(self, request: Request) -> Completion:
+        """Async form; the default runs ``complete`` in a worker thread."""
+        return await asyncio.to_thread(self.complete, request)
+
+    async def batch(self, requests: Sequence[Request], concurrency: int | None = None
+                    ) -> list[Completion]:
+        """Complete many requests with at most ``concurrency`` in flight; order is kept."""
+        limit = max(1, concurrency or self.capabilities.max_concurrency)
+        sem = asyncio.Semaphore(limit)
+
+        async def one(r: Request) -> Completion:
+            async with sem:
+                return await self.acomplete(r)
+
+        return list(await asyncio.gather(*(one(r) for r in requests)))
+
+    def batch_sync(self, requests: Sequence[Request], concurrency: int | None = None
+                   ) -> list[Completion]:
+        """``batch`` for callers without an event loop."""
+        return asyncio.run(self.batch(requests, concurrency))
+
+    def stream(self, request: Request) -> Iterator[StreamChunk]:
+        """Yield text as it is generated, then a final chunk holding the ``Completion``.
+
+        The default yields the whole completion at once, so every backend can be streamed.
+        """
+        completion = self.complete(request)
+        yield StreamChunk(text=completion.text)
+        yield StreamChunk(completion=completion)
+
+    async def astream(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """Async form of ``stream``; the default drives the sync iterator in a thread."""
+        it = self.stream(request)
+        sentinel = object()
+        while True:
+            chunk = await asyncio.to_thread(next, it, sentinel)
+            if chunk is sentinel:
+                return
+            yield chunk  # type: ignore[misc]
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text``; backends with a tokenizer count exactly, others estimate."""
+        return max(1, len(text) // 4) if text else 0
+
+    def close(self) -> None:
+        """Release resources (threads, sockets, memory). Safe to call twice."""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec!r}>"

@@ -1,0 +1,111 @@
+"""The error hierarchy. Every message says what went wrong and what to do next.
+
+This module imports nothing of ours. The CLI maps each class to an exit code (``exit_code``).
+"""
+
+from __future__ import annotations
+
+
+class WhetstoneError(Exception):
+    """Base class. ``hint`` is the next thing the user should do."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(message if not hint else f"{message}\n  -> {hint}")
+
+
+class ConfigError(WhetstoneError):
+    """Bad option, spec or configuration supplied by the user."""
+
+    exit_code = 2
+
+
+class UnknownBackend(ConfigError):
+    """A model spec that matches no registered backend."""
+
+
+class ModelNotInstalled(WhetstoneError):
+    """A backend's optional package or packaged weights are missing."""
+
+    exit_code = 3
+
+
+class ModelLoadError(WhetstoneError):
+    """Weights exist but could not be loaded (corrupt part, wrong hash, bad file)."""
+
+    exit_code = 3
+
+
+class BackendError(WhetstoneError):
+    """A backend call failed."""
+
+    exit_code = 4
+
+
+class BackendUnavailable(BackendError):
+    """The backend could not be reached (server down, connection refused) after retries."""
+
+
+class BackendTimeout(BackendError):
+    """The backend did not answer in time."""
+
+
+class ScriptExhausted(BackendError):
+    """The ``scripted:`` test double was asked for more completions than it was given."""
+
+
+class ParseError(WhetstoneError):
+    """Model output that could not be parsed. ``raw`` holds the output verbatim."""
+
+    def __init__(self, message: str, raw: str, hint: str | None = None) -> None:
+        self.raw = raw
+        super().__init__(f"{message}\n--- raw model output ---\n{raw}\n--- end ---", hint)
+        self.message = message
+
+
+class ToolError(WhetstoneError):
+    """A tool failed (bad input, crash, timeout). The runtime shows it to the model."""
+
+
+class BudgetExceeded(WhetstoneError):
+    """A run went over its step horizon, token budget or wall-clock limit."""
+
+
+class LibraryError(WhetstoneError):
+    """The library on disk is missing, locked, or inconsistent."""
+
+    exit_code = 5
+
+
+class ValidationError(LibraryError):
+    """A file breaks a rule. ``path`` and ``line`` say where, ``rule`` says which rule."""
+
+    def __init__(self, path: str, rule: str, detail: str, line: int | None = None,
+                 hint: str | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.rule = rule
+        self.detail = detail
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: [{rule}] {detail}", hint)
+
+
+class TraceError(WhetstoneError):
+    """A trace file or record could not be read."""
+
+    exit_code = 5
+
+
+class NotFound(WhetstoneError):
+    """A named thing (trace, version, skill, task set) does not exist."""
+
+    exit_code = 6
+
+
+class EvalError(WhetstoneError):
+    """A task set or scorer could not be used."""
+
+    exit_code = 7

@@ -1,0 +1,166 @@
+"""The append-only trace store: one JSON line per trace record, one file per day.
+
+A trace may be written more than once (``running`` when a run starts, its outcome when it ends,
+a new score when feedback arrives); the latest line for an id wins. Reading never fails on a
+bad line: it is reported with its file and line number and skipped. Retention deletes whole
+day files, so nothing is ever rewritten in place.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from filelock import FileLock
+
+from engine.errors import NotFound
+from engine.types import Trace
+
+
+@dataclass
+class TraceQuery:
+    """Filters for ``TraceStore.query``; ``None`` means any."""
+
+    task: str | None = None  # substring of the task
+    outcome: str | None = None
+    min_score: float | None = None
+    max_score: float | None = None
+    library_version: str | None = None
+    since: float | None = None  # unix time, on ``started``
+    until: float | None = None
+    ids: frozenset[str] | None = None
+    task_set: str | None = None  # meta["task_set"], set by eval
+    limit: int | None = None  # newest first when limited
+
+    def matches(self, t: Trace) -> bool:
+        if self.ids is not None and t.id not in self.ids:
+            return False
+        if self.task is not None and self.task.lower() not in t.task.lower():
+            return False
+        if self.outcome is not None and t.outcome != self.outcome:
+            return False
+        if self.min_score is not None and (t.score is None or t.score < self.min_score):
+            return False
+        if self.max_score is not None and (t.score is None or t.score > self.max_score):
+            return False
+        if self.library_version is not None and t.library_version != self.library_version:
+            return False
+        if self.since is not None and t.started < self.since:
+            return False
+        if self.until is not None and t.started > self.until:
+            return False
+        if self.task_set is not None and t.meta.get("task_set") != self.task_set:
+            return False
+        return True
+
+
+@dataclass
+class TraceStore:
+    """Traces under ``root`` (``<library>/traces``). Safe for threads and processes."""
+
+    root: Path
+    problems: list[str] = field(default_factory=list)  # bad lines seen by the last read
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        self._thread_lock = threading.Lock()
+
+    def _lock(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".lock"))
+
+    def _day_file(self, when: float) -> Path:
+        day = datetime.fromtimestamp(when, tz=timezone.utc).strftime("%Y-%m-%d")
+        return self.root / f"{day}.jsonl"
+
+    def append(self, trace: Trace) -> None:
+        """Write one record. Lines go to the file of the trace's start day."""
+        line = trace.to_json() + "\n"
+        with self._thread_lock, self._lock():
+            with open(self._day_file(trace.started), "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+
+    def append_many(self, traces: Iterable[Trace]) -> None:
+        for t in traces:
+            self.append(t)
+
+    def files(self) -> list[Path]:
+        return sorted(self.root.glob("*.jsonl")) if self.root.exists() else []
+
+    def _records(self) -> Iterator[Trace]:
+        self.problems = []
+        for path in self.files():
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        yield Trace.from_dict(json.loads(line))
+                    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                        self.problems.append(
+                            f"{path}:{lineno}: unreadable trace record ({exc}); skipped"
+                        )
+
+    def latest(self) -> dict[str, Trace]:
+        """Every trace by id, latest record wins."""
+        out: dict[str, Trace] = {}
+        for t in self._records():
+            out.pop(t.id, None)  # re-insert so dict order follows the latest write
+            out[t.id] = t
+        return out
+
+    def query(self, q: TraceQuery | None = None) -> list[Trace]:
+        """Traces matching ``q``, oldest first (newest ``limit`` when limited)."""
+        q = q or TraceQuery()
+        found = sorted((t for t in self.latest().values() if q.matches(t)),
+                       key=lambda t: t.started)
+        if q.limit is not None:
+            found = found[-q.limit:]
+        return found
+
+    def get(self, trace_id: str) -> Trace:
+        """One trace by id or by a unique id prefix."""
+        traces = self.latest()
+        if trace_id in traces:
+            return traces[trace_id]
+        matches = [t for i, t in traces.items() if i.startswith(trace_id)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise NotFound(f"no trace with id {trace_id!r} in {self.root}",
+                           hint="`whetstone traces ls` lists the recorded traces")
+        raise NotFound(f"trace id prefix {trace_id!r} is ambiguous ({len(matches)} traces)",
+                       hint="give more characters of the id")
+
+    def set_score(self, trace_id: str, score: float, comment: str | None = None) -> Trace:
+        """Label a trace (feedback or a scorer): appends an updated record."""
+        t = self.get(trace_id)
+        meta = dict(t.meta)
+        if comment is not None:
+            meta["feedback"] = comment
+        updated = t.with_(score=score, meta=meta)
+        self.append(updated)
+        return updated
+
+    def prune(self, keep_days: float | None = None, now: float | None = None) -> list[Path]:
+        """Retention: delete day files older than ``keep_days``. Returns what was deleted."""
+        if keep_days is None:
+            return []
+        cutoff = (now if now is not None else time.time()) - keep_days * 86400
+        removed: list[Path] = []
+        with self._thread_lock, self._lock():
+            for path in self.files():
+                try:
+                    day = datetime.strptime(path.stem, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+                except ValueError:
+                    continue  # not a day file; leave it alone
+                if day.timestamp() + 86400 < cutoff:
+                    path.unlink()
+                    removed.append(path)
+        return removed

@@ -1,0 +1,36 @@
+"""Shared fixtures. Every test gets its own Whetstone home; model caches are shared so the
+embedded model is dequantized once per machine, not once per test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_CACHE = Path(os.environ.get("WHETSTONE_TEST_CACHE", REPO / ".cache" / "whetstone"))
+
+# No test may reach a model hub; make any accidental attempt fail fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+
+@pytest.fixture(autouse=True)
+def whetstone_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "whetstone-home"
+    monkeypatch.setenv("WHETSTONE_HOME", str(home))
+    monkeypatch.setenv("WHETSTONE_CACHE", str(SHARED_CACHE))
+    return home
+
+
+@pytest.fixture(scope="session")
+def embedded_backend() -> Iterator[object]:
+    """The real embedded model (Qwen2.5-Coder-0.5B-Instruct), loaded once per session."""
+    from engine.backends import BackendOptions, get_backend
+
+    backend = get_backend("embedded", BackendOptions(cache_dir=SHARED_CACHE))
+    yield backend
+    backend.close()

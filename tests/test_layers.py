@@ -1,0 +1,125 @@
+"""DESIGN.md's layering: a lower layer never imports a higher one. Walks every import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Rank of each layer; a module may import only modules of the same or a lower rank.
+LAYERS: list[tuple[str, int]] = [
+    ("engine/types.py", 0),
+    ("engine/errors.py", 0),
+    ("engine/paths.py", 0),
+    ("engine/prompts", 0),
+    ("engine/backends", 1),
+    ("library_store", 1),
+    ("skills", 2),
+    ("tools", 2),
+    ("engine/runtime", 3),
+    ("engine/evaluation", 4),
+    ("engine/methods", 5),
+    ("engine/server.py", 6),
+    ("engine/api.py", 6),
+    ("engine/commands", 6),
+    ("engine/__init__.py", 6),
+    ("cli.py", 6),
+]
+# Siblings of the same rank that must not import each other.
+SIBLINGS = [("engine/backends", "library_store"), ("skills", "tools")]
+
+
+def layer_of(rel: str) -> tuple[str, int] | None:
+    for prefix, rank in LAYERS:
+        if rel == prefix or rel.startswith(prefix + "/"):
+            return prefix, rank
+    return None
+
+
+def module_to_path(module: str) -> str | None:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:n])
+        if base.with_suffix(".py").exists():
+            return str(base.with_suffix(".py").relative_to(REPO))
+        if base.is_dir() and (base / "__init__.py").exists():
+            return str((base / "__init__.py").relative_to(REPO)) if n == len(parts) else str(
+                base.relative_to(REPO)) + "/__init__.py"
+    return None
+
+
+def our_files() -> list[Path]:
+    roots = ["engine", "skills", "tools", "library_store"]
+    files = [p for r in roots for p in (REPO / r).rglob("*.py")]
+    return files + [REPO / "cli.py"]
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    return imports_of_src(path.read_text())
+
+
+def imports_of_src(src: str) -> list[tuple[int, str]]:
+    tree = ast.parse(src)
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def violations() -> list[str]:
+    bad: list[str] = []
+    for path in our_files():
+        rel = str(path.relative_to(REPO))
+        mine = layer_of(rel)
+        if mine is None:
+            bad.append(f"{rel}: not in any layer of DESIGN.md; add it to LAYERS")
+            continue
+        for lineno, module in imports_of(path):
+            target = module_to_path(module)
+            if target is None:
+                continue
+            theirs = layer_of(target)
+            if theirs is None:
+                continue
+            if theirs[1] > mine[1]:
+                bad.append(f"{rel}:{lineno} imports {module} (layer {theirs[0]} is above {mine[0]})")
+            for a, b in SIBLINGS:
+                if {mine[0], theirs[0]} == {a, b}:
+                    bad.append(f"{rel}:{lineno} imports sibling {module}")
+    return sorted(set(bad))
+
+
+def test_no_lower_layer_imports_a_higher_one() -> None:
+    assert violations() == []
+
+
+def test_the_check_catches_a_violation() -> None:
+    # A bad import placed in the lowest layer must be reported (the check can fail).
+    src = "from engine.runtime import graph\n"
+    assert imports_of_src(src) == [(1, "engine.runtime"), (1, "engine.runtime.graph")]
+    mine = layer_of("engine/types.py")
+    theirs = layer_of("engine/runtime/graph.py")
+    assert mine and theirs and theirs[1] > mine[1]
+
+
+def test_heavy_libraries_are_imported_lazily() -> None:
+    # torch/transformers/vllm/chromadb only inside functions, never at module top level.
+    heavy = {"torch", "transformers", "vllm", "chromadb", "llama_cpp", "ray", "matplotlib"}
+    bad = []
+    for path in our_files():
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for n in names:
+                if n.split(".")[0] in heavy:
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {n} at top level")
+    assert bad == []
