@@ -1,0 +1,374 @@
+"""``openai:<model>@<base_url>`` — any OpenAI-compatible server through the real ``openai`` client.
+
+vLLM's ``vllm serve``, llama.cpp's server, OpenAI itself, or another ``whetstone serve``. The
+client's own retries are switched off (``max_retries=0``) and replaced by ``RetryPolicy`` so the
+bound and the backoff are ours to set and test. Errors become ``BackendUnavailable`` (cannot
+reach it), ``BackendTimeout`` (no answer in time) or ``BackendError`` (the server said no).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from urllib.parse import urlsplit
+
+from engine.backends.base import Backend, Capabilities, StreamChunk
+from engine.backends.openai_wire import (
+    StreamAccumulator,
+    completion_from_openai,
+    request_to_openai,
+)
+from engine.backends.registry import BackendOptions
+from engine.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigError,
+    WhetstoneError,
+)
+from engine.types import Completion, Request
+
+log = logging.getLogger("whetstone.backends.openai")
+
+OFFICIAL_BASE_URL = "https://api.openai.com/v1"
+# Local servers (vLLM, llama.cpp, whetstone serve) take any key, but the client insists on one.
+PLACEHOLDER_KEY = "sk-no-key-required"
+_RETRY_STATUS = frozenset({408, 429})  # plus every 5xx
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff: waits ``backoff_s * 2**k``, capped.
+
+    A server's ``Retry-After`` (seconds) is honoured up to ``max_backoff_s``.
+    """
+
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def delay(self, retry: int, retry_after: float | None = None) -> float:
+        if retry_after is not None and retry_after >= 0:
+            return min(retry_after, self.max_backoff_s)
+        return min(self.backoff_s * (2 ** retry), self.max_backoff_s)
+
+
+def normalize_base_url(url: str) -> str:
+    """``http://host:8000`` -> ``http://host:8000/v1``; a URL with a path is kept as given."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{url!r} is not an http(s) URL",
+                          hint="use openai:<model>@http://host:port/v1")
+    path = parts.path.rstrip("/")
+    return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
+
+
+def parse_spec(arg: str, env: dict[str, str] | None = None) -> tuple[str, str]:
+    """``qwen@http://127.0.0.1:8000/v1`` -> (model, base_url). Without ``@url`` the base URL is
+    ``$OPENAI_BASE_URL`` or the official API."""
+    env = dict(os.environ) if env is None else env
+    model, sep, url = arg.strip().rpartition("@")
+    if not sep:
+        model, url = url, env.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
+    if not model or not url:
+        raise ConfigError(f"openai spec needs a model name and a URL, got 'openai:{arg}'",
+                          hint="e.g. openai:qwen@http://127.0.0.1:8000/v1 or openai:gpt-4o-mini")
+    return model, normalize_base_url(url)
+
+
+def _server_message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("detail"):  # FastAPI's default error shape
+            return str(body["detail"])
+    return str(getattr(exc, "message", "") or exc)
+
+
+class OpenAICompatBackend(Backend):
+    """A model behind an OpenAI-compatible ``/v1/chat/completions``."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        *,
+        api_key: str,
+        timeout_s: float = 120.0,
+        retry: RetryPolicy = RetryPolicy(),
+        max_concurrency: int = 8,
+        vision: bool = False,
+    ) -> None:
+        import openai  # lazily: `whetstone --help` should not pay for it
+
+        self.model = model
+        self.base_url = base_url
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self.spec = f"openai:{model}@{base_url}"
+        self.capabilities = Capabilities(
+            vision=vision, logprobs=True, tool_calls=True, streaming=True,
+            max_concurrency=max_concurrency,
+        )
+        self._openai = openai
+        self._api_key = api_key
+        self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0,
+                                     timeout=timeout_s)
+        # An async client's connection pool belongs to one event loop; keep one per loop.
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
+        self._lock = threading.Lock()
+
+    # --- errors and retries ------------------------------------------------------------------
+
+    def _retry_wait(self, exc: Exception, retry: int) -> float | None:
+        """Seconds to wait before retry number ``retry`` (0-based), or None: do not retry."""
+        o = self._openai
+        if retry >= self.retry.max_retries or isinstance(exc, o.APITimeoutError):
+            # A timeout is not retried: the caller's deadline has already passed.
+            return None
+        if isinstance(exc, o.APIConnectionError):
+            return self.retry.delay(retry)
+        if isinstance(exc, o.APIStatusError) and (
+                exc.status_code in _RETRY_STATUS or exc.status_code >= 500):
+            header = exc.response.headers.get("retry-after")
+            try:
+                retry_after = float(header) if header is not None else None
+            except ValueError:  # an HTTP date: fall back to our own backoff
+                retry_after = None
+            return self.retry.delay(retry, retry_after)
+        return None
+
+    def _to_error(self, exc: Exception, attempts: int, timeout: float) -> WhetstoneError:
+        """The ``WhetstoneError`` a caller sees for an ``openai`` exception."""
+        o, url = self._openai, self.base_url
+        tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
+        if isinstance(exc, o.APITimeoutError):
+            return BackendTimeout(
+                f"{url} did not answer within {timeout:g} s (model {self.model!r})",
+                hint="raise the timeout (BackendOptions.timeout_s or Request.timeout) "
+                     "or check the server's load",
+            )
+        if isinstance(exc, o.APIConnectionError):
+            cause = exc.__cause__ or exc
+            return BackendUnavailable(
+                f"cannot reach the OpenAI-compatible server at {url} {tries} "
+                f"({type(cause).__name__}: {cause})",
+                hint="start the server (e.g. `whetstone serve --model embedded --port 8000` or "
+                     "`vllm serve MODEL`) or fix the URL in openai:<model>@<base_url>",
+            )
+        if isinstance(exc, o.APIStatusError):
+            status, msg = exc.status_code, _server_message(exc)
+            if status == 404:
+                return BackendError(
+                    f"{url} answered 404 for model {self.model!r}: {msg}",
+                    hint=f"check the model name (GET {url}/models lists what it serves) and "
+                         "that the base URL ends in /v1 (or whatever path the server uses)",
+                )
+            if status in (401, 403):
+                return BackendError(f"{url} refused the API key ({status}): {msg}",
+                                    hint="set OPENAI_API_KEY or pass --api-key")
+            if status == 429:
+                return BackendError(f"{url} is rate limiting (429) {tries}: {msg}",
+                                    hint="lower the concurrency or retry later")
+            if status >= 500:
+                cls = BackendUnavailable if status in (502, 503, 504) else BackendError
+                return cls(f"{url} failed with {status} {tries}: {msg}",
+                           hint="check the server's log; it may be overloaded or misconfigured")
+            return BackendError(f"{url} rejected the request ({status}): {msg}",
+                                hint="the server's message says what it expected")
+        if isinstance(exc, o.APIError):  # e.g. an error event in the middle of a stream
+            return BackendError(f"{url} reported an error: {_server_message(exc)}",
+                                hint="check the server's log")
+        return BackendError(f"unexpected reply from {url}: {type(exc).__name__}: {exc}",
+                            hint="check that the server speaks the OpenAI chat API")
+
+    def _timeout(self, request: Request) -> float:
+        return request.timeout if request.timeout is not None else self.timeout_s
+
+    def _call(self, fn: Callable[[], _T], timeout: float) -> _T:
+        """Run ``fn`` with bounded retries, turning failures into ``WhetstoneError``."""
+        for attempt in range(self.retry.max_retries + 1):
+            try:
+                return fn()
+            except self._openai.OpenAIError as exc:
+                wait = self._retry_wait(exc, attempt)
+                if wait is None:
+                    raise self._to_error(exc, attempt + 1, timeout) from exc
+                log.warning("%s: %s; retry %d/%d in %.2f s", self.base_url, type(exc).__name__,
+                            attempt + 1, self.retry.max_retries, wait)
+                time.sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _acall(self, fn: Callable[[], Any], timeout: float) -> Any:
+        for attempt in range(self.retry.max_retries + 1):
+            try:
+                return await fn()
+            except self._openai.OpenAIError as exc:
+                wait = self._retry_wait(exc, attempt)
+                if wait is None:
+                    raise self._to_error(exc, attempt + 1, timeout) from exc
+                log.warning("%s: %s; retry %d/%d in %.2f s", self.base_url, type(exc).__name__,
+                            attempt + 1, self.retry.max_retries, wait)
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _aclient(self) -> Any:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._aclients.get(loop)
+            if client is None:
+                client = self._openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url,
+                                                  max_retries=0, timeout=self.timeout_s)
+                self._aclients[loop] = client
+            return client
+
+    # --- the contract ------------------------------------------------------------------------
+
+    def _finish(self, request: Request, completion: Completion) -> Completion:
+        """Fill usage when the server sent none (some llama.cpp builds): an estimate."""
+        if completion.prompt_tokens or completion.completion_tokens:
+            return completion
+        prompt = sum(self.count_tokens(m.text) + 4 for m in request.messages)  # +4: role framing
+        out = self.count_tokens(completion.text) + sum(
+            self.count_tokens(c.name + c.arguments) for c in completion.tool_calls)
+        return replace(completion, prompt_tokens=prompt, completion_tokens=out)
+
+    def _parse(self, request: Request, response: Any, start: float) -> Completion:
+        data = response.to_dict()
+        try:
+            completion = completion_from_openai(data, time.perf_counter() - start)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise BackendError(f"{self.base_url} sent a reply that is not a chat completion: "
+                               f"{str(data)[:500]}",
+                               hint="check that the server speaks the OpenAI chat API") from exc
+        return self._finish(request, completion)
+
+    def complete(self, request: Request) -> Completion:
+        """One chat completion; latency covers retries (what the caller waited)."""
+        kwargs = request_to_openai(request, self.model)
+        timeout = self._timeout(request)
+        start = time.perf_counter()
+        response = self._call(
+            lambda: self._client.chat.completions.create(**kwargs, timeout=timeout), timeout)
+        return self._parse(request, response, start)
+
+    async def acomplete(self, request: Request) -> Completion:
+        kwargs = request_to_openai(request, self.model)
+        timeout = self._timeout(request)
+        client = self._aclient()
+        start = time.perf_counter()
+        response = await self._acall(
+            lambda: client.chat.completions.create(**kwargs, timeout=timeout), timeout)
+        return self._parse(request, response, start)
+
+    def _stream_kwargs(self, request: Request) -> dict[str, Any]:
+        return {**request_to_openai(request, self.model), "stream": True,
+                "stream_options": {"include_usage": True}}
+
+    def stream(self, request: Request) -> Iterator[StreamChunk]:
+        """Text as it arrives, then the ``Completion``. Retries cover opening the stream only:
+        once text has been handed out it cannot be taken back. Past the request's deadline the
+        stream is cut and the completion ends with ``finish_reason="timeout"``."""
+        kwargs, timeout = self._stream_kwargs(request), self._timeout(request)
+        start = time.perf_counter()
+        stream = self._call(
+            lambda: self._client.chat.completions.create(**kwargs, timeout=timeout), timeout)
+        acc, cut = StreamAccumulator(), False
+        try:
+            for chunk in stream:
+                text = acc.feed(chunk.to_dict())
+                if text:
+                    yield StreamChunk(text=text)
+                if time.perf_counter() - start > timeout:
+                    cut = True
+                    break
+        except self._openai.OpenAIError as exc:
+            raise self._to_error(exc, 1, timeout) from exc
+        finally:
+            stream.close()
+        yield StreamChunk(completion=self._stream_result(request, acc, start, cut))
+
+    async def astream(self, request: Request) -> AsyncIterator[StreamChunk]:
+        kwargs, timeout = self._stream_kwargs(request), self._timeout(request)
+        client = self._aclient()
+        start = time.perf_counter()
+        stream = await self._acall(
+            lambda: client.chat.completions.create(**kwargs, timeout=timeout), timeout)
+        acc, cut = StreamAccumulator(), False
+        try:
+            async for chunk in stream:
+                text = acc.feed(chunk.to_dict())
+                if text:
+                    yield StreamChunk(text=text)
+                if time.perf_counter() - start > timeout:
+                    cut = True
+                    break
+        except self._openai.OpenAIError as exc:
+            raise self._to_error(exc, 1, timeout) from exc
+        finally:
+            await stream.close()
+        yield StreamChunk(completion=self._stream_result(request, acc, start, cut))
+
+    def _stream_result(self, request: Request, acc: StreamAccumulator, start: float,
+                       cut: bool) -> Completion:
+        completion = acc.completion(time.perf_counter() - start)
+        if cut:
+            completion = replace(completion, finish_reason="timeout")
+        return self._finish(request, completion)
+
+    def close(self) -> None:
+        """Close the HTTP clients. Async clients whose loop is gone are left to the GC."""
+        self._client.close()
+        with self._lock:
+            clients = list(self._aclients.items())
+            self._aclients.clear()
+        for loop, client in clients:
+            if loop.is_running() and not loop.is_closed():
+                try:
+                    running = asyncio.get_running_loop()
+                except RuntimeError:
+                    running = None
+                if running is loop:
+                    loop.create_task(client.close())
+                else:
+                    asyncio.run_coroutine_threadsafe(client.close(), loop)
+
+
+def make_openai(arg: str, options: BackendOptions) -> OpenAICompatBackend:
+    """Factory for ``openai:<model>[@<base_url>]``.
+
+    ``options.extra`` may set ``max_concurrency`` (default 8), ``vision`` (default False),
+    ``retry_backoff_s`` (default 0.5) and ``retry_max_backoff_s`` (default 8).
+    """
+    model, base_url = parse_spec(arg)
+    api_key = options.api_key or os.environ.get("OPENAI_API_KEY")
+    if not api_key:
+        if base_url == OFFICIAL_BASE_URL:
+            raise ConfigError(f"no API key for {base_url}",
+                              hint="set OPENAI_API_KEY or pass --api-key")
+        api_key = PLACEHOLDER_KEY
+    extra = options.extra
+    retry = RetryPolicy(
+        max_retries=max(0, int(options.max_retries)),
+        backoff_s=float(extra.get("retry_backoff_s", 0.5)),
+        max_backoff_s=float(extra.get("retry_max_backoff_s", 8.0)),
+    )
+    return OpenAICompatBackend(
+        model, base_url, api_key=api_key, timeout_s=float(options.timeout_s), retry=retry,
+        max_concurrency=int(extra.get("max_concurrency", 8)), vision=bool(extra.get("vision")),
+    )

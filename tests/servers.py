@@ -1,0 +1,51 @@
+"""Run a real ASGI app under uvicorn on 127.0.0.1 in a background thread, for tests.
+
+``with running_server(app) as url: ...`` yields ``http://127.0.0.1:<port>``. The socket is bound
+before the server starts (port 0: the OS picks a free one), so there is no race for a port and
+the URL accepts connections as soon as it is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+
+def free_port() -> int:
+    """A port that nothing listens on (bound, then released): connections to it are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_server(app: Any, *, startup_timeout_s: float = 20.0,
+                   graceful_shutdown_s: float = 1.0) -> Iterator[str]:
+    """Serve ``app`` until the block ends; yields its base URL (without ``/v1``)."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=graceful_shutdown_s)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                              name=f"uvicorn-{port}")
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError(f"test server on port {port} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=graceful_shutdown_s + 10)
+        sock.close()
