@@ -1,1 +1,275 @@
-def main(): pass
+"""``whetstone`` — the command line. Thin: each command is a call into ``engine.api``.
+
+Exit codes: 0 answered / ok; 1 failure; 2 usage or config; 3 model missing; 4 backend failed;
+5 library; 6 not found; 7 eval; 8 the run stopped without an answer (horizon, budget, time);
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine.commands.common import (
+    console, emit_json, handle_errors, json_option, library_option, model_option,
+)
+
+EXIT_NO_ANSWER = 8
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="whetstone-engine")
+def cli() -> None:
+    """Whetstone: adapt frozen models at inference time with skills, tools and notes
+    learned from their own traces."""
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+def _short(value: Any, limit: int = 400) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+def _print_step(out: Any, step: Any) -> None:
+    """One line (or a few) per step, in the ReAct vocabulary users know."""
+    if step.kind == "think" and step.output:
+        thought = step.output.get("thought") or ""
+        if thought:
+            out.print(f"[cyan]Thought:[/] {_short(thought, 1200)}", markup=True, soft_wrap=True)
+        calls = step.output.get("completion", {}).get("tool_calls") or []
+        meta = step.meta or {}
+        out.print(f"[dim]  ({meta.get('completion_tokens', 0)} tokens, "
+                  f"{meta.get('latency_s', 0):.1f} s)[/]", markup=True)
+        for c in calls:
+            fn = c.get("function", c)
+            out.print(f"[magenta]Action:[/] {fn['name']}({_short(fn.get('arguments', ''))})",
+                      markup=True, soft_wrap=True)
+    elif step.kind == "think" and step.error:
+        out.print(f"[red]Model call failed:[/] {step.error}", markup=True)
+    elif step.kind == "act":
+        if not step.output or not step.output.get("observation"):
+            out.print(f"[magenta]Action:[/] {step.input.get('tool')}"
+                      f"({_short(step.input.get('arguments'))})", markup=True)
+            return
+        args = step.input.get("arguments")
+        out.print(f"[magenta]Action:[/] {step.input.get('tool')}[{_short(args)}]", markup=True,
+                  soft_wrap=True)
+        style = "red" if step.error else "green"
+        out.print(f"[{style}]Observation:[/] {_short(step.output.get('observation'), 800)}",
+                  markup=True, soft_wrap=True)
+    elif step.kind == "observe":
+        out.print(f"[yellow]Unparseable reply:[/] {step.error}", markup=True, soft_wrap=True)
+
+
+def _print_result(out: Any, trace: Any) -> None:
+    took = (trace.ended or time.time()) - trace.started
+    if trace.outcome == "answered":
+        out.print(f"[bold green]Answer:[/] {trace.answer}", markup=True, soft_wrap=True)
+    else:
+        out.print(f"[bold yellow]No answer[/] ({trace.outcome}): {trace.meta.get('reason', '')}",
+                  markup=True, soft_wrap=True)
+    out.print(f"[dim]trace {trace.id} · {trace.total_tokens} tokens · {took:.1f} s · "
+              f"`whetstone traces show {trace.id}`[/]", markup=True)
+
+
+@cli.command()
+@click.argument("task", required=False)
+@model_option
+@library_option
+@click.option("--max-steps", type=int, default=8, show_default=True,
+              help="Horizon: the most model calls in one run.")
+@click.option("--max-tokens", type=int, default=512, show_default=True,
+              help="Most tokens the model may write per call.")
+@click.option("--token-budget", type=int, default=24_000, show_default=True,
+              help="Most tokens (prompt + completion) one run may use.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Wall-clock limit for the run, in seconds.")
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--tools", default="calculator,python", show_default=True,
+              help="Comma-separated built-in tools ('' for none).")
+@click.option("--resume", "resume_id", default=None, help="Continue an interrupted run by id.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None, help="For openai: specs.")
+@json_option
+@click.pass_context
+@handle_errors
+def run(ctx: click.Context, task: str | None, model: str, library_path: Path | None, max_steps: int,
+        max_tokens: int, token_budget: int, timeout: float, temperature: float, seed: int,
+        tools: str, resume_id: str | None, api_key: str | None, as_json: bool) -> None:
+    """Run an agent on TASK and stream its steps; the trace is stored."""
+    from engine.api import Engine
+    from engine.backends.registry import BackendOptions
+    from engine.errors import ConfigError
+    from engine.runtime import RunConfig, RunFinished, StepEvent, new_trace_id
+
+    if not task and not resume_id:
+        raise ConfigError("give a TASK or --resume ID", hint='whetstone run "What is 17 * 23?"')
+    if resume_id and ctx.get_parameter_source("model") == click.core.ParameterSource.DEFAULT:
+        model = _store(library_path).get(resume_id).model or model  # resume on the same model
+    config = RunConfig(max_steps=max_steps, max_tokens_per_call=max_tokens,
+                       max_total_tokens=token_budget, timeout_s=timeout,
+                       temperature=temperature, seed=seed)
+    out = console(stderr=as_json)
+    with out.status(f"loading {model} …", spinner="dots"):
+        engine = Engine(model, library=library_path, config=config,
+                        tools=tuple(t for t in tools.split(",") if t.strip()),
+                        backend_options=BackendOptions(api_key=api_key))
+        agent = engine.agent
+    trace_id = resume_id or new_trace_id()
+    events = (engine.resume_stream(resume_id) if resume_id
+              else engine.stream(task or "", trace_id=trace_id))
+    trace = None
+    try:
+        with out.status("model is thinking …", spinner="dots") as status:
+            for event in events:
+                if isinstance(event, StepEvent):
+                    if not as_json:
+                        _print_step(out, event.step)
+                    status.update("tool is running …" if event.step.route == "act"
+                                  else "model is thinking …")
+                elif isinstance(event, RunFinished):
+                    trace = event.trace
+    except KeyboardInterrupt:
+        out.print(f"\n[yellow]interrupted[/]; resume with: whetstone run --resume {trace_id}",
+                  markup=True)
+        raise
+    finally:
+        agent.close()
+    assert trace is not None
+    if as_json:
+        emit_json(trace.to_dict())
+    else:
+        _print_result(out, trace)
+    if trace.outcome != "answered":
+        sys.exit(4 if trace.outcome == "error" else EXIT_NO_ANSWER)
+
+
+# -- traces ------------------------------------------------------------------------------------
+
+
+@cli.group()
+def traces() -> None:
+    """Recorded traces: the input of every evolver."""
+
+
+def _store(library_path: Path | None) -> Any:
+    from engine.commands.common import default_library_path
+    from library_store.traces import TraceStore
+
+    return TraceStore((library_path or default_library_path()) / "traces")
+
+
+@traces.command("ls")
+@library_option
+@click.option("--outcome", default=None, help="answered | horizon | budget | timeout | "
+                                               "interrupted | error | running")
+@click.option("--task", "task_filter", default=None, help="Substring of the task.")
+@click.option("--limit", type=int, default=20, show_default=True)
+@json_option
+@handle_errors
+def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str | None,
+              limit: int, as_json: bool) -> None:
+    """List traces, newest last."""
+    from rich.table import Table
+
+    from library_store.traces import TraceQuery
+
+    store = _store(library_path)
+    found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit))
+    for problem in store.problems:
+        console(stderr=True).print(f"[yellow]warning:[/] {problem}", markup=True)
+    if as_json:
+        emit_json([{"id": t.id, "task": t.task, "outcome": t.outcome, "answer": t.answer,
+                    "score": t.score, "tokens": t.total_tokens, "started": t.started,
+                    "model": t.model} for t in found])
+        return
+    table = Table("id", "started", "outcome", "score", "tokens", "task", "answer")
+    for t in found:
+        table.add_row(t.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(t.started)),
+                      t.outcome, "" if t.score is None else f"{t.score:g}",
+                      str(t.total_tokens), _short(t.task, 50), _short(t.answer or "", 30))
+    console().print(table)
+
+
+@traces.command("show")
+@click.argument("trace_id")
+@library_option
+@json_option
+@handle_errors
+def traces_show(trace_id: str, library_path: Path | None, as_json: bool) -> None:
+    """Show one trace (an id prefix is enough)."""
+    trace = _store(library_path).get(trace_id)
+    if as_json:
+        emit_json(trace.to_dict())
+        return
+    out = console()
+    out.print(f"[bold]{trace.id}[/] · {trace.model} · library {trace.library_version or '-'}",
+              markup=True)
+    out.print(f"[bold]Task:[/] {trace.task}", markup=True, soft_wrap=True)
+    for step in trace.steps:
+        _print_step(out, step)
+    _print_result(out, trace)
+
+
+# -- models ------------------------------------------------------------------------------------
+
+
+@cli.command()
+@json_option
+@handle_errors
+def models(as_json: bool) -> None:
+    """Every model spec, installed or not, and how to install it."""
+    from rich.table import Table
+
+    from engine.api import describe_models
+
+    rows = describe_models()
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("spec", "installed", "white-box", "what", "install")
+    for r in rows:
+        table.add_row(r["spec"], "yes" if r["installed"] else "[red]no[/]",
+                      "yes" if r["white_box"] else "", r["summary"],
+                      "" if r["installed"] else r["install"])
+    console().print(table)
+
+
+# -- serve -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@model_option
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--served-name", default=None, help="Model name clients use (default: the spec).")
+@click.option("--api-key", "upstream_key", envvar="OPENAI_API_KEY", default=None,
+              help="Key for an openai: upstream.")
+@handle_errors
+def serve(model: str, host: str, port: int, served_name: str | None,
+          upstream_key: str | None) -> None:
+    """Serve MODEL over an OpenAI-compatible API (/v1/chat/completions, /v1/models)."""
+    from engine.backends.registry import BackendOptions, get_backend
+    from engine.server import serve as run_server
+
+    out = console(stderr=True)
+    with out.status(f"loading {model} …", spinner="dots"):
+        backend = get_backend(model, BackendOptions(api_key=upstream_key))
+    out.print(f"serving [bold]{model}[/] on http://{host}:{port}/v1", markup=True)
+    run_server(backend, host=host, port=port, model_name=served_name or model)
+
+
+def main() -> None:
+    cli(prog_name="whetstone")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The Python API: ``Engine`` wires a backend, the library and the runtime together.
+
+    from engine.api import Engine
+    engine = Engine(model="embedded")
+    trace = engine.run("What is 17 * 23? Use the calculator.")
+
+The CLI and the server are thin layers over this class; it is the only place (with them) that
+reads configuration and builds objects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from engine.backends.base import Backend
+from engine.backends.registry import BackendOptions, get_backend
+from engine.paths import whetstone_home
+from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
+from engine.types import Trace
+from library_store.traces import TraceStore
+from tools.base import Tool
+from tools.builtin import builtin_tools
+
+
+class Engine:
+    """A frozen model plus the library and methods that adapt it.
+
+    ``model`` is a spec (``embedded``, ``openai:qwen@http://...``) or a ready ``Backend``;
+    ``library`` is the library directory (default ``$WHETSTONE_HOME/library``).
+    """
+
+    def __init__(
+        self,
+        model: str | Backend = "embedded",
+        *,
+        library: str | Path | None = None,
+        methods: Sequence[Plugin] = (),
+        tools: Sequence[str] | Sequence[Tool] = ("calculator", "python"),
+        config: RunConfig | None = None,
+        home: str | Path | None = None,
+        backend_options: BackendOptions | None = None,
+        checkpointing: bool = True,
+    ) -> None:
+        self.home = Path(home) if home is not None else whetstone_home()
+        self.library_path = Path(library) if library is not None else self.home / "library"
+        self.backend = model if isinstance(model, Backend) else get_backend(
+            model, backend_options or BackendOptions())
+        self.config = config or RunConfig()
+        self.methods = tuple(methods)
+        self._tools = tools
+        self._checkpointing = checkpointing
+        self._agent: Agent | None = None
+        self.traces = TraceStore(self.library_path / "traces")
+
+    # -- the agent -------------------------------------------------------------------------
+
+    @property
+    def agent(self) -> Agent:
+        """Built on first use (opening the checkpoint database is not free)."""
+        if self._agent is None:
+            tools = self._tools
+            if tools and isinstance(next(iter(tools)), str):
+                tools = builtin_tools(tuple(tools))  # type: ignore[arg-type]
+            checkpoints = (Checkpoints(self.home / "checkpoints.sqlite")
+                           if self._checkpointing else None)
+            self._agent = Agent(
+                self.backend, tools=list(tools),  # type: ignore[arg-type]
+                config=self.config, plugins=self.methods, trace_store=self.traces,
+                checkpoints=checkpoints,
+            )
+        return self._agent
+
+    def run(self, task: str, **kwargs: Any) -> Trace:
+        """Run the agent on ``task`` and return its (stored) trace."""
+        return self.agent.run(task, **kwargs)
+
+    def stream(self, task: str, **kwargs: Any) -> Iterator[AgentEvent]:
+        """Steps as they happen, then the finished trace (see ``engine.runtime.Agent.stream``)."""
+        return self.agent.stream(task, **kwargs)
+
+    def resume(self, trace_id: str) -> Trace:
+        return self.agent.resume(trace_id)
+
+    def resume_stream(self, trace_id: str) -> Iterator[AgentEvent]:
+        return self.agent.resume_stream(trace_id)
+
+    async def arun(self, task: str, **kwargs: Any) -> Trace:
+        return await self.agent.arun(task, **kwargs)
+
+    def trace(self, trace_id: str) -> Trace:
+        return self.traces.get(trace_id)
+
+    def close(self) -> None:
+        if self._agent is not None:
+            self._agent.close()
+        self.backend.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
+    """Every backend spec, installed or not, and how to install it (``whetstone models``)."""
+    from engine.backends.registry import default_registry
+
+    reg = registry or default_registry()
+    rows: list[Mapping[str, Any]] = []
+    for entry in reg.entries():
+        for spec in entry.variants or (entry.example,):
+            installed, install = entry.installed(), entry.install
+            detail = _packaged_status(spec) if entry.prefix == "embedded" else None
+            if detail is not None:
+                installed, install = detail
+            rows.append({"spec": spec, "prefix": entry.prefix, "summary": entry.summary,
+                         "installed": installed, "install": install,
+                         "white_box": entry.white_box})
+    return rows
+
+
+def _packaged_status(spec: str) -> tuple[bool, str] | None:
+    """Installed state of one packaged model, if the packaged-model table knows it."""
+    try:
+        from engine.backends import packaged
+    except ImportError:
+        return None
+    name = spec.partition(":")[2] or "qwen-0.5b"
+    model = packaged.PACKAGED_MODELS.get(name)
+    if model is None:
+        return None
+    return packaged.installed(name), model.install_hint

@@ -1,0 +1,84 @@
+"""Shared CLI plumbing: options, JSON output, and turning errors into messages and exit codes.
+
+Progress bars, colours and exit codes live here and in the commands, never in the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+from rich.console import Console
+
+from engine.errors import WhetstoneError
+from engine.paths import whetstone_home
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Exit codes: 0 ok, 1 generic failure, 2 usage/config, 3 model missing, 4 backend, 5 library,
+# 6 not found, 7 eval, 130 interrupted (Ctrl-C). WhetstoneError subclasses carry theirs.
+EXIT_INTERRUPTED = 130
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console; pass ``stderr=True`` for progress and diagnostics."""
+    return Console(stderr=stderr, highlight=False)
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON document on stdout (for ``--json``)."""
+    click.echo(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+
+
+def fail(exc: WhetstoneError) -> None:
+    """Print an error the way every command does and exit with its code."""
+    err = console(stderr=True)
+    err.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True)
+    if exc.hint:
+        err.print(f"[yellow]hint:[/] {exc.hint}", markup=True, soft_wrap=True)
+    sys.exit(exc.exit_code)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn ``WhetstoneError`` into a message and exit code, and Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except WhetstoneError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            console(stderr=True).print("[yellow]interrupted[/]", markup=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def default_library_path() -> Path:
+    """``$WHETSTONE_HOME/library``."""
+    return whetstone_home() / "library"
+
+
+def library_option(fn: F) -> F:
+    """``--library PATH`` (env ``WHETSTONE_LIBRARY``; default ``$WHETSTONE_HOME/library``)."""
+    return click.option(
+        "--library", "library_path", type=click.Path(path_type=Path), envvar="WHETSTONE_LIBRARY",
+        default=None, help="Library directory (default: $WHETSTONE_HOME/library).",
+    )(fn)
+
+
+def model_option(fn: F) -> F:
+    """``--model SPEC`` (env ``WHETSTONE_MODEL``; default ``embedded``)."""
+    return click.option(
+        "--model", "-m", "model", envvar="WHETSTONE_MODEL", default="embedded", show_default=True,
+        help="Model spec (see `whetstone models`).",
+    )(fn)
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")(fn)

@@ -1,0 +1,189 @@
+"""``Agent``: run a task through the graph, stream its steps, record its trace, resume it.
+
+    agent = Agent(get_backend("embedded"), trace_store=store, checkpoints=Checkpoints(path))
+    trace = agent.run("What is 17 * 23? Use the calculator.")
+    for event in agent.stream(task): ...   # StepEvent as they happen, then RunFinished
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+from engine.backends.base import Backend
+from engine.errors import WhetstoneError
+from engine.runtime.checkpoints import Checkpoints
+from engine.runtime.graph import build_graph
+from engine.runtime.nodes import build_trace
+from engine.runtime.plugins import Plugin
+from engine.runtime.state import AgentContext, AgentState, RunConfig
+from engine.types import Step, Trace
+from library_store.traces import TraceStore
+from tools.base import Tool, Toolbox
+from tools.builtin import builtin_tools
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """A step, emitted as soon as its node finished."""
+
+    step: Step
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """The run ended (answered, or stopped by a limit or an error); ``trace`` is stored."""
+
+    trace: Trace
+
+
+AgentEvent = Union[StepEvent, RunFinished]
+
+
+def new_trace_id() -> str:
+    """Sortable by time, unique across processes: ``20261130-101500-3f9a1c2b``."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+class Agent:
+    """A ReAct agent over a frozen backend, with plugins contributing guidance and nodes."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        tools: Sequence[Tool] | None = None,
+        config: RunConfig | None = None,
+        plugins: Sequence[Plugin] = (),
+        trace_store: TraceStore | None = None,
+        checkpoints: Checkpoints | None = None,
+        library_version: str | None = None,
+    ) -> None:
+        all_tools = list(builtin_tools() if tools is None else tools)
+        for p in plugins:
+            all_tools += p.tools()
+        self.backend = backend
+        self.config = config or RunConfig()
+        self.plugins = tuple(plugins)
+        self.trace_store = trace_store
+        self.checkpoints = checkpoints
+        self.context = AgentContext(
+            backend=backend, toolbox=Toolbox.of(all_tools), config=self.config,
+            plugins=self.plugins, trace_store=trace_store, library_version=library_version,
+        )
+        saver = checkpoints.saver if checkpoints is not None else None
+        self.graph = build_graph(self.plugins).compile(checkpointer=saver)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def stream(
+        self,
+        task: str,
+        *,
+        label: str | None = None,
+        answer_tools: Sequence[Mapping[str, Any]] = (),
+        meta: Mapping[str, Any] | None = None,
+        trace_id: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Iterator[AgentEvent]:
+        """Run ``task``; yields each ``StepEvent`` as it happens, then ``RunFinished``.
+
+        ``messages`` replaces the default single user message (e.g. a conversation or an image
+        part); ``answer_tools`` are task-given function schemas whose call is the answer.
+        """
+        tid = trace_id or new_trace_id()
+        now = time.time()
+        state: AgentState = {
+            "trace_id": tid, "task": task, "label": label, "system": "",
+            "messages": [dict(m) for m in messages] if messages else
+            [{"role": "user", "content": task}],
+            "steps": [], "pending": [], "answer_tools": [dict(t) for t in answer_tools],
+            "answer": None, "outcome": None, "reason": None, "n_calls": 0, "tokens": 0,
+            "started": now, "meta": dict(meta or {}),
+        }
+        ctx = dataclasses.replace(self.context, clock_start=now)
+        if self.trace_store is not None:
+            self.trace_store.append(build_trace(state, ctx, outcome="running"))
+        if self.checkpoints is not None:
+            self.checkpoints.prune(now)
+            self.checkpoints.started(tid, now)
+        yield from self._drive(state, tid, ctx, seen=0)
+
+    def resume_stream(self, trace_id: str) -> Iterator[AgentEvent]:
+        """Continue an interrupted or killed run from its last checkpoint (fresh wall clock)."""
+        if self.checkpoints is None:
+            raise WhetstoneError("this agent has no checkpointer, so runs cannot be resumed",
+                                 hint="build the Agent with checkpoints=Checkpoints(path)")
+        self.checkpoints.require_resumable(trace_id)
+        config = self._config(trace_id)
+        values = self.graph.get_state(config).values
+        ctx = dataclasses.replace(self.context, clock_start=time.time())
+        yield from self._drive(None, trace_id, ctx, seen=len(values.get("steps") or []),
+                               last=values)
+
+    def run(self, task: str, **kwargs: Any) -> Trace:
+        """Run to the end and return the stored trace."""
+        return _final(self.stream(task, **kwargs))
+
+    def resume(self, trace_id: str) -> Trace:
+        return _final(self.resume_stream(trace_id))
+
+    async def arun(self, task: str, **kwargs: Any) -> Trace:
+        """``run`` off the event loop (model calls block)."""
+        return await asyncio.to_thread(self.run, task, **kwargs)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _config(self, trace_id: str) -> Any:
+        # Each think/act round is ~2-3 graph steps; leave room for plugin nodes.
+        limit = 6 * (self.config.max_steps + 2) + 10 * len(self.plugins)
+        return {"configurable": {"thread_id": trace_id}, "recursion_limit": limit}
+
+    def _drive(self, state: AgentState | None, tid: str, ctx: AgentContext, *, seen: int,
+               last: Mapping[str, Any] | None = None) -> Iterator[AgentEvent]:
+        last_values: Mapping[str, Any] = last if last is not None else (state or {})
+        try:
+            # "sync": each step's checkpoint is on disk before the next starts (kill-safe).
+            extra = {"durability": "sync"} if self.checkpoints is not None else {}
+            for values in self.graph.stream(state, self._config(tid), context=ctx,
+                                            stream_mode="values", **extra):
+                last_values = values
+                steps = values.get("steps") or []
+                for s in steps[seen:]:
+                    yield StepEvent(Step.from_dict(s))
+                seen = len(steps)
+        except KeyboardInterrupt:
+            self._record_stop(last_values, ctx, "interrupted", "interrupted by the user")
+            raise
+        except WhetstoneError as exc:
+            self._record_stop(last_values, ctx, "error", exc.message)
+            raise
+        trace = Trace.from_dict(last_values["trace"])
+        if self.checkpoints is not None:
+            self.checkpoints.finished(tid)
+        yield RunFinished(trace)
+
+    def _record_stop(self, values: Mapping[str, Any], ctx: AgentContext, outcome: str,
+                     reason: str) -> None:
+        if self.trace_store is None or "trace_id" not in values:
+            return
+        meta = {**dict(values.get("meta") or {}), "reason": reason}
+        self.trace_store.append(build_trace(values, ctx, outcome=outcome, meta=meta,
+                                            ended=time.time()))
+
+    def close(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+
+
+def _final(events: Iterator[AgentEvent]) -> Trace:
+    trace: Trace | None = None
+    for event in events:
+        if isinstance(event, RunFinished):
+            trace = event.trace
+    assert trace is not None, "the graph ended without a finish step"
+    return trace

@@ -1,0 +1,176 @@
+"""Read the model's reply leniently: native tool calls, ``Action: tool[input]``, ``<tool_call>``
+JSON blocks, or ``Final Answer:``. Never raises: an unusable reply is ``kind="invalid"`` with
+the reason, and the runtime shows that reason to the model as an observation."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.types import Completion
+
+_FINAL = re.compile(r"\bfinal\s+answer\s*\**\s*:\s*\**", re.IGNORECASE)
+_ACTION = re.compile(r"(?:^|\n)\W*action\s*\**\s*:\s*\**\s*", re.IGNORECASE)
+_ACTION_INPUT = re.compile(r"\n\W*action\s+input\s*\**\s*:\s*", re.IGNORECASE)
+_OBSERVATION = re.compile(r"\n\W*observation\s*:", re.IGNORECASE)
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_NAME = re.compile(r"[A-Za-z_][\w.-]*")
+_CLOSERS = {"[": "]", "(": ")"}
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """A tool call as the model wrote it. ``arguments`` is raw text (JSON or a plain input)."""
+
+    name: str
+    arguments: str
+    id: str = ""
+    native: bool = False  # came from the backend's native tool-call channel
+
+
+@dataclass(frozen=True)
+class Parsed:
+    kind: Literal["action", "answer", "invalid"]
+    calls: tuple[ParsedCall, ...] = ()
+    answer: str | None = None
+    thought: str = ""
+    error: str | None = None
+    raw: str = ""
+
+
+def _bracketed(text: str, open_at: int) -> tuple[str, bool]:
+    """The text inside the bracket opening at ``open_at``; False when it never closes."""
+    opener = text[open_at]
+    closer = _CLOSERS[opener]
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == opener:
+            depth += 1
+        elif text[i] == closer:
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1:i], True
+    return text[open_at + 1:], False
+
+
+def parse_action(text: str) -> ParsedCall | None | str:
+    """Find ``Action: ...`` in ``text``. Returns a call, None (no action), or an error string."""
+    m = _ACTION.search(text)
+    if not m:
+        return None
+    rest = text[m.end():]
+    obs = _OBSERVATION.search(rest)
+    if obs:  # the model imagined the observation; ignore everything from there
+        rest = rest[:obs.start()]
+    rest = rest.lstrip()
+    if rest.startswith("{"):
+        try:
+            obj = json.loads(rest[: rest.rindex("}") + 1])
+            name = obj.get("name") or obj.get("tool") or obj.get("action")
+            args = obj.get("arguments", obj.get("input", obj.get("action_input", {})))
+            if name:
+                return ParsedCall(str(name), args if isinstance(args, str) else json.dumps(args))
+        except (ValueError, AttributeError):
+            pass
+        return "the Action is not valid JSON"
+    name_m = _NAME.match(rest)
+    if not name_m:
+        return "the Action does not start with a tool name"
+    name = name_m.group(0).rstrip(".")
+    after = rest[name_m.end():]
+    stripped = after.lstrip(" \t")
+    if stripped[:1] in _CLOSERS:
+        inner, closed = _bracketed(stripped, 0)
+        if not closed:
+            return f"the input of Action {name} has no closing {_CLOSERS[stripped[0]]!r}"
+        return ParsedCall(name, inner.strip())
+    ai = _ACTION_INPUT.search("\n" + after)
+    if ai:
+        value = ("\n" + after)[ai.end():].strip()
+        return ParsedCall(name, value.strip("`").strip())
+    if not after.strip() or after.startswith("\n"):
+        return ParsedCall(name, "")
+    return f"could not read the input of Action {name}"
+
+
+def parse_tool_call_blocks(text: str) -> list[ParsedCall] | str:
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks written as text."""
+    calls: list[ParsedCall] = []
+    for i, m in enumerate(_TOOL_CALL_BLOCK.finditer(text)):
+        body = m.group(1).strip()
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as exc:
+            return f"a <tool_call> block is not valid JSON ({exc.msg})"
+        if not isinstance(obj, dict) or not obj.get("name"):
+            return 'a <tool_call> block needs {"name": ..., "arguments": {...}}'
+        args = obj.get("arguments", {})
+        calls.append(ParsedCall(str(obj["name"]),
+                                args if isinstance(args, str) else json.dumps(args), f"call_{i}"))
+    return calls
+
+
+def _final_answer(text: str) -> str | None:
+    m = None
+    for m in _FINAL.finditer(text):
+        pass  # the last "Final Answer:" wins: small models sometimes restate it
+    if m is None:
+        return None
+    return text[m.end():].strip().strip("*").strip() or None
+
+
+def _thought(text: str) -> str:
+    cut = len(text)
+    for pattern in (_ACTION, _FINAL):
+        m = pattern.search(text)
+        if m:
+            cut = min(cut, m.start())
+    thought = text[:cut].strip()
+    return re.sub(r"^\W*thought\s*:\s*", "", thought, flags=re.IGNORECASE)
+
+
+def parse_reply(completion: Completion, *, native: bool) -> Parsed:
+    """Decide what the model asked for.
+
+    ``native``: the backend delivers tool calls natively; then a reply with no call and no
+    ``Final Answer:`` marker is itself the answer (the model's own format). In text mode a reply
+    needs an ``Action:`` or a ``Final Answer:``.
+    """
+    text = completion.text or ""
+    thought = _thought(text)
+    if completion.tool_calls:
+        calls = tuple(ParsedCall(c.name, c.arguments, c.id, native=True)
+                      for c in completion.tool_calls)
+        return Parsed("action", calls=calls, thought=text.strip(), raw=text)
+    if "<tool_call>" in text:
+        blocks = parse_tool_call_blocks(text)
+        if isinstance(blocks, str):
+            return Parsed("invalid", error=blocks, thought=thought, raw=text)
+        if blocks:
+            return Parsed("action", calls=tuple(blocks), thought=text.split("<tool_call>")[0]
+                          .strip(), raw=text)
+    action = parse_action(text)
+    final = _final_answer(text)
+    if isinstance(action, ParsedCall):
+        fm = _FINAL.search(text)
+        am = _ACTION.search(text)
+        if final is None or (am and fm and am.start() < fm.start()):
+            return Parsed("action", calls=(action,), thought=thought, raw=text)
+    if final is not None:
+        return Parsed("answer", answer=final, thought=thought, raw=text)
+    if isinstance(action, str):
+        return Parsed("invalid", error=action, thought=thought, raw=text)
+    if not text.strip():
+        why = "the reply was empty"
+        if completion.finish_reason == "length":
+            why = "the reply was cut off before it said anything"
+        return Parsed("invalid", error=why, raw=text)
+    if native:
+        return Parsed("answer", answer=text.strip(), thought=thought, raw=text)
+    if completion.finish_reason == "length":
+        return Parsed("invalid", error="the reply was cut off before an Action or a Final Answer",
+                      thought=thought, raw=text)
+    return Parsed("invalid", error="the reply has neither an Action nor a Final Answer",
+                  thought=thought, raw=text)

@@ -1,0 +1,75 @@
+"""The agent's typed state (checkpointed) and the run-scoped context (injected, never saved)."""
+
+from __future__ import annotations
+
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Sequence, TypedDict
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
+    from engine.runtime.plugins import Plugin
+    from library_store.traces import TraceStore
+    from tools.base import Toolbox
+
+
+class AgentState(TypedDict, total=False):
+    """What the graph carries between nodes; JSON-safe so the SQLite checkpointer can save it.
+
+    ``messages`` is the conversation after the system message, as OpenAI dicts; ``steps`` holds
+    ``Step.to_dict()`` records and only ever grows (the reducer appends).
+    """
+
+    trace_id: str
+    task: str
+    label: str | None
+    system: str
+    messages: list[dict[str, Any]]
+    steps: Annotated[list[dict[str, Any]], operator.add]
+    pending: list[dict[str, Any]]  # tool calls the last think step asked for
+    answer_tools: list[dict[str, Any]]  # task-given tools whose call *is* the answer (BFCL)
+    answer: str | None
+    outcome: str | None
+    reason: str | None  # why the run stopped, in words
+    n_calls: int  # model calls so far (the horizon counts these)
+    tokens: int
+    started: float
+    meta: dict[str, Any]
+    trace: dict[str, Any]  # the final trace, written by the finish node
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Budgets and sampling for one run. ``max_steps`` is the horizon in model calls."""
+
+    max_steps: int = 8
+    max_total_tokens: int = 24_000
+    timeout_s: float = 600.0
+    max_tokens_per_call: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = 0
+    guidance_budget_tokens: int = 1_200  # skills, policy notes and rubrics in the system prompt
+    native_tools: bool | None = None  # None: use native tool calls when the backend offers them
+    system_prompt: str | None = None  # replaces engine/prompts/agent_system.md
+
+
+@dataclass
+class AgentContext:
+    """Dependencies the nodes need, passed through LangGraph's ``Runtime.context``."""
+
+    backend: "Backend"
+    toolbox: "Toolbox"
+    config: RunConfig = field(default_factory=RunConfig)
+    plugins: Sequence["Plugin"] = ()
+    trace_store: "TraceStore | None" = None
+    library_version: str | None = None
+    # When this invocation's wall clock started; a resumed run gets a fresh clock.
+    clock_start: float = field(default_factory=time.time)
+
+    @property
+    def native(self) -> bool:
+        if self.config.native_tools is not None:
+            return self.config.native_tools
+        return self.backend.capabilities.tool_calls

@@ -1,0 +1,151 @@
+"""The CLI: `whetstone run`, `traces`, `models`; errors and exit codes; interrupt and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def script(tmp_path: Path, replies: list, name: str = "replies.json", **extra: object) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps({"replies": replies, **extra}))
+    return f"scripted:{path}"
+
+
+def test_run_streams_steps_and_answers(tmp_path: Path) -> None:
+    spec = script(tmp_path, ["Thought: multiply\nAction: calculator[17*23]", "Final Answer: 391"])
+    res = CliRunner().invoke(cli, ["run", "What is 17 * 23?", "--model", spec])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert out.index("Thought: multiply") < out.index("Action: calculator[17*23]") \
+        < out.index("Observation: 391") < out.index("Answer: 391")
+
+
+def test_run_json_prints_the_trace(tmp_path: Path) -> None:
+    spec = script(tmp_path, ["Final Answer: 4"])
+    res = CliRunner().invoke(cli, ["run", "2+2", "--model", spec, "--json"])
+    assert res.exit_code == 0, res.output
+    trace = json.loads(res.stdout)
+    assert trace["answer"] == "4" and trace["outcome"] == "answered"
+    assert [s["kind"] for s in trace["steps"]] == ["prepare", "think", "finish"]
+
+
+def test_run_without_answer_exits_8_and_traces_say_why(tmp_path: Path) -> None:
+    spec = script(tmp_path, ["hmm"] * 5)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["run", "x", "--model", spec, "--max-steps", "2"])
+    assert res.exit_code == 8
+    assert "No answer (horizon)" in res.output
+    listing = runner.invoke(cli, ["traces", "ls", "--json"])
+    rows = json.loads(listing.stdout)
+    assert rows[-1]["outcome"] == "horizon"
+    shown = runner.invoke(cli, ["traces", "show", rows[-1]["id"][:12]])
+    assert shown.exit_code == 0 and "step horizon" in shown.output
+
+
+def test_unknown_spec_lists_the_known_ones() -> None:
+    res = CliRunner().invoke(cli, ["run", "x", "--model", "gpt5:turbo"])
+    assert res.exit_code == 2
+    assert "unknown model spec 'gpt5:turbo'" in res.output
+    for prefix in ("embedded", "hf:", "openai:", "llamacpp:", "vllm:", "scripted:"):
+        assert prefix in res.output
+
+
+def test_missing_trace_is_a_clear_error() -> None:
+    res = CliRunner().invoke(cli, ["traces", "show", "nope"])
+    assert res.exit_code == 6 and "no trace with id 'nope'" in res.output
+
+
+def test_models_lists_every_spec_with_install_state() -> None:
+    res = CliRunner().invoke(cli, ["models", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["spec"]: r for r in json.loads(res.stdout)}
+    assert {"embedded", "embedded:smollm2", "embedded:qwen-1.5b"} <= set(rows)
+    assert rows["embedded"]["installed"] is True
+    llama = next(r for r in rows.values() if r["prefix"] == "llamacpp")
+    assert "pip install" in llama["install"]
+
+
+def _whetstone(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from cli import main; main()", *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> str:
+    seen = ""
+    deadline = time.time() + timeout
+    assert proc.stdout is not None
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+        if marker in line:
+            return seen
+    raise AssertionError(f"never saw {marker!r}; output so far:\n{seen}")
+
+
+def _interrupt_then_resume(tmp_path: Path, sig: int) -> None:
+    env = {**os.environ, "COLUMNS": "200"}
+    slow = script(tmp_path, ["Action: calculator[17*23]", "Action: calculator[391+0]",
+                             "Final Answer: 391"], name="slow.json", delay_s=1.5)
+    proc = _whetstone("run", "17*23?", "--model", slow, env=env)
+    _read_until(proc, "Observation: 391")
+    proc.send_signal(sig)  # lands while the second model call is in flight
+    out, _ = proc.communicate(timeout=60)
+    store_lines = [json.loads(line) for p in
+                   (Path(env["WHETSTONE_HOME"]) / "library" / "traces").glob("*.jsonl")
+                   for line in p.read_text().splitlines()]
+    run_id = store_lines[-1]["id"]
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, out
+        assert f"whetstone run --resume {run_id}" in out
+        assert store_lines[-1]["outcome"] == "interrupted"
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        assert store_lines[-1]["outcome"] == "running"  # killed: no chance to write more
+    rest = script(tmp_path, ["Final Answer: 391"], name="rest.json")
+    res = subprocess.run([sys.executable, "-c", "from cli import main; main()", "run",
+                          "--resume", run_id, "--model", rest, "--json"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    trace = json.loads(res.stdout)
+    assert trace["id"] == run_id and trace["answer"] == "391"
+    tools = [s["input"]["tool"] for s in trace["steps"] if s["kind"] == "act"]
+    assert tools[0] == "calculator"  # the step before the interruption is kept
+    again = subprocess.run([sys.executable, "-c", "from cli import main; main()", "run",
+                            "--resume", run_id, "--model", rest], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 6 and "no checkpoint to resume" in again.stderr
+
+
+def test_ctrl_c_saves_an_interrupted_trace_and_resume_continues(tmp_path: Path) -> None:
+    _interrupt_then_resume(tmp_path, signal.SIGINT)
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    _interrupt_then_resume(tmp_path, signal.SIGKILL)
+
+
+def test_help_is_instant_and_imports_nothing_heavy() -> None:
+    code = ("import sys; from cli import cli; "
+            "print(sorted(m for m in ('torch','transformers','chromadb','langgraph') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert re.search(r"run\s+Run an agent", CliRunner().invoke(cli, ["--help"]).output)

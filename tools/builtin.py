@@ -1,0 +1,171 @@
+"""Built-in tools: ``calculator`` (safe AST arithmetic, no ``eval``) and ``python`` (a script
+in a subprocess with a timeout and a memory limit)."""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+from engine.errors import ToolError
+from engine.types import ToolSpec
+from tools.base import Tool, ToolResult
+from tools.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, echo_last_expression, run_python
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max,
+    "floor": math.floor, "ceil": math.ceil, "log": math.log, "log10": math.log10,
+    "log2": math.log2, "exp": math.exp, "sin": math.sin, "cos": math.cos, "tan": math.tan,
+    "factorial": math.factorial, "gcd": math.gcd, "lcm": math.lcm,
+}
+_CONSTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
+_MAX_POW_EXPONENT = 1000
+_MAX_INT_DIGITS = 4000
+
+
+def _check_size(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_DIGITS * 3.33:
+        raise ToolError("result too large", hint="split the computation into smaller steps")
+    return value
+
+
+def _eval(node: ast.AST) -> Any:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+            and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_POW_EXPONENT:
+            raise ToolError(f"exponent {right} is too large (limit {_MAX_POW_EXPONENT})")
+        return _check_size(_BINOPS[type(node.op)](left, right))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.Name) and node.id in _CONSTS:
+        return _CONSTS[node.id]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id in _FUNCS and not node.keywords:
+        return _check_size(_FUNCS[node.func.id](*[_eval(a) for a in node.args]))
+    what = ast.unparse(node) if hasattr(ast, "unparse") else type(node).__name__
+    raise ToolError(
+        f"unsupported expression {what!r}",
+        hint="use numbers, + - * / // % **, parentheses and "
+             + ", ".join(sorted(_FUNCS)) + ", pi, e",
+    )
+
+
+def _normalise(expression: str) -> str:
+    # Models write 17 × 23, 2^10, 1,000 and trailing '='; accept the common forms.
+    expr = expression.strip().strip("`").rstrip("=").strip()
+    expr = expr.replace("×", "*").replace("÷", "/").replace("^", "**").replace("−", "-")
+    return expr.replace(",", "") if "(" not in expr else expr
+
+
+def calculate(expression: str) -> str:
+    """Evaluate arithmetic safely and return the result as text (ints stay exact)."""
+    expr = _normalise(expression)
+    if not expr:
+        raise ToolError("empty expression", hint="pass an arithmetic expression such as 17*23")
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise ToolError(f"cannot parse {expression!r}: {exc.msg}",
+                        hint="pass one arithmetic expression such as (3+4)*5") from exc
+    try:
+        value = _eval(tree)
+    except ZeroDivisionError as exc:
+        raise ToolError("division by zero") from exc
+    except (OverflowError, ValueError) as exc:
+        raise ToolError(str(exc)) from exc
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    if isinstance(value, float):
+        return repr(round(value, 12))
+    return str(value)
+
+
+CALCULATOR_SPEC = ToolSpec(
+    name="calculator",
+    description="Evaluate an arithmetic expression exactly, e.g. 17 * 23 or (1200 - 350) / 5. "
+                "Supports + - * / // % **, parentheses, sqrt, abs, round, min, max, floor, ceil, "
+                "log, exp, pi.",
+    parameters={
+        "type": "object",
+        "properties": {"expression": {"type": "string",
+                                      "description": "The arithmetic expression to evaluate."}},
+        "required": ["expression"],
+    },
+    source="builtin:calculator",
+)
+
+PYTHON_SPEC = ToolSpec(
+    name="python",
+    description="Run a short Python 3 program and return what it prints (the value of a final "
+                "expression is printed too). No network, no files kept between calls.",
+    parameters={
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "Python source code to run."}},
+        "required": ["code"],
+    },
+    source="builtin:python",
+)
+
+
+def _calculator_fn(args: Mapping[str, Any]) -> str:
+    expr = args.get("expression")
+    if expr is None:  # models sometimes name the argument differently
+        expr = next((v for v in args.values() if isinstance(v, (str, int, float))), None)
+    if expr is None:
+        raise ToolError("missing 'expression'", hint='call calculator with {"expression": "17*23"}')
+    return calculate(str(expr))
+
+
+def make_calculator() -> Tool:
+    return Tool(CALCULATOR_SPEC, _calculator_fn)
+
+
+def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB) -> Tool:
+    """The ``python`` tool with its limits."""
+
+    def run(args: Mapping[str, Any]) -> ToolResult:
+        code = args.get("code")
+        if not isinstance(code, str) or not code.strip():
+            raise ToolError("missing 'code'", hint='call python with {"code": "print(1+1)"}')
+        res = run_python(echo_last_expression(code), timeout_s=timeout_s, memory_mb=memory_mb)
+        output = res.stdout + (("\n" if res.stdout else "") + res.stderr if res.stderr else "")
+        if res.timed_out:
+            return ToolResult(output, f"timed out after {timeout_s:g} s and was killed",
+                              res.duration_s, timed_out=True)
+        if res.memory_exceeded:
+            return ToolResult(output, f"exceeded the {memory_mb} MB memory limit", res.duration_s)
+        if res.returncode != 0:
+            last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
+            return ToolResult(output, f"exit code {res.returncode}: {last}".rstrip(": "),
+                              res.duration_s)
+        return ToolResult(output, None, res.duration_s)
+
+    return Tool(replace(PYTHON_SPEC, timeout_s=timeout_s), run)
+
+
+def builtin_tools(names: tuple[str, ...] = ("calculator", "python"), *,
+                  python_timeout_s: float = DEFAULT_TIMEOUT_S,
+                  python_memory_mb: int = DEFAULT_MEMORY_MB) -> list[Tool]:
+    """The built-in tools by name."""
+    makers: dict[str, Callable[[], Tool]] = {
+        "calculator": make_calculator,
+        "python": lambda: make_python(python_timeout_s, python_memory_mb),
+    }
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise ToolError(f"unknown built-in tool(s): {', '.join(unknown)}",
+                        hint=f"built-in tools: {', '.join(makers)}")
+    return [makers[n]() for n in names]
