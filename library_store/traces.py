@@ -102,7 +102,8 @@ class TraceStore:
                         continue
                     try:
                         yield Trace.from_dict(json.loads(line))
-                    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    except (json.JSONDecodeError, KeyError, TypeError, ValueError,
+                            AttributeError) as exc:
                         self.problems.append(
                             f"{path}:{lineno}: unreadable trace record ({exc}); skipped"
                         )
