@@ -18,8 +18,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from engine.backends.base import Backend, StreamChunk
 from engine.backends.openai_wire import (
@@ -207,7 +208,7 @@ class ChatService:
             status, kind, code = error_status(exc)
             log.warning("stream failed (%d): %s", status, exc.message)
             yield _sse(error_to_openai(_error_message(exc), kind, code=code))
-        except Exception:  # noqa: BLE001 - the client gets a message, the log gets the trace
+        except Exception:
             log.exception("stream failed")
             yield _sse(error_to_openai("internal server error (see the server log)",
                                        "server_error"))

@@ -11,7 +11,8 @@ import contextlib
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 def free_port() -> int:
@@ -49,3 +50,13 @@ def running_server(app: Any, *, startup_timeout_s: float = 20.0,
         server.should_exit = True
         thread.join(timeout=graceful_shutdown_s + 10)
         sock.close()
+
+
+class Servers(contextlib.ExitStack):
+    """Starts any number of apps and stops them all when the ``with`` block ends.
+
+    ``servers.start(app)`` returns the base URL (without ``/v1``).
+    """
+
+    def start(self, app: Any) -> str:
+        return self.enter_context(running_server(app))

@@ -14,8 +14,9 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from engine.backends.base import Backend, Capabilities, StreamChunk

@@ -11,9 +11,10 @@ import base64
 import mimetypes
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from engine.errors import ConfigError
 from engine.types import Completion, Message, Request, ToolCall

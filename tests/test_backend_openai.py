@@ -1,0 +1,390 @@
+"""The ``openai:`` backend: spec parsing, the wire format, and calls through the real ``openai``
+client against real servers on 127.0.0.1 (a Whetstone server with the scripted backend upstream,
+and small misbehaving servers for retries, timeouts and refusals)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from servers import Servers, free_port
+
+from engine.backends import BackendOptions, get_backend
+from engine.backends.openai_compat import (
+    OFFICIAL_BASE_URL,
+    OpenAICompatBackend,
+    RetryPolicy,
+    parse_spec,
+)
+from engine.backends.openai_wire import (
+    StreamAccumulator,
+    message_to_openai,
+    request_from_openai,
+    request_to_openai,
+)
+from engine.backends.scripted import ScriptedBackend
+from engine.errors import BackendError, BackendTimeout, BackendUnavailable, ConfigError
+from engine.server import create_app
+from engine.types import Completion, Message, Request, ToolCall
+
+ASK = Request(messages=[Message("user", "Say hello.")], max_tokens=16)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Weather for a city.",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+FAST_RETRY = {"retry_backoff_s": 0.01, "retry_max_backoff_s": 0.05}
+
+
+@pytest.fixture
+def servers() -> Iterator[Servers]:
+    with Servers() as s:
+        yield s
+
+
+@pytest.fixture
+def upstream(servers: Servers) -> Callable[..., tuple[ScriptedBackend, OpenAICompatBackend]]:
+    """``upstream(scripted, **options)``: serve ``scripted`` as model ``tiny`` and return it with
+    an ``openai:tiny@<url>`` backend pointed at it."""
+
+    def make(scripted: ScriptedBackend, **options: Any) -> tuple[ScriptedBackend,
+                                                                   OpenAICompatBackend]:
+        url = servers.start(create_app(scripted, model_name="tiny"))
+        backend = get_backend(f"openai:tiny@{url}/v1", BackendOptions(**options))
+        assert isinstance(backend, OpenAICompatBackend)
+        return scripted, backend
+
+    return make
+
+
+# --- spec ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arg, model, url", [
+    ("qwen@http://127.0.0.1:8000/v1", "qwen", "http://127.0.0.1:8000/v1"),
+    ("qwen@http://127.0.0.1:8000", "qwen", "http://127.0.0.1:8000/v1"),
+    ("qwen@http://127.0.0.1:8000/", "qwen", "http://127.0.0.1:8000/v1"),
+    ("qwen@127.0.0.1:8000", "qwen", "http://127.0.0.1:8000/v1"),
+    ("Qwen/Qwen2.5-0.5B@https://host.example/api/v1/", "Qwen/Qwen2.5-0.5B",
+     "https://host.example/api/v1"),
+    ("me@corp/model@http://h:1/v1", "me@corp/model", "http://h:1/v1"),
+])
+def test_spec_parsing(arg: str, model: str, url: str) -> None:
+    assert parse_spec(arg, env={}) == (model, url)
+
+
+def test_a_bare_model_uses_openai_base_url_or_the_official_api() -> None:
+    assert parse_spec("gpt-4o-mini", env={}) == ("gpt-4o-mini", OFFICIAL_BASE_URL)
+    assert parse_spec("m", env={"OPENAI_BASE_URL": "http://10.0.0.5:9000"}) == (
+        "m", "http://10.0.0.5:9000/v1")
+
+
+@pytest.mark.parametrize("arg", ["", "@http://127.0.0.1:8000/v1", "qwen@", "qwen@ftp://h/v1"])
+def test_bad_specs_are_config_errors(arg: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_spec(arg, env={})
+    assert "openai:" in str(info.value)
+
+
+def test_the_official_api_without_a_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        get_backend("openai:gpt-4o-mini")
+    backend = get_backend("openai:gpt-4o-mini", BackendOptions(api_key="sk-test"))
+    assert backend.base_url == OFFICIAL_BASE_URL  # type: ignore[attr-defined]
+    backend.close()
+
+
+def test_factory_settings_and_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    backend = get_backend("openai:qwen@http://127.0.0.1:8000", BackendOptions(
+        timeout_s=7, max_retries=5, extra={"max_concurrency": 3, "retry_backoff_s": 0.1}))
+    assert isinstance(backend, OpenAICompatBackend)
+    assert backend.spec == "openai:qwen@http://127.0.0.1:8000"
+    assert (backend.model, backend.base_url, backend.timeout_s) == (
+        "qwen", "http://127.0.0.1:8000/v1", 7)
+    assert backend.retry == RetryPolicy(max_retries=5, backoff_s=0.1, max_backoff_s=8.0)
+    caps = backend.capabilities
+    assert caps.tool_calls and caps.streaming and caps.logprobs and not caps.white_box
+    assert caps.max_concurrency == 3
+    assert get_backend("openai:q@http://h:1").capabilities.max_concurrency == 8
+
+
+def test_retry_backoff_doubles_and_is_capped() -> None:
+    policy = RetryPolicy(max_retries=9, backoff_s=0.5, max_backoff_s=3.0)
+    assert [policy.delay(k) for k in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert policy.delay(0, retry_after=2.0) == 2.0 and policy.delay(0, retry_after=60) == 3.0
+
+
+# --- the wire format -------------------------------------------------------------------------
+
+def test_a_request_survives_the_wire_both_ways() -> None:
+    request = Request(
+        messages=[Message("system", "Be brief."), Message("user", "Weather in Paris?"),
+                  Message("assistant", "", tool_calls=(ToolCall("get_weather", '{"city":"Paris"}',
+                                                                "call_1"),)),
+                  Message("tool", "sunny", tool_call_id="call_1")],
+        max_tokens=33, temperature=0.4, top_p=0.8, stop=("END",), seed=7, tools=(WEATHER_TOOL,),
+        logprobs=True,
+    )
+    body = request_to_openai(request, "tiny")
+    assert body["n"] == 1 and body["model"] == "tiny"
+    assert body["messages"][2]["content"] is None  # a pure tool-call turn, as servers expect
+    call = request_from_openai(json.loads(json.dumps(body)))
+    assert call.request == request and call.model == "tiny" and not call.stream
+
+
+def test_unset_options_are_not_sent() -> None:
+    body = request_to_openai(ASK, "tiny")
+    assert not {"stop", "seed", "tools", "logprobs"} & set(body)
+
+
+def test_an_image_path_is_sent_inline(tmp_path: Any) -> None:
+    from PIL import Image
+
+    path = tmp_path / "dot.png"
+    Image.new("RGB", (2, 2), "red").save(path)
+    msg = Message("user", ({"type": "text", "text": "What colour?"},
+                           {"type": "image", "image": str(path)}))
+    parts = message_to_openai(msg)["content"]
+    assert parts[0] == {"type": "text", "text": "What colour?"}
+    assert parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+    with pytest.raises(ConfigError, match="not a file"):
+        message_to_openai(Message("user", ({"type": "image", "image": str(tmp_path / "no.png")},)))
+
+
+def test_stream_accumulator_joins_tool_call_fragments() -> None:
+    acc = StreamAccumulator()
+    frags = [
+        {"index": 0, "id": "call_a", "type": "function",
+         "function": {"name": "get_weather", "arguments": ""}},
+        {"index": 1, "id": "call_b", "function": {"name": "get_", "arguments": '{"ci'}},
+        {"index": 0, "function": {"arguments": '{"city": '}},
+        {"index": 1, "function": {"name": "weather", "arguments": 'ty": "Rome"}'}},
+        {"index": 0, "function": {"arguments": '"Oslo"}'}},
+    ]
+    for f in frags:
+        acc.feed({"model": "m", "choices": [{"index": 0, "delta": {"tool_calls": [f]}}]})
+    acc.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    acc.feed({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}})
+    c = acc.completion(0.5)
+    assert [(t.id, t.name, t.parsed_arguments()) for t in c.tool_calls] == [
+        ("call_a", "get_weather", {"city": "Oslo"}), ("call_b", "get_weather", {"city": "Rome"})]
+    assert (c.finish_reason, c.prompt_tokens, c.completion_tokens, c.model) == (
+        "tool_calls", 11, 5, "m")
+
+
+# --- against a live Whetstone server ---------------------------------------------------------
+
+def test_complete(upstream: Callable[..., Any]) -> None:
+    scripted, backend = upstream(ScriptedBackend(["Hello there!"]))
+    c = backend.complete(ASK)
+    assert c.text == "Hello there!" and c.finish_reason == "stop" and c.model == "tiny"
+    assert c.prompt_tokens > 0 and c.completion_tokens > 0 and c.latency_s > 0
+    assert scripted.requests[0].messages == ASK.messages
+
+
+def test_sampling_options_and_seed_pass_through(upstream: Callable[..., Any]) -> None:
+    scripted, backend = upstream(ScriptedBackend(["a"]))
+    backend.complete(ASK.with_(seed=1234, temperature=0.6, top_p=0.7, stop=("###",),
+                               max_tokens=21))
+    seen = scripted.requests[0]
+    assert (seen.seed, seen.temperature, seen.top_p, seen.stop, seen.max_tokens) == (
+        1234, 0.6, 0.7, ("###",), 21)
+
+
+def test_native_tool_calls(upstream: Callable[..., Any]) -> None:
+    scripted, backend = upstream(ScriptedBackend(
+        [{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "c9"}]}],
+        tool_calls=True))
+    c = backend.complete(ASK.with_(tools=(WEATHER_TOOL,)))
+    assert c.finish_reason == "tool_calls" and c.text == ""
+    assert [(t.id, t.name, t.parsed_arguments()) for t in c.tool_calls] == [
+        ("c9", "get_weather", {"city": "Paris"})]
+    assert scripted.requests[0].tools == (WEATHER_TOOL,)
+
+
+def test_logprobs_pass_through(upstream: Callable[..., Any]) -> None:
+    scripted, backend = upstream(ScriptedBackend([Completion("hi", logprobs=(-0.1, -2.0))]))
+    c = backend.complete(ASK.with_(logprobs=True))
+    assert c.logprobs == (-0.1, -2.0) and scripted.requests[0].logprobs
+
+
+def test_stream(upstream: Callable[..., Any]) -> None:
+    _, backend = upstream(ScriptedBackend(["alpha beta gamma"]))
+    chunks = list(backend.stream(ASK))
+    assert [c.text for c in chunks[:-1]] == ["alpha", " beta", " gamma"]
+    final = chunks[-1].completion
+    assert final is not None and final.text == "alpha beta gamma"
+    assert final.completion_tokens > 0 and final.prompt_tokens > 0  # from the usage chunk
+
+
+def test_stream_with_tool_calls(upstream: Callable[..., Any]) -> None:
+    _, backend = upstream(ScriptedBackend(
+        [{"tool_calls": [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]}],
+        tool_calls=True))
+    final = list(backend.stream(ASK.with_(tools=(WEATHER_TOOL,))))[-1].completion
+    assert final is not None and final.finish_reason == "tool_calls"
+    assert [(t.name, t.parsed_arguments()) for t in final.tool_calls] == [
+        ("get_weather", {"city": "Oslo"})]
+
+
+def test_async_complete_stream_and_batch(upstream: Callable[..., Any]) -> None:
+    _, backend = upstream(ScriptedBackend(
+        responder=lambda r: f"echo {r.messages[-1].text}", delay_s=0.05))
+
+    async def main() -> tuple[Completion, list[Any], list[Completion]]:
+        one = await backend.acomplete(ASK)
+        chunks = [c async for c in backend.astream(ASK)]
+        many = await backend.batch(
+            [Request(messages=[Message("user", f"q{i}")]) for i in range(6)], concurrency=3)
+        return one, chunks, many
+
+    one, chunks, many = asyncio.run(main())
+    assert one.text == "echo Say hello."
+    assert "".join(c.text for c in chunks) == "echo Say hello."
+    assert chunks[-1].completion.text == "echo Say hello."
+    assert [c.text for c in many] == [f"echo q{i}" for i in range(6)]  # order kept
+    # A second event loop gets its own async client (pools are bound to their loop).
+    assert asyncio.run(backend.acomplete(ASK)).text == "echo Say hello."
+    backend.close()
+
+
+def test_a_whetstone_server_can_serve_an_openai_backend(servers: Servers,
+                                                        upstream: Callable[..., Any]) -> None:
+    import openai
+
+    _, backend = upstream(ScriptedBackend(["proxied answer"]))
+    url = servers.start(create_app(backend, model_name="front"))
+    r = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+        model="front", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "proxied answer"
+
+
+# --- bad input and failures ------------------------------------------------------------------
+
+def retries_logged(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("retry" in r.getMessage() for r in caplog.records
+               if r.name == "whetstone.backends.openai")
+
+
+def test_a_server_that_is_down_is_unavailable_after_bounded_retries(
+        caplog: pytest.LogCaptureFixture) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    backend = get_backend(f"openai:tiny@{url}", BackendOptions(max_retries=2, extra=FAST_RETRY))
+    caplog.set_level(logging.WARNING, "whetstone.backends.openai")
+    start = time.monotonic()
+    with pytest.raises(BackendUnavailable) as info:
+        backend.complete(ASK)
+    assert retries_logged(caplog) == 2  # 1 try + 2 retries, then give up
+    assert url in info.value.message and "after 3 attempts" in info.value.message
+    assert "whetstone serve" in (info.value.hint or "")
+    assert time.monotonic() - start < 5
+    caplog.clear()
+    with pytest.raises(BackendUnavailable):
+        asyncio.run(backend.acomplete(ASK))
+    assert retries_logged(caplog) == 2
+    with pytest.raises(BackendUnavailable):
+        list(backend.stream(ASK))
+
+
+def test_no_retries_when_max_retries_is_zero(caplog: pytest.LogCaptureFixture) -> None:
+    backend = get_backend(f"openai:tiny@http://127.0.0.1:{free_port()}",
+                          BackendOptions(max_retries=0))
+    with pytest.raises(BackendUnavailable, match="after 1 attempt "):
+        backend.complete(ASK)
+    assert retries_logged(caplog) == 0
+
+
+def _flaky_app(statuses: list[int], hits: list[float], headers: dict[str, str] | None = None
+               ) -> FastAPI:
+    """Answers with ``statuses`` in turn, then with a real chat completion; records each hit."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> JSONResponse:
+        hits.append(time.monotonic())
+        if len(hits) <= len(statuses):
+            status = statuses[len(hits) - 1]
+            return JSONResponse({"error": {"message": f"busy ({status})", "type": "x"}},
+                                status_code=status, headers=headers)
+        return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": "tiny",
+                             "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": "ok now"}}]})
+
+    return app
+
+
+def test_5xx_is_retried_then_unavailable(servers: Servers) -> None:
+    hits: list[float] = []
+    url = servers.start(_flaky_app([503] * 10, hits))
+    backend = get_backend(f"openai:tiny@{url}", BackendOptions(max_retries=3, extra=FAST_RETRY))
+    with pytest.raises(BackendUnavailable) as info:
+        backend.complete(ASK)
+    assert len(hits) == 4  # the bound, counted by the server
+    assert "503" in info.value.message and "busy (503)" in info.value.message
+    assert "after 4 attempts" in info.value.message
+
+
+def test_429_and_500_are_retried_and_retry_after_is_honoured(servers: Servers) -> None:
+    hits: list[float] = []
+    url = servers.start(_flaky_app([429, 500], hits, headers={"Retry-After": "0.3"}))
+    backend = get_backend(f"openai:tiny@{url}", BackendOptions(
+        max_retries=3, extra={"retry_backoff_s": 0.01, "retry_max_backoff_s": 5}))
+    c = backend.complete(ASK)
+    assert c.text == "ok now" and len(hits) == 3
+    assert hits[1] - hits[0] >= 0.25  # waited as the server asked, not the tiny backoff
+    # The flaky server sent no usage: it is estimated, not left at zero.
+    assert c.prompt_tokens > 0 and c.completion_tokens > 0
+
+
+def test_4xx_is_not_retried_and_carries_the_servers_message(upstream: Callable[..., Any]
+                                                           ) -> None:
+    scripted, backend = upstream(ScriptedBackend(["never"]))
+    with pytest.raises(BackendError) as info:
+        backend.complete(ASK.with_(temperature=5.0))
+    assert "400" in info.value.message and "'temperature' must be between" in info.value.message
+    assert not isinstance(info.value, (BackendUnavailable, BackendTimeout))
+    assert scripted.requests == []
+
+
+def test_a_wrong_model_name_is_a_404_with_a_hint(servers: Servers) -> None:
+    url = servers.start(create_app(ScriptedBackend(["x"]), model_name="tiny"))
+    backend = get_backend(f"openai:huge@{url}", BackendOptions(max_retries=0))
+    with pytest.raises(BackendError) as info:
+        backend.complete(ASK)
+    assert "404" in info.value.message and "'huge'" in info.value.message
+    assert "/models" in (info.value.hint or "")
+
+
+def test_an_upstream_failure_reaches_the_caller_as_a_backend_error(
+        upstream: Callable[..., Any]) -> None:
+    _, backend = upstream(ScriptedBackend([]), max_retries=1, extra=FAST_RETRY)
+    with pytest.raises(BackendError, match="ran out of replies"):
+        backend.complete(ASK)
+
+
+def test_a_slow_server_is_a_timeout(upstream: Callable[..., Any],
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    _, backend = upstream(ScriptedBackend(responder=lambda r: "late", delay_s=1.5),
+                          timeout_s=0.3, max_retries=3)
+    start = time.monotonic()
+    with pytest.raises(BackendTimeout) as info:
+        backend.complete(ASK)
+    assert "0.3 s" in info.value.message
+    assert time.monotonic() - start < 2.0  # one wait of 0.3 s: timeouts are not retried
+    assert retries_logged(caplog) == 0
+    with pytest.raises(BackendTimeout, match="0.2 s"):  # Request.timeout wins over the option
+        backend.complete(ASK.with_(timeout=0.2))
+    with pytest.raises(BackendTimeout):
+        list(backend.stream(ASK))
+    with pytest.raises(BackendTimeout):
+        asyncio.run(backend.acomplete(ASK))
