@@ -1,0 +1,62 @@
+"""Evaluation: task sets, scorers, runs, paired comparison and the regression gate.
+
+    tasks = load_tasks("gsm8k@dev:0:30")
+    result = evaluate(tasks, solver, concurrency=2, seed=0, store=trace_store)
+    decision = gate(candidate_result, current_result)          # or run_gate(tasks, a, b)
+    decision.to_dict()                                         # goes into the version manifest
+
+A solver is ``(task, seed) -> Trace``; the CLI/API build one around the agent runtime.
+"""
+
+from engine.evaluation.benchmarks import BENCHMARKS, load_benchmark, load_tasks
+from engine.evaluation.compare import Comparison, compare
+from engine.evaluation.direct import direct_solver
+from engine.evaluation.gate import DEFAULT_RULE, Decision, gate, parse_rule, run_gate
+from engine.evaluation.report import render_report, write_report
+from engine.evaluation.results import (
+    EvalResult,
+    TaskResult,
+    default_evals_dir,
+    load_result,
+    load_results,
+)
+from engine.evaluation.runner import Solver, evaluate, task_seed
+from engine.evaluation.scorers import BUILTIN as SCORERS
+from engine.evaluation.scorers import get_scorer, tool_calls_of
+from engine.evaluation.stats import mcnemar_exact, paired_bootstrap, wilson_interval
+from engine.evaluation.tasks import TaskRecord, TaskSet, read_jsonl, split_of, write_jsonl
+
+__all__ = [
+    "BENCHMARKS",
+    "DEFAULT_RULE",
+    "SCORERS",
+    "Comparison",
+    "Decision",
+    "EvalResult",
+    "Solver",
+    "TaskRecord",
+    "TaskResult",
+    "TaskSet",
+    "compare",
+    "default_evals_dir",
+    "direct_solver",
+    "evaluate",
+    "gate",
+    "get_scorer",
+    "load_benchmark",
+    "load_result",
+    "load_results",
+    "load_tasks",
+    "mcnemar_exact",
+    "paired_bootstrap",
+    "parse_rule",
+    "read_jsonl",
+    "render_report",
+    "run_gate",
+    "split_of",
+    "task_seed",
+    "tool_calls_of",
+    "wilson_interval",
+    "write_jsonl",
+    "write_report",
+]

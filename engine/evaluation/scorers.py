@@ -1,0 +1,305 @@
+"""Scorers: ``(prediction, task) -> float`` in [0, 1].
+
+A prediction is what the agent produced: a ``Trace`` (text scorers read ``trace.answer``; the
+BFCL scorer reads its tool calls), a plain string, or for BFCL a ``ToolCall`` / list of calls.
+``task.expected`` may be a list of acceptable answers; text scorers take the best match.
+
+Built-in names (``get_scorer``): ``exact``, ``normalised`` (alias ``normalized``),
+``numeric`` (``numeric:TOL`` sets a relative tolerance), ``contains``, ``f1``, ``bfcl``.
+Anything else of the form ``module:function`` (or ``path/to/file.py:function``) is a user
+scorer with the same signature.
+
+The tool calls of a trace are read from its steps of kind ``"act"`` whose ``input`` is
+``{"tool": <name>, "arguments": <dict or JSON text>}``, in step order (``tool_calls_of``);
+the runtime writes its act steps in that shape.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import EvalError
+from engine.evaluation.answers import extract_number, normalise, tokens
+from engine.evaluation.bfcl import check_calls
+from engine.evaluation.tasks import TaskRecord
+from engine.types import ToolCall, Trace
+
+Prediction = Trace | str | ToolCall | Sequence[Any] | Mapping[str, Any] | None
+ScoreFn = Callable[[Prediction, TaskRecord], float]
+
+
+@dataclass(frozen=True)
+class NamedScorer:
+    """A scorer with the name it was asked for; checks that every score is a number in [0, 1]."""
+
+    name: str
+    fn: ScoreFn
+
+    def __call__(self, prediction: Prediction, task: TaskRecord) -> float:
+        value = self.fn(prediction, task)
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, (int, float)) or math.isnan(value) or not 0.0 <= value <= 1.0:
+            raise EvalError(f"scorer {self.name!r} returned {value!r} for task {task.id}; "
+                            "a score must be a number in [0, 1]",
+                            hint="fix the scorer so it returns a float between 0 and 1")
+        return float(value)
+
+
+# --- reading predictions -------------------------------------------------------------------
+
+def text_of(prediction: Prediction) -> str:
+    """The answer text of a prediction (a trace's ``answer``; ``""`` when there is none)."""
+    if prediction is None:
+        return ""
+    if isinstance(prediction, Trace):
+        return prediction.answer or ""
+    if isinstance(prediction, str):
+        return prediction
+    return str(prediction)
+
+
+def _args(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError:
+            return raw  # bad JSON stays text; the checker then rejects the call
+    return raw
+
+
+def tool_calls_of(trace: Trace) -> list[tuple[str, Any]]:
+    """The (name, arguments) of every tool call in a trace, in order, from its ``act`` steps."""
+    calls: list[tuple[str, Any]] = []
+    for step in trace.steps:
+        if step.kind != "act" or not isinstance(step.input, Mapping):
+            continue
+        name = step.input.get("tool")
+        if isinstance(name, str) and name:
+            calls.append((name, _args(step.input.get("arguments", {}))))
+    return calls
+
+
+def _call_from_mapping(d: Mapping[str, Any]) -> tuple[str, Any] | None:
+    fn = d.get("function", d)
+    if not isinstance(fn, Mapping):
+        return None
+    name = fn.get("name") or fn.get("tool")
+    if not isinstance(name, str):
+        return None
+    return name, _args(fn.get("arguments", fn.get("parameters", {})))
+
+
+def _calls_from_text(text: str) -> list[tuple[str, Any]]:
+    """Calls written as text: a JSON call object / list, or Python syntax ``f(a=1, b="x")``."""
+    text = text.strip().strip("`")
+    if text.startswith("json"):
+        text = text[4:].strip()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, Mapping):
+        call = _call_from_mapping(data)
+        return [call] if call else []
+    if isinstance(data, list):
+        return [c for c in (_call_from_mapping(d) for d in data if isinstance(d, Mapping)) if c]
+    try:
+        tree = ast.parse(text.strip("[]"), mode="eval")
+    except SyntaxError:
+        return []
+    nodes = tree.body.elts if isinstance(tree.body, ast.Tuple) else [tree.body]
+    calls: list[tuple[str, Any]] = []
+    for node in nodes:
+        if not isinstance(node, ast.Call) or node.args:
+            return []
+        try:
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+        except ValueError:
+            return []
+        calls.append((ast.unparse(node.func), kwargs))
+    return calls
+
+
+def calls_of(prediction: Prediction) -> list[tuple[str, Any]]:
+    """Tool calls from any prediction shape: a Trace, ToolCall(s), call dicts, or text."""
+    if prediction is None:
+        return []
+    if isinstance(prediction, Trace):
+        return tool_calls_of(prediction)
+    if isinstance(prediction, ToolCall):
+        return [(prediction.name, _args(prediction.arguments))]
+    if isinstance(prediction, str):
+        return _calls_from_text(prediction)
+    if isinstance(prediction, Mapping):
+        call = _call_from_mapping(prediction)
+        return [call] if call else []
+    out: list[tuple[str, Any]] = []
+    for item in prediction:
+        out += calls_of(item)
+    return out
+
+
+def _alternatives(task: TaskRecord) -> list[str]:
+    exp = task.expected
+    if exp is None:
+        raise EvalError(f"task {task.id} has no expected answer, so it cannot be scored",
+                        hint="add `expected` to the task record, or use a user scorer")
+    items = exp if isinstance(exp, (list, tuple)) else [exp]
+    return [str(x) for x in items]
+
+
+# --- the scorers ---------------------------------------------------------------------------
+
+def exact(prediction: Prediction, task: TaskRecord) -> float:
+    """1 when the answer equals an expected answer after stripping surrounding whitespace."""
+    pred = text_of(prediction).strip()
+    return float(any(pred == alt.strip() for alt in _alternatives(task)))
+
+
+def normalised_exact(prediction: Prediction, task: TaskRecord) -> float:
+    """1 when the answers match after SQuAD normalisation (case, punctuation, articles)."""
+    pred = normalise(text_of(prediction))
+    return float(any(pred == normalise(alt) for alt in _alternatives(task)))
+
+
+def contains(prediction: Prediction, task: TaskRecord) -> float:
+    """1 when a normalised expected answer appears in the normalised answer as whole words."""
+    pred = f" {normalise(text_of(prediction))} "
+    for alt in _alternatives(task):
+        n = normalise(alt)
+        if n and f" {n} " in pred:
+            return 1.0
+    return 0.0
+
+
+def token_f1(prediction: Prediction, task: TaskRecord) -> float:
+    """SQuAD token F1 between the answer and the best expected answer."""
+    pred = tokens(text_of(prediction))
+    best = 0.0
+    for alt in _alternatives(task):
+        gold = tokens(alt)
+        if not pred or not gold:
+            best = max(best, float(pred == gold))
+            continue
+        common = sum((Counter(pred) & Counter(gold)).values())
+        if common:
+            p, r = common / len(pred), common / len(gold)
+            best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def numeric(prediction: Prediction, task: TaskRecord, rel_tol: float = 1e-6,
+            abs_tol: float = 1e-9) -> float:
+    """1 when the answer's final number equals the expected number within tolerance
+    (see ``answers.extract_number`` for how the final number is found)."""
+    pred = extract_number(text_of(prediction))
+    if pred is None:
+        return 0.0
+    for alt in (task.expected if isinstance(task.expected, (list, tuple)) else [task.expected]):
+        if alt is None:
+            raise EvalError(f"task {task.id} has no expected answer, so it cannot be scored",
+                            hint="add `expected` to the task record")
+        gold = extract_number(alt)
+        if gold is None:
+            raise EvalError(f"task {task.id}: expected answer {alt!r} holds no number",
+                            hint="use a text scorer (normalised, contains) for this set")
+        if math.isclose(pred, gold, rel_tol=rel_tol, abs_tol=abs_tol):
+            return 1.0
+    return 0.0
+
+
+def bfcl_call(prediction: Prediction, task: TaskRecord) -> float:
+    """1 when the first tool call matches BFCL's ``possible_answer``
+    (see ``engine.evaluation.bfcl``)."""
+    truth = task.expected
+    if not isinstance(truth, (list, tuple)) or not all(isinstance(t, Mapping) for t in truth):
+        raise EvalError(f"task {task.id}: the bfcl scorer needs `expected` to be BFCL's "
+                        "ground truth, a list of {function: {param: [allowed values]}}",
+                        hint="load the task from bfcl-simple / bfcl-multiple")
+    functions = task.metadata.get("bfcl_functions") or [
+        t.get("function", t) for t in task.tools]
+    calls = [(n, a) for n, a in calls_of(prediction)]
+    if calls and not isinstance(calls[0][1], Mapping):
+        return 0.0  # the arguments were not a JSON object
+    return float(check_calls(calls, functions, truth).ok)
+
+
+BUILTIN: dict[str, ScoreFn] = {
+    "exact": exact,
+    "normalised": normalised_exact,
+    "contains": contains,
+    "f1": token_f1,
+    "numeric": numeric,
+    "bfcl": bfcl_call,
+}
+_ALIASES = {"normalized": "normalised", "normalised_exact": "normalised",
+            "normalized_exact": "normalised", "token_f1": "f1", "bfcl_call": "bfcl"}
+
+
+def _user_scorer(name: str) -> ScoreFn:
+    module_name, _, attr = name.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise EvalError(f"scorer file {path} does not exist",
+                                hint="give path/to/file.py:function or module:function")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EvalError(f"cannot import scorer module {module_name!r} ({exc})",
+                        hint="check the module is importable (on PYTHONPATH) or give a .py path"
+                        ) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise EvalError(f"{module_name!r} has no function {attr!r}",
+                        hint="a user scorer is `module:function`, with function(prediction, "
+                             "task) -> float in [0, 1]")
+    return fn
+
+
+def get_scorer(name: str) -> NamedScorer:
+    """A scorer by name: a built-in, ``numeric:TOL``, or a user ``module:function``."""
+    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in BUILTIN:
+        return NamedScorer(key, BUILTIN[key])
+    head, sep, tail = name.partition(":")
+    if sep and head.lower() == "numeric":
+        try:
+            tol = float(tail)
+        except ValueError:
+            raise EvalError(f"numeric tolerance {tail!r} is not a number",
+                            hint="e.g. --scorer numeric:0.01 (relative tolerance)") from None
+        if tol < 0:
+            raise EvalError(f"numeric tolerance must be >= 0, got {tol}", hint="e.g. numeric:0.01")
+        return NamedScorer(name, lambda p, t: numeric(p, t, rel_tol=tol, abs_tol=tol))
+    if sep and tail:
+        return NamedScorer(name.strip(), _user_scorer(name.strip()))
+    raise EvalError(f"unknown scorer {name!r}",
+                    hint="built-in scorers: " + ", ".join(BUILTIN)
+                    + "; or a user scorer as module:function")
+
+
+def as_scorer(scorer: str | ScoreFn | None, default: str) -> NamedScorer:
+    """Turn a name, a plain function or ``None`` (use ``default``) into a ``NamedScorer``."""
+    if scorer is None:
+        return get_scorer(default)
+    if isinstance(scorer, NamedScorer):
+        return scorer
+    if isinstance(scorer, str):
+        return get_scorer(scorer)
+    return NamedScorer(getattr(scorer, "__name__", "custom"), scorer)

@@ -1,0 +1,164 @@
+"""Confidence intervals and paired tests for scores in [0, 1].
+
+- ``wilson_interval``: for binary outcomes (k successes of n).
+- ``bootstrap_interval``: percentile bootstrap of the mean, for continuous scores (seeded).
+- ``paired_bootstrap``: the mean paired difference b - a with a percentile bootstrap interval
+  that resamples tasks, so both versions are always judged on the same draw (seeded).
+- ``mcnemar_exact``: McNemar's exact test (two-sided binomial on the discordant pairs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Literal
+
+from engine.errors import EvalError
+
+IntervalMethod = Literal["wilson", "bootstrap"]
+
+
+def _z(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise EvalError(f"confidence must be in (0, 1), got {confidence}", hint="e.g. 0.95")
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def is_binary(scores: Sequence[float]) -> bool:
+    """True when every score is exactly 0 or 1."""
+    return all(s in (0.0, 1.0) for s in scores)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a proportion; (0, 1) when ``n`` is 0."""
+    if n < 0 or not 0 <= successes <= n:
+        raise EvalError(f"need 0 <= successes <= n, got {successes} of {n}", hint="check counts")
+    if n == 0:
+        return 0.0, 1.0
+    z = _z(confidence)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _percentiles(samples: Sequence[float], confidence: float) -> tuple[float, float]:
+    import numpy as np
+
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(np.asarray(samples), [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def bootstrap_means(values: Sequence[float], n_resamples: int = 10_000, seed: int = 0
+                    ) -> list[float]:
+    """Means of ``n_resamples`` resamples (with replacement) of ``values``; seeded."""
+    import numpy as np
+
+    if n_resamples < 1:
+        raise EvalError(f"n_resamples must be >= 1, got {n_resamples}", hint="e.g. 10000")
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return []
+    rng = np.random.default_rng(seed)
+    # Chunks keep memory flat for large sets: (chunk, n) index draws at a time.
+    out: list[float] = []
+    chunk = max(1, 2_000_000 // data.size)
+    left = n_resamples
+    while left:
+        k = min(chunk, left)
+        idx = rng.integers(0, data.size, size=(k, data.size))
+        out.extend(data[idx].mean(axis=1).tolist())
+        left -= k
+    return out
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = 0.95,
+                       n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean; (0, 1) for no values."""
+    _z(confidence)
+    if not values:
+        return 0.0, 1.0
+    return _percentiles(bootstrap_means(values, n_resamples, seed), confidence)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its confidence interval and the method that made it."""
+
+    mean: float
+    low: float
+    high: float
+    method: IntervalMethod
+    confidence: float = 0.95
+
+
+def score_interval(scores: Sequence[float], confidence: float = 0.95, seed: int = 0,
+                   n_resamples: int = 10_000) -> Interval:
+    """Accuracy with its interval: Wilson when every score is 0/1, else percentile bootstrap."""
+    n = len(scores)
+    mean = sum(scores) / n if n else 0.0
+    if is_binary(scores):
+        lo, hi = wilson_interval(round(sum(scores)), n, confidence)
+        return Interval(mean, lo, hi, "wilson", confidence)
+    lo, hi = bootstrap_interval(scores, confidence, n_resamples, seed)
+    return Interval(mean, lo, hi, "bootstrap", confidence)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Mean of b - a over paired tasks, with its paired-bootstrap interval."""
+
+    difference: float
+    low: float
+    high: float
+    n: int
+    confidence: float = 0.95
+    n_resamples: int = 10_000
+    seed: int = 0
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
+                     n_resamples: int = 10_000, seed: int = 0) -> PairedDifference:
+    """The mean paired difference ``b - a`` and a percentile interval from resampling tasks."""
+    if len(a) != len(b):
+        raise EvalError(f"paired scores differ in length ({len(a)} vs {len(b)})",
+                        hint="compare results on the same tasks")
+    if not a:
+        raise EvalError("no paired scores to compare", hint="the two results share no task")
+    _z(confidence)
+    diffs = [y - x for x, y in zip(a, b)]
+    mean = sum(diffs) / len(diffs)
+    lo, hi = _percentiles(bootstrap_means(diffs, n_resamples, seed), confidence)
+    return PairedDifference(mean, lo, hi, len(diffs), confidence, n_resamples, seed)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """McNemar's exact test. ``b_only``: tasks only b got right; ``a_only``: only a."""
+
+    a_only: int
+    b_only: int
+    p_value: float
+
+
+def mcnemar_exact(a: Sequence[float], b: Sequence[float]) -> McNemar:
+    """Two-sided exact McNemar test on paired binary outcomes (0/1 scores)."""
+    if len(a) != len(b):
+        raise EvalError(f"paired outcomes differ in length ({len(a)} vs {len(b)})",
+                        hint="compare results on the same tasks")
+    if not (is_binary(a) and is_binary(b)):
+        raise EvalError("McNemar's test needs binary (0/1) scores",
+                        hint="use the paired bootstrap for continuous scores")
+    a_only = sum(1 for x, y in zip(a, b) if x == 1.0 and y == 0.0)
+    b_only = sum(1 for x, y in zip(a, b) if x == 0.0 and y == 1.0)
+    n = a_only + b_only
+    if n == 0:
+        return McNemar(a_only, b_only, 1.0)
+    k = min(a_only, b_only)
+    # Exact integer arithmetic: 2 * P(X <= k), X ~ Binomial(n, 1/2); int / int rounds correctly.
+    tail = sum(math.comb(n, i) for i in range(k + 1))
+    return McNemar(a_only, b_only, min(1.0, 2 * tail / 2**n))

@@ -1,0 +1,258 @@
+"""Task records, JSONL task files, the task-set spec syntax and stable splits.
+
+A task set is named by a spec string::
+
+    gsm8k                 the whole packaged set (see ``engine.evaluation.benchmarks``)
+    gsm8k:0:30            a slice, Python-style: tasks 0..29 (either bound may be empty)
+    gsm8k@dev             a split (train | dev | test), chosen by hashing each task id
+    gsm8k@dev:0:20        the first 20 tasks of the dev split
+    path/to/tasks.jsonl   a JSONL file of task records (also with @split and :slice)
+
+Splits are stable: a task belongs to ``train`` when the first 8 bytes of sha256(id), read as a
+fraction of 2**64, are below 0.6, to ``dev`` below 0.8, else to ``test`` (60/20/20). They do not
+depend on the order of the file, on which other tasks exist, or on the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.errors import EvalError
+from engine.types import Message, messages_from
+
+log = logging.getLogger(__name__)
+
+Split = Literal["train", "dev", "test"]
+SPLITS: tuple[Split, ...] = ("train", "dev", "test")
+# Cumulative upper bounds of the 60/20/20 split on the hash fraction.
+_SPLIT_BOUNDS: tuple[tuple[Split, float], ...] = (("train", 0.6), ("dev", 0.8), ("test", 1.0))
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One labelled task.
+
+    ``question`` is the prompt text; ``messages`` (OpenAI chat format) replaces it for chat-shaped
+    tasks (BFCL). ``expected`` is the answer the scorer compares against: a string or number, a
+    list of acceptable strings, or for BFCL the ``possible_answer`` ground-truth list.
+    ``tools`` are OpenAI function schemas offered to the agent; ``scorer`` names the set's
+    default scorer (``engine.evaluation.scorers``).
+    """
+
+    id: str
+    question: str = ""
+    messages: tuple[Message, ...] = ()
+    image: str | None = None
+    evidence: str | None = None
+    expected: Any = None
+    tools: tuple[Mapping[str, Any], ...] = ()
+    scorer: str = "normalised"
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id.strip():
+            raise EvalError(f"task id must be a non-empty string, got {self.id!r}",
+                            hint="give every task record a unique string `id`")
+        if not isinstance(self.question, str):
+            raise EvalError(f"task {self.id}: `question` must be a string",
+                            hint="put chat-shaped prompts in `messages` instead")
+        object.__setattr__(self, "messages", messages_from(self.messages))
+        object.__setattr__(self, "tools", tuple(dict(t) for t in self.tools))
+        object.__setattr__(self, "metadata", dict(self.metadata))
+        if not self.question.strip() and not self.messages:
+            raise EvalError(f"task {self.id} has neither `question` nor `messages`",
+                            hint="every task needs a prompt: a `question` string or `messages`")
+
+    @property
+    def prompt(self) -> str:
+        """The task's text: ``question``, else the last user message's text."""
+        if self.question:
+            return self.question
+        users = [m for m in self.messages if m.role == "user"]
+        return (users[-1] if users else self.messages[-1]).text
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id}
+        if self.question:
+            d["question"] = self.question
+        if self.messages:
+            d["messages"] = [m.to_dict() for m in self.messages]
+        for name in ("image", "evidence"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        d["expected"] = self.expected
+        if self.tools:
+            d["tools"] = [dict(t) for t in self.tools]
+        d["scorer"] = self.scorer
+        if self.metadata:
+            d["metadata"] = dict(self.metadata)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TaskRecord:
+        if not isinstance(d, Mapping):
+            raise EvalError(f"a task record must be a JSON object, got {type(d).__name__}",
+                            hint='write one object per line: {"id": ..., "question": ...}')
+        unknown = set(d) - {"id", "question", "messages", "image", "evidence", "expected",
+                            "tools", "scorer", "metadata"}
+        if unknown:
+            raise EvalError(f"unknown task field(s) {sorted(unknown)}",
+                            hint="put extra information under `metadata`")
+        if "id" not in d:
+            raise EvalError("task record has no `id`", hint="give every task a unique `id`")
+        kw: dict[str, Any] = {k: d[k] for k in d if k in {"question", "image", "evidence",
+                                                          "expected", "scorer"}}
+        kw["id"] = str(d["id"]) if isinstance(d["id"], int) else d["id"]
+        if d.get("messages"):
+            kw["messages"] = messages_from(d["messages"])
+        if d.get("tools"):
+            kw["tools"] = tuple(d["tools"])
+        if d.get("metadata"):
+            kw["metadata"] = dict(d["metadata"])
+        return cls(**kw)
+
+    def with_(self, **changes: Any) -> TaskRecord:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """Tasks loaded from a spec, with the problems met while loading (bad lines, duplicates)."""
+
+    name: str
+    tasks: tuple[TaskRecord, ...]
+    problems: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self) -> Iterator[TaskRecord]:
+        return iter(self.tasks)
+
+    def __getitem__(self, i: int) -> TaskRecord:
+        return self.tasks[i]
+
+    @property
+    def scorer(self) -> str:
+        """The set's default scorer: the one most of its tasks name."""
+        names = [t.scorer for t in self.tasks]
+        return max(set(names), key=names.count) if names else "normalised"
+
+
+def read_jsonl(path: Path | str) -> TaskSet:
+    """Read task records from a JSONL file. A broken line is reported with its line number
+    (in ``TaskSet.problems`` and the log) and skipped; reading goes on. Duplicate ids too."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvalError(f"task file {path} does not exist",
+                        hint="pass a .jsonl file of task records or a packaged set name")
+    tasks: list[TaskRecord] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                task = TaskRecord.from_dict(json.loads(line))
+            except json.JSONDecodeError as exc:
+                problems.append(f"{path}:{lineno}: not valid JSON ({exc.msg} at column "
+                                f"{exc.colno}); line skipped")
+                continue
+            except (EvalError, TypeError, ValueError, KeyError) as exc:
+                msg = exc.message if isinstance(exc, EvalError) else str(exc)
+                problems.append(f"{path}:{lineno}: bad task record ({msg}); line skipped")
+                continue
+            if task.id in seen:
+                problems.append(f"{path}:{lineno}: duplicate task id {task.id!r}; line skipped")
+                continue
+            seen.add(task.id)
+            tasks.append(task)
+    for p in problems:
+        log.warning(p)
+    return TaskSet(name=str(path), tasks=tuple(tasks), problems=tuple(problems))
+
+
+def write_jsonl(tasks: Sequence[TaskRecord], path: Path | str) -> Path:
+    """Write task records, one JSON object per line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in tasks)
+    return path
+
+
+def split_of(task_id: str) -> Split:
+    """The stable split of a task id (60/20/20 train/dev/test by sha256 of the id)."""
+    digest = hashlib.sha256(task_id.encode("utf-8")).digest()
+    frac = int.from_bytes(digest[:8], "big") / 2**64
+    for name, bound in _SPLIT_BOUNDS:
+        if frac < bound:
+            return name
+    return "test"  # unreachable: frac < 1.0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A parsed task-set spec: the set (a packaged name or a file), split and slice."""
+
+    source: str
+    split: Split | None = None
+    start: int | None = None
+    end: int | None = None
+
+    def __str__(self) -> str:
+        s = self.source + (f"@{self.split}" if self.split else "")
+        if self.start is not None or self.end is not None:
+            lo = "" if self.start is None else self.start
+            s += f":{lo}:{'' if self.end is None else self.end}"
+        return s
+
+
+_SPEC = re.compile(
+    r"^(?P<source>[^@:]+?)(?:@(?P<split>[^:]*))?(?::(?P<start>[^:@]*):(?P<end>[^:@]*))?$")
+
+
+def parse_spec(spec: str) -> TaskSpec:
+    """Parse ``SET[@SPLIT][:START:END]``; a string naming an existing file is that file."""
+    spec = spec.strip()
+    if not spec:
+        raise EvalError("empty task-set spec", hint="e.g. --tasks gsm8k:0:30")
+    if Path(spec).is_file():
+        return TaskSpec(source=spec)
+    m = _SPEC.match(spec)
+    if not m:
+        raise EvalError(f"cannot read task-set spec {spec!r}",
+                        hint="use SET, SET:START:END, SET@SPLIT or SET@SPLIT:START:END, "
+                             "split before slice (e.g. gsm8k@dev:0:20)")
+    split = m.group("split")
+    if split is not None and split not in SPLITS:
+        raise EvalError(f"unknown split {split!r} in {spec!r}",
+                        hint=f"splits are {', '.join(SPLITS)}")
+    bounds: list[int | None] = []
+    for name in ("start", "end"):
+        raw = m.group(name)
+        if raw is None or raw == "":
+            bounds.append(None)
+            continue
+        try:
+            bounds.append(int(raw))
+        except ValueError:
+            raise EvalError(f"slice bound {raw!r} in {spec!r} is not an integer",
+                            hint="use SET:START:END with integers, e.g. gsm8k:0:30") from None
+    return TaskSpec(source=m.group("source"), split=split,  # type: ignore[arg-type]
+                    start=bounds[0], end=bounds[1])
+
+
+def select(tasks: Sequence[TaskRecord], split: Split | None = None, start: int | None = None,
+           end: int | None = None) -> tuple[TaskRecord, ...]:
+    """Keep the tasks of ``split`` (in their original order), then slice ``[start:end]``."""
+    chosen = [t for t in tasks if split is None or split_of(t.id) == split]
+    return tuple(chosen[start:end])
