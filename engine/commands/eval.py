@@ -1,0 +1,205 @@
+"""``whetstone eval``: score a library version on a task set, compare two, write the report.
+
+The command does not build agents itself: ``cli.py`` puts a ``solver_factory`` in ``ctx.obj``,
+``solver_factory(model_spec, library_path, version) -> solver`` where a solver is
+``(task, seed) -> Trace`` (see ``engine.evaluation.runner``). Tests inject a scripted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from engine.commands.common import (
+    EXIT_INTERRUPTED,
+    console,
+    default_library_path,
+    emit_json,
+    fail,
+    handle_errors,
+    json_option,
+    library_option,
+    model_option,
+)
+from engine.errors import ConfigError, EvalError
+from engine.evaluation.benchmarks import BENCHMARKS, load_tasks
+from engine.evaluation.compare import Comparison, compare
+from engine.evaluation.report import write_report
+from engine.evaluation.results import EvalResult, TaskResult, default_evals_dir, load_results
+from engine.evaluation.runner import Solver, evaluate
+from engine.evaluation.tasks import TaskSet
+from library_store.traces import TraceStore
+
+SolverFactory = Callable[[str, Path, "str | None"], Solver]
+
+
+def _factory(ctx: click.Context) -> SolverFactory:
+    obj = ctx.obj if isinstance(ctx.obj, dict) else {}
+    factory = obj.get("solver_factory")
+    if factory is None:
+        raise ConfigError("`whetstone eval` was started without a solver factory",
+                          hint="run it through the `whetstone` CLI, which provides the agent")
+    return factory
+
+
+def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None, concurrency: int,
+         seed: int, store: TraceStore, model: str, version: str | None,
+         quiet: bool) -> EvalResult:
+    """One evaluation with a progress bar (ETA and running accuracy) on stderr."""
+    err = console(stderr=True)
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TextColumn("eta"),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=err, disable=quiet, transient=False) as progress:
+        bar = progress.add_task(label, total=len(tasks), acc="-")
+        total = [0.0]
+
+        def on_progress(done: int, n: int, r: TaskResult) -> None:
+            total[0] += r.score
+            progress.update(bar, completed=done, acc=f"{total[0] / done:.3f}")
+
+        return evaluate(tasks, solver, scorer, concurrency=concurrency, seed=seed,
+                        on_progress=on_progress, store=store, model=model,
+                        library_version=version, label=version,
+                        results_dir=default_evals_dir())
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def _print_result(r: EvalResult) -> None:
+    out = console()
+    ci = r.interval()
+    method = "Wilson" if ci.method == "wilson" else "bootstrap"
+    out.print(f"[bold]{r.task_set}[/]  model {r.model or '?'}  library "
+              f"{r.library_version or 'current'}  seed {r.seed}  scorer {r.scorer}")
+    correct = f"  ({sum(t.score for t in r.results):g}/{r.n})" if ci.method == "wilson" else ""
+    out.print(f"accuracy [bold]{ci.mean:.3f}[/]  95% CI [{ci.low:.3f}, {ci.high:.3f}] "
+              f"({method}){correct}")
+    wall = (r.ended or r.started) - r.started
+    out.print(f"tokens/task {r.mean_tokens:.0f}  latency/task {_fmt_s(r.mean_latency_s)}  "
+              f"wall {_fmt_s(wall)}")
+    if r.partial:
+        out.print(f"[yellow]partial: {r.n} of {r.n_planned} tasks scored before the stop[/]")
+    if r.n_errors:
+        first = next(t for t in r.results if t.error)
+        out.print(f"[yellow]{r.n_errors} task(s) failed and scored 0; first: "
+                  f"{first.task_id}: {first.error}[/]")
+    if "saved_to" in r.meta:
+        out.print(f"saved {r.meta['saved_to']}")
+
+
+def _print_comparison(c: Comparison) -> None:
+    out = console()
+    p = "n/a (scores not 0/1)" if c.p_value is None else f"{c.p_value:.4g}"
+    out.print(f"[bold]{c.b_name} - {c.a_name}[/] on {c.n} paired tasks: difference "
+              f"[bold]{c.difference:+.3f}[/]  {c.confidence:.0%} CI [{c.ci_low:+.3f}, "
+              f"{c.ci_high:+.3f}] (paired bootstrap)  McNemar p = {p}")
+    out.print(f"wins {len(c.wins)}  losses {len(c.losses)}  ties {c.ties}")
+
+
+def _finish(results: list[EvalResult]) -> None:
+    if any(r.partial for r in results):
+        console(stderr=True).print("[yellow]interrupted; the tasks scored so far are saved[/]")
+        raise SystemExit(EXIT_INTERRUPTED)
+    for r in results:
+        if r.n and r.n_errors == r.n:
+            first = next(t for t in r.results if t.error)
+            fail(EvalError(f"every task failed ({r.n}); first: {first.task_id}: {first.error}",
+                           hint="check the model and library with `whetstone run` first"))
+
+
+@click.group("eval", invoke_without_command=True)
+@click.option("--tasks", "-t", "tasks_spec", metavar="SET",
+              help="Task set: " + ", ".join(BENCHMARKS) + " or a .jsonl file; "
+                   "SET@train|dev|test picks a split, SET:START:END a slice.")
+@model_option
+@library_option
+@click.option("--version", "version", default=None, help="Library version (default: current).")
+@click.option("--concurrency", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tasks run at once.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
+@click.option("--scorer", default=None,
+              help="exact, normalised, numeric[:TOL], contains, f1, bfcl or module:function "
+                   "(default: the set's own).")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="First N tasks only.")
+@click.option("--compare", "compare_versions", nargs=2, default=None, metavar="V1 V2",
+              help="Run two library versions on the same tasks and compare them.")
+@json_option
+@click.pass_context
+@handle_errors
+def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
+             version: str | None, concurrency: int, seed: int, scorer: str | None,
+             limit: int | None, compare_versions: tuple[str, str] | None, as_json: bool) -> None:
+    """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not tasks_spec:
+        raise ConfigError("no task set given", hint="e.g. whetstone eval --tasks gsm8k:0:30")
+    if compare_versions and version:
+        raise ConfigError("--version and --compare cannot be combined",
+                          hint="--compare V1 V2 names both versions")
+    factory = _factory(ctx)
+    tasks = load_tasks(tasks_spec, limit=limit)
+    err = console(stderr=True)
+    for problem in tasks.problems:
+        err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
+    if not len(tasks):
+        raise EvalError(f"task set {tasks_spec!r} selects no task",
+                        hint="check the split and slice bounds")
+    library = library_path or default_library_path()
+    store = TraceStore(library / "traces")
+    common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,
+                              "store": store, "model": model, "quiet": as_json}
+    versions = list(compare_versions) if compare_versions else [version]
+    results: list[EvalResult] = []
+    for v in versions:
+        solver = factory(model, library, v)
+        label = f"{tasks_spec} [{v}]" if v else tasks_spec
+        results.append(_run(tasks, solver, label=label, version=v, **common))
+        if results[-1].partial:
+            break
+    comparison = compare(*results) if len(results) == 2 and not any(
+        r.partial for r in results) else None
+    if as_json:
+        payload: dict[str, Any] = {"results": [r.to_dict() for r in results]}
+        if comparison is not None:
+            payload["comparison"] = comparison.to_dict()
+        emit_json(payload)
+    else:
+        for r in results:
+            _print_result(r)
+        if comparison is not None:
+            _print_comparison(comparison)
+    _finish(results)
+
+
+@eval_cmd.command("report")
+@click.option("--out", "out", type=click.Path(path_type=Path), default=None,
+              help="HTML file to write (default: $WHETSTONE_HOME/evals/report.html).")
+@click.option("--evals", "evals_dir", type=click.Path(path_type=Path), default=None,
+              help="Folder of saved results (default: $WHETSTONE_HOME/evals).")
+@handle_errors
+def report_cmd(out: Path | None, evals_dir: Path | None) -> None:
+    """Write a self-contained HTML report of the saved results, with plots."""
+    folder = evals_dir or default_evals_dir()
+    results, problems = load_results(folder)
+    err = console(stderr=True)
+    for p in problems:
+        err.print(f"[yellow]warning:[/] {p}", soft_wrap=True)
+    if not results:
+        err.print(f"[yellow]no results in {folder} yet; the report says so[/]")
+    path = write_report(results, out or folder / "report.html")
+    console().print(f"wrote {path} ({len(results)} runs)")

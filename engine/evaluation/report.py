@@ -1,0 +1,185 @@
+"""A self-contained HTML report of saved evaluation results.
+
+Three plots, each an inline base64 PNG made with matplotlib (imported lazily; the figures are
+drawn with the Agg canvas directly, so no pyplot global state is touched):
+accuracy per library version over time with its 95% interval, per-task wins and losses between
+two runs, and tokens per task. A table lists every run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from engine.evaluation.compare import Comparison, compare
+from engine.evaluation.results import EvalResult
+
+MAX_BOXES = 12  # tokens plot: the most recent runs only, so labels stay readable
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; font-size: 0.9em; margin-bottom: 2em; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
+th { background: #f2f2f2; } td.l { text-align: left; }
+img { max-width: 100%; display: block; margin: 0.5em 0 2em; }
+.note { color: #666; }
+"""
+
+
+def _png(fig: Any) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _img(b64: str, alt: str, plot_id: str) -> str:
+    return (f'<img id="{plot_id}" class="plot" alt="{html.escape(alt)}" '
+            f'src="data:image/png;base64,{b64}">')
+
+
+def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
+    """Accuracy of each run against its start time, one line per task set, with intervals."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.2))
+    ax = fig.add_subplot()
+    by_set: dict[str, list[EvalResult]] = {}
+    for r in results:
+        by_set.setdefault(r.task_set, []).append(r)
+    for name, runs in by_set.items():
+        runs = sorted(runs, key=lambda r: r.started)
+        xs = [datetime.fromtimestamp(r.started) for r in runs]
+        cis = [r.interval() for r in runs]
+        ys = [ci.mean for ci in cis]
+        err = [[ci.mean - ci.low for ci in cis], [ci.high - ci.mean for ci in cis]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=name)
+        for x, y, r in zip(xs, ys, runs):
+            ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("accuracy (95% CI)")
+    ax.set_title("Accuracy per library version over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.autofmt_xdate()
+    return _png(fig)
+
+
+def plot_wins_losses(c: Comparison, a: EvalResult, b: EvalResult) -> str:
+    """Counts of wins/ties/losses of b over a, and each task's score difference."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.8))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 3]})
+    left.bar(["wins", "ties", "losses"], [len(c.wins), c.ties, len(c.losses)],
+             color=["#2e7d32", "#9e9e9e", "#c62828"])
+    left.set_title(f"{c.b_name} vs {c.a_name}", fontsize=10)
+    sa, sb = a.scores, b.scores
+    diffs = sorted(((sb[t] - sa[t]), t) for t in c.task_ids)
+    right.bar(range(len(diffs)), [d for d, _ in diffs],
+              color=["#2e7d32" if d > 0 else "#c62828" if d < 0 else "#9e9e9e" for d, _ in diffs])
+    right.axhline(0, color="#444", linewidth=0.8)
+    right.set_xlabel("task (sorted by difference)")
+    right.set_ylabel(f"score({c.b_name}) - score({c.a_name})")
+    right.set_title(f"per-task difference: mean {c.difference:+.3f} "
+                    f"[{c.ci_low:+.3f}, {c.ci_high:+.3f}]", fontsize=10)
+    right.set_ylim(-1.05, 1.05)
+    return _png(fig)
+
+
+def plot_tokens(results: Sequence[EvalResult]) -> str:
+    """Tokens per task of each run (box plot), most recent runs."""
+    from matplotlib.figure import Figure
+
+    runs = [r for r in sorted(results, key=lambda r: r.started) if r.n][-MAX_BOXES:]
+    fig = Figure(figsize=(10, 3.8))
+    ax = fig.add_subplot()
+    ax.boxplot([[t.tokens for t in r.results] for r in runs],
+               tick_labels=[f"{r.name}\n{r.task_set}" for r in runs])
+    ax.set_ylabel("tokens per task")
+    ax.set_title("Tokens per task")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
+def latest_pair(results: Sequence[EvalResult]) -> tuple[EvalResult, EvalResult] | None:
+    """The two most recent complete runs on one task set under different names (a, b)."""
+    done = sorted((r for r in results if not r.partial and r.n), key=lambda r: r.started)
+    for b in reversed(done):
+        for a in reversed(done):
+            if a is not b and a.task_set == b.task_set and a.name != b.name \
+                    and a.started <= b.started:
+                return a, b
+    return None
+
+
+def _table(results: Sequence[EvalResult]) -> str:
+    head = ("<tr><th>started</th><th>task set</th><th>run</th><th>model</th><th>n</th>"
+            "<th>accuracy</th><th>95% CI</th><th>tokens/task</th><th>latency/task (s)</th>"
+            "<th>notes</th></tr>")
+    rows = []
+    for r in sorted(results, key=lambda r: r.started, reverse=True):
+        ci = r.interval()
+        notes = []
+        if r.partial:
+            notes.append(f"partial ({r.n} of {r.n_planned})")
+        if r.n_errors:
+            notes.append(f"{r.n_errors} errors")
+        rows.append(
+            f"<tr><td class='l'>{datetime.fromtimestamp(r.started):%Y-%m-%d %H:%M}</td>"
+            f"<td class='l'>{html.escape(r.task_set)}</td><td class='l'>{html.escape(r.name)}</td>"
+            f"<td class='l'>{html.escape(r.model)}</td><td>{r.n}</td><td>{ci.mean:.3f}</td>"
+            f"<td>[{ci.low:.3f}, {ci.high:.3f}] {ci.method}</td><td>{r.mean_tokens:.0f}</td>"
+            f"<td>{r.mean_latency_s:.2f}</td>"
+            f"<td class='l'>{html.escape('; '.join(notes))}</td></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def render_report(results: Sequence[EvalResult],
+                  pair: tuple[EvalResult, EvalResult] | None = None,
+                  title: str = "Whetstone evaluation report") -> str:
+    """The report as one HTML string. ``pair`` (a, b) picks the runs for wins and losses;
+    by default the two latest runs on one task set under different names."""
+    parts = [(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+             f"</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"),
+             (f"<p class='note'>Generated {datetime.now():%Y-%m-%d %H:%M}; {len(results)} runs. "
+             "Intervals: Wilson for 0/1 scores, percentile bootstrap otherwise; differences: "
+             "paired bootstrap.</p>")]
+    if not results:
+        parts.append("<p>No evaluation results yet: run <code>whetstone eval</code>.</p>")
+        return "".join(parts) + "</body></html>"
+    parts.append("<h2>Runs</h2>" + _table(results))
+    parts.append("<h2>Accuracy over time</h2>"
+                 + _img(plot_accuracy_over_time(results), "accuracy over time", "plot-accuracy"))
+    pair = pair or latest_pair(results)
+    parts.append("<h2>Wins and losses</h2>")
+    if pair is None:
+        parts.append("<p class='note'>Needs two complete runs on the same task set.</p>")
+    else:
+        a, b = pair
+        c = compare(a, b)
+        p = "n/a" if c.p_value is None else f"{c.p_value:.4g}"
+        parts.append(f"<p>{html.escape(c.b_name)} vs {html.escape(c.a_name)} on "
+                     f"{html.escape(b.task_set)} ({c.n} tasks): {len(c.wins)} wins, "
+                     f"{len(c.losses)} losses, {c.ties} ties; McNemar p = {p}.</p>")
+        parts.append(_img(plot_wins_losses(c, a, b), "per-task wins and losses", "plot-wins"))
+    parts.append("<h2>Tokens per task</h2>"
+                 + _img(plot_tokens(results), "tokens per task", "plot-tokens"))
+    return "".join(parts) + "</body></html>"
+
+
+def write_report(results: Sequence[EvalResult], out: Path | str,
+                 pair: tuple[EvalResult, EvalResult] | None = None) -> Path:
+    """Write ``render_report`` to ``out`` and return the path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_report(results, pair), encoding="utf-8")
+    return out

@@ -1,0 +1,201 @@
+"""Run tasks through a solver, score them, store the scored traces, summarise.
+
+The solver is injected: ``solver(task, seed) -> Trace``. The CLI and API pass one that runs the
+agent (the same runtime as ``whetstone run``) on the library version under test; tests pass
+scripted ones. Each task gets its own seed, derived from the run's seed and the task id, so a
+task's result does not depend on the order or concurrency it ran with, and two library versions
+run with the same seed see the same per-task seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from engine.errors import (
+    BackendUnavailable,
+    ConfigError,
+    EvalError,
+    ModelLoadError,
+    ModelNotInstalled,
+)
+from engine.evaluation.results import EvalResult, TaskResult
+from engine.evaluation.scorers import NamedScorer, ScoreFn, as_scorer
+from engine.evaluation.tasks import TaskRecord, TaskSet
+from engine.types import Trace
+from library_store.traces import TraceStore
+
+log = logging.getLogger(__name__)
+
+Solver = Callable[[TaskRecord, int], Trace]
+ProgressFn = Callable[[int, int, TaskResult], None]
+
+# Failures that would hit every task alike: stop the run instead of scoring each task 0.
+FATAL = (ConfigError, ModelNotInstalled, ModelLoadError, BackendUnavailable, EvalError)
+
+
+def task_seed(seed: int, task_id: str) -> int:
+    """The seed one task runs with: stable in (run seed, task id), in [0, 2**31)."""
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def _label_text(expected: Any) -> str | None:
+    if expected is None or isinstance(expected, str):
+        return expected
+    return json.dumps(expected, ensure_ascii=False, default=str)
+
+
+def _most_common(values: Sequence[str | None]) -> str | None:
+    present = [v for v in values if v]
+    return max(set(present), key=present.count) if present else None
+
+
+class _Run:
+    """One evaluation in progress: runs and scores single tasks (thread-safe)."""
+
+    def __init__(self, solver: Solver, scorer: NamedScorer, seed: int, task_set: str,
+                 store: TraceStore | None, run_id: str) -> None:
+        self.solver, self.scorer, self.seed = solver, scorer, seed
+        self.task_set, self.store, self.run_id = task_set, store, run_id
+        self.traces: dict[str, Trace] = {}
+
+    def one(self, task: TaskRecord) -> TaskResult:
+        s = task_seed(self.seed, task.id)
+        t0 = time.perf_counter()
+        try:
+            trace = self.solver(task, s)
+        except FATAL:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- one task's crash fails that task, not the run
+            log.warning("task %s: solver failed: %s: %s", task.id, type(exc).__name__, exc)
+            return TaskResult(task_id=task.id, score=0.0, expected=task.expected,
+                              latency_s=time.perf_counter() - t0, outcome="error", seed=s,
+                              error=f"{type(exc).__name__}: {exc}")
+        wall = time.perf_counter() - t0
+        if not isinstance(trace, Trace):
+            raise EvalError(f"the solver returned {type(trace).__name__} for task {task.id}, "
+                            "not a Trace", hint="a solver is (task, seed) -> engine.types.Trace")
+        score = self.scorer(trace, task)
+        tokens = trace.total_tokens or sum(st.tokens for st in trace.steps)
+        duration = trace.duration_s
+        latency = duration if duration is not None and duration >= 0 else wall
+        meta = {**trace.meta, "task_set": self.task_set, "task_id": task.id, "seed": s,
+                "scorer": self.scorer.name, "eval_run": self.run_id}
+        scored = trace.with_(score=score, label=_label_text(task.expected), meta=meta)
+        if self.store is not None:
+            self.store.append(scored)
+        self.traces[task.id] = scored
+        return TaskResult(task_id=task.id, score=score, answer=trace.answer,
+                          expected=task.expected, tokens=tokens, latency_s=latency,
+                          trace_id=trace.id, outcome=trace.outcome, seed=s)
+
+
+def _run_serial(run: _Run, tasks: Sequence[TaskRecord], done: dict[int, TaskResult],
+                on_progress: ProgressFn | None) -> None:
+    for i, task in enumerate(tasks):
+        done[i] = run.one(task)
+        if on_progress is not None:
+            on_progress(len(done), len(tasks), done[i])
+
+
+def _run_pool(run: _Run, tasks: Sequence[TaskRecord], done: dict[int, TaskResult],
+              on_progress: ProgressFn | None, concurrency: int) -> None:
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="whetstone-eval")
+    try:
+        futures: dict[Future[TaskResult], int] = {
+            pool.submit(run.one, task): i for i, task in enumerate(tasks)}
+        pending = set(futures)
+        while pending:
+            # A timeout keeps the main thread waking up so Ctrl-C is seen promptly.
+            finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=futures.__getitem__):
+                i = futures[fut]
+                done[i] = fut.result()
+                if on_progress is not None:
+                    on_progress(len(done), len(tasks), done[i])
+    finally:
+        # On Ctrl-C or a fatal error, drop queued tasks; running ones finish in the background.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def evaluate(
+    tasks: TaskSet | Sequence[TaskRecord],
+    solver: Solver,
+    scorer: str | ScoreFn | None = None,
+    *,
+    concurrency: int = 1,
+    seed: int = 0,
+    on_progress: ProgressFn | None = None,
+    store: TraceStore | None = None,
+    task_set: str | None = None,
+    model: str | None = None,
+    library_version: str | None = None,
+    label: str | None = None,
+    results_dir: Path | str | None = None,
+) -> EvalResult:
+    """Run every task through ``solver`` and score it.
+
+    ``scorer``: a name, a function ``(prediction, task) -> float`` or ``None`` for the set's
+    default. Each scored trace is appended to ``store`` with its score, its expected answer as
+    label, and ``meta`` holding task_set, task_id, seed, scorer and eval_run. A solver exception
+    scores its task 0 (recorded in ``TaskResult.error``) unless it would hit every task (bad
+    config, missing model, unreachable backend): then the run stops and the error is raised.
+    Ctrl-C returns the tasks scored so far, with ``partial=True``. With ``results_dir`` the
+    result is saved there (partial ones too) and ``meta["saved_to"]`` says where.
+    """
+    if concurrency < 1:
+        raise EvalError(f"concurrency must be >= 1, got {concurrency}", hint="e.g. --concurrency 4")
+    task_list = tuple(tasks)
+    name = task_set or (tasks.name if isinstance(tasks, TaskSet) else "tasks")
+    default = tasks.scorer if isinstance(tasks, TaskSet) else (
+        task_list[0].scorer if task_list else "normalised")
+    scorer_fn = as_scorer(scorer, default)
+    ids = [t.id for t in task_list]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
+        raise EvalError(f"task ids must be unique; repeated: {dup}",
+                        hint="results are paired by task id; give every task its own id")
+    run_id = uuid.uuid4().hex[:12]
+    run = _Run(solver, scorer_fn, seed, name, store, run_id)
+    done: dict[int, TaskResult] = {}
+    started = time.time()
+    partial = False
+    fatal: BaseException | None = None
+    try:
+        if concurrency == 1:
+            _run_serial(run, task_list, done, on_progress)
+        else:
+            _run_pool(run, task_list, done, on_progress, concurrency)
+    except KeyboardInterrupt:
+        partial = True
+        log.warning("interrupted: keeping the %d of %d tasks scored so far", len(done),
+                    len(task_list))
+    except BaseException as exc:  # noqa: BLE001 -- saved as partial below, then re-raised
+        partial, fatal = True, exc
+    traces = list(run.traces.values())
+    result = EvalResult(
+        task_set=name, scorer=scorer_fn.name,
+        results=tuple(done[i] for i in sorted(done)),
+        model=model if model is not None else (_most_common([t.model for t in traces]) or ""),
+        library_version=library_version if library_version is not None else _most_common(
+            [t.library_version for t in traces]),
+        seed=seed, started=started, ended=time.time(), partial=partial,
+        n_planned=len(task_list), label=label,
+        meta={"run_id": run_id, "concurrency": concurrency,
+              **({"stopped_by": f"{type(fatal).__name__}: {fatal}"} if fatal else {})},
+    )
+    if results_dir is not None:
+        path = result.save(results_dir)
+        result = replace(result, meta={**result.meta, "saved_to": str(path)})
+    if fatal is not None:
+        raise fatal
+    return result
