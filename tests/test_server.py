@@ -338,12 +338,11 @@ class _Blocking(Backend):
     """A backend whose ``complete`` blocks its thread (like a local model generating) until
     released, and records how many calls were in flight at once."""
 
-    def __init__(self, hold_s: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.spec = "blocking"
         self.capabilities = Capabilities(max_concurrency=1)
         self.release = threading.Event()
         self.entered = threading.Event()
-        self.hold_s = hold_s
         self.in_flight = 0
         self.peak = 0
         self._lock = threading.Lock()
@@ -354,10 +353,7 @@ class _Blocking(Backend):
             self.peak = max(self.peak, self.in_flight)
         self.entered.set()
         try:
-            if self.hold_s:
-                time.sleep(self.hold_s)
-            else:
-                self.release.wait(timeout=30)
+            self.release.wait(timeout=30)
             return Completion(text="done", prompt_tokens=1, completion_tokens=1)
         finally:
             with self._lock:
@@ -379,12 +375,19 @@ def test_the_server_answers_while_the_model_is_busy(serve: Callable[..., str]) -
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_backend_calls_in_flight_are_capped(serve: Callable[..., str], limit: int) -> None:
-    backend = _Blocking(hold_s=0.3)
+    backend = _Blocking()
     url = serve(backend, model_name="tiny", max_concurrency=limit)
     c = client(url)
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(
-            lambda _: c.chat.completions.create(model="tiny", messages=USER), range(4)))
+    with ThreadPoolExecutor(5) as pool:
+        pending = [pool.submit(c.chat.completions.create, model="tiny", messages=USER)
+                   for _ in range(5)]
+        deadline = time.monotonic() + 10
+        while backend.in_flight < limit and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # room for a call past the limit to start, if the cap leaked
+        assert backend.in_flight == limit
+        backend.release.set()
+        results = [p.result(timeout=10) for p in pending]
     assert all(r.choices[0].message.content == "done" for r in results)
     assert backend.peak == limit
 
