@@ -21,6 +21,6 @@ def load_prompt(name: str) -> str:
                           hint="check the name or add the file") from exc
 
 
-def render_prompt(name: str, **values: Any) -> str:
+def render_prompt(prompt_name: str, /, **values: Any) -> str:
     """Fill ``$placeholders`` in a prompt; unknown placeholders are left as they are."""
-    return Template(load_prompt(name)).safe_substitute(**values)
+    return Template(load_prompt(prompt_name)).safe_substitute(**values)

@@ -1,0 +1,134 @@
+"""Shared by the evolvers: render a trace for an analyst, and ask for JSON with one retry.
+
+An analyst reply that does not parse (or fails the caller's check) is sent back once with the
+error and the raw reply; a second failure is dropped and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+
+from engine.backends.base import Backend
+from engine.errors import BackendError, WhetstoneError
+from engine.prompts import render_prompt
+from engine.types import Request, Trace
+
+T = TypeVar("T")
+
+
+def _clip(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 20] + " …[cut]… " + text[-15:]
+
+
+def render_trace(trace: Trace, *, max_chars: int = 6000, step_chars: int = 700) -> str:
+    """A compact, readable account of a run: thoughts, actions, observations, answer."""
+    lines = [f"Task: {trace.task}"]
+    for step in trace.steps:
+        if step.kind == "think" and isinstance(step.output, Mapping):
+            text = (step.output.get("completion") or {}).get("text", "")
+            calls = (step.output.get("completion") or {}).get("tool_calls") or []
+            if text.strip():
+                lines.append(f"Model: {_clip(text, step_chars)}")
+            for c in calls:
+                fn = c.get("function", c)
+                lines.append(f"Model calls {fn.get('name')}({_clip(str(fn.get('arguments')), 200)})")
+        elif step.kind == "think" and step.error:
+            lines.append(f"Model call failed: {step.error}")
+        elif step.kind == "act" and isinstance(step.output, Mapping):
+            obs = step.output.get("observation")
+            if obs is not None:
+                lines.append(f"Tool {step.input.get('tool')} returned: {_clip(str(obs), 300)}")
+        elif step.kind == "observe":
+            lines.append(f"(reply could not be parsed: {step.error})")
+        elif step.kind in ("rubric", "verify") and step.output:
+            lines.append(f"[{step.kind}] {_clip(json.dumps(step.output), 300)}")
+    lines.append(f"Final answer: {trace.answer if trace.answer is not None else '(none)'}")
+    lines.append(f"Outcome: {trace.outcome}" + (f" ({trace.meta.get('reason')})"
+                                                if trace.outcome != "answered" else ""))
+    return _clip("\n".join(lines), max_chars)
+
+
+@dataclass
+class AnalystStats:
+    """Costs and failures of a batch of analyst calls."""
+
+    calls: int = 0
+    retries: int = 0
+    dropped: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, other: "AnalystStats") -> None:
+        self.calls += other.calls
+        self.retries += other.retries
+        self.dropped += other.dropped
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.seconds += other.seconds
+        self.errors += other.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "retries": self.retries, "dropped": self.dropped,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 3),
+                "errors": self.errors[:20]}
+
+
+@dataclass
+class AnalystReply(Generic[T]):
+    value: T | None
+    stats: AnalystStats
+    raw: str = ""
+
+
+async def ask_parsed(
+    analyst: Backend,
+    messages: Sequence[Mapping[str, Any]],
+    parse: Callable[[str], T],
+    *,
+    temperature: float = 0.3,
+    max_tokens: int = 1024,
+    seed: int | None = None,
+    retries: int = 1,
+) -> AnalystReply[T]:
+    """Ask, parse with ``parse`` (which raises ``WhetstoneError`` on a bad reply), retry once
+    showing the error and the raw reply, then give up and count the drop."""
+    stats = AnalystStats()
+    convo = [dict(m) for m in messages]
+    raw = ""
+    for attempt in range(retries + 1):
+        start = time.perf_counter()
+        try:
+            completion = await analyst.acomplete(Request(
+                messages=convo, max_tokens=max_tokens, temperature=temperature,  # type: ignore
+                seed=None if seed is None else seed + attempt))
+        except BackendError as exc:
+            stats.seconds += time.perf_counter() - start
+            stats.calls += 1
+            stats.dropped += 1
+            stats.errors.append(f"analyst call failed: {exc.message}")
+            return AnalystReply(None, stats)
+        stats.seconds += time.perf_counter() - start
+        stats.calls += 1
+        stats.prompt_tokens += completion.prompt_tokens
+        stats.completion_tokens += completion.completion_tokens
+        raw = completion.text
+        try:
+            return AnalystReply(parse(raw), stats, raw)
+        except WhetstoneError as exc:
+            error = exc.message + (f" ({exc.hint})" if exc.hint else "")
+            if attempt < retries:
+                stats.retries += 1
+                convo += [{"role": "assistant", "content": raw},
+                          {"role": "user", "content": render_prompt(
+                              "analyst_retry", error=error).strip()}]
+            else:
+                stats.dropped += 1
+                stats.errors.append(f"{error} | raw reply: {_clip(raw, 300)}")
+    return AnalystReply(None, stats, raw)
