@@ -81,6 +81,7 @@ def _fmt_s(seconds: float) -> str:
 
 def _print_result(r: EvalResult) -> None:
     out = console()
+    out.soft_wrap = True  # long paths and numbers stay on one line for people and grep
     ci = r.interval()
     method = "Wilson" if ci.method == "wilson" else "bootstrap"
     out.print(f"[bold]{r.task_set}[/]  model {r.model or '?'}  library "
@@ -103,6 +104,7 @@ def _print_result(r: EvalResult) -> None:
 
 def _print_comparison(c: Comparison) -> None:
     out = console()
+    out.soft_wrap = True
     p = "n/a (scores not 0/1)" if c.p_value is None else f"{c.p_value:.4g}"
     out.print(f"[bold]{c.b_name} - {c.a_name}[/] on {c.n} paired tasks: difference "
               f"[bold]{c.difference:+.3f}[/]  {c.confidence:.0%} CI [{c.ci_low:+.3f}, "
@@ -202,4 +204,4 @@ def report_cmd(out: Path | None, evals_dir: Path | None) -> None:
     if not results:
         err.print(f"[yellow]no results in {folder} yet; the report says so[/]")
     path = write_report(results, out or folder / "report.html")
-    console().print(f"wrote {path} ({len(results)} runs)")
+    console().print(f"wrote {path} ({len(results)} runs)", soft_wrap=True)

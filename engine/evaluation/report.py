@@ -31,6 +31,12 @@ img { max-width: 100%; display: block; margin: 0.5em 0 2em; }
 """
 
 
+def _short(task_set: str) -> str:
+    """A task set's name for plot labels: a file's base name rather than its whole path."""
+    head, sep, rest = task_set.partition(".jsonl")
+    return Path(head).name + sep + rest if sep else task_set
+
+
 def _png(fig: Any) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -47,9 +53,10 @@ def _img(b64: str, alt: str, plot_id: str) -> str:
 
 def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
     """Accuracy of each run against its start time, one line per task set, with intervals."""
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4.2))
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
     ax = fig.add_subplot()
     by_set: dict[str, list[EvalResult]] = {}
     for r in results:
@@ -60,7 +67,7 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
         cis = [r.interval() for r in runs]
         ys = [ci.mean for ci in cis]
         err = [[ci.mean - ci.low for ci in cis], [ci.high - ci.mean for ci in cis]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=name)
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=_short(name))
         for x, y, r in zip(xs, ys, runs):
             ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
     ax.set_ylim(-0.02, 1.02)
@@ -68,15 +75,18 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
     ax.set_title("Accuracy per library version over time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.autofmt_xdate()
+    locator = AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
     return _png(fig)
 
 
 def plot_wins_losses(c: Comparison, a: EvalResult, b: EvalResult) -> str:
     """Counts of wins/ties/losses of b over a, and each task's score difference."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 3]})
     left.bar(["wins", "ties", "losses"], [len(c.wins), c.ties, len(c.losses)],
              color=["#2e7d32", "#9e9e9e", "#c62828"])
@@ -91,6 +101,7 @@ def plot_wins_losses(c: Comparison, a: EvalResult, b: EvalResult) -> str:
     right.set_title(f"per-task difference: mean {c.difference:+.3f} "
                     f"[{c.ci_low:+.3f}, {c.ci_high:+.3f}]", fontsize=10)
     right.set_ylim(-1.05, 1.05)
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _png(fig)
 
 
@@ -99,10 +110,10 @@ def plot_tokens(results: Sequence[EvalResult]) -> str:
     from matplotlib.figure import Figure
 
     runs = [r for r in sorted(results, key=lambda r: r.started) if r.n][-MAX_BOXES:]
-    fig = Figure(figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
     ax = fig.add_subplot()
     ax.boxplot([[t.tokens for t in r.results] for r in runs],
-               tick_labels=[f"{r.name}\n{r.task_set}" for r in runs])
+               tick_labels=[f"{r.name}\n{_short(r.task_set)}" for r in runs])
     ax.set_ylabel("tokens per task")
     ax.set_title("Tokens per task")
     ax.tick_params(axis="x", labelsize=8)
