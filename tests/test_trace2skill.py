@@ -229,3 +229,26 @@ def test_batches_put_several_traces_in_one_call() -> None:
     assert len(analyst.requests) == 2
     assert "### Run 3: FAILED" in analyst.requests[0].messages[1].text
     assert sorted(patch.details["patch"]["edits"][0]["support"]) == [f"t{i}" for i in range(6)]
+
+
+def _deterministic(request: Request) -> str:
+    # The reply depends only on the prompt, so any executor must give the same patch.
+    user = request.messages[1].text
+    n = sum(map(ord, user)) % 3
+    return reply(pitfall(f"- lesson {n}"))
+
+
+def test_ray_executor_gives_the_same_result_as_asyncio() -> None:
+    ray = pytest.importorskip("ray", reason="optional extra: pip install 'whetstone-engine[ray]'")
+    import sys
+
+    # Ray workers cannot import this test module; ship its functions by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ts = traces(6)
+    local = Trace2Skill(Trace2SkillConfig("word-math", workers=2)).fit(
+        ts, LIB, ScriptedBackend(responder=_deterministic))
+    on_ray = Trace2Skill(Trace2SkillConfig("word-math", workers=2, executor="ray")).fit(
+        ts, LIB, ScriptedBackend(responder=_deterministic))
+    assert on_ray.changes == local.changes
+    assert on_ray.details["patch"] == local.details["patch"]
+    assert on_ray.costs["analyst_calls"] == local.costs["analyst_calls"] == 6

@@ -76,6 +76,16 @@ class ScriptedBackend(Backend):
             vision=vision, tool_calls=tool_calls, streaming=True, max_concurrency=max_concurrency
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Picklable (for Ray workers): the lock is recreated on the other side.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def remaining(self) -> int:
         return len(self._replies)

@@ -1,0 +1,92 @@
+"""Run Trace2Skill's MAP phase on a Ray cluster (``--executor ray``; ``pip install ray``).
+
+Each worker is an actor holding its own analyst backend: built from the spec inside the worker
+when the backend cannot travel (a loaded local model), or shipped as is when it can (remote
+APIs, the scripted double). Batches keep their index, so seeds — and results — match the
+local asyncio executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from engine.backends.base import Backend
+from engine.errors import ModelNotInstalled
+from engine.types import Trace
+
+if TYPE_CHECKING:
+    from engine.methods.skill_edits import SkillPatch
+    from engine.methods.trace2skill import Trace2Skill
+
+
+def _portable(analyst: Backend) -> Backend | str:
+    """The backend itself when it pickles, else its spec (rebuilt in the worker)."""
+    try:
+        pickle.dumps(analyst)
+        return analyst
+    except Exception:  # locks, loaded models, sockets: rebuild from the spec instead
+        return analyst.spec
+
+
+class _Worker:
+    """One analyst per actor; built lazily inside the worker process."""
+
+    def __init__(self, config: Any, analyst: Backend | str) -> None:
+        from engine.methods.trace2skill import Trace2Skill
+
+        self.t2s = Trace2Skill(config)
+        self._analyst = analyst
+
+    def _backend(self) -> Backend:
+        if isinstance(self._analyst, str):
+            from engine.backends.registry import get_backend
+
+            self._analyst = get_backend(self._analyst)
+        return self._analyst
+
+    def analyse(self, index: int, batch: list[Trace], base: dict[str, str],
+                labels: dict[str, str] | None) -> tuple[int, Any, Any]:
+        from engine.methods.trace2skill import Trace2SkillReport
+
+        self.t2s.report = Trace2SkillReport()  # this call's costs only
+        patch = asyncio.run(self.t2s._analyse(batch, base, self._backend(), labels,
+                                              self.t2s.config.seed + index))
+        return index, patch, self.t2s.report.map
+
+
+def map_on_ray(t2s: "Trace2Skill", batches: Sequence[list[Trace]], base: Mapping[str, str],
+               analyst: Backend, labels: Mapping[str, str] | None) -> list["SkillPatch | None"]:
+    """Analyse every batch on Ray with ``t2s.config.workers`` actors; results in batch order."""
+    try:
+        import ray
+    except ImportError:
+        raise ModelNotInstalled(
+            "--executor ray needs the 'ray' package",
+            hint="pip install 'whetstone-engine[ray]', or drop --executor to run locally",
+        ) from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=max(1, t2s.config.workers), include_dashboard=False,
+                 log_to_driver=False, ignore_reinit_error=True)
+    try:
+        Actor = ray.remote(num_cpus=1)(_Worker)
+        shipped = _portable(analyst)
+        actors = [Actor.remote(t2s.config, shipped) for _ in range(t2s.config.workers)]
+        pending = [actors[i % len(actors)].analyse.remote(i, batch, dict(base),
+                                                          dict(labels) if labels else None)
+                   for i, batch in enumerate(batches)]
+        results: list[Any] = [None] * len(batches)
+        done = 0
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            index, patch, stats = ray.get(ready[0])
+            results[index] = patch
+            t2s.report.map.add(stats)
+            done += 1
+            t2s.on_progress("map", done, len(batches))
+        return results
+    finally:
+        if started_here:
+            ray.shutdown()
