@@ -73,6 +73,7 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
                          add_generation_prompt: bool = True) -> str:
     """Render a Hugging Face-style Jinja chat template (same environment as transformers)."""
     import jinja2
+    from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
@@ -86,7 +87,7 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
                           sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -28,7 +28,8 @@ _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 # Where a bare call may start: a "{" opening a line (after optional indentation).
 _BARE_START = re.compile(r"^[ \t]*\{", re.M)
 _BARE_NAMED = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_FENCE = re.compile(r"^```[\w-]*$")
+_FENCE_BEFORE = re.compile(r"(?:^|\n)[ \t]*```[\w-]*[ \t]*\n[ \t]*\Z")
+_FENCE_AFTER = re.compile(r"\s*```[ \t]*(?:\n|\Z)")
 # For streaming: a line that may open a bare call ("{" or a code fence), even half-written.
 _CALL_LINE = re.compile(r"^[ \t]*(?:\{|`)", re.M)
 
@@ -84,18 +85,19 @@ def _bare_calls(text: str, tool_names: Collection[str]) -> list[tuple[int, int, 
             continue
         if (isinstance(obj, dict) and obj.get("name") in tool_names
                 and ("arguments" in obj or "parameters" in obj)):
-            spans.append((start, end, text[start:end]))
+            body = text[start:end]
+            # a code fence that only wraps the call goes with it
+            before = _FENCE_BEFORE.search(text, 0, start)
+            after = _FENCE_AFTER.match(text, end)
+            if before and after:
+                start, end = before.start(), after.end()
+            spans.append((start, end, body))
         pos = end
     return spans
 
 
-def _visible_text(pieces: Sequence[str], had_calls: bool) -> str:
-    kept = []
-    for p in pieces:
-        p = p.strip()
-        if p and not (had_calls and _FENCE.match(p)):  # a fence that only wrapped a call
-            kept.append(p)
-    return "\n".join(kept)
+def _visible_text(pieces: Sequence[str]) -> str:
+    return "\n".join(p.strip() for p in pieces if p.strip())
 
 
 def parse_tool_calls(text: str, make_id: Callable[[int], str] = _default_id,
@@ -117,7 +119,7 @@ def parse_tool_calls(text: str, make_id: Callable[[int], str] = _default_id,
         calls.append(_one_call(body, make_id(i)))
         pos = end
     pieces.append(text[pos:])
-    return _visible_text(pieces, bool(calls)), tuple(calls)
+    return _visible_text(pieces), tuple(calls)
 
 
 def offered_tool_names(tools: Sequence[Mapping[str, Any]]) -> frozenset[str]:
