@@ -65,6 +65,7 @@ class TraceStore:
 
     root: Path
     problems: list[str] = field(default_factory=list)  # bad lines seen by the last read
+    keep_days: float | None = None  # retention used by ``prune()`` when no argument is given
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -150,7 +151,10 @@ class TraceStore:
         return updated
 
     def prune(self, keep_days: float | None = None, now: float | None = None) -> list[Path]:
-        """Retention: delete day files older than ``keep_days``. Returns what was deleted."""
+        """Retention: delete day files older than ``keep_days`` (default: the store's
+        ``keep_days`` setting; None keeps everything). Returns what was deleted."""
+        if keep_days is None:
+            keep_days = self.keep_days
         if keep_days is None:
             return []
         cutoff = (now if now is not None else time.time()) - keep_days * 86400

@@ -1,0 +1,54 @@
+"""Content-addressed blob storage: every file content and tree object, stored once by sha256.
+
+Blobs are immutable and never rewritten, so a reader holding a hash can always read it while
+writers add new versions beside it. Unchanged files are shared by every version that holds them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.errors import LibraryError
+from library_store.fsutil import atomic_write, sha256_bytes
+
+
+class BlobStore:
+    """Blobs under ``root/<first two hex>/<rest>``; temp files go to ``tmp_dir``."""
+
+    def __init__(self, root: Path, tmp_dir: Path, *, durable: bool = True) -> None:
+        self.root = Path(root)
+        self.tmp_dir = Path(tmp_dir)
+        self.durable = durable
+
+    def path(self, digest: str) -> Path:
+        return self.root / digest[:2] / digest[2:]
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).exists()
+
+    def put(self, data: bytes) -> str:
+        """Store ``data`` (idempotent) and return its sha256."""
+        digest = sha256_bytes(data)
+        target = self.path(digest)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, data, tmp_dir=self.tmp_dir, durable=self.durable)
+        return digest
+
+    def get(self, digest: str) -> bytes:
+        """The bytes of a blob; a missing blob means the library was damaged by hand."""
+        try:
+            return self.path(digest).read_bytes()
+        except FileNotFoundError as exc:
+            raise LibraryError(
+                f"blob {digest[:12]} is missing from {self.root}",
+                hint="the library was changed outside Whetstone; restore it from a backup or "
+                     "an export (`whetstone library import`)",
+            ) from exc
+
+    def verify(self, digest: str) -> bool:
+        """True when the blob exists and its content still hashes to its name."""
+        try:
+            return sha256_bytes(self.path(digest).read_bytes()) == digest
+        except FileNotFoundError:
+            return False

@@ -1,0 +1,87 @@
+"""Small file-system helpers for crash-safe writes: write aside, fsync, then one rename.
+
+A process killed at any point leaves either the old file or the new one at the target path,
+never a torn mix; what it leaves behind is a temp file in ``tmp_dir``, which the next writer
+removes (see ``clean_dir``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``: the content address of a file in the library."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(target: Path, data: bytes, *, tmp_dir: Path, durable: bool = True) -> None:
+    """Write ``data`` to ``target`` through a temp file in ``tmp_dir`` and one ``os.replace``.
+
+    ``tmp_dir`` must be on the same file system as ``target`` (it is inside the library).
+    With ``durable`` the data is fsynced before the rename, so a power cut cannot leave an
+    empty file behind a completed rename.
+    """
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_dir / f"{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def clean_dir(path: Path) -> int:
+    """Remove everything inside ``path`` (stale temp files of a killed writer); returns a count.
+
+    Call it only while holding the writers' lock, so no live writer's temp file is removed.
+    """
+    if not path.exists():
+        return 0
+    n = 0
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def remove_empty_parents(path: Path, stop: Path) -> None:
+    """Remove ``path``'s parent folders while they are empty, up to (not including) ``stop``."""
+    parent = path.parent
+    while parent != stop and stop in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:
+            return
+        parent = parent.parent

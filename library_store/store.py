@@ -1,0 +1,566 @@
+"""The versioned, crash-safe library on disk.
+
+Layout under the library root::
+
+    CURRENT              the id of the current version ("v12"); replaced atomically
+    versions/vN.json     one manifest per version: parent, time, method, message, scores,
+                         costs, and the root of its file tree (path -> sha256, see tree.py)
+    blobs/               content-addressed file contents and tree objects (never rewritten)
+    skills/ policies/    a plain copy of the current version for people (see view.py)
+    candidates/          changes the regression gate rejected, kept to inspect or apply later
+    traces/ index/       the trace store, and the retrieval index (derived data)
+    .lock .tmp/ .state/  the writers' lock, temp files of writes in flight, view marker
+
+A commit writes new blobs, tree objects and the manifest aside, runs the caller's validator on
+the new version, then makes it current with ONE ``os.replace`` of ``CURRENT``. A process killed
+at any point leaves the old or the new version current, never a mix; its temp files are
+removed by the next writer. A file lock serialises writers, and ids are assigned under it, so
+concurrent writers land in order. Readers never lock: a ``Snapshot`` resolves ``CURRENT`` once
+and reads only immutable objects of that version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+from filelock import FileLock, Timeout
+
+from engine.errors import LibraryError, NotFound, ValidationError
+from engine.types import LibraryVersion
+from library_store.blobs import BlobStore
+from library_store.fsutil import atomic_write, clean_dir, fsync_dir
+from library_store.traces import TraceStore
+from library_store.transfer import write_folder
+from library_store.tree import Trees, group_of
+from library_store.view import View, ViewEdits
+
+if TYPE_CHECKING:
+    from library_store.candidates import Candidates
+
+ROOTS = ("skills", "policies")  # top-level folders a version may hold
+FORMAT = 1
+
+Content = str | bytes | None
+# A validator sees the new version and the paths the change touched; it returns the problems.
+Validator = Callable[["Snapshot", Sequence[str]], Sequence[ValidationError]]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``versions/vN.json`` holds. ``root`` addresses the version's file tree."""
+
+    id: str
+    parent: str | None
+    created: float
+    method: str
+    message: str
+    root: str
+    scores: Mapping[str, Any] = field(default_factory=dict)
+    costs: Mapping[str, Any] = field(default_factory=dict)
+    counts: Mapping[str, int] = field(default_factory=dict)  # files, added, modified, deleted
+
+    @property
+    def number(self) -> int:
+        return version_number(self.id)
+
+    def to_json(self) -> bytes:
+        d = {"format": FORMAT, "id": self.id, "parent": self.parent, "created": self.created,
+             "method": self.method, "message": self.message, "root": self.root,
+             "scores": dict(self.scores), "costs": dict(self.costs), "counts": dict(self.counts)}
+        return json.dumps(d, indent=1, ensure_ascii=False, default=str).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        d = json.loads(data)
+        return cls(id=d["id"], parent=d.get("parent"), created=d["created"], method=d["method"],
+                   message=d.get("message", ""), root=d["root"], scores=d.get("scores") or {},
+                   costs=d.get("costs") or {}, counts=d.get("counts") or {})
+
+    def to_version(self, files: Mapping[str, str] | None = None) -> LibraryVersion:
+        return LibraryVersion(id=self.id, parent=self.parent, created=self.created,
+                              method=self.method, message=self.message, files=dict(files or {}),
+                              scores=dict(self.scores), costs=dict(self.costs))
+
+
+def version_number(vid: str) -> int:
+    """``"v12"`` -> 12."""
+    if not (vid.startswith("v") and vid[1:].isdigit()):
+        raise NotFound(f"{vid!r} is not a version id", hint="versions look like v1, v2, ...")
+    return int(vid[1:])
+
+
+def _to_bytes(path: str, value: Content) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise ValidationError(path, "content-type", f"content must be str, bytes or None, "
+                          f"not {type(value).__name__}")
+
+
+def check_path(path: str) -> str:
+    """A library path: relative, '/'-separated, inside one of ``ROOTS``, no '.' or '..'."""
+    parts = path.split("/") if isinstance(path, str) else []
+    bad = (not parts or "\\" in path or path.startswith("/")
+           or any(p in ("", ".", "..") for p in parts))
+    if bad or len(parts) < 2 or parts[0] not in ROOTS:
+        raise ValidationError(
+            str(path), "path", "a library path is relative, uses '/', has no '.' or '..' parts "
+            f"and starts with one of {', '.join(r + '/' for r in ROOTS)}",
+            hint="e.g. skills/<name>/SKILL.md or policies/<module>.md")
+    return path
+
+
+def rejection(problems: Sequence[ValidationError]) -> ValidationError:
+    """The error that rejects a change: the first problem, carrying all of them on ``problems``."""
+    first = problems[0]
+    hint = first.hint
+    if len(problems) > 1:
+        hint = (f"{len(problems) - 1} more problem(s): "
+                + "; ".join(str(p).splitlines()[0] for p in problems[1:4])
+                + (" ..." if len(problems) > 4 else ""))
+    err = ValidationError(first.path, first.rule, first.detail, line=first.line, hint=hint)
+    err.problems = list(problems)  # type: ignore[attr-defined]
+    return err
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One version, read-only. Everything read through a snapshot comes from that version."""
+
+    library: Library = field(repr=False)
+    manifest: Manifest
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @property
+    def root(self) -> str:
+        return self.manifest.root
+
+    @property
+    def version(self) -> LibraryVersion:
+        """The version's record (without its file map; see ``files``)."""
+        return self.manifest.to_version()
+
+    def files(self, prefix: str = "") -> dict[str, str]:
+        """path -> sha256 of the files under ``prefix`` (all files by default)."""
+        return self.library.trees.files(self.root, prefix)
+
+    def hash_of(self, path: str) -> str | None:
+        return self.library.trees.lookup(self.root, path)
+
+    def exists(self, path: str) -> bool:
+        return self.hash_of(path) is not None
+
+    def read_bytes(self, path: str) -> bytes:
+        digest = self.hash_of(path)
+        if digest is None:
+            raise NotFound(f"{path} is not in library version {self.id}",
+                           hint="`whetstone library ls` lists what the library holds")
+        return self.library.blobs.get(digest)
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8")
+
+    def texts(self, prefix: str = "") -> dict[str, str]:
+        """path -> text of the UTF-8 files under ``prefix`` (binary files are left out)."""
+        out: dict[str, str] = {}
+        for path, digest in self.files(prefix).items():
+            try:
+                out[path] = self.library.blobs.get(digest).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        return out
+
+    def children(self, folder: str) -> list[str]:
+        """Names of the entries directly under ``folder`` (``children("skills")``: skill names)."""
+        prefix = folder.rstrip("/") + "/"
+        return sorted({p[len(prefix):].split("/", 1)[0] for p in self.files(prefix)})
+
+    def unit(self, unit: str) -> dict[str, str]:
+        """The files of one unit (``skills/<name>``), read from a single tree bucket."""
+        return self.library.trees.group(self.root, unit)
+
+
+class Library:
+    """A library directory. Construction does no I/O; use ``Library.open`` or ``Library.init``."""
+
+    def __init__(self, root: Path | str, *, durable: bool = True,
+                 lock_timeout: float = 60.0) -> None:
+        self.root = Path(root).expanduser()
+        self.lock_timeout = lock_timeout
+        self.blobs = BlobStore(self.root / "blobs", self.root / ".tmp", durable=durable)
+        self.trees = Trees(self.blobs)
+        self.durable = durable
+        self.view = View(self.root, ROOTS, self.blobs, self.trees, self.root / ".state",
+                         self.root / ".tmp")
+        self._manifests: dict[str, Manifest] = {}
+        self._thread_lock = threading.RLock()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @property
+    def current_path(self) -> Path:
+        return self.root / "CURRENT"
+
+    def is_initialized(self) -> bool:
+        return self.current_path.exists()
+
+    @classmethod
+    def init(cls, root: Path | str, **kwargs: Any) -> Library:
+        """Create the layout and version v1 (empty) unless the library exists already."""
+        lib = cls(root, **kwargs)
+        for sub in ("versions", "blobs", ".tmp", ".state", "candidates", "traces", *ROOTS):
+            (lib.root / sub).mkdir(parents=True, exist_ok=True)
+        with lib._write_lock(repair=False):
+            if not lib.is_initialized():
+                empty = lib.trees.apply(lib.trees.empty_root, {})
+                first = Manifest(id="v1", parent=None, created=time.time(), method="init",
+                                 message="empty library", root=empty, counts={"files": 0})
+                lib._publish(first)
+                lib.view.sync(None, empty, first.id)
+        return lib
+
+    @classmethod
+    def open(cls, root: Path | str, *, create: bool = False, **kwargs: Any) -> Library:
+        """Open an existing library (``create``: make it when missing) and repair its view."""
+        lib = cls(root, **kwargs)
+        if not lib.is_initialized():
+            if create:
+                return cls.init(root, **kwargs)
+            raise LibraryError(f"no library at {lib.root}",
+                               hint="create one with `whetstone library init` or pass --library")
+        lib.repair_view(blocking=False)
+        return lib
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def current_id(self) -> str:
+        """The current version id, read once from ``CURRENT``."""
+        try:
+            vid = self.current_path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError as exc:
+            raise LibraryError(f"no library at {self.root}",
+                               hint="create one with `whetstone library init`") from exc
+        version_number(vid)
+        return vid
+
+    def _manifest(self, vid: str) -> Manifest:
+        hit = self._manifests.get(vid)
+        if hit is not None:
+            return hit
+        try:
+            m = Manifest.from_json((self.root / "versions" / f"{vid}.json").read_bytes())
+        except FileNotFoundError as exc:
+            raise NotFound(f"version {vid} not found in {self.root}",
+                           hint="`whetstone library log` lists the versions") from exc
+        self._manifests[vid] = m  # immutable once reachable from CURRENT
+        return m
+
+    def resolve(self, ref: str | None = None) -> str:
+        """A version id from ``None``/``current``, ``vN``, ``N`` or ``current~K`` (K back)."""
+        current = self.current_id()
+        ref = (ref or "current").strip()
+        back = 0
+        if "~" in ref:
+            ref, _, k = ref.partition("~")
+            if not k.isdigit():
+                raise NotFound(f"bad version reference {ref}~{k}", hint="use e.g. current~1")
+            back = int(k)
+        if ref in ("current", "HEAD", ""):
+            vid = current
+        else:
+            vid = ref if ref.startswith("v") else f"v{ref}"
+            if version_number(vid) > version_number(current):
+                raise NotFound(f"version {vid} does not exist (current is {current})",
+                               hint="`whetstone library log` lists the versions")
+        for _ in range(back):
+            parent = self._manifest(vid).parent
+            if parent is None:
+                raise NotFound(f"{ref}~{back} goes back past the first version")
+            vid = parent
+        return vid
+
+    def snapshot(self, version: str | None = None) -> Snapshot:
+        """A consistent read-only view of one version (the current one by default)."""
+        return Snapshot(self, self._manifest(self.resolve(version)))
+
+    def version(self, ref: str | None = None, *, files: bool = True) -> LibraryVersion:
+        """One version's record, with its full file map unless ``files=False``."""
+        m = self._manifest(self.resolve(ref))
+        return m.to_version(self.trees.files(m.root) if files else None)
+
+    def manifest(self, ref: str | None = None) -> Manifest:
+        return self._manifest(self.resolve(ref))
+
+    def log(self, limit: int | None = None) -> list[Manifest]:
+        """Versions from the current one back to v1 (newest first)."""
+        out: list[Manifest] = []
+        vid: str | None = self.current_id()
+        while vid is not None and (limit is None or len(out) < limit):
+            m = self._manifest(vid)
+            out.append(m)
+            vid = m.parent
+        return out
+
+    def changes(self, ref: str | None = None) -> dict[str, tuple[str | None, str | None]]:
+        """What a version changed relative to its parent: path -> (old hash, new hash)."""
+        m = self._manifest(self.resolve(ref))
+        parent_root = self._manifest(m.parent).root if m.parent else self.trees.empty_root
+        return self.trees.diff(parent_root, m.root)
+
+    def diff(self, a: str | None, b: str | None, *, context: int = 3) -> str:
+        """A unified diff of the files that differ between versions ``a`` and ``b``."""
+        va, vb = self.resolve(a), self.resolve(b)
+        pairs = self.trees.diff(self._manifest(va).root, self._manifest(vb).root)
+        return self.format_diff(pairs, va, vb, context=context)
+
+    def format_diff(self, pairs: Mapping[str, tuple[str | None, str | None]], label_a: str,
+                    label_b: str, *, context: int = 3) -> str:
+        """Unified diff text for path -> (hash before, hash after) pairs."""
+        chunks: list[str] = []
+        for path, (ha, hb) in sorted(pairs.items()):
+            da = self.blobs.get(ha) if ha else b""
+            db = self.blobs.get(hb) if hb else b""
+            try:
+                ta, tb = da.decode("utf-8"), db.decode("utf-8")
+            except UnicodeDecodeError:
+                chunks.append(f"Binary file {path} differs ({label_a} -> {label_b})\n")
+                continue
+            lines = difflib.unified_diff(
+                ta.splitlines(keepends=True), tb.splitlines(keepends=True),
+                fromfile=f"a/{path} ({label_a})" if ha else "/dev/null",
+                tofile=f"b/{path} ({label_b})" if hb else "/dev/null", n=context)
+            chunks.append("".join(line if line.endswith("\n") else line + "\n\\ No newline at "
+                                  "end of file\n" for line in lines))
+        return "".join(chunks)
+
+    @property
+    def candidates(self) -> Candidates:
+        """Changes the regression gate rejected, kept by name (see candidates.py)."""
+        from library_store.candidates import Candidates  # candidates.py imports this module
+
+        return Candidates(self)
+
+    @property
+    def traces(self) -> TraceStore:
+        """The trace store at ``<library>/traces`` (retention from ``library.json``)."""
+        keep = self.settings().get("trace_keep_days")
+        return TraceStore(self.root / "traces", keep_days=keep)
+
+    def settings(self) -> dict[str, Any]:
+        """``library.json`` (e.g. ``{"trace_keep_days": 30}``); empty when absent."""
+        try:
+            data = json.loads((self.root / "library.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError as exc:
+            raise LibraryError(f"{self.root / 'library.json'} is not valid JSON: {exc}",
+                               hint="fix or delete the file") from exc
+        return data if isinstance(data, dict) else {}
+
+    def update_settings(self, **values: Any) -> dict[str, Any]:
+        """Set keys in ``library.json`` (None removes a key)."""
+        with self._write_lock():
+            data = self.settings()
+            for k, v in values.items():
+                if v is None:
+                    data.pop(k, None)
+                else:
+                    data[k] = v
+            atomic_write(self.root / "library.json", json.dumps(data, indent=1).encode(),
+                         tmp_dir=self.root / ".tmp", durable=self.durable)
+        return data
+
+    # -- writing ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write_lock(self, *, repair: bool = True) -> Iterator[None]:
+        lock = FileLock(str(self.root / ".lock"), timeout=self.lock_timeout)
+        with self._thread_lock:
+            try:
+                lock.acquire()
+            except Timeout as exc:
+                raise LibraryError(
+                    f"the library at {self.root} is locked by another writer "
+                    f"(waited {self.lock_timeout:.0f}s)",
+                    hint="wait for the other process (an evolve or import) to finish") from exc
+            try:
+                clean_dir(self.root / ".tmp")  # temp files of a writer that was killed
+                if repair:
+                    self._repair_view_locked()
+                yield
+            finally:
+                lock.release()
+
+    def _publish(self, m: Manifest) -> None:
+        """Write the manifest, then switch ``CURRENT`` to it: the one atomic step of a commit."""
+        tmp = self.root / ".tmp"
+        atomic_write(self.root / "versions" / f"{m.id}.json", m.to_json(), tmp_dir=tmp,
+                     durable=self.durable)
+        atomic_write(self.current_path, (m.id + "\n").encode(), tmp_dir=tmp, durable=self.durable)
+        if self.durable:
+            fsync_dir(self.root)
+        self._manifests[m.id] = m
+
+    def _repair_view_locked(self) -> list[str]:
+        marker = self.view.marker()
+        current = self._manifest(self.current_id())
+        if marker is not None and marker.get("root") == current.root:
+            return []
+        return self.view.sync(marker.get("root") if marker else None, current.root, current.id)
+
+    def repair_view(self, *, blocking: bool = True) -> list[str]:
+        """Bring ``skills/`` and ``policies/`` up to the current version after a crash.
+
+        Non-blocking callers skip the repair while another writer holds the lock (that writer
+        repairs it). Returns hand-edited files that were moved to ``.state/stash``.
+        """
+        marker = self.view.marker()
+        if marker is not None and marker.get("root") == self._manifest(self.current_id()).root:
+            return []
+        lock = FileLock(str(self.root / ".lock"), timeout=self.lock_timeout if blocking else 0)
+        with self._thread_lock:
+            try:
+                lock.acquire()
+            except Timeout:
+                return []
+            try:
+                clean_dir(self.root / ".tmp")
+                return self._repair_view_locked()
+            finally:
+                lock.release()
+
+    def commit(self, changes: Mapping[str, Content], *, method: str, message: str = "",
+               scores: Mapping[str, Any] | None = None, costs: Mapping[str, Any] | None = None,
+               validate: Validator | None = None, expect_parent: str | None = None,
+               allow_empty: bool = False) -> LibraryVersion:
+        """Make a new version from the current one plus ``changes`` (path -> content; None
+        deletes). ``validate`` checks the new version before it becomes current; a non-empty
+        list of problems rejects the commit with the first one (all are on ``.problems``).
+        ``expect_parent`` refuses the commit if another writer moved the library meanwhile.
+        """
+        data = {check_path(p): _to_bytes(p, v) for p, v in changes.items()}
+        return self._commit(data, method=method, message=message, scores=scores, costs=costs,
+                            validate=validate, expect_parent=expect_parent,
+                            allow_empty=allow_empty)
+
+    def _commit(self, changes: Mapping[str, bytes | None], *, method: str, message: str,
+                scores: Mapping[str, Any] | None, costs: Mapping[str, Any] | None,
+                validate: Validator | None, expect_parent: str | None = None,
+                allow_empty: bool = False, prehashed: Mapping[str, str | None] | None = None
+                ) -> LibraryVersion:
+        """Commit ``changes`` (contents) and ``prehashed`` (hashes of blobs already stored)."""
+        with self._write_lock():
+            parent = self._manifest(self.current_id())
+            if expect_parent is not None and parent.id != expect_parent:
+                raise LibraryError(
+                    f"the library moved from {expect_parent} to {parent.id} while this change "
+                    "was prepared", hint="prepare the change again against the current version")
+            # Blobs are written under the lock, so a writer's cleanup of .tmp never races them.
+            hashes = dict(prehashed or {})
+            hashes.update({p: (self.blobs.put(b) if b is not None else None)
+                           for p, b in changes.items()})
+            effective = {p: h for p, h in hashes.items()
+                         if self.trees.lookup(parent.root, p) != h}
+            if not effective and not allow_empty:
+                raise LibraryError(f"nothing to commit: the change equals {parent.id}",
+                                   hint="check the paths and contents of the change")
+            for h in effective.values():
+                if h is not None and not self.blobs.has(h):
+                    raise LibraryError(f"content {h[:12]} is missing from the blob store",
+                                       hint="the library was changed outside Whetstone")
+            root = self.trees.apply(parent.root, effective)
+            new_id = f"v{parent.number + 1}"
+            counts = self._counts(parent, effective)
+            m = Manifest(id=new_id, parent=parent.id, created=max(time.time(), parent.created),
+                         method=method, message=message, root=root, scores=dict(scores or {}),
+                         costs=dict(costs or {}), counts=counts)
+            if validate is not None:
+                problems = list(validate(Snapshot(self, m), sorted(effective)))
+                if problems:
+                    raise rejection(problems)
+            self._publish(m)
+            self.view.sync(parent.root, root, new_id)
+        return m.to_version()
+
+    def _counts(self, parent: Manifest, effective: Mapping[str, str | None]) -> dict[str, int]:
+        added = modified = deleted = 0
+        for path, h in effective.items():
+            before = self.trees.lookup(parent.root, path)
+            if h is None:
+                deleted += before is not None
+            elif before is None:
+                added += 1
+            else:
+                modified += 1
+        files = int(parent.counts.get("files", 0)) + added - deleted
+        return {"files": files, "added": added, "modified": modified, "deleted": deleted}
+
+    def rollback(self, ref: str, *, validate: Validator | None = None,
+                 message: str = "") -> LibraryVersion:
+        """A new version whose files equal those of ``ref`` (history is never rewritten)."""
+        target = self._manifest(self.resolve(ref))
+        current = self._manifest(self.current_id())
+        hashes = {p: new for p, (_, new) in self.trees.diff(current.root, target.root).items()}
+        return self._commit({}, prehashed=hashes, method="rollback",
+                            message=message or f"rollback to {target.id}", scores=None,
+                            costs=None, validate=validate, expect_parent=current.id)
+
+    def export(self, dest: Path | str, *, version: str | None = None, overwrite: bool = False,
+               prefix: str = "skills/") -> Path:
+        """Write one version's skills as plain ``<name>/SKILL.md`` folders (or a ``.tar.gz``)."""
+        snap = self.snapshot(version)
+        files = {p[len(prefix):]: self.blobs.get(h) for p, h in snap.files(prefix).items()}
+        return write_folder(files, Path(dest), overwrite=overwrite, mtime=snap.manifest.created)
+
+    def delete_unit(self, unit: str) -> dict[str, None]:
+        """A change set deleting every file of one unit (``skills/<name>``)."""
+        return {p: None for p in self.snapshot().unit(unit)}
+
+    # -- the view (hand edits) -------------------------------------------------------------
+
+    def edits(self) -> ViewEdits:
+        """Files in ``skills/`` and ``policies/`` that a person changed by hand."""
+        return self.view.edits(self.snapshot().root)
+
+    def commit_view(self, *, message: str, validate: Validator | None = None,
+                    method: str = "edit") -> LibraryVersion:
+        """Turn hand edits in the view into a new version (validated like any commit)."""
+        snap = self.snapshot()
+        edits = self.view.edits(snap.root)
+        if not edits:
+            raise LibraryError("no hand edits to commit: the view equals " + snap.id,
+                               hint="edit files under skills/ or policies/ first")
+        changes: dict[str, Content] = {p: self.view.read(p) for p in edits.modified + edits.added}
+        changes.update({p: None for p in edits.deleted})
+        return self.commit(changes, method=method, message=message, validate=validate,
+                           expect_parent=snap.id)
+
+    # -- integrity -------------------------------------------------------------------------
+
+    def verify(self, ref: str | None = None) -> list[str]:
+        """Integrity problems of one version: missing or corrupt blobs and tree objects."""
+        m = self._manifest(self.resolve(ref))
+        problems = [f"tree object {d[:12]} is missing or corrupt" for d in
+                    self.trees.objects(m.root) if d != self.trees.empty_root
+                    and not self.blobs.verify(d)]
+        if problems:
+            return problems
+        for path, digest in self.trees.files(m.root).items():
+            if not self.blobs.verify(digest):
+                problems.append(f"{path}: content {digest[:12]} is missing or corrupt")
+        return problems
+
+    def units(self, ref: str | None = None) -> list[str]:
+        """Every unit (``skills/<name>``, ``policies/<file>``) in a version."""
+        return sorted({group_of(p) for p in self.snapshot(ref).files()})

@@ -1,0 +1,141 @@
+"""The human-readable copy of the current version: ``<library>/skills`` and ``<library>/policies``.
+
+The versions (manifests + blobs) are the truth; this folder is derived from them so a person can
+read, diff and ``git add`` plain files. It is updated after each commit's atomic switch, under
+the writers' lock. A marker records the tree it shows; a writer killed between the switch and
+the marker is repaired by the next writer or opener from the difference of the two trees.
+
+Files a person edited by hand are never silently lost: when a new version changes such a file,
+the hand-edited copy is moved to ``.state/stash/<time>/`` first. ``edits`` lists hand edits so
+``Library.commit_view`` can turn them into a version.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from library_store.blobs import BlobStore
+from library_store.fsutil import atomic_write, remove_empty_parents, sha256_bytes
+from library_store.tree import Trees
+
+IGNORED_SUFFIXES = ("~", ".swp", ".swo", ".tmp")
+
+
+@dataclass(frozen=True)
+class ViewEdits:
+    """How the view differs from a version: paths relative to the library root."""
+
+    modified: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.modified or self.added or self.deleted)
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {"modified": list(self.modified), "added": list(self.added),
+                "deleted": list(self.deleted)}
+
+
+class View:
+    """Keeps the view folders equal to one tree. Callers hold the writers' lock for writes."""
+
+    def __init__(self, root: Path, roots: tuple[str, ...], blobs: BlobStore, trees: Trees,
+                 state_dir: Path, tmp_dir: Path) -> None:
+        self.root = root
+        self.roots = roots
+        self.blobs = blobs
+        self.trees = trees
+        self.state_dir = state_dir
+        self.tmp_dir = tmp_dir
+        self.marker_path = state_dir / "view.json"
+
+    def marker(self) -> dict[str, str] | None:
+        """``{"version", "root"}`` of the tree the view shows, or None when unknown."""
+        try:
+            data = json.loads(self.marker_path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) and "root" in data else None
+
+    def _write_marker(self, version: str, root: str) -> None:
+        payload = json.dumps({"version": version, "root": root}).encode("utf-8")
+        atomic_write(self.marker_path, payload, tmp_dir=self.tmp_dir, durable=False)
+
+    def _in_view(self, path: str) -> bool:
+        return path.split("/", 1)[0] in self.roots
+
+    def _hash_on_disk(self, target: Path) -> str | None:
+        try:
+            return sha256_bytes(target.read_bytes()) if target.is_file() else None
+        except OSError:
+            return None
+
+    def _stash(self, target: Path, rel: str, stash_id: str) -> None:
+        dest = self.state_dir / "stash" / stash_id / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        target.replace(dest)
+
+    def sync(self, old_root: str | None, new_root: str, version: str) -> list[str]:
+        """Move the view from tree ``old_root`` to ``new_root``; returns stashed hand edits.
+
+        ``old_root=None`` (marker lost) compares every file of the new tree with the disk.
+        """
+        if old_root is None or not self.blobs.has(old_root):
+            target_files = self.trees.files(new_root)
+            changes = {p: (self._hash_on_disk(self.root / p), h) for p, h in target_files.items()}
+        else:
+            changes = self.trees.diff(old_root, new_root)
+        stash_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        stashed: list[str] = []
+        for rel, (old_h, new_h) in changes.items():
+            if not self._in_view(rel):
+                continue
+            target = self.root / rel
+            on_disk = self._hash_on_disk(target)
+            if on_disk == new_h:
+                continue  # already in place (e.g. a killed writer got this far)
+            if on_disk is not None and on_disk != old_h:
+                self._stash(target, rel, stash_id)
+                stashed.append(rel)
+            if new_h is None:
+                target.unlink(missing_ok=True)
+                remove_empty_parents(target, self.root)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, self.blobs.get(new_h), tmp_dir=self.tmp_dir, durable=False)
+        self._write_marker(version, new_root)
+        return stashed
+
+    def _walk(self) -> Iterator[str]:
+        for top in self.roots:
+            base = self.root / top
+            if not base.is_dir():
+                continue
+            for path in base.rglob("*"):
+                rel = path.relative_to(self.root).as_posix()
+                if path.is_symlink() or not path.is_file():
+                    continue
+                if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
+                    continue
+                if rel.endswith(IGNORED_SUFFIXES):
+                    continue
+                yield rel
+
+    def edits(self, root: str) -> ViewEdits:
+        """Hand edits: view files that differ from tree ``root`` (hashes every file)."""
+        tracked = {p: h for p, h in self.trees.files(root).items() if self._in_view(p)}
+        on_disk = set(self._walk())
+        modified = [p for p in sorted(on_disk & set(tracked))
+                    if self._hash_on_disk(self.root / p) != tracked[p]]
+        return ViewEdits(modified=tuple(modified),
+                         added=tuple(sorted(on_disk - set(tracked))),
+                         deleted=tuple(sorted(set(tracked) - on_disk)))
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
