@@ -1,0 +1,294 @@
+"""``Skill`` <-> ``SKILL.md``, per the Agent Skills specification (agentskills.io).
+
+A ``SKILL.md`` is YAML front matter between ``---`` lines, then a markdown body. Rules checked
+here (each problem is a ``ValidationError`` naming the file, the line and the rule):
+
+- front matter: ``name`` (1-64 chars of a-z, 0-9 and single hyphens, not at either end,
+  equal to the folder name), ``description`` (1-1024 chars), optional ``license``,
+  ``compatibility`` (<= 500 chars), ``metadata`` (string -> string), ``allowed-tools``
+  (space-separated); no other fields;
+- body: at most 500 lines.
+
+Hand-written files round-trip byte for byte: rendering a skill with its original text keeps
+that text, and when only some fields change, only their lines are rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+import yaml
+
+from engine.errors import ValidationError
+from engine.types import Skill
+
+NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")
+MAX_NAME = 64
+MAX_DESCRIPTION = 1024
+MAX_COMPATIBILITY = 500
+MAX_BODY_LINES = 500
+
+try:  # libyaml is ~10x faster; the pure-Python loader gives the same results
+    _Loader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - depends on how PyYAML was built
+    _Loader = yaml.SafeLoader
+
+
+@dataclass(frozen=True)
+class ParsedSkill:
+    """A parsed ``SKILL.md``: the skill (None when it could not be built), the text as read,
+    and every problem found. ``front_matter_lines`` is (first, last) file line of the YAML."""
+
+    skill: Skill | None
+    text: str
+    path: str
+    problems: tuple[ValidationError, ...] = ()
+    front_matter_lines: tuple[int, int] = (0, 0)
+    body_start: int = 0  # character offset of the body in ``text``
+
+    @property
+    def ok(self) -> bool:
+        return self.skill is not None and not self.problems
+
+
+def count_lines(text: str) -> int:
+    """Lines in ``text`` (a last line without a newline still counts)."""
+    if not text:
+        return 0
+    return text.count("\n") + (0 if text.endswith("\n") else 1)
+
+
+def _split(text: str, path: str) -> tuple[str, int, int, int] | ValidationError:
+    """(front matter YAML, its first line, its last line, body offset) or the problem."""
+    lines = text.splitlines(keepends=True)
+    first = lines[0].lstrip("\ufeff").rstrip("\r\n").rstrip() if lines else ""
+    if first != "---":
+        return ValidationError(path, "front-matter", "SKILL.md must start with a '---' line "
+                               "followed by YAML front matter", line=1,
+                               hint="add '---', name: and description:, then '---' at the top")
+    offset = len(lines[0])
+    for i, line in enumerate(lines[1:], start=2):
+        if line.rstrip("\r\n").rstrip() == "---":
+            yaml_text = "".join(lines[1:i - 1])
+            body_start = offset + len(line)
+            # One blank line after the closing '---' is layout, not body.
+            rest = text[body_start:]
+            if rest.startswith("\r\n"):
+                body_start += 2
+            elif rest.startswith("\n"):
+                body_start += 1
+            return yaml_text, 2, i - 1, body_start
+        offset += len(line)
+    return ValidationError(path, "front-matter", "the front matter is not closed by a '---' "
+                           "line", line=1, hint="add a '---' line after the YAML fields")
+
+
+def _key_lines(yaml_text: str, first_line: int
+               ) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """File line of each top-level key, and (key, line) of keys repeated later."""
+    node = yaml.compose(yaml_text, Loader=_Loader)
+    lines: dict[str, int] = {}
+    dupes: list[tuple[str, int]] = []
+    if isinstance(node, yaml.MappingNode):
+        for key, _ in node.value:
+            k = str(key.value)
+            if k in lines:
+                dupes.append((k, key.start_mark.line + first_line))
+            lines.setdefault(k, key.start_mark.line + first_line)
+    return lines, dupes
+
+
+def check_name(name: Any, *, path: str, line: int | None, folder: str | None
+               ) -> list[ValidationError]:
+    """The ``name`` rules; ``folder`` is the skill's folder name when known."""
+    if not isinstance(name, str) or not name:
+        return [ValidationError(path, "name-missing" if name in (None, "") else "name-type",
+                                "'name' must be a non-empty string", line=line)]
+    out = []
+    if len(name) > MAX_NAME:
+        out.append(ValidationError(path, "name-length", f"'name' is {len(name)} characters; "
+                                   f"the limit is {MAX_NAME}", line=line))
+    if not NAME_RE.match(name):
+        out.append(ValidationError(
+            path, "name-format", f"'name' {name!r} may hold only a-z, 0-9 and single hyphens, "
+            "and may not start or end with a hyphen", line=line,
+            hint="e.g. pdf-extract or csv-cleanup"))
+    if folder is not None and folder != name:
+        out.append(ValidationError(path, "name-folder", f"'name' {name!r} does not match its "
+                                   f"folder {folder!r}", line=line,
+                                   hint="rename the folder or the skill so they are equal"))
+    return out
+
+
+def _check_fields(data: Mapping[str, Any], keys: Mapping[str, int], *, path: str,
+                  folder: str | None, fm_line: int) -> list[ValidationError]:
+    out: list[ValidationError] = []
+    for key in data:
+        if key not in FIELDS:
+            out.append(ValidationError(
+                path, "unknown-field", f"field {key!r} is not part of the Agent Skills front "
+                f"matter", line=keys.get(str(key)),
+                hint="move it under 'metadata:' (string values) or remove it"))
+    if "name" not in data:
+        out.append(ValidationError(path, "name-missing", "the front matter has no 'name'",
+                                   line=fm_line, hint="add name: <folder name>"))
+    else:
+        out += check_name(data["name"], path=path, line=keys.get("name"), folder=folder)
+    desc = data.get("description")
+    if "description" not in data:
+        out.append(ValidationError(path, "description-missing", "the front matter has no "
+                                   "'description'", line=fm_line,
+                                   hint="say what the skill does and when to use it"))
+    elif not isinstance(desc, str) or not desc.strip():
+        out.append(ValidationError(path, "description-type", "'description' must be a "
+                                   "non-empty string", line=keys.get("description")))
+    elif len(desc) > MAX_DESCRIPTION:
+        out.append(ValidationError(path, "description-length", f"'description' is {len(desc)} "
+                                   f"characters; the limit is {MAX_DESCRIPTION}",
+                                   line=keys.get("description"),
+                                   hint="keep what and when; move detail into the body"))
+    for key in ("license", "compatibility"):
+        if key in data and not isinstance(data[key], str):
+            out.append(ValidationError(path, f"{key}-type", f"'{key}' must be a string",
+                                       line=keys.get(key)))
+    comp = data.get("compatibility")
+    if isinstance(comp, str) and len(comp) > MAX_COMPATIBILITY:
+        out.append(ValidationError(path, "compatibility-length", f"'compatibility' is "
+                                   f"{len(comp)} characters; the limit is {MAX_COMPATIBILITY}",
+                                   line=keys.get("compatibility")))
+    meta = data.get("metadata")
+    if "metadata" in data and not (isinstance(meta, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
+        out.append(ValidationError(path, "metadata-type", "'metadata' must map strings to "
+                                   "strings", line=keys.get("metadata"),
+                                   hint="quote values such as version: \"1.0\""))
+    tools = data.get("allowed-tools")
+    if "allowed-tools" in data and not (isinstance(tools, str) or (
+            isinstance(tools, list) and all(isinstance(t, str) for t in tools))):
+        out.append(ValidationError(path, "allowed-tools-type", "'allowed-tools' must be a "
+                                   "space-separated string of tool names",
+                                   line=keys.get("allowed-tools")))
+    return out
+
+
+def parse_skill_md(text: str, *, path: str = "SKILL.md", folder: str | None = None
+                   ) -> ParsedSkill:
+    """Parse a ``SKILL.md``, collecting every problem instead of stopping at the first."""
+    split = _split(text, path)
+    if isinstance(split, ValidationError):
+        return ParsedSkill(None, text, path, (split,))
+    yaml_text, first, last, body_start = split
+    try:
+        data = yaml.load(yaml_text, Loader=_Loader)
+        keys, dupes = _key_lines(yaml_text, first)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + first if mark is not None else first
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        err = ValidationError(path, "yaml", f"the front matter is not valid YAML: {problem}",
+                              line=line, hint="quote values that contain ': ' or start with "
+                              "a special character")
+        return ParsedSkill(None, text, path, (err,), (first, last), body_start)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        err = ValidationError(path, "front-matter", "the front matter must be a mapping of "
+                              "fields", line=first)
+        return ParsedSkill(None, text, path, (err,), (first, last), body_start)
+    problems = [ValidationError(path, "duplicate-field", f"field {k!r} appears more than once",
+                                line=line) for k, line in dupes]
+    problems += _check_fields(data, keys, path=path, folder=folder, fm_line=first - 1)
+    body = text[body_start:]
+    n = count_lines(body)
+    if n > MAX_BODY_LINES:
+        body_line = count_lines(text[:body_start]) + 1
+        problems.append(ValidationError(
+            path, "body-length", f"the body has {n} lines; the limit is {MAX_BODY_LINES}",
+            line=body_line + MAX_BODY_LINES, hint="move detail into references/*.md"))
+    skill = None
+    if isinstance(data.get("name"), str) and isinstance(data.get("description"), str):
+        tools = data.get("allowed-tools")
+        meta = data.get("metadata")
+        skill = Skill(
+            name=data["name"], description=data["description"], body=body,
+            license=data.get("license") if isinstance(data.get("license"), str) else None,
+            compatibility=data.get("compatibility") if isinstance(
+                data.get("compatibility"), str) else None,
+            metadata={str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {},
+            allowed_tools=" ".join(tools) if isinstance(tools, list) else tools)
+    return ParsedSkill(skill, text, path, tuple(problems), (first, last), body_start)
+
+
+def _fields(skill: Skill) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": skill.name, "description": skill.description}
+    if skill.license is not None:
+        out["license"] = skill.license
+    if skill.compatibility is not None:
+        out["compatibility"] = skill.compatibility
+    if skill.metadata:
+        out["metadata"] = {str(k): str(v) for k, v in skill.metadata.items()}
+    if skill.allowed_tools is not None:
+        out["allowed-tools"] = skill.allowed_tools
+    return out
+
+
+def _dump(fields: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(fields), sort_keys=False, allow_unicode=True,
+                          default_flow_style=False, width=10_000)
+
+
+def render_skill_md(skill: Skill, *, original: str | None = None) -> str:
+    """The ``SKILL.md`` text of ``skill``.
+
+    With ``original`` (the file as read), unchanged parts keep their exact bytes: the same
+    skill renders to ``original`` itself, a new body keeps the front matter, and changed
+    fields rewrite only their own lines (comments and quoting elsewhere survive).
+    """
+    if original is not None:
+        parsed = parse_skill_md(original)
+        old = parsed.skill
+        if old is not None and not [p for p in parsed.problems if p.rule == "duplicate-field"]:
+            same_fields = _fields(replace(old, body="")) == _fields(replace(skill, body=""))
+            if same_fields and old.body == skill.body:
+                return original
+            head = original[:parsed.body_start]
+            if same_fields:
+                sep = "\n" if not head.endswith(("\n\n", "\r\n\r\n")) and \
+                    skill.body.startswith(("\n", "\r\n")) else ""
+                return head + sep + skill.body
+            return _patch_fields(original, parsed, old, skill) + skill.body
+    return "---\n" + _dump(_fields(skill)) + "---\n\n" + skill.body
+
+
+def _patch_fields(original: str, parsed: ParsedSkill, old: Skill, new: Skill) -> str:
+    """The original head with only the changed top-level fields rewritten."""
+    lines = original[:parsed.body_start].splitlines(keepends=True)
+    first, last = parsed.front_matter_lines
+    yaml_text = "".join(lines[first - 1:last])
+    node = yaml.compose(yaml_text, Loader=_Loader)
+    starts = [(str(k.value), k.start_mark.line) for k, _ in node.value] if isinstance(
+        node, yaml.MappingNode) else []
+    spans: dict[str, tuple[int, int]] = {}
+    yaml_lines = yaml_text.splitlines(keepends=True)
+    for i, (key, start) in enumerate(starts):
+        end = starts[i + 1][1] if i + 1 < len(starts) else len(yaml_lines)
+        spans[key] = (start, end)
+    old_f, new_f = _fields(old), _fields(new)
+    out: list[str] = yaml_lines[:starts[0][1]] if starts else []  # comments before the fields
+    for key, (start, end) in spans.items():
+        if key in old_f and key not in new_f:
+            continue  # removed field
+        if key in new_f and old_f.get(key) != new_f[key]:
+            out.append(_dump({key: new_f[key]}))
+        else:
+            out.extend(yaml_lines[start:end])
+    out.extend(_dump({k: v}) for k, v in new_f.items() if k not in spans)
+    newline = "\r\n" if lines[0].endswith("\r\n") else "\n"
+    text = "".join(lines[:first - 1]) + "".join(out)
+    if not text.endswith(("\n", "\r")):
+        text += newline
+    tail = "".join(lines[last:])  # the closing '---' and the blank line after it
+    return text + tail

@@ -1,0 +1,199 @@
+"""Skills in a library version: load them, validate skill folders, and turn skills into changes.
+
+A skill folder holds ``SKILL.md`` plus optional ``scripts/``, ``references/`` and ``assets/``,
+each one level deep; reference files are at most 300 lines. Loading never stops at a bad skill:
+its problems are collected and the rest of the library loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from engine.errors import NotFound, ValidationError
+from engine.types import Skill
+from library_store.store import Snapshot, rejection
+from skills.format import ParsedSkill, count_lines, parse_skill_md, render_skill_md
+
+SKILLS_DIR = "skills"
+SKILL_FILE = "SKILL.md"
+SKILL_DIRS = ("scripts", "references", "assets")
+MAX_REFERENCE_LINES = 300
+
+
+@dataclass
+class SkillSet:
+    """The skills of one version, and the problems of the ones that could not be loaded."""
+
+    version: str
+    skills: dict[str, Skill] = field(default_factory=dict)
+    problems: list[ValidationError] = field(default_factory=list)
+
+
+def skill_path(name: str, rel: str = SKILL_FILE) -> str:
+    """``skills/<name>/<rel>``: where a skill's file lives in the library."""
+    return f"{SKILLS_DIR}/{name}/{rel}"
+
+
+def check_skill_files(name: str, files: Mapping[str, bytes], *, base: str
+                      ) -> tuple[ParsedSkill | None, list[ValidationError]]:
+    """Validate one skill folder given as relative path -> bytes. ``base`` prefixes the paths
+    in error messages (``skills/<name>`` in a library, a folder on disk for an import)."""
+    skill_md = f"{base}/{SKILL_FILE}"
+    problems: list[ValidationError] = []
+    parsed: ParsedSkill | None = None
+    if SKILL_FILE not in files:
+        problems.append(ValidationError(skill_md, "skill-md-missing", "the skill folder has no "
+                                        "SKILL.md", hint="`whetstone skill new NAME` scaffolds one"))
+    else:
+        try:
+            text = files[SKILL_FILE].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(ValidationError(skill_md, "encoding", f"SKILL.md is not UTF-8 ({exc})"))
+        else:
+            parsed = parse_skill_md(text, path=skill_md, folder=name)
+            problems.extend(parsed.problems)
+    for rel, data in sorted(files.items()):
+        parts = rel.split("/")
+        where = f"{base}/{rel}"
+        if parts[0] in SKILL_DIRS:
+            if len(parts) != 2:
+                problems.append(ValidationError(
+                    where, "nesting", f"files in {parts[0]}/ must sit directly in it (one level "
+                    "deep)", hint=f"move it to {parts[0]}/{parts[-1]}"))
+            elif parts[0] == "references":
+                try:
+                    n = count_lines(data.decode("utf-8"))
+                except UnicodeDecodeError:
+                    problems.append(ValidationError(where, "encoding", "a reference file must "
+                                                    "be UTF-8 text"))
+                    continue
+                if n > MAX_REFERENCE_LINES:
+                    problems.append(ValidationError(
+                        where, "reference-length", f"{n} lines; a reference file holds at most "
+                        f"{MAX_REFERENCE_LINES}", line=MAX_REFERENCE_LINES + 1,
+                        hint="split it into several reference files"))
+        elif len(parts) > 1:
+            problems.append(ValidationError(
+                where, "layout", f"unknown folder {parts[0]}/: a skill holds SKILL.md and "
+                "optionally scripts/, references/ and assets/", hint="move the file into one "
+                "of those folders"))
+    return parsed, problems
+
+
+def _text_files(files: Mapping[str, bytes]) -> dict[str, str]:
+    out = {}
+    for rel, data in files.items():
+        if rel == SKILL_FILE:
+            continue
+        try:
+            out[rel] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # binary assets are opened by path, not carried as text
+    return out
+
+
+def _unit_files(snapshot: Snapshot, name: str) -> dict[str, bytes]:
+    prefix = f"{SKILLS_DIR}/{name}/"
+    return {p[len(prefix):]: snapshot.library.blobs.get(h)
+            for p, h in snapshot.unit(f"{SKILLS_DIR}/{name}").items()}
+
+
+def load_skill(snapshot: Snapshot, name: str) -> Skill:
+    """One skill with its text files; raises its first problem, or NotFound with the names."""
+    files = _unit_files(snapshot, name)
+    if not files:
+        known = snapshot.children(SKILLS_DIR)
+        raise NotFound(f"no skill named {name!r} in library version {snapshot.id}",
+                       hint=_suggest(name, known))
+    parsed, problems = check_skill_files(name, files, base=f"{SKILLS_DIR}/{name}")
+    if problems or parsed is None or parsed.skill is None:
+        raise rejection(problems)
+    return Skill(**{**parsed.skill.to_dict(), "files": _text_files(files),
+                    "metadata": dict(parsed.skill.metadata)})
+
+
+def _suggest(name: str, known: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    listing = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")
+    if close:
+        return f"did you mean {', '.join(close)}? skills: {listing or 'none'}"
+    return f"skills: {listing or 'none'}"
+
+
+def load_skills(snapshot: Snapshot) -> SkillSet:
+    """Every skill of a version; malformed ones are reported in ``problems`` and skipped."""
+    out = SkillSet(version=snapshot.id)
+    for name in snapshot.children(SKILLS_DIR):
+        try:
+            out.skills[name] = load_skill(snapshot, name)
+        except ValidationError as exc:
+            out.problems.extend(getattr(exc, "problems", [exc]))
+    for path in snapshot.files(f"{SKILLS_DIR}/"):
+        if path.count("/") == 1:
+            out.problems.append(_loose_file(path))
+    return out
+
+
+def _loose_file(path: str) -> ValidationError:
+    return ValidationError(path, "layout", "files under skills/ must be inside a skill folder",
+                           hint="move it to skills/<name>/")
+
+
+def validate_snapshot(snapshot: Snapshot, changed: Sequence[str] | None = None
+                      ) -> list[ValidationError]:
+    """Problems of the skills a change touched (every skill when ``changed`` is None).
+
+    This is the validator ``Library.commit`` takes: only touched skills are parsed, so a
+    commit to a library of 100,000 skills costs what the change costs.
+    """
+    if changed is None:
+        changed = list(snapshot.files(f"{SKILLS_DIR}/"))
+    names: set[str] = set()
+    problems: list[ValidationError] = []
+    for path in changed:
+        parts = path.split("/")
+        if parts[0] != SKILLS_DIR:
+            continue
+        if len(parts) == 2:
+            if snapshot.exists(path):
+                problems.append(_loose_file(path))
+            continue
+        names.add(parts[1])
+    for name in sorted(names):
+        files = _unit_files(snapshot, name)
+        if files:  # an empty unit is a deleted skill
+            problems += check_skill_files(name, files, base=f"{SKILLS_DIR}/{name}")[1]
+    return problems
+
+
+def skill_changes(skill: Skill, snapshot: Snapshot | None = None, *,
+                  replace_files: bool = True) -> dict[str, str | None]:
+    """The change set that writes ``skill`` into the library.
+
+    ``SKILL.md`` is rendered against the current text (so unchanged lines keep their bytes);
+    with ``replace_files`` text files of the old skill that ``skill.files`` lacks are deleted
+    (binary assets are not carried in ``Skill.files``, so they are kept).
+    """
+    original = None
+    old_files: dict[str, str] = {}
+    if snapshot is not None:
+        old_files = snapshot.unit(f"{SKILLS_DIR}/{skill.name}")
+        if skill_path(skill.name) in old_files:
+            original = snapshot.read_text(skill_path(skill.name))
+    changes: dict[str, str | None] = {
+        skill_path(skill.name): render_skill_md(skill, original=original)}
+    for rel, text in skill.files.items():
+        changes[skill_path(skill.name, rel)] = text
+    if replace_files and snapshot is not None:
+        for path in old_files:
+            if path in changes:
+                continue
+            try:
+                snapshot.read_bytes(path).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            changes[path] = None
+    return changes
