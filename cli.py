@@ -138,6 +138,7 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
                 elif isinstance(event, RunFinished):
                     trace = event.trace
     except KeyboardInterrupt:
+        events.close()  # records the interrupted trace now, whichever frame Ctrl-C landed in
         out.print(f"\n[yellow]interrupted[/]; resume with: whetstone run --resume {trace_id}",
                   markup=True)
         raise

@@ -250,3 +250,27 @@ def test_checkpoint_retention(tmp_path: Path) -> None:
 def test_builtin_tool_names_are_checked() -> None:
     with pytest.raises(Exception, match="unknown built-in tool"):
         builtin_tools(("calculator", "browser"))
+
+
+def test_bare_json_tool_call_without_tags_is_an_action() -> None:
+    # Observed with the embedded 0.5B model: the call JSON without <tool_call> tags.
+    backend = ScriptedBackend([
+        '{"name": "calculator", "arguments": {"expression": "17 * 23"}}',
+        "The product is 391.\nFinal Answer: 391",
+    ], tool_calls=True)
+    trace = Agent(backend).run("What is 17 * 23? Use the calculator.")
+    assert trace.steps[2].input == {"tool": "calculator", "arguments": {"expression": "17 * 23"}}
+    assert trace.answer == "391"
+    # JSON that names no known tool is just text.
+    backend = ScriptedBackend(['{"name": "Ann", "arguments": 3}'], tool_calls=True)
+    assert Agent(backend).run("x").answer == '{"name": "Ann", "arguments": 3}'
+
+
+def test_abandoning_the_stream_records_an_interrupted_run(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    backend = ScriptedBackend(["Action: calculator[1+1]", "Final Answer: 2"])
+    events = Agent(backend, trace_store=store).stream("1+1", trace_id="gone")
+    next(events)  # the prepare step
+    events.close()
+    trace = store.get("gone")
+    assert trace.outcome == "interrupted" and trace.meta["reason"] == "interrupted by the caller"

@@ -159,6 +159,11 @@ class Agent:
         except KeyboardInterrupt:
             self._record_stop(last_values, ctx, "interrupted", "interrupted by the user")
             raise
+        except GeneratorExit:
+            # The consumer stopped reading (Ctrl-C landed in its code, or it broke out of the
+            # loop) before the run finished: the run is interrupted, and resumable.
+            self._record_stop(last_values, ctx, "interrupted", "interrupted by the caller")
+            raise
         except WhetstoneError as exc:
             self._record_stop(last_values, ctx, "error", exc.message)
             raise

@@ -127,7 +127,8 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                             error=str(exc), started=start, duration_s=time.time() - start,
                             route="finish")],
         }
-    parsed = parse_reply(completion, native=ctx.native)
+    parsed = parse_reply(completion, native=ctx.native,
+                         tool_names=_all_tool_names(state, ctx))
     update: dict[str, Any] = {
         "n_calls": state.get("n_calls", 0) + 1,
         "tokens": state.get("tokens", 0) + completion.total_tokens,
@@ -197,11 +198,12 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         start = time.time()
         args: Any = raw
         bad_json = None
-        if call.get("native") or name in answer_tools:
+        if raw.strip().startswith("{") or call.get("native") or name in answer_tools:
             try:
                 args = json.loads(raw) if raw.strip() else {}
             except json.JSONDecodeError as exc:
-                bad_json = f"the arguments are not valid JSON ({exc.msg}): {raw}"
+                if call.get("native") or name in answer_tools:
+                    bad_json = f"the arguments are not valid JSON ({exc.msg}): {raw}"
         if name in answer_tools and bad_json is None:
             answer_calls.append({"name": name, "arguments": args})
             steps.append(_step("act", "act", input={"tool": name, "arguments": args},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Collection, Literal
 
 from engine.types import Completion
 
@@ -112,6 +112,30 @@ def parse_tool_call_blocks(text: str) -> list[ParsedCall] | str:
     return calls
 
 
+def parse_bare_json_call(text: str, tool_names: Collection[str]) -> list[ParsedCall]:
+    """A reply that is only ``{"name": <tool>, "arguments": {...}}`` (small models often drop
+    the ``<tool_call>`` tags), possibly fenced, or a list of such objects."""
+    body = text.strip()
+    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.DOTALL)
+    if fence:
+        body = fence.group(1)
+    if not body.startswith(("{", "[")):
+        return []
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return []
+    items = obj if isinstance(obj, list) else [obj]
+    calls = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or item.get("name") not in tool_names:
+            return []
+        args = item.get("arguments", item.get("parameters", {}))
+        calls.append(ParsedCall(str(item["name"]),
+                                args if isinstance(args, str) else json.dumps(args), f"call_{i}"))
+    return calls
+
+
 def _final_answer(text: str) -> str | None:
     m = None
     for m in _FINAL.finditer(text):
@@ -131,7 +155,8 @@ def _thought(text: str) -> str:
     return re.sub(r"^\W*thought\s*:\s*", "", thought, flags=re.IGNORECASE)
 
 
-def parse_reply(completion: Completion, *, native: bool) -> Parsed:
+def parse_reply(completion: Completion, *, native: bool,
+                tool_names: Collection[str] = ()) -> Parsed:
     """Decide what the model asked for.
 
     ``native``: the backend delivers tool calls natively; then a reply with no call and no
@@ -151,6 +176,9 @@ def parse_reply(completion: Completion, *, native: bool) -> Parsed:
         if blocks:
             return Parsed("action", calls=tuple(blocks), thought=text.split("<tool_call>")[0]
                           .strip(), raw=text)
+    bare = parse_bare_json_call(text, tool_names)
+    if bare:
+        return Parsed("action", calls=tuple(bare), raw=text)
     action = parse_action(text)
     final = _final_answer(text)
     if isinstance(action, ParsedCall):
