@@ -15,6 +15,7 @@ The middleware (library injection, trace capture, keys, limits) wraps ``ChatServ
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
 # run time, and their types are imported inside create_app.
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -259,7 +260,18 @@ def create_app(
             finally:
                 await self._stream.close()
     started = int(time.time())
-    app = FastAPI(title="Whetstone", version="0.1.0", docs_url=None, redoc_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        # The caller owns the backend and closes it; what is bound to this event loop (an
+        # async HTTP pool) can only be closed here, while the loop still runs.
+        aclose = getattr(backend, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    app = FastAPI(title="Whetstone", version="0.1.0", docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
     app.state.service = service
 
     def error(status: int, message: str, kind: str, code: str | None = None,

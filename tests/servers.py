@@ -32,7 +32,7 @@ def running_server(app: Any, *, startup_timeout_s: float = 20.0,
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off",
+    config = uvicorn.Config(app, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=graceful_shutdown_s)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,

@@ -50,18 +50,23 @@ def servers() -> Iterator[Servers]:
 
 
 @pytest.fixture
-def upstream(servers: Servers) -> Callable[..., tuple[ScriptedBackend, OpenAICompatBackend]]:
+def upstream(servers: Servers) -> Iterator[Callable[..., tuple[ScriptedBackend,
+                                                                OpenAICompatBackend]]]:
     """``upstream(scripted, **options)``: serve ``scripted`` as model ``tiny`` and return it with
     an ``openai:tiny@<url>`` backend pointed at it."""
+    made: list[OpenAICompatBackend] = []
 
     def make(scripted: ScriptedBackend, **options: Any) -> tuple[ScriptedBackend,
                                                                    OpenAICompatBackend]:
         url = servers.start(create_app(scripted, model_name="tiny"))
         backend = get_backend(f"openai:tiny@{url}/v1", BackendOptions(**options))
         assert isinstance(backend, OpenAICompatBackend)
+        made.append(backend)
         return scripted, backend
 
-    return make
+    yield make
+    for backend in made:
+        backend.close()
 
 
 # --- spec ------------------------------------------------------------------------------------
@@ -264,8 +269,9 @@ def test_a_whetstone_server_can_serve_an_openai_backend(servers: Servers,
 
     _, backend = upstream(ScriptedBackend(["proxied answer"]))
     url = servers.start(create_app(backend, model_name="front"))
-    r = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0).chat.completions.create(
-        model="front", messages=[{"role": "user", "content": "hi"}])
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as front:
+        r = front.chat.completions.create(model="front",
+                                          messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content == "proxied answer"
 
 
@@ -327,7 +333,7 @@ def test_5xx_is_retried_then_unavailable(servers: Servers) -> None:
     hits: list[float] = []
     url = servers.start(_flaky_app([503] * 10, hits))
     backend = get_backend(f"openai:tiny@{url}", BackendOptions(max_retries=3, extra=FAST_RETRY))
-    with pytest.raises(BackendUnavailable) as info:
+    with backend, pytest.raises(BackendUnavailable) as info:
         backend.complete(ASK)
     assert len(hits) == 4  # the bound, counted by the server
     assert "503" in info.value.message and "busy (503)" in info.value.message
@@ -339,7 +345,8 @@ def test_429_and_500_are_retried_and_retry_after_is_honoured(servers: Servers) -
     url = servers.start(_flaky_app([429, 500], hits, headers={"Retry-After": "0.3"}))
     backend = get_backend(f"openai:tiny@{url}", BackendOptions(
         max_retries=3, extra={"retry_backoff_s": 0.01, "retry_max_backoff_s": 5}))
-    c = backend.complete(ASK)
+    with backend:
+        c = backend.complete(ASK)
     assert c.text == "ok now" and len(hits) == 3
     assert hits[1] - hits[0] >= 0.25  # waited as the server asked, not the tiny backoff
     # The flaky server sent no usage: it is estimated, not left at zero.
@@ -359,7 +366,7 @@ def test_4xx_is_not_retried_and_carries_the_servers_message(upstream: Callable[.
 def test_a_wrong_model_name_is_a_404_with_a_hint(servers: Servers) -> None:
     url = servers.start(create_app(ScriptedBackend(["x"]), model_name="tiny"))
     backend = get_backend(f"openai:huge@{url}", BackendOptions(max_retries=0))
-    with pytest.raises(BackendError) as info:
+    with backend, pytest.raises(BackendError) as info:
         backend.complete(ASK)
     assert "404" in info.value.message and "'huge'" in info.value.message
     assert "/models" in (info.value.hint or "")

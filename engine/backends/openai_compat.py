@@ -9,6 +9,7 @@ reach it), ``BackendTimeout`` (no answer in time) or ``BackendError`` (the serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -332,6 +333,14 @@ class OpenAICompatBackend(Backend):
             completion = replace(completion, finish_reason="timeout")
         return self._finish(request, completion)
 
+    async def aclose(self) -> None:
+        """Close the async client of the running loop (a server calls this as it shuts down,
+        while its loop still runs)."""
+        with self._lock:
+            client = self._aclients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
     def close(self) -> None:
         """Close the HTTP clients. Async clients whose loop is gone are left to the GC."""
         self._client.close()
@@ -346,8 +355,9 @@ class OpenAICompatBackend(Backend):
                     running = None
                 if running is loop:
                     loop.create_task(client.close())
-                else:
-                    asyncio.run_coroutine_threadsafe(client.close(), loop)
+                else:  # a loop in another thread (a server's): close there, briefly wait
+                    with contextlib.suppress(Exception):
+                        asyncio.run_coroutine_threadsafe(client.close(), loop).result(timeout=5)
 
 
 def make_openai(arg: str, options: BackendOptions) -> OpenAICompatBackend:
