@@ -385,7 +385,8 @@ class Library:
 
     @contextlib.contextmanager
     def _write_lock(self, *, repair: bool = True) -> Iterator[None]:
-        lock = FileLock(str(self.root / ".lock"), timeout=self.lock_timeout)
+        # A short poll keeps waiting writers from starving behind one that commits in a loop.
+        lock = FileLock(str(self.root / ".lock"), timeout=self.lock_timeout, poll_interval=0.005)
         with self._thread_lock:
             try:
                 lock.acquire()

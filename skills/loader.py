@@ -96,14 +96,19 @@ def _text_files(files: Mapping[str, bytes]) -> dict[str, str]:
 def _unit_files(snapshot: Snapshot, name: str) -> dict[str, bytes]:
     prefix = f"{SKILLS_DIR}/{name}/"
     return {p[len(prefix):]: snapshot.library.blobs.get(h)
-            for p, h in snapshot.unit(f"{SKILLS_DIR}/{name}").items()}
+            for p, h in snapshot.unit(f"{SKILLS_DIR}/{name}").items() if p.startswith(prefix)}
+
+
+def skill_names(snapshot: Snapshot) -> list[str]:
+    """Names of the skill folders in a version (loose files under skills/ are not skills)."""
+    return sorted({p.split("/")[1] for p in snapshot.files(f"{SKILLS_DIR}/") if p.count("/") >= 2})
 
 
 def load_skill(snapshot: Snapshot, name: str) -> Skill:
     """One skill with its text files; raises its first problem, or NotFound with the names."""
     files = _unit_files(snapshot, name)
     if not files:
-        known = snapshot.children(SKILLS_DIR)
+        known = skill_names(snapshot)
         raise NotFound(f"no skill named {name!r} in library version {snapshot.id}",
                        hint=_suggest(name, known))
     parsed, problems = check_skill_files(name, files, base=f"{SKILLS_DIR}/{name}")
@@ -126,7 +131,7 @@ def _suggest(name: str, known: Sequence[str]) -> str:
 def load_skills(snapshot: Snapshot) -> SkillSet:
     """Every skill of a version; malformed ones are reported in ``problems`` and skipped."""
     out = SkillSet(version=snapshot.id)
-    for name in snapshot.children(SKILLS_DIR):
+    for name in skill_names(snapshot):
         try:
             out.skills[name] = load_skill(snapshot, name)
         except ValidationError as exc:

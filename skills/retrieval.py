@@ -1,0 +1,177 @@
+"""Retrieval with progressive disclosure: the skills that fit a task, packed into a token budget.
+
+Level 1: the names and descriptions of the top-k matches go into the system prompt.
+Level 2: the bodies of the best few that still fit the budget.
+Level 3: anything else on demand: ``read_skill(name[, file])`` (the runtime's tool) opens any
+skill's body or one of its files, from the same library version the prompt came from.
+The token counter is injected, so the runtime passes its backend's ``count_tokens``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from engine.errors import NotFound
+from engine.prompts import render_prompt
+from library_store.store import Library, Snapshot
+from skills.format import parse_skill_md
+from skills.index import Hit, LibraryIndex, SkillSource
+from skills.loader import SKILL_FILE, SKILLS_DIR, skill_names
+
+TokenCounter = Callable[[str], int]
+
+
+def approx_tokens(text: str) -> int:
+    """A tokenizer-free estimate (4 characters a token), for callers without a backend."""
+    return (len(text) + 3) // 4
+
+
+@dataclass(frozen=True)
+class SkillMatch:
+    """A retrieved skill and its cosine similarity to the task."""
+
+    name: str
+    description: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    """What ``SkillRetriever.retrieve`` put in front of the model, for the prompt and the trace.
+
+    ``shown``: skills listed by name and description; ``with_body``: those whose full body was
+    included too; ``matches``: everything retrieved, in rank order, shown or not.
+    """
+
+    prompt: str
+    version: str
+    matches: tuple[SkillMatch, ...] = ()
+    shown: tuple[str, ...] = ()
+    with_body: tuple[str, ...] = ()
+    tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["matches"] = [asdict(m) for m in self.matches]
+        d["shown"], d["with_body"] = list(self.shown), list(self.with_body)
+        return d
+
+
+def skill_body(snapshot: Snapshot, name: str) -> str:
+    """A skill's instructions (``SKILL.md`` without front matter)."""
+    path = f"{SKILLS_DIR}/{name}/{SKILL_FILE}"
+    text = snapshot.read_text(path)
+    parsed = parse_skill_md(text, path=path, folder=name)
+    return parsed.skill.body if parsed.skill is not None else text
+
+
+def read_skill(snapshot: Snapshot, name: str, file: str | None = None) -> str:
+    """What the ``read_skill`` tool returns: a skill's body and its file list, or one file.
+
+    A wrong name or file raises ``NotFound`` whose hint lists what exists.
+    """
+    unit = snapshot.unit(f"{SKILLS_DIR}/{name}")
+    if not unit:
+        known = skill_names(snapshot)
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = (f"did you mean {', '.join(close)}? " if close else "") + \
+            f"available skills: {', '.join(known) if known else 'none'}"
+        raise NotFound(f"no skill named {name!r}", hint=hint)
+    prefix = f"{SKILLS_DIR}/{name}/"
+    rel_files = sorted(p[len(prefix):] for p in unit if p != prefix + SKILL_FILE)
+    if file is None or file in ("", SKILL_FILE):
+        body = skill_body(snapshot, name)
+        if rel_files:
+            body = body.rstrip("\n") + "\n\nFiles in this skill: " + ", ".join(rel_files) + "\n"
+        return body
+    rel = file.removeprefix(prefix).lstrip("/")
+    if rel not in rel_files:
+        raise NotFound(f"skill {name!r} has no file {file!r}",
+                       hint=f"its files: {', '.join(rel_files) if rel_files else 'none'}")
+    data = snapshot.read_bytes(prefix + rel)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"({rel} is a binary file of {len(data)} bytes and cannot be shown as text)"
+
+
+class SkillRetriever:
+    """Top-k skills for a task, packed into ``budget_tokens`` with progressive disclosure.
+
+    ``min_score`` drops matches whose cosine similarity is below it (None keeps all k).
+    """
+
+    def __init__(self, library: Library, index: LibraryIndex | None = None, *,
+                 count_tokens: TokenCounter | None = None, k: int = 5,
+                 budget_tokens: int = 1500, max_bodies: int = 2,
+                 min_score: float | None = None) -> None:
+        self.library = library
+        self.index = index or LibraryIndex(library)
+        self.count_tokens = count_tokens or approx_tokens
+        self.k = k
+        self.budget_tokens = budget_tokens
+        self.max_bodies = max_bodies
+        self.min_score = min_score
+
+    def search(self, task: str | None, *, snapshot: Snapshot | None = None, k: int | None = None,
+               query_vector: np.ndarray | None = None) -> list[SkillMatch]:
+        """The ``k`` skills nearest to ``task`` in ``snapshot`` (current version by default)."""
+        snap = snapshot or self.library.snapshot()
+        self.index.ensure(snap)
+        vector = query_vector if query_vector is not None else self.index.embed_query(task or "")
+        hits = self.index.query(vector, kind="skill", k=k or self.k)
+        return [m for m in (self._match(snap, h) for h in hits) if m is not None
+                and (self.min_score is None or m.score >= self.min_score)]
+
+    def _match(self, snap: Snapshot, hit: Hit) -> SkillMatch | None:
+        # Trust the index only for the version it was built from: check the content hash.
+        path = f"{SKILLS_DIR}/{hit.key}/{SKILL_FILE}"
+        digest = snap.hash_of(path)
+        if digest is None:
+            return None
+        if digest == hit.hash and "description" in hit.metadata:
+            return SkillMatch(hit.key, str(hit.metadata["description"]), hit.score)
+        doc = SkillSource().document(snap, hit.key)
+        return None if doc is None else SkillMatch(hit.key, doc.metadata["description"],
+                                                   hit.score)
+
+    def retrieve(self, task: str, *, snapshot: Snapshot | None = None, k: int | None = None,
+                 budget_tokens: int | None = None, max_bodies: int | None = None,
+                 query_vector: np.ndarray | None = None) -> Retrieval:
+        """The skills prompt for ``task``. Pass ``query_vector`` to skip embedding the task."""
+        snap = snapshot or self.library.snapshot()
+        budget = self.budget_tokens if budget_tokens is None else budget_tokens
+        bodies_max = self.max_bodies if max_bodies is None else max_bodies
+        matches = self.search(task, snapshot=snap, k=k, query_vector=query_vector)
+        entries = [f"- {m.name}: {' '.join(m.description.split())}" for m in matches]
+
+        def render(n: int, bodies: Sequence[str]) -> str:
+            return render_prompt("skills_retrieved", skills="\n".join(entries[:n]),
+                                 bodies="\n".join(bodies)).rstrip() + "\n"
+
+        n = len(entries)
+        while n > 0 and self.count_tokens(render(n, [])) > budget:
+            n -= 1  # the weakest matches go first
+        if n == 0:
+            return Retrieval(prompt="", version=snap.id, matches=tuple(matches))
+        bodies: list[str] = []
+        with_body: list[str] = []
+        for m in matches[:n]:
+            if len(with_body) >= bodies_max:
+                break
+            section = f"\n## Skill: {m.name}\n\n{skill_body(snap, m.name).strip()}\n"
+            if self.count_tokens(render(n, bodies + [section])) <= budget:
+                bodies.append(section)
+                with_body.append(m.name)
+        prompt = render(n, bodies)
+        return Retrieval(prompt=prompt, version=snap.id, matches=tuple(matches),
+                         shown=tuple(m.name for m in matches[:n]), with_body=tuple(with_body),
+                         tokens=self.count_tokens(prompt))
+
+    def read(self, name: str, file: str | None = None, *, version: str | None = None) -> str:
+        """``read_skill`` against ``version`` (use ``Retrieval.version`` for consistency)."""
+        return read_skill(self.library.snapshot(version), name, file)
