@@ -1,0 +1,471 @@
+"""``whetstone library ...`` and ``whetstone skill new``: look after the versioned library.
+
+Thin: every command is one call into ``library_store`` / ``skills``. Human-readable output with
+rich, ``--json`` for machines; errors become a message, a hint and the exit code of their class.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from engine.commands.common import (
+    console, default_library_path, emit_json, handle_errors, json_option, library_option,
+)
+from engine.errors import LibraryError, NotFound, ValidationError
+from library_store.store import Library, Manifest
+from skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path, validate_snapshot
+from skills.retrieval import read_skill
+from skills.transfer import export_skills, import_skills, new_skill_changes, scaffold_skill
+
+
+def _open(path: Path | None) -> Library:
+    return Library.open(path or default_library_path())
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _manifest_dict(m: Manifest) -> dict[str, Any]:
+    return {"id": m.id, "parent": m.parent, "created": m.created, "method": m.method,
+            "message": m.message, "scores": dict(m.scores), "costs": dict(m.costs),
+            "counts": dict(m.counts)}
+
+
+def _problem_dict(e: ValidationError) -> dict[str, Any]:
+    return {"path": e.path, "line": e.line, "rule": e.rule, "detail": e.detail, "hint": e.hint}
+
+
+def _print_problems(problems: list[ValidationError], *, title: str) -> None:
+    out = console()
+    out.print(f"[bold red]{title}[/] ({len(problems)})", markup=True)
+    for e in problems:
+        where = f"{e.path}:{e.line}" if e.line is not None else e.path
+        out.print(f"  {escape(where)}: [yellow]\\[{e.rule}][/] {escape(e.detail)}", markup=True,
+                  soft_wrap=True)
+
+
+@click.group("library")
+def library_group() -> None:
+    """The versioned library of skills and policy notes (init, ls, log, diff, rollback, ...)."""
+
+
+@library_group.command("init")
+@library_option
+@json_option
+@handle_errors
+def init_cmd(library_path: Path | None, as_json: bool) -> None:
+    """Create an empty library (nothing happens if one exists)."""
+    path = library_path or default_library_path()
+    existed = Library(path).is_initialized()
+    lib = Library.init(path)
+    if as_json:
+        emit_json({"library": str(lib.root), "version": lib.current_id(), "created": not existed})
+        return
+    verb = "already exists" if existed else "created"
+    console().print(f"library {verb} at [bold]{escape(str(lib.root))}[/] "
+                    f"(version {lib.current_id()})", markup=True)
+
+
+@library_group.command("ls")
+@click.option("--version", "version", default=None, help="Version to list (default: current).")
+@library_option
+@json_option
+@handle_errors
+def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
+    """List the skills (and policy files) of a version."""
+    lib = _open(library_path)
+    snap = lib.snapshot(version)
+    loaded = load_skills(snap)
+    policies = sorted(snap.files("policies/"))
+    if as_json:
+        emit_json({"version": snap.id,
+                   "skills": [{"name": s.name, "description": s.description,
+                               "files": sorted(s.files)} for s in loaded.skills.values()],
+                   "policies": policies,
+                   "problems": [_problem_dict(e) for e in loaded.problems]})
+        return
+    table = Table(title=f"skills in {snap.id} ({len(loaded.skills)})", show_lines=False)
+    table.add_column("name", style="bold")
+    table.add_column("description")
+    table.add_column("files", justify="right")
+    for s in loaded.skills.values():
+        desc = " ".join(s.description.split())
+        table.add_row(s.name, desc if len(desc) <= 90 else desc[:89] + "…", str(len(s.files)))
+    console().print(table)
+    if policies:
+        console().print("policies: " + ", ".join(policies))
+    if loaded.problems:
+        _print_problems(loaded.problems, title="skills that could not be loaded")
+
+
+@library_group.command("show")
+@click.argument("name")
+@click.option("--file", "file", default=None, help="Show one of the skill's files instead.")
+@click.option("--version", "version", default=None, help="Version to read (default: current).")
+@library_option
+@json_option
+@handle_errors
+def show_cmd(name: str, file: str | None, version: str | None, library_path: Path | None,
+             as_json: bool) -> None:
+    """Show a skill (its SKILL.md or one file), or a version when NAME is a version id."""
+    lib = _open(library_path)
+    snap = lib.snapshot(version)
+    if not snap.unit(f"{SKILLS_DIR}/{name}") and (name.startswith("v") or name == "current"):
+        try:
+            m = lib.manifest(name)
+        except NotFound:
+            m = None
+        if m is not None:
+            changes = lib.changes(m.id)
+            if as_json:
+                emit_json({**_manifest_dict(m), "changes": {
+                    p: ("deleted" if new is None else "added" if old is None else "modified")
+                    for p, (old, new) in changes.items()}})
+                return
+            out = console()
+            out.print(f"[bold]{m.id}[/] parent {m.parent or '-'}  {_when(m.created)}  "
+                      f"[cyan]{escape(m.method)}[/]  {escape(m.message)}", markup=True)
+            for key in ("scores", "costs"):
+                if getattr(m, key):
+                    out.print(f"  {key}: {dict(getattr(m, key))}", markup=False)
+            for p, (old, new) in changes.items():
+                mark = "-" if new is None else "+" if old is None else "M"
+                out.print(f"  {mark} {p}", markup=False)
+            return
+    if file is not None:
+        text = read_skill(snap, name, file)
+    else:
+        text = snap.read_text(skill_path(name)) if snap.exists(skill_path(name)) else \
+            read_skill(snap, name)  # raises NotFound listing the skills
+    if as_json:
+        emit_json({"version": snap.id, "skill": name, "file": file or "SKILL.md", "text": text,
+                   "files": sorted(p.split("/", 2)[2] for p in snap.unit(f"skills/{name}"))})
+        return
+    click.echo(text, nl=not text.endswith("\n"))
+
+
+@library_group.command("log")
+@click.option("--limit", "-n", type=int, default=None, help="Show at most N versions.")
+@library_option
+@json_option
+@handle_errors
+def log_cmd(limit: int | None, library_path: Path | None, as_json: bool) -> None:
+    """The versions, newest first."""
+    lib = _open(library_path)
+    versions = lib.log(limit)
+    if as_json:
+        emit_json([_manifest_dict(m) for m in versions])
+        return
+    table = Table(title=f"library log ({lib.root})")
+    for col in ("version", "parent", "time", "method", "files", "change", "message", "scores"):
+        table.add_column(col)
+    for m in versions:
+        c = m.counts
+        change = f"+{c.get('added', 0)} ~{c.get('modified', 0)} -{c.get('deleted', 0)}"
+        scores = ", ".join(f"{k}={v}" for k, v in m.scores.items())
+        table.add_row(m.id, m.parent or "-", _when(m.created), m.method,
+                      str(c.get("files", "")), change, m.message[:60], scores[:40])
+    console().print(table)
+
+
+@library_group.command("diff")
+@click.argument("v1")
+@click.argument("v2", required=False, default="current")
+@library_option
+@json_option
+@handle_errors
+def diff_cmd(v1: str, v2: str, library_path: Path | None, as_json: bool) -> None:
+    """Unified diff of the files between two versions (V2 defaults to the current one)."""
+    lib = _open(library_path)
+    text = lib.diff(v1, v2)
+    if as_json:
+        emit_json({"from": lib.resolve(v1), "to": lib.resolve(v2), "diff": text})
+        return
+    click.echo(text or f"no differences between {lib.resolve(v1)} and {lib.resolve(v2)}",
+               nl=not text.endswith("\n"))
+
+
+@library_group.command("rollback")
+@click.argument("version")
+@click.option("--message", "-m", default="", help="Why (stored in the new version).")
+@library_option
+@json_option
+@handle_errors
+def rollback_cmd(version: str, message: str, library_path: Path | None, as_json: bool) -> None:
+    """Make a new version whose files equal VERSION's (history is kept)."""
+    lib = _open(library_path)
+    v = lib.rollback(version, validate=validate_snapshot, message=message)
+    if as_json:
+        emit_json({"version": v.id, "parent": v.parent, "rolled_back_to": lib.resolve(version)})
+        return
+    console().print(f"rolled back to {lib.resolve(version)} as new version [bold]{v.id}[/]",
+                    markup=True)
+
+
+@library_group.command("export")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--version", "version", default=None, help="Version to export (default: current).")
+@click.option("--force", is_flag=True, help="Write into an existing non-empty folder.")
+@library_option
+@json_option
+@handle_errors
+def export_cmd(path: Path, version: str | None, force: bool, library_path: Path | None,
+               as_json: bool) -> None:
+    """Export the skills as plain SKILL.md folders (PATH ending in .tar.gz: an archive)."""
+    lib = _open(library_path)
+    dest, problems = export_skills(lib, path, version=version, overwrite=force)
+    n = len(skill_names(lib.snapshot(version)))
+    if as_json:
+        emit_json({"path": str(dest), "version": lib.resolve(version), "skills": n,
+                   "problems": [_problem_dict(e) for e in problems]})
+    else:
+        console().print(f"exported {n} skill(s) from {lib.resolve(version)} to "
+                        f"[bold]{escape(str(dest))}[/]", markup=True)
+        if problems:
+            _print_problems(problems, title="exported skills that break the Agent Skills rules")
+    if problems:
+        raise SystemExit(LibraryError.exit_code)
+
+
+@library_group.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--strict", is_flag=True, help="Reject the whole import if any skill is malformed.")
+@click.option("--message", "-m", default="", help="Message of the new version.")
+@library_option
+@json_option
+@handle_errors
+def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None,
+               as_json: bool) -> None:
+    """Import a folder (or .tar.gz) of SKILL.md skills as one new version."""
+    lib = _open(library_path)
+    report = import_skills(lib, path, strict=strict, message=message)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        out = console()
+        if report.version:
+            out.print(f"imported {len(report.imported)} skill(s) as version "
+                      f"[bold]{report.version.id}[/]", markup=True)
+        else:
+            out.print("nothing imported: the library already holds these skills", markup=False)
+        if report.unchanged:
+            out.print(f"unchanged: {', '.join(report.unchanged)}", markup=False)
+        if report.ignored:
+            out.print(f"ignored (not in a skill folder): {', '.join(report.ignored)}",
+                      markup=False)
+        if report.skipped:
+            _print_problems(list(report.skipped), title="skipped malformed skills")
+    if report.skipped:
+        raise SystemExit(LibraryError.exit_code)
+
+
+@library_group.command("validate")
+@click.option("--version", "version", default=None, help="Version to check (default: current).")
+@library_option
+@json_option
+@handle_errors
+def validate_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
+    """Check every skill against the Agent Skills rules and every file against its hash."""
+    lib = _open(library_path)
+    snap = lib.snapshot(version)
+    problems = validate_snapshot(snap)
+    integrity = lib.verify(snap.id)
+    if as_json:
+        emit_json({"version": snap.id, "ok": not problems and not integrity,
+                   "problems": [_problem_dict(e) for e in problems], "integrity": integrity})
+    else:
+        out = console()
+        if problems:
+            _print_problems(problems, title=f"problems in {snap.id}")
+        for line in integrity:
+            out.print(f"[bold red]integrity:[/] {escape(line)}", markup=True)
+        if not problems and not integrity:
+            n = len(skill_names(snap))
+            out.print(f"[green]ok[/]: {snap.id} holds {n} valid skill(s); every file matches "
+                      "its hash", markup=True)
+    if problems or integrity:
+        raise SystemExit(LibraryError.exit_code)
+
+
+@library_group.command("reindex")
+@library_option
+@json_option
+@handle_errors
+def reindex_cmd(library_path: Path | None, as_json: bool) -> None:
+    """Rebuild the retrieval index from the files of the current version."""
+    from skills.index import LibraryIndex
+
+    lib = _open(library_path)
+    start = time.perf_counter()
+    with console(stderr=True).status("embedding and indexing ...", spinner="dots"):
+        index = LibraryIndex(lib)
+        try:
+            counts = index.rebuild()
+        finally:
+            index.close()
+    took = time.perf_counter() - start
+    if as_json:
+        emit_json({"version": lib.current_id(), "documents": counts, "seconds": round(took, 3)})
+        return
+    summary = ", ".join(f"{n} {kind}(s)" for kind, n in counts.items()) or "no documents"
+    console().print(f"index rebuilt for {lib.current_id()}: {summary} in {took:.1f} s",
+                    markup=False)
+
+
+@library_group.command("status")
+@library_option
+@json_option
+@handle_errors
+def status_cmd(library_path: Path | None, as_json: bool) -> None:
+    """Files under skills/ and policies/ edited by hand since the current version."""
+    lib = _open(library_path)
+    edits = lib.edits()
+    if as_json:
+        emit_json({"version": lib.current_id(), **edits.to_dict()})
+        return
+    if not edits:
+        console().print(f"no hand edits: the files match {lib.current_id()}", markup=False)
+        return
+    for mark, paths in (("M", edits.modified), ("+", edits.added), ("-", edits.deleted)):
+        for p in paths:
+            click.echo(f"{mark} {p}")
+
+
+@library_group.command("commit")
+@click.option("--message", "-m", required=True, help="What the hand edits change, and why.")
+@library_option
+@json_option
+@handle_errors
+def commit_cmd(message: str, library_path: Path | None, as_json: bool) -> None:
+    """Make a version from hand edits under skills/ and policies/ (validated first)."""
+    lib = _open(library_path)
+    v = lib.commit_view(message=message, validate=validate_snapshot)
+    if as_json:
+        emit_json({"version": v.id, "parent": v.parent})
+        return
+    console().print(f"committed hand edits as version [bold]{v.id}[/]", markup=True)
+
+
+# -- candidates ---------------------------------------------------------------------------
+
+
+@library_group.group("candidates")
+def candidates_group() -> None:
+    """Changes the regression gate rejected, kept to inspect or apply by hand."""
+
+
+@candidates_group.command("ls")
+@library_option
+@json_option
+@handle_errors
+def candidates_ls(library_path: Path | None, as_json: bool) -> None:
+    """List the kept candidates."""
+    found = _open(library_path).candidates.list()
+    if as_json:
+        emit_json([c.to_dict() for c in found])
+        return
+    if not found:
+        console().print("no candidates", markup=False)
+        return
+    table = Table(title="candidates")
+    for col in ("name", "base", "time", "method", "files", "scores", "message"):
+        table.add_column(col)
+    for c in found:
+        scores = ", ".join(f"{k}={v}" for k, v in c.scores.items())
+        table.add_row(c.name, c.base, _when(c.created), c.method, str(len(c.changes)), scores,
+                      c.message[:60])
+    console().print(table)
+
+
+@candidates_group.command("show")
+@click.argument("name")
+@library_option
+@json_option
+@handle_errors
+def candidates_show(name: str, library_path: Path | None, as_json: bool) -> None:
+    """A candidate's scores and its diff against the current version."""
+    store = _open(library_path).candidates
+    cand = store.get(name)
+    diff, conflicts = store.diff(name), store.conflicts(name)
+    if as_json:
+        emit_json({**cand.to_dict(), "diff": diff, "conflicts": conflicts})
+        return
+    out = console()
+    out.print(f"[bold]{cand.name}[/] ({cand.method}, based on {cand.base}, "
+              f"{_when(cand.created)}) {escape(cand.message)}", markup=True)
+    for key in ("scores", "costs"):
+        if getattr(cand, key):
+            out.print(f"  {key}: {dict(getattr(cand, key))}", markup=False)
+    if conflicts:
+        out.print(f"[yellow]changed since {cand.base}:[/] {', '.join(conflicts)}", markup=True)
+    click.echo(diff or "(no difference from the current version)")
+
+
+@candidates_group.command("apply")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Apply even if its files changed since its base.")
+@library_option
+@json_option
+@handle_errors
+def candidates_apply(name: str, force: bool, library_path: Path | None, as_json: bool) -> None:
+    """Commit a candidate as a new version (validated like any commit)."""
+    v = _open(library_path).candidates.apply(name, validate=validate_snapshot, force=force)
+    if as_json:
+        emit_json({"version": v.id, "parent": v.parent, "candidate": name})
+        return
+    console().print(f"applied candidate {escape(name)} as version [bold]{v.id}[/]", markup=True)
+
+
+@candidates_group.command("drop")
+@click.argument("name")
+@library_option
+@json_option
+@handle_errors
+def candidates_drop(name: str, library_path: Path | None, as_json: bool) -> None:
+    """Forget a candidate."""
+    _open(library_path).candidates.drop(name)
+    if as_json:
+        emit_json({"dropped": name})
+        return
+    console().print(f"dropped candidate {escape(name)}", markup=True)
+
+
+# -- skill ----------------------------------------------------------------------------------
+
+
+@click.group("skill")
+def skill_group() -> None:
+    """Create skills."""
+
+
+@skill_group.command("new")
+@click.argument("name")
+@click.option("--description", "-d", default=None, help="What the skill does and when to use it.")
+@library_option
+@json_option
+@handle_errors
+def skill_new(name: str, description: str | None, library_path: Path | None,
+              as_json: bool) -> None:
+    """Add a scaffolded skill NAME (validated), ready to edit under skills/NAME/SKILL.md."""
+    lib = _open(library_path)
+    if lib.snapshot().unit(f"{SKILLS_DIR}/{name}"):
+        raise LibraryError(f"skill {name!r} already exists",
+                           hint=f"edit {lib.root / skill_path(name)} and run "
+                                "`whetstone library commit -m ...`")
+    skill = scaffold_skill(name, description)
+    v = lib.commit(new_skill_changes(skill), method="skill new", message=f"new skill {name}",
+                   validate=validate_snapshot)
+    target = lib.root / skill_path(name)
+    if as_json:
+        emit_json({"version": v.id, "skill": name, "path": str(target)})
+        return
+    console().print(f"created skill [bold]{name}[/] in version {v.id}: edit "
+                    f"{escape(str(target))}, then `whetstone library commit -m ...`", markup=True)
+
