@@ -225,3 +225,14 @@ def test_direct_solver_records_native_tool_calls_as_act_steps() -> None:
 def test_eval_result_summary_is_json_safe() -> None:
     r = EvalResult(task_set="s", scorer="exact", results=())
     assert json.loads(json.dumps(r.to_dict()))["summary"]["n"] == 0
+
+
+def test_each_task_is_scored_by_its_own_scorer_unless_one_is_given() -> None:
+    tasks = [TaskRecord(id="n", question="2+2?", expected="4", scorer="numeric"),
+             TaskRecord(id="c", question="Capital?", expected="Paris", scorer="contains")]
+    answers = {"2+2?": "It is 4 apples.", "Capital?": "It is Paris."}
+    solver = direct_solver(ScriptedBackend(responder=lambda r: answers[r.messages[-1].text]))
+    mixed = evaluate(tasks, solver)
+    assert mixed.scores == {"n": 1.0, "c": 1.0} and mixed.scorer == "contains+numeric"
+    forced = evaluate(tasks, solver, "exact")
+    assert forced.scores == {"n": 0.0, "c": 0.0} and forced.scorer == "exact"

@@ -114,7 +114,11 @@ def _print_comparison(c: Comparison) -> None:
 
 def _finish(results: list[EvalResult]) -> None:
     if any(r.partial for r in results):
-        console(stderr=True).print("[yellow]interrupted; the tasks scored so far are saved[/]")
+        err = console(stderr=True)
+        err.print("[yellow]interrupted; the tasks scored so far are saved[/]")
+        if any(r.meta.get("concurrency", 1) > 1 for r in results):
+            # Worker threads cannot be killed; Python waits for the running tasks at exit.
+            err.print("[yellow]tasks already running finish first; Ctrl-C again to quit now[/]")
         raise SystemExit(EXIT_INTERRUPTED)
     for r in results:
         if r.n and r.n_errors == r.n:

@@ -62,9 +62,9 @@ def _most_common(values: Sequence[str | None]) -> str | None:
 class _Run:
     """One evaluation in progress: runs and scores single tasks (thread-safe)."""
 
-    def __init__(self, solver: Solver, scorer: NamedScorer, seed: int, task_set: str,
-                 store: TraceStore | None, run_id: str) -> None:
-        self.solver, self.scorer, self.seed = solver, scorer, seed
+    def __init__(self, solver: Solver, scorers: dict[str, NamedScorer], seed: int,
+                 task_set: str, store: TraceStore | None, run_id: str) -> None:
+        self.solver, self.scorers, self.seed = solver, scorers, seed
         self.task_set, self.store, self.run_id = task_set, store, run_id
         self.traces: dict[str, Trace] = {}
 
@@ -84,12 +84,13 @@ class _Run:
         if not isinstance(trace, Trace):
             raise EvalError(f"the solver returned {type(trace).__name__} for task {task.id}, "
                             "not a Trace", hint="a solver is (task, seed) -> engine.types.Trace")
-        score = self.scorer(trace, task)
+        scorer = self.scorers.get("*") or self.scorers[task.scorer]
+        score = scorer(trace, task)
         tokens = trace.total_tokens or sum(st.tokens for st in trace.steps)
         duration = trace.duration_s
         latency = duration if duration is not None and duration >= 0 else wall
         meta = {**trace.meta, "task_set": self.task_set, "task_id": task.id, "seed": s,
-                "scorer": self.scorer.name, "eval_run": self.run_id}
+                "scorer": scorer.name, "eval_run": self.run_id}
         scored = trace.with_(score=score, label=_label_text(task.expected), meta=meta)
         if self.store is not None:
             self.store.append(scored)
@@ -144,8 +145,8 @@ def evaluate(
 ) -> EvalResult:
     """Run every task through ``solver`` and score it.
 
-    ``scorer``: a name, a function ``(prediction, task) -> float`` or ``None`` for the set's
-    default. Each scored trace is appended to ``store`` with its score, its expected answer as
+    ``scorer``: a name or a function ``(prediction, task) -> float`` used for every task, or
+    ``None``: each task's own ``scorer``. Each scored trace is appended to ``store`` with its score, its expected answer as
     label, and ``meta`` holding task_set, task_id, seed, scorer and eval_run. A solver exception
     scores its task 0 (recorded in ``TaskResult.error``) unless it would hit every task (bad
     config, missing model, unreachable backend): then the run stops and the error is raised.
@@ -156,16 +157,19 @@ def evaluate(
         raise EvalError(f"concurrency must be >= 1, got {concurrency}", hint="e.g. --concurrency 4")
     task_list = tuple(tasks)
     name = task_set or (tasks.name if isinstance(tasks, TaskSet) else "tasks")
-    default = tasks.scorer if isinstance(tasks, TaskSet) else (
-        task_list[0].scorer if task_list else "normalised")
-    scorer_fn = as_scorer(scorer, default)
+    # Resolve every scorer before any task runs, so a bad name fails fast.
+    if scorer is not None:
+        scorers = {"*": as_scorer(scorer, "")}
+    else:
+        scorers = {n: as_scorer(n, n) for n in sorted({t.scorer for t in task_list})}
+    scorer_name = ("+".join(s.name for s in scorers.values()) if scorers else "none")
     ids = [t.id for t in task_list]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
         raise EvalError(f"task ids must be unique; repeated: {dup}",
                         hint="results are paired by task id; give every task its own id")
     run_id = uuid.uuid4().hex[:12]
-    run = _Run(solver, scorer_fn, seed, name, store, run_id)
+    run = _Run(solver, scorers, seed, name, store, run_id)
     done: dict[int, TaskResult] = {}
     started = time.time()
     partial = False
@@ -183,7 +187,7 @@ def evaluate(
         partial, fatal = True, exc
     traces = list(run.traces.values())
     result = EvalResult(
-        task_set=name, scorer=scorer_fn.name,
+        task_set=name, scorer=scorer_name,
         results=tuple(done[i] for i in sorted(done)),
         model=model if model is not None else (_most_common([t.model for t in traces]) or ""),
         library_version=library_version if library_version is not None else _most_common(
