@@ -19,6 +19,7 @@ from engine.evaluation.tasks import (
     read_jsonl,
     select,
     split_of,
+    tasks_from_traces,
     write_jsonl,
 )
 from engine.types import Message
@@ -212,3 +213,20 @@ def test_data_packages_are_found_without_being_imported() -> None:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(EvalError, match="does not exist"):
         load_tasks(str(tmp_path / "nope.jsonl"))
+
+
+def test_labelled_traces_become_tasks() -> None:
+    from engine.types import Trace
+
+    traces = [
+        Trace(id="t1", task="2+2?", label="4", meta={"task_id": "add", "scorer": "numeric"}),
+        Trace(id="t2", task="2+2?", label="4", meta={"task_id": "add"}),  # same task again
+        Trace(id="t3", task="no label"),
+        Trace(id="t4", task="call f", label='[{"f": {"x": [1]}}]'),
+        Trace(id="t5", task="", label="x"),  # no prompt: reported, skipped
+    ]
+    ts = tasks_from_traces(traces)
+    assert [t.id for t in ts] == ["add", "t4"]
+    assert ts[0].scorer == "numeric" and ts[0].expected == "4"
+    assert ts[1].expected == [{"f": {"x": [1]}}] and ts[1].scorer == "normalised"
+    assert len(ts.problems) == 1 and "trace t5" in ts.problems[0]

@@ -24,7 +24,14 @@ from engine.evaluation.runner import Solver, evaluate, task_seed
 from engine.evaluation.scorers import BUILTIN as SCORERS
 from engine.evaluation.scorers import get_scorer, tool_calls_of
 from engine.evaluation.stats import mcnemar_exact, paired_bootstrap, wilson_interval
-from engine.evaluation.tasks import TaskRecord, TaskSet, read_jsonl, split_of, write_jsonl
+from engine.evaluation.tasks import (
+    TaskRecord,
+    TaskSet,
+    read_jsonl,
+    split_of,
+    tasks_from_traces,
+    write_jsonl,
+)
 
 __all__ = [
     "BENCHMARKS",
@@ -55,6 +62,7 @@ __all__ = [
     "run_gate",
     "split_of",
     "task_seed",
+    "tasks_from_traces",
     "tool_calls_of",
     "wilson_interval",
     "write_jsonl",

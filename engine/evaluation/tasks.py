@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import EvalError
-from engine.types import Message, messages_from
+from engine.types import Message, Trace, messages_from
 
 log = logging.getLogger(__name__)
 
@@ -256,3 +256,37 @@ def select(tasks: Sequence[TaskRecord], split: Split | None = None, start: int |
     """Keep the tasks of ``split`` (in their original order), then slice ``[start:end]``."""
     chosen = [t for t in tasks if split is None or split_of(t.id) == split]
     return tuple(chosen[start:end])
+
+
+def tasks_from_traces(traces: Sequence[Trace], scorer: str = "normalised",
+                      name: str = "traces") -> TaskSet:
+    """Labelled traces as tasks, so the gate can score a library on the traces' own tasks.
+
+    A trace needs a ``label`` (the expected answer); ``meta["task_id"]`` (set by evaluation)
+    keeps the original id, and ``meta["scorer"]`` the original scorer. A label holding a JSON
+    list or object (BFCL ground truth) is parsed back. Repeated task ids are kept once.
+    """
+    tasks: list[TaskRecord] = []
+    seen: set[str] = set()
+    problems: list[str] = []
+    for t in traces:
+        if t.label is None:
+            continue
+        task_id = str(t.meta.get("task_id") or t.id)
+        if task_id in seen:
+            continue
+        expected: Any = t.label
+        if t.label[:1] in ("[", "{"):
+            try:
+                expected = json.loads(t.label)
+            except json.JSONDecodeError:
+                pass  # plain text that starts with a bracket
+        try:
+            tasks.append(TaskRecord(id=task_id, question=t.task, expected=expected,
+                                    scorer=str(t.meta.get("scorer") or scorer),
+                                    metadata={"trace_id": t.id}))
+        except EvalError as exc:
+            problems.append(f"trace {t.id}: {exc.message}; skipped")
+            continue
+        seen.add(task_id)
+    return TaskSet(name=name, tasks=tuple(tasks), problems=tuple(problems))
