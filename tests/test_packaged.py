@@ -276,3 +276,12 @@ def test_cached_folder_reports_builder_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError):
         cached_folder("k", "a" * 64, tmp_path, build)
     assert not (tmp_path / "models" / "k").exists()
+
+
+def test_embedded_specs_list_every_variant_with_its_state() -> None:
+    from engine.backends.embedded import embedded_specs
+
+    rows = {spec: (m, ok) for spec, m, ok in embedded_specs()}
+    assert list(rows) == ["embedded", "embedded:smollm2", "embedded:qwen-1.5b"]
+    assert rows["embedded"][1] and rows["embedded:smollm2"][1]  # dependencies: installed
+    assert rows["embedded:qwen-1.5b"][1] == installed("qwen-1.5b")

@@ -9,8 +9,9 @@ backends that hold the template but not a transformers tokenizer (llama.cpp).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from engine.backends.toolcall_format import format_tool_calls
 from engine.errors import ConfigError, ModelLoadError

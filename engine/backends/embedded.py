@@ -8,12 +8,12 @@ transformers copy under the cache directory (~1 min); later loads read the copy 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from engine.backends.hf import HFBackend
 from engine.backends.model_cache import dequantized_packaged
-from engine.backends.packaged import PACKAGED_MODELS, PackagedModel
+from engine.backends.packaged import PACKAGED_MODELS, PackagedModel, installed
 from engine.backends.registry import BackendOptions
 from engine.errors import ConfigError
 
@@ -29,6 +29,16 @@ def embedded_variant(arg: str) -> PackagedModel:
                           hint=f"embedded variants: embedded (= embedded:{DEFAULT_VARIANT}), "
                                f"{known}")
     return PACKAGED_MODELS[name]
+
+
+def embedded_specs() -> list[tuple[str, PackagedModel, bool]]:
+    """(spec, model, installed) for every variant, for ``whetstone models``.
+
+    ``installed`` checks that the files are present with their pinned sizes (no hashing);
+    ``model.install_hint`` says how to install a missing one.
+    """
+    return [("embedded" if name == DEFAULT_VARIANT else f"embedded:{name}", m, installed(m))
+            for name, m in PACKAGED_MODELS.items()]
 
 
 def load_embedded(arg: str, cache_dir: Path, device: str | None = None,

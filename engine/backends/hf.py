@@ -17,8 +17,9 @@ import hashlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.backends.chat_template import template_messages, template_supports_tools
@@ -79,7 +80,7 @@ class HFBackend(Backend):
 
     @classmethod
     def from_folder(cls, folder: Path, *, name: str = "", device: str | None = None
-                    ) -> "HFBackend":
+                    ) -> HFBackend:
         """Load a transformers folder (fp32 on CPU, bf16 on a GPU)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -157,6 +158,8 @@ class HFBackend(Backend):
 
         start = time.perf_counter()
         with self._lock:
+            if self.model is None:
+                raise BackendError(f"{self.spec} was closed", hint="load the backend again")
             enc = self._encode(request)
             n_prompt = int(enc["input_ids"].shape[1])
             cfg = self._generation_config(request, n_prompt)
@@ -221,7 +224,7 @@ class HFBackend(Backend):
         def work() -> None:
             try:
                 result["completion"] = self._generate(request, streamer, cancel)
-            except BaseException as exc:  # handed to the reader below
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the reader below
                 result["error"] = exc
                 streamer.end()  # unblock the reader if generate never got to end the stream
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.backends.chat_template import (
@@ -41,6 +42,19 @@ def import_llama_cpp() -> Any:
         raise ModelNotInstalled("'llamacpp:' needs llama-cpp-python, which is not installed",
                                 hint=INSTALL_HINT) from exc
     return llama_cpp
+
+
+class _Deadline:
+    """A llama.cpp stopping criterion: ``(tokens, logits) -> bool``, true once time is up."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.at = time.monotonic() + timeout_s if timeout_s else None
+        self.fired = False
+
+    def __call__(self, tokens: Any, logits: Any) -> bool:
+        if self.at is not None and time.monotonic() >= self.at:
+            self.fired = True
+        return self.fired
 
 
 class LlamaCppBackend(Backend):
@@ -82,29 +96,20 @@ class LlamaCppBackend(Backend):
         )
         return list(self.llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
 
-    def _kwargs(self, request: Request, deadline: float | None, timed_out: list[bool]
-                ) -> dict[str, Any]:
-        llama_cpp = import_llama_cpp()
-
-        def past_deadline(tokens: Any, logits: Any) -> bool:
-            if deadline is not None and time.monotonic() >= deadline:
-                timed_out.append(True)
-                return True
-            return False
-
+    def _kwargs(self, request: Request, deadline: _Deadline) -> dict[str, Any]:
         stops = [s for s in (*request.stop, self._eos) if s]
         greedy = request.temperature <= 0
-        return dict(
-            max_tokens=request.max_tokens,
-            temperature=0.0 if greedy else request.temperature,
-            top_p=1.0 if greedy else request.top_p,
-            top_k=1 if greedy else 40,
-            min_p=0.0,
-            repeat_penalty=1.0,
-            stop=stops,
-            seed=request.seed,
-            stopping_criteria=llama_cpp.StoppingCriteriaList([past_deadline]),
-        )
+        return {
+            "max_tokens": request.max_tokens,
+            "temperature": 0.0 if greedy else request.temperature,
+            "top_p": 1.0 if greedy else request.top_p,
+            "top_k": 1 if greedy else 40,
+            "min_p": 0.0,
+            "repeat_penalty": 1.0,
+            "stop": stops,
+            "seed": request.seed,
+            "stopping_criteria": deadline,
+        }
 
     def _finish(self, request: Request, raw: str, reason: str | None, n_prompt: int,
                 n_new: int, start: float, timed_out: bool) -> Completion:
@@ -122,29 +127,27 @@ class LlamaCppBackend(Backend):
 
     def complete(self, request: Request) -> Completion:
         start = time.perf_counter()
-        timed_out: list[bool] = []
         with self._lock:
             prompt = self._prompt(request)
-            deadline = time.monotonic() + request.timeout if request.timeout else None
-            out = self.llm.create_completion(prompt, **self._kwargs(request, deadline, timed_out))
+            deadline = _Deadline(request.timeout)
+            out = self.llm.create_completion(prompt, **self._kwargs(request, deadline))
         choice = out["choices"][0]
         usage = out.get("usage") or {}
         return self._finish(request, choice.get("text") or "", choice.get("finish_reason"),
                             int(usage.get("prompt_tokens", len(prompt))),
-                            int(usage.get("completion_tokens", 0)), start, bool(timed_out))
+                            int(usage.get("completion_tokens", 0)), start, deadline.fired)
 
     def stream(self, request: Request) -> Iterator[StreamChunk]:
         start = time.perf_counter()
-        timed_out: list[bool] = []
         gate = StreamGate(request.stop, hold_tool_calls=bool(request.tools))
         parts: list[str] = []
         reason: str | None = None
         n_new = 0
         with self._lock:
             prompt = self._prompt(request)
-            deadline = time.monotonic() + request.timeout if request.timeout else None
+            deadline = _Deadline(request.timeout)
             for chunk in self.llm.create_completion(
-                prompt, stream=True, **self._kwargs(request, deadline, timed_out)
+                prompt, stream=True, **self._kwargs(request, deadline)
             ):
                 choice = chunk["choices"][0]
                 piece = choice.get("text") or ""
@@ -156,7 +159,7 @@ class LlamaCppBackend(Backend):
                         yield StreamChunk(text=shown)
                 reason = choice.get("finish_reason") or reason
         completion = self._finish(request, "".join(parts), reason, len(prompt), n_new, start,
-                                  bool(timed_out))
+                                  deadline.fired)
         rest = gate.finish(completion.text)
         if rest:
             yield StreamChunk(text=rest)

@@ -19,8 +19,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from engine.backends.packaged import PackagedModel, assemble, get_packaged
 from engine.errors import ModelLoadError

@@ -17,9 +17,9 @@ import importlib.machinery
 import importlib.util
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
 

@@ -15,23 +15,24 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from engine.types import ToolCall
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 # A block runs to its closing tag, or to the end of the text when the model never closed it.
-_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 # Where a bare call may start: a "{" opening a line (after optional indentation).
-_BARE_START = re.compile(r"^[ \t]*\{", re.M)
+_BARE_START = re.compile(r"^[ \t]*\{", re.MULTILINE)
 _BARE_NAMED = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _FENCE_BEFORE = re.compile(r"(?:^|\n)[ \t]*```[\w-]*[ \t]*\n[ \t]*\Z")
 _FENCE_AFTER = re.compile(r"\s*```[ \t]*(?:\n|\Z)")
 # For streaming: a line that may open a bare call ("{" or a code fence), even half-written.
-_CALL_LINE = re.compile(r"^[ \t]*(?:\{|`)", re.M)
+_CALL_LINE = re.compile(r"^[ \t]*(?:\{|`)", re.MULTILINE)
 
 
 def _default_id(index: int) -> str:

@@ -12,7 +12,8 @@ import asyncio
 import threading
 import time
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.backends.base import Backend, Capabilities
 from engine.backends.registry import BackendOptions
