@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion

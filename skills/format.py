@@ -16,8 +16,9 @@ that text, and when only some fields change, only their lines are rewritten.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 from filelock import FileLock, Timeout
@@ -73,6 +74,11 @@ class DocumentSource(Protocol):
         """The document for ``key``, or None when it is absent or malformed (not indexed)."""
 
 
+def skill_document_text(name: str, description: str) -> str:
+    """What is embedded for a skill. Hyphenated names read as words to the embedding model."""
+    return f"{name.replace('-', ' ')}: {description}"
+
+
 class SkillSource:
     """Skills: one document per ``skills/<name>/SKILL.md``, embedded as name + description."""
 
@@ -99,9 +105,7 @@ class SkillSource:
         if parsed.skill is None or parsed.problems:
             return None
         s = parsed.skill
-        # Hyphenated names read as words to the embedding model.
-        text = f"{s.name.replace('-', ' ')}: {s.description}"
-        return Document(self.kind, key, text, digest,
+        return Document(self.kind, key, skill_document_text(s.name, s.description), digest,
                         {"name": s.name, "description": s.description, "path": path})
 
 

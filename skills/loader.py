@@ -7,8 +7,8 @@ its problems are collected and the rest of the library loads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from engine.errors import NotFound, ValidationError
 from engine.types import Skill

@@ -10,8 +10,9 @@ The token counter is injected, so the runtime passes its backend's ``count_token
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

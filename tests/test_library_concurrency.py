@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from library_store.store import Library, version_number
@@ -66,12 +67,12 @@ def test_concurrent_writers_all_land_in_order(tmp_path: Path) -> None:
     assert lib.current_id() == f"v{total + 1}"
     log = list(reversed(lib.log()))
     assert [m.id for m in log] == [f"v{n}" for n in range(1, total + 2)]
-    assert all(m.parent == prev.id for prev, m in zip(log, log[1:]))
-    assert all(m.created >= prev.created for prev, m in zip(log, log[1:]))
+    assert all(m.parent == prev.id for prev, m in pairwise(log))
+    assert all(m.created >= prev.created for prev, m in pairwise(log))
     landed = [m.message for m in log[1:]]
     assert sorted(landed) == sorted(f"w{w}-{i}" for w in range(WRITERS) for i in range(COMMITS))
     order = [m.method for m in log[1:]]
-    switches = sum(a != b for a, b in zip(order, order[1:]))
+    switches = sum(a != b for a, b in pairwise(order))
     assert switches >= 2 * WRITERS, f"writers did not contend: {order}"
     for w in range(WRITERS):  # each writer's commits in its own order
         mine = [int(msg.split("-")[1]) for msg in landed if msg.startswith(f"w{w}-")]

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from library_store.fsutil import sha256_bytes
@@ -100,8 +101,8 @@ def check_library(root: Path, lines: list[str]) -> tuple[int, bool]:
     """Asserts the invariants; returns the committed k and whether the kill hit a commit."""
     from skills.loader import validate_snapshot
 
-    started = [int(x) for a, x in zip(lines, lines[1:]) if a == "start"]
-    done = [int(x) for a, x in zip(lines, lines[1:]) if a == "done"]
+    started = [int(x) for a, x in pairwise(lines) if a == "start"]
+    done = [int(x) for a, x in pairwise(lines) if a == "done"]
     lib = Library.open(root)  # opening repairs the view after a crash
     k = version_number(lib.current_id()) - 1
     last_done = max(done, default=k if not started else started[0] - 1)

@@ -10,7 +10,10 @@ import pytest
 
 from engine.errors import ModelNotInstalled
 from library_store.embeddings import (
-    CHROMA_EF_NAME, TextEmbedder, chroma_embedding_function, packaged_minilm_dir,
+    CHROMA_EF_NAME,
+    TextEmbedder,
+    chroma_embedding_function,
+    packaged_minilm_dir,
 )
 
 

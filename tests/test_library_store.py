@@ -90,7 +90,7 @@ def test_bad_content_is_rejected(lib: Library) -> None:
 def test_a_rejected_change_leaves_the_current_version(lib: Library) -> None:
     seen: list[list[str]] = []
 
-    def validator(snap, changed):  # noqa: ANN001, ANN202
+    def validator(snap, changed):
         seen.append(list(changed))
         assert snap.read_text("skills/a/SKILL.md") == "bad"  # the new version, written aside
         return [ValidationError("skills/a/SKILL.md", "rule-one", "first", line=1),

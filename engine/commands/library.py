@@ -15,7 +15,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.commands.common import (
-    console, default_library_path, emit_json, handle_errors, json_option, library_option,
+    console,
+    default_library_path,
+    emit_json,
+    handle_errors,
+    json_option,
+    library_option,
 )
 from engine.errors import LibraryError, NotFound, ValidationError
 from library_store.store import Library, Manifest
