@@ -41,17 +41,14 @@ def _short(value: Any, limit: int = 400) -> str:
 def _print_step(out: Any, step: Any) -> None:
     """One line (or a few) per step, in the ReAct vocabulary users know."""
     if step.kind == "think" and step.output:
-        thought = step.output.get("thought") or ""
-        if thought:
+        thought = (step.output.get("thought") or "").strip()
+        answer_only = step.output.get("parsed") == "answer" and \
+            thought == (step.output.get("completion", {}).get("text") or "").strip()
+        if thought and not answer_only:
             out.print(f"[cyan]Thought:[/] {_short(thought, 1200)}", markup=True, soft_wrap=True)
-        calls = step.output.get("completion", {}).get("tool_calls") or []
         meta = step.meta or {}
         out.print(f"[dim]  ({meta.get('completion_tokens', 0)} tokens, "
                   f"{meta.get('latency_s', 0):.1f} s)[/]", markup=True)
-        for c in calls:
-            fn = c.get("function", c)
-            out.print(f"[magenta]Action:[/] {fn['name']}({_short(fn.get('arguments', ''))})",
-                      markup=True, soft_wrap=True)
     elif step.kind == "think" and step.error:
         out.print(f"[red]Model call failed:[/] {step.error}", markup=True)
     elif step.kind == "act":

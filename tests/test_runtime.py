@@ -60,8 +60,10 @@ def test_native_tool_calls_use_tool_messages() -> None:
     first, second = backend.requests
     assert [t["function"]["name"] for t in first.tools] == ["calculator", "python"]
     assert "Action:" not in first.messages[0].text  # the model's own format, no ReAct text
-    assert second.messages[-1].role == "tool" and second.messages[-1].text == "391"
-    assert second.messages[-2].tool_calls[0].name == "calculator"
+    assert second.messages[-2].role == "tool" and second.messages[-2].text == "391"
+    assert second.messages[-3].tool_calls[0].name == "calculator"
+    # The reminder that small models need to stop calling tools (RunConfig.after_tool_nudge).
+    assert second.messages[-1].role == "user" and "reply in plain text" in second.messages[-1].text
     assert trace.steps[2].input == {"tool": "calculator", "arguments": {"expression": "17*23"}}
 
 
@@ -78,7 +80,7 @@ def test_bad_native_arguments_become_an_observation() -> None:
     trace = Agent(backend).run("17*23?")
     act = trace.steps[2]
     assert act.error and "not valid JSON" in act.error
-    assert "not valid JSON" in backend.requests[1].messages[-1].text
+    assert "not valid JSON" in backend.requests[1].messages[-2].text
     assert trace.answer == "391"
 
 
@@ -274,3 +276,23 @@ def test_abandoning_the_stream_records_an_interrupted_run(tmp_path: Path) -> Non
     events.close()
     trace = store.get("gone")
     assert trace.outcome == "interrupted" and trace.meta["reason"] == "interrupted by the caller"
+
+
+def test_repeated_calls_run_once_and_the_model_is_told() -> None:
+    # Observed with the embedded 0.5B model: 30 copies of one call in a reply, then again.
+    same = {"name": "calculator", "arguments": {"expression": "391"}}
+    backend = ScriptedBackend([
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "17*23"}}]},
+        {"tool_calls": [same] * 30},
+        {"tool_calls": [same]},
+        "Final Answer: 391",
+    ], tool_calls=True)
+    trace = Agent(backend).run("17*23?")
+    acts = [s for s in trace.steps if s.kind == "act"]
+    assert len(acts) == 3  # 1 + 1 (29 duplicates dropped) + 1 repeat
+    assert trace.steps[3].meta["duplicate_calls_dropped"] == 29
+    assert len(backend.requests[2].messages[-3].tool_calls) == 1  # history holds what ran
+    assert "already made this exact call" in acts[2].output["observation"]
+    assert trace.answer == "391"
+    # After a repeat the next decision is offered no tools, so the model has to answer.
+    assert backend.requests[2].tools and not backend.requests[3].tools

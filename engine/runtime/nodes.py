@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from engine.errors import BackendError
 from engine.prompts import load_prompt, render_prompt
-from engine.runtime.parse import Parsed, parse_reply
+from engine.runtime.parse import ParsedCall, parse_reply
 from engine.runtime.state import AgentContext, AgentState
 from engine.types import Completion, Request, Step, Trace
 
@@ -83,7 +83,7 @@ def _request(state: AgentState, ctx: AgentContext) -> Request:
     cfg = ctx.config
     messages = [{"role": "system", "content": state["system"]}, *state.get("messages", [])]
     tools: list[Mapping[str, Any]] = []
-    if ctx.native:
+    if ctx.native and not state.get("force_answer"):
         tools = [*ctx.toolbox.schemas(), *(state.get("answer_tools") or [])]
     remaining_time = cfg.timeout_s - (time.time() - ctx.clock_start)
     seed = None if cfg.seed is None else cfg.seed + state.get("n_calls", 0)
@@ -99,13 +99,37 @@ def _request(state: AgentState, ctx: AgentContext) -> Request:
     )
 
 
-def _assistant_message(completion: Completion, parsed: Parsed, native: bool) -> dict[str, Any]:
+MAX_CALLS_PER_STEP = 4
+
+
+def _call_key(name: str, arguments: str) -> str:
+    try:
+        return name + json.dumps(json.loads(arguments), sort_keys=True)
+    except (json.JSONDecodeError, TypeError):
+        return name + " ".join(arguments.split())
+
+
+def _unique_calls(calls: tuple[ParsedCall, ...]) -> tuple[list[ParsedCall], int]:
+    """Small models sometimes repeat one call dozens of times in a reply: run each once."""
+    seen: set[str] = set()
+    out: list[ParsedCall] = []
+    for c in calls:
+        key = _call_key(c.name, c.arguments)
+        if key not in seen and len(out) < MAX_CALLS_PER_STEP:
+            seen.add(key)
+            out.append(c)
+    return out, len(calls) - len(out)
+
+
+def _assistant_message(completion: Completion, calls: list[ParsedCall], native: bool
+                       ) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant", "content": completion.text}
-    if native and parsed.kind == "action" and parsed.calls:
+    if native and calls:
+        # Only the calls we run go into the history, so every call has exactly one result.
         msg["tool_calls"] = [
             {"id": c.id or f"call_{i}", "type": "function",
              "function": {"name": c.name, "arguments": c.arguments}}
-            for i, c in enumerate(parsed.calls)
+            for i, c in enumerate(calls)
         ]
     return msg
 
@@ -130,20 +154,21 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     parsed = parse_reply(completion, native=ctx.native,
                          tool_names=_all_tool_names(state, ctx))
     update: dict[str, Any] = {
+        "force_answer": False,
         "n_calls": state.get("n_calls", 0) + 1,
         "tokens": state.get("tokens", 0) + completion.total_tokens,
         "pending": [],
     }
     messages = list(state.get("messages", []))
-    messages.append(_assistant_message(completion, parsed, ctx.native))
+    calls, dropped = _unique_calls(parsed.calls) if parsed.kind == "action" else ([], 0)
+    calls = [c if c.id else ParsedCall(c.name, c.arguments, f"call_{state.get('n_calls', 0)}_{i}",
+                                       c.native) for i, c in enumerate(calls)]
+    messages.append(_assistant_message(completion, calls, ctx.native))
     route = "finish"
     error = None
     if parsed.kind == "action":
-        update["pending"] = [
-            {"id": c.id or f"call_{state.get('n_calls', 0)}_{i}", "name": c.name,
-             "arguments": c.arguments, "native": c.native}
-            for i, c in enumerate(parsed.calls)
-        ]
+        update["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments,
+                              "native": c.native} for c in calls]
         route = "act"
     elif parsed.kind == "answer":
         update["answer"] = parsed.answer
@@ -166,7 +191,8 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         tokens=completion.total_tokens, started=start, duration_s=time.time() - start,
         error=None, route=route,
         meta={"latency_s": completion.latency_s, "prompt_tokens": completion.prompt_tokens,
-              "completion_tokens": completion.completion_tokens},
+              "completion_tokens": completion.completion_tokens,
+              **({"duplicate_calls_dropped": dropped} if dropped else {})},
     )]
     if error is not None:
         steps.append(_step("observe", "think", input={"raw": completion.text},
@@ -193,6 +219,8 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     answer_tools = _answer_tool_names(state)
     answer_calls: list[dict[str, Any]] = []
     observations: list[str] = []
+    repeated = False
+    earlier = _earlier_results(state)
     for call in state.get("pending") or []:
         name, raw = call["name"], call["arguments"]
         start = time.time()
@@ -210,8 +238,13 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                                output={"observation": None, "answer_call": True},
                                started=start, route="finish"))
             continue
+        key = _call_key(name, raw)
         if bad_json is not None:
             obs, err, timed_out, dur = f"Error in {name}: {bad_json}", bad_json, False, 0.0
+        elif key in earlier:
+            repeated = True
+            obs = render_prompt("agent_repeated_call", observation=earlier[key]).strip()
+            err, timed_out, dur = None, False, 0.0
         else:
             result = ctx.toolbox.call(name, args)
             obs, err, timed_out, dur = (result.observation(name), result.error,
@@ -226,10 +259,25 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     if not ctx.native and observations:
         messages.append({"role": "user",
                          "content": "\n".join(f"Observation: {o}" for o in observations)})
-    update: dict[str, Any] = {"messages": messages, "steps": steps, "pending": []}
+    elif observations and ctx.config.after_tool_nudge:
+        messages.append({"role": "user", "content": load_prompt("agent_after_tool").strip()})
+    update: dict[str, Any] = {"messages": messages, "steps": steps, "pending": [],
+                              "force_answer": repeated}
     if answer_calls:
         update["answer"] = json.dumps(answer_calls[0] if len(answer_calls) == 1 else answer_calls)
     return update
+
+
+def _earlier_results(state: AgentState) -> dict[str, str]:
+    """Observations of calls already made in this run, by call."""
+    out: dict[str, str] = {}
+    for s in state.get("steps") or []:
+        if s["kind"] == "act" and s.get("output") and s["output"].get("observation") is not None \
+                and not s.get("error"):
+            args = s["input"].get("arguments")
+            raw = args if isinstance(args, str) else json.dumps(args)
+            out.setdefault(_call_key(s["input"]["tool"], raw), s["output"]["observation"])
+    return out
 
 
 def finish(state: AgentState, ctx: AgentContext) -> dict[str, Any]:

@@ -187,6 +187,9 @@ def parse_reply(completion: Completion, *, native: bool,
         if final is None or (am and fm and am.start() < fm.start()):
             return Parsed("action", calls=(action,), thought=thought, raw=text)
     if final is not None:
+        wrapped = parse_bare_json_call(final, tool_names)  # "Final Answer: {tool call JSON}"
+        if wrapped:
+            return Parsed("action", calls=tuple(wrapped), thought=thought, raw=text)
         return Parsed("answer", answer=final, thought=thought, raw=text)
     if isinstance(action, str):
         return Parsed("invalid", error=action, thought=thought, raw=text)

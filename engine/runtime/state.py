@@ -28,6 +28,7 @@ class AgentState(TypedDict, total=False):
     messages: list[dict[str, Any]]
     steps: Annotated[list[dict[str, Any]], operator.add]
     pending: list[dict[str, Any]]  # tool calls the last think step asked for
+    force_answer: bool  # the model repeated a call: next decision is offered no tools
     answer_tools: list[dict[str, Any]]  # task-given tools whose call *is* the answer (BFCL)
     answer: str | None
     outcome: str | None
@@ -52,6 +53,9 @@ class RunConfig:
     seed: int | None = 0
     guidance_budget_tokens: int = 1_200  # skills, policy notes and rubrics in the system prompt
     native_tools: bool | None = None  # None: use native tool calls when the backend offers them
+    # After tool results, remind the model it may answer now. Small models (the embedded
+    # 0.5B) otherwise call tools again and again; measured in tests/test_embedded_agent.py.
+    after_tool_nudge: bool = True
     system_prompt: str | None = None  # replaces engine/prompts/agent_system.md
 
 
