@@ -186,6 +186,8 @@ def test_hf_spec_errors(tmp_path: Path) -> None:
         get_backend("hf:")
     with pytest.raises(ConfigError, match="no model at"):
         get_backend(f"hf:{tmp_path}/nothing-here")
+    with pytest.raises(ConfigError, match="nor in the local Hugging Face cache"):
+        get_backend("hf:nobody/no-such-model")  # a hub id is looked up locally, never fetched
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ConfigError, match="not a .gguf"):
         get_backend(f"hf:{tmp_path}/notes.txt")
