@@ -24,9 +24,29 @@ EXIT_NO_ANSWER = 8
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="whetstone-engine")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Whetstone: adapt frozen models at inference time with skills, tools and notes
     learned from their own traces."""
+    ctx.ensure_object(dict).setdefault("solver_factory", _solver_factory())
+
+
+def _solver_factory() -> Any:
+    """``(model, library_path, version) -> solver`` for `whetstone eval`; one backend per spec,
+    so comparing two library versions loads the model once."""
+    backends: dict[str, Any] = {}
+
+    def factory(model: str, library_path: Path | None, version: str | None) -> Any:
+        from engine.api import Engine
+        from engine.backends.registry import get_backend
+
+        if model not in backends:
+            backends[model] = get_backend(model)
+        engine = Engine(backends[model], library=library_path, version=version,
+                        checkpointing=False)
+        return engine.solver()
+
+    return factory
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -94,13 +114,17 @@ def _print_result(out: Any, trace: Any) -> None:
 @click.option("--tools", default="calculator,python", show_default=True,
               help="Comma-separated built-in tools ('' for none).")
 @click.option("--resume", "resume_id", default=None, help="Continue an interrupted run by id.")
+@click.option("--version", "library_version", default=None,
+              help="Library version to use (default: the current one).")
+@click.option("--no-skills", is_flag=True, help="Do not retrieve skills from the library.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None, help="For openai: specs.")
 @json_option
 @click.pass_context
 @handle_errors
 def run(ctx: click.Context, task: str | None, model: str, library_path: Path | None, max_steps: int,
         max_tokens: int, token_budget: int, timeout: float, temperature: float, seed: int,
-        tools: str, resume_id: str | None, api_key: str | None, as_json: bool) -> None:
+        tools: str, resume_id: str | None, library_version: str | None, no_skills: bool,
+        api_key: str | None, as_json: bool) -> None:
     """Run an agent on TASK and stream its steps; the trace is stored."""
     from engine.api import Engine
     from engine.backends.registry import BackendOptions
@@ -116,7 +140,8 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
                        temperature=temperature, seed=seed)
     out = console(stderr=as_json)
     with out.status(f"loading {model} …", spinner="dots"):
-        engine = Engine(model, library=library_path, config=config,
+        engine = Engine(model, library=library_path, config=config, version=library_version,
+                        skills=not no_skills,
                         tools=tuple(t for t in tools.split(",") if t.strip()),
                         backend_options=BackendOptions(api_key=api_key))
         agent = engine.agent
@@ -263,6 +288,17 @@ def serve(model: str, host: str, port: int, served_name: str | None,
         backend = get_backend(model, BackendOptions(api_key=upstream_key))
     out.print(f"serving [bold]{model}[/] on http://{host}:{port}/v1", markup=True)
     run_server(backend, host=host, port=port, model_name=served_name or model)
+
+
+def _mount() -> None:
+    from engine.commands.eval import eval_cmd
+    from engine.commands.library import library_group, skill_group
+
+    for group in (library_group, skill_group, eval_cmd):
+        cli.add_command(group)
+
+
+_mount()
 
 
 def main() -> None:

@@ -15,9 +15,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from engine.backends.base import Backend
 from engine.backends.registry import BackendOptions, get_backend
+from engine.evaluation.agent_solver import agent_solver
+from engine.evaluation.runner import Solver
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
+from engine.runtime.skills_plugin import SkillsPlugin
 from engine.types import Trace
+from library_store.store import Library, Snapshot
 from library_store.traces import TraceStore
 from tools.base import Tool
 from tools.builtin import builtin_tools
@@ -27,7 +31,9 @@ class Engine:
     """A frozen model plus the library and methods that adapt it.
 
     ``model`` is a spec (``embedded``, ``openai:qwen@http://...``) or a ready ``Backend``;
-    ``library`` is the library directory (default ``$WHETSTONE_HOME/library``).
+    ``library`` is the library directory (default ``$WHETSTONE_HOME/library``, created on first
+    use); ``version`` pins a library version (default: follow the current one); ``skills``
+    retrieves the library's skills into each run.
     """
 
     def __init__(
@@ -35,6 +41,8 @@ class Engine:
         model: str | Backend = "embedded",
         *,
         library: str | Path | None = None,
+        version: str | None = None,
+        skills: bool = True,
         methods: Sequence[Plugin] = (),
         tools: Sequence[str] | Sequence[Tool] = ("calculator", "python"),
         config: RunConfig | None = None,
@@ -44,32 +52,54 @@ class Engine:
     ) -> None:
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
+        self.library = Library.open(self.library_path, create=True)
+        self.version = self.library.resolve(version) if version else None
         self.backend = model if isinstance(model, Backend) else get_backend(
             model, backend_options or BackendOptions())
         self.config = config or RunConfig()
         self.methods = tuple(methods)
+        self.skills = skills
         self._tools = tools
         self._checkpointing = checkpointing
         self._agent: Agent | None = None
-        self.traces = TraceStore(self.library_path / "traces")
+        self.traces: TraceStore = self.library.traces
 
     # -- the agent -------------------------------------------------------------------------
+
+    def plugins(self, snapshot: Snapshot | None = None) -> list[Plugin]:
+        """The run-time methods for one agent: skills retrieval first, then ``methods``."""
+        out: list[Plugin] = []
+        if self.skills:
+            pinned = snapshot or (self.library.snapshot(self.version) if self.version else None)
+            out.append(SkillsPlugin(self.library, snapshot=pinned))
+        return out + list(self.methods)
+
+    def _tool_list(self) -> list[Tool]:
+        tools = self._tools
+        if tools and isinstance(next(iter(tools)), str):
+            return builtin_tools(tuple(tools))  # type: ignore[arg-type]
+        return list(tools)  # type: ignore[arg-type]
+
+    def build_agent(self, *, snapshot: Snapshot | None = None, store_traces: bool = True,
+                    checkpoints: Checkpoints | None = None) -> Agent:
+        """A new agent over this engine's backend (e.g. for a library snapshot under test)."""
+        return Agent(self.backend, tools=self._tool_list(), config=self.config,
+                     plugins=self.plugins(snapshot),
+                     trace_store=self.traces if store_traces else None,
+                     checkpoints=checkpoints)
 
     @property
     def agent(self) -> Agent:
         """Built on first use (opening the checkpoint database is not free)."""
         if self._agent is None:
-            tools = self._tools
-            if tools and isinstance(next(iter(tools)), str):
-                tools = builtin_tools(tuple(tools))  # type: ignore[arg-type]
             checkpoints = (Checkpoints(self.home / "checkpoints.sqlite")
                            if self._checkpointing else None)
-            self._agent = Agent(
-                self.backend, tools=list(tools),  # type: ignore[arg-type]
-                config=self.config, plugins=self.methods, trace_store=self.traces,
-                checkpoints=checkpoints,
-            )
+            self._agent = self.build_agent(checkpoints=checkpoints)
         return self._agent
+
+    def solver(self, snapshot: Snapshot | None = None) -> Solver:
+        """What ``whetstone eval`` runs per task: the same agent, traces stored by the eval."""
+        return agent_solver(self.build_agent(snapshot=snapshot, store_traces=False))
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""

@@ -200,7 +200,7 @@ def test_plugins_add_guidance_nodes_and_meta() -> None:
     backend = ScriptedBackend(["Action: calculator[2+2]", "Final Answer: 4"])
     trace = Agent(backend, plugins=[rec], config=RunConfig(guidance_budget_tokens=500)).run("2+2")
     system = backend.requests[0].messages[0].text
-    assert "## Lessons\nBudget 500: check units." in system
+    assert "# Lessons\nBudget 500: check units." in system
     assert rec.order == ["rubric", "rubric", "verify:4"]
     assert trace.meta["recorder"] == {"shown": ["units"], "calls": 2}
 

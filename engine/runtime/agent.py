@@ -89,11 +89,13 @@ class Agent:
         meta: Mapping[str, Any] | None = None,
         trace_id: str | None = None,
         messages: Sequence[Mapping[str, Any]] | None = None,
+        seed: int | None = None,
     ) -> Iterator[AgentEvent]:
         """Run ``task``; yields each ``StepEvent`` as it happens, then ``RunFinished``.
 
         ``messages`` replaces the default single user message (e.g. a conversation or an image
-        part); ``answer_tools`` are task-given function schemas whose call is the answer.
+        part); ``answer_tools`` are task-given function schemas whose call is the answer;
+        ``seed`` overrides the configured seed for this run.
         """
         tid = trace_id or new_trace_id()
         now = time.time()
@@ -106,6 +108,8 @@ class Agent:
             "started": now, "meta": dict(meta or {}),
         }
         ctx = dataclasses.replace(self.context, clock_start=now)
+        if seed is not None:
+            ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, seed=seed))
         if self.trace_store is not None:
             self.trace_store.append(build_trace(state, ctx, outcome="running"))
         if self.checkpoints is not None:

@@ -39,19 +39,19 @@ def build_system_prompt(state: AgentState, ctx: AgentContext) -> tuple[str, dict
     if not ctx.native:
         parts.append(render_prompt("agent_react_format", tools=_tools_text(ctx, state)))
     meta: dict[str, Any] = {}
-    sections: list[str] = []
     budget = ctx.config.guidance_budget_tokens
     for plugin in ctx.plugins:
-        if budget <= 0:
-            break
-        g = plugin.guidance(state["task"], ctx, budget)
-        if g is None or not g.text.strip():
+        g = plugin.guidance(state["task"], ctx, max(0, budget))
+        if g is None:
             continue
-        sections.append(f"## {g.title}\n{g.text.strip()}")
-        budget -= ctx.backend.count_tokens(g.text)
         meta[plugin.name] = dict(g.meta)
-    if sections:
-        parts.append(render_prompt("agent_guidance", sections="\n\n".join(sections)).rstrip())
+        if g.library_version is not None:
+            meta["library_version"] = g.library_version
+        text = g.text.strip()
+        if not text:
+            continue
+        parts.append(text if text.startswith("#") else f"# {g.title}\n{text}")
+        budget -= ctx.backend.count_tokens(text)
     return "\n\n".join(p.strip("\n") for p in parts), meta
 
 
@@ -310,7 +310,7 @@ def build_trace(state: Mapping[str, Any], ctx: AgentContext, *, outcome: str,
         answer=state.get("answer"),
         label=state.get("label"),
         outcome=outcome,  # type: ignore[arg-type]
-        library_version=ctx.library_version,
+        library_version=ctx.library_version or (state.get("meta") or {}).get("library_version"),
         model=ctx.backend.spec,
         started=state["started"],
         ended=ended,

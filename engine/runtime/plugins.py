@@ -21,11 +21,16 @@ NodeFn = Callable[["AgentState", "AgentContext"], Mapping[str, Any]]
 
 @dataclass(frozen=True)
 class Guidance:
-    """Text for the system message, with what it showed (recorded in the trace's meta)."""
+    """Text for the system message, with what it showed (recorded in the trace's meta).
+
+    ``text`` that starts with a markdown heading is used as is; otherwise it goes under
+    ``# <title>``. ``library_version``: the library version the text came from.
+    """
 
     title: str
     text: str
     meta: Mapping[str, Any] = field(default_factory=dict)
+    library_version: str | None = None
 
 
 class Plugin:
