@@ -202,14 +202,27 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="whetstone-bench-"))
     model = TextEmbedder()
     model.embed(["warm up"])
+    try:
+        _run(args, scales, workdir, model)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, scales: list[int], workdir: Path, model: TextEmbedder
+         ) -> None:
     load = os.getloadavg()
     print(f"bench_library: {os.cpu_count()} CPUs, load average {load[0]:.1f} at start; "
           f"{args.queries} queries, {args.commits} commits per scale")
     print(f"embeddings: the first {args.real} skill descriptions per scale are embedded with "
           "all-MiniLM-L6-v2; the others are perturbed copies of those vectors (cos ~0.85); "
           "queries are embedded for real\n")
-    rows = [run_scale(n, model, args.real, args.queries, args.commits, workdir)
-            for n in scales]
+    rows = []
+    for n in scales:
+        start = time.perf_counter()
+        rows.append(run_scale(n, model, args.real, args.queries, args.commits, workdir))
+        print(f"  measured {n} skills in {time.perf_counter() - start:.0f} s", file=sys.stderr,
+              flush=True)
     cols = [("skills", 8), ("retrieve+embed p50/p95", 22), ("same, 1 thread", 17),
             ("retrieve p50/p95", 17), ("query p50/p95", 15), ("commit p50/p95", 17),
             ("no-fsync commit", 17), ("reindex p50", 11), ("build: commit / index", 22)]
@@ -241,8 +254,6 @@ def main() -> None:
                        ("commit (fsync)", "commit_p50"), ("commit (no fsync)", "fast_p50")):
         verdict = "met" if last[key] < 20 else "NOT met"
         print(f"target p50 < 20 ms at {last['n']} skills, {label}: {last[key]:.1f} ms, {verdict}")
-    if args.workdir is None:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,14 @@ from typing import Any
 from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
 from library_store.fsutil import atomic_write
-from library_store.store import Content, Library, Validator, _to_bytes, check_path
+from library_store.store import (
+    Content,
+    Library,
+    Snapshot,
+    Validator,
+    _to_bytes,
+    check_path,
+)
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
@@ -108,6 +115,12 @@ class Candidates:
         """The candidate's changes on top of the current version, minus the no-ops."""
         snap = self.library.snapshot()
         return {p: h for p, h in cand.changes.items() if snap.hash_of(p) != h}
+
+    def snapshot(self, name: str) -> Snapshot:
+        """The current version with the candidate applied, read-only (to score it again)."""
+        cand = self.get(name)
+        return self.library._preview(dict(cand.changes), {}, label=f"candidate-{name}",
+                                     method=cand.method)
 
     def conflicts(self, name: str) -> list[str]:
         """Paths the candidate changes that also changed between its base and now."""

@@ -506,6 +506,29 @@ class Library:
             os.sync()  # one flush for thousands of files, before the manifest can name them
         return hashes
 
+    def preview(self, changes: Mapping[str, Content], *, label: str = "preview",
+                method: str = "preview") -> Snapshot:
+        """A read-only snapshot of the current version plus ``changes``, never made current.
+
+        For scoring a change before committing it (the regression gate). Its id is
+        ``<parent>+<label>``; the objects it wrote are ordinary blobs.
+        """
+        data = {check_path(p): _to_bytes(p, v) for p, v in changes.items()}
+        return self._preview({}, data, label=label, method=method)
+
+    def _preview(self, prehashed: Mapping[str, str | None], data: Mapping[str, bytes | None],
+                 *, label: str, method: str) -> Snapshot:
+        with self._write_lock():
+            parent = self._manifest(self.current_id())
+            hashes = {**prehashed, **self._put_all(data)}
+            effective = {p: h for p, h in hashes.items()
+                         if self.trees.lookup(parent.root, p) != h}
+            root = self.trees.apply(parent.root, effective) if effective else parent.root
+        m = Manifest(id=f"{parent.id}+{label}", parent=parent.id, created=time.time(),
+                     method=method, message=f"preview of {label}", root=root,
+                     counts=self._counts(parent, effective))
+        return Snapshot(self, m)
+
     def _counts(self, parent: Manifest, effective: Mapping[str, str | None]) -> dict[str, int]:
         added = modified = deleted = 0
         for path, h in effective.items():

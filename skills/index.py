@@ -258,9 +258,17 @@ class LibraryIndex:
                           embedder=self.embedder.name, counts=counts)
         self._token = token
 
-    def _indexed(self, kind: str) -> dict[str, str]:
-        got = self._collection(kind).get(include=["metadatas"])
-        return {i: (m or {}).get("hash", "") for i, m in zip(got["ids"], got["metadatas"])}
+    def _indexed(self, kind: str, page: int = 5000) -> dict[str, str]:
+        """id -> source hash of every indexed document (paged: chromadb's SQLite refuses
+        one query over ~100k ids)."""
+        col, out, offset = self._collection(kind), {}, 0
+        while True:
+            got = col.get(include=["metadatas"], limit=page, offset=offset)
+            out.update({i: (m or {}).get("hash", "") for i, m in zip(got["ids"],
+                                                                     got["metadatas"])})
+            if len(got["ids"]) < page:
+                return out
+            offset += page
 
     def _sync_full(self, kind: str, snap: Snapshot) -> None:
         expected = self.sources[kind].expected(snap)
@@ -300,8 +308,47 @@ class LibraryIndex:
         with lock:
             clean_dir(self.path / ".tmp")
             self._wipe()
+            shutil.rmtree(self.path / "pinned", ignore_errors=True)
             self._sync_locked(None, snap)
         return dict((self.state() or {}).get("counts", {}))
+
+    # -- other versions ---------------------------------------------------------------------
+
+    def pinned(self, snapshot: Snapshot) -> LibraryIndex:
+        """An index of its own for a version this index does not follow (an old version or a
+        candidate being scored), so the shared index never flips between versions.
+
+        It lives in ``<index>/pinned/<tree root>`` and starts as a copy of this index, so only
+        the files that differ are embedded. The caller closes it; ``clear_pinned`` deletes all.
+        """
+        path = self.path / "pinned" / snapshot.root[:24]
+        if not (path / "state.json").exists():
+            with self._lock():
+                if not (path / "state.json").exists():
+                    tmp = self.path / ".tmp" / f"pinned-{uuid.uuid4().hex[:8]}"
+                    if (self.path / "chroma").exists():
+                        shutil.copytree(self.path / "chroma", tmp / "chroma")
+                    tmp.mkdir(parents=True, exist_ok=True)
+                    if self.state_path.exists():
+                        shutil.copy(self.state_path, tmp / "state.json")
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.rmtree(path, ignore_errors=True)
+                    tmp.replace(path)
+        index = LibraryIndex(self.library, self.embedder, sources=list(self.sources.values()),
+                             path=path, batch_size=self.batch_size,
+                             lock_timeout=self.lock_timeout)
+        index.ensure(snapshot)
+        return index
+
+    def clear_pinned(self) -> int:
+        """Delete the indexes of pinned versions; returns how many there were."""
+        folder = self.path / "pinned"
+        if not folder.exists():
+            return 0
+        with self._lock():
+            n = sum(1 for _ in folder.iterdir())
+            shutil.rmtree(folder, ignore_errors=True)
+        return n
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ The token counter is injected, so the runtime passes its backend's ``count_token
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -117,16 +118,39 @@ class SkillRetriever:
         self.budget_tokens = budget_tokens
         self.max_bodies = max_bodies
         self.min_score = min_score
+        self.max_pinned = 4
+        self._pinned: dict[str, LibraryIndex] = {}
+        self._lock = threading.Lock()
 
     def search(self, task: str | None, *, snapshot: Snapshot | None = None, k: int | None = None,
                query_vector: np.ndarray | None = None) -> list[SkillMatch]:
         """The ``k`` skills nearest to ``task`` in ``snapshot`` (current version by default)."""
         snap = snapshot or self.library.snapshot()
-        self.index.ensure(snap)
-        vector = query_vector if query_vector is not None else self.index.embed_query(task or "")
-        hits = self.index.query(vector, kind="skill", k=k or self.k)
+        index = self._index_for(snap)
+        index.ensure(snap)
+        vector = query_vector if query_vector is not None else index.embed_query(task or "")
+        hits = index.query(vector, kind="skill", k=k or self.k)
         return [m for m in (self._match(snap, h) for h in hits) if m is not None
                 and (self.min_score is None or m.score >= self.min_score)]
+
+    def _index_for(self, snap: Snapshot) -> LibraryIndex:
+        """The shared index follows the current version; any other version (pinned for an
+        eval, or a candidate's preview) gets a pinned index of its own, kept for reuse."""
+        if snap.root == self.library.snapshot().root:
+            return self.index
+        with self._lock:
+            index = self._pinned.pop(snap.root, None) or self.index.pinned(snap)
+            self._pinned[snap.root] = index  # most recently used last
+            while len(self._pinned) > self.max_pinned:
+                self._pinned.pop(next(iter(self._pinned))).close()
+        return index
+
+    def close(self) -> None:
+        """Close the pinned indexes this retriever opened (the shared index is the caller's)."""
+        with self._lock:
+            for index in self._pinned.values():
+                index.close()
+            self._pinned.clear()
 
     def _match(self, snap: Snapshot, hit: Hit) -> SkillMatch | None:
         # Trust the index only for the version it was built from: check the content hash.

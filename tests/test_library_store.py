@@ -308,3 +308,14 @@ def test_texts_and_units(lib: Library) -> None:
     assert set(snap.unit("skills/a")) == {"skills/a/SKILL.md", "skills/a/assets/x.bin"}
     assert lib.units() == ["skills/a", "skills/ab"]
     assert set(lib.delete_unit("skills/a")) == {"skills/a/SKILL.md", "skills/a/assets/x.bin"}
+
+
+def test_preview_shows_a_change_without_making_it_current(lib: Library) -> None:
+    lib.commit({"skills/a/SKILL.md": skill("a")}, method="m")
+    snap = lib.preview({"skills/b/SKILL.md": skill("b"), "skills/a/SKILL.md": None},
+                       label="try")
+    assert snap.id == "v2+try" and snap.children("skills") == ["b"]
+    assert lib.current_id() == "v2" and lib.snapshot().children("skills") == ["a"]
+    assert not (lib.root / "skills" / "b").exists()
+    lib.candidates.save("c", {"skills/c/SKILL.md": skill("c")}, method="m")
+    assert lib.candidates.snapshot("c").children("skills") == ["a", "c"]

@@ -199,3 +199,33 @@ def test_read_skill_opens_bodies_and_files_and_lists_what_exists(
     assert "references/tools.md" in exc.value.hint
     retriever = SkillRetriever(lib, index)
     assert retriever.read("pdf-text-extraction", version=snap.id) == body
+
+
+def test_other_versions_get_pinned_indexes_and_the_shared_one_stays_put(
+        tmp_path: Path, embedder: TextEmbedder) -> None:
+    lib = small_library(tmp_path, ["csv-cleanup", "regex-debugging", "unit-conversion"])
+    index = LibraryIndex(lib, embedder)
+    retriever = SkillRetriever(lib, index, k=1)
+    old = lib.snapshot()
+    lib.commit({"skills/unit-conversion/SKILL.md": None,
+                "skills/bike-repair/SKILL.md": skill_text(
+                    "bike-repair", "Fix bicycle chains, brakes and flat tyres.")}, method="t")
+    assert [m.name for m in retriever.search("my bike chain slipped")] == ["bike-repair"]
+    shared_root = index.state()["root"]
+    # An eval pinned to the old version: its own index, seeded from the shared one.
+    assert [m.name for m in retriever.search("convert miles to km", snapshot=old)] == [
+        "unit-conversion"]
+    assert index.state()["root"] == shared_root == lib.snapshot().root
+    pinned = list((index.path / "pinned").iterdir())
+    assert len(pinned) == 1
+    # A candidate that is not committed yet can be scored the same way.
+    lib.candidates.save("tax", {"skills/tax-forms/SKILL.md": skill_text(
+        "tax-forms", "Fill in income tax returns and claim deductions.")}, method="t2s")
+    preview = lib.candidates.snapshot("tax")
+    assert preview.id == "v3+candidate-tax" and lib.current_id() == "v3"
+    r = retriever.retrieve("how do I claim deductions on my tax return", snapshot=preview)
+    assert r.version == "v3+candidate-tax" and r.shown == ("tax-forms",)
+    assert index.state()["root"] == shared_root
+    retriever.close()
+    assert index.clear_pinned() == 2
+    index.close()
