@@ -158,6 +158,10 @@ class Snapshot:
         """path -> sha256 of the files under ``prefix`` (all files by default)."""
         return self.library.trees.files(self.root, prefix)
 
+    def has(self, prefix: str) -> bool:
+        """Whether any file path starts with ``prefix`` (``has("skills/")``); cheap at any size."""
+        return self.library.trees.any_under(self.root, prefix)
+
     def hash_of(self, path: str) -> str | None:
         return self.library.trees.lookup(self.root, path)
 

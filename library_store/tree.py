@@ -99,6 +99,10 @@ class Trees:
                     out[p] = h
         return dict(sorted(out.items()))
 
+    def any_under(self, root: str, prefix: str) -> bool:
+        """Whether some path starts with ``prefix``; stops at the first bucket holding one."""
+        return any(p.startswith(prefix) for b in self.load(root).values() for p in self.load(b))
+
     def count(self, root: str) -> int:
         return sum(len(self.load(b)) for b in self.load(root).values())
 

@@ -305,6 +305,7 @@ def test_texts_and_units(lib: Library) -> None:
                 "skills/ab/SKILL.md": skill("ab")}, method="m")
     snap = lib.snapshot()
     assert set(snap.texts("skills/a/")) == {"skills/a/SKILL.md"}  # binary left out
+    assert snap.has("skills/") and snap.has("skills/ab/") and not snap.has("policies/")
     assert set(snap.unit("skills/a")) == {"skills/a/SKILL.md", "skills/a/assets/x.bin"}
     assert lib.units() == ["skills/a", "skills/ab"]
     assert set(lib.delete_unit("skills/a")) == {"skills/a/SKILL.md", "skills/a/assets/x.bin"}
