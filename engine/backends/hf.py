@@ -67,6 +67,9 @@ class HFBackend(Backend):
         self.device = device
         self.spec = f"hf:{name}"
         self._lock = threading.Lock()
+        # Building a StopStringCriteria scans the whole vocabulary (~1 s for Qwen's 151k
+        # tokens); agents send the same stop strings on every call, so keep the last few.
+        self._stop_criteria: dict[tuple[str, ...], Any] = {}
         self.capabilities = Capabilities(
             white_box=True, logprobs=True, streaming=True, max_concurrency=1,
             tool_calls=template_supports_tools(template),
@@ -133,7 +136,7 @@ class HFBackend(Backend):
             cfg.temperature, cfg.top_p = request.temperature, request.top_p
         else:  # greedy: sampling knobs would only draw warnings
             cfg.temperature, cfg.top_p, cfg.top_k = None, None, None
-        cfg.stop_strings = list(request.stop) or None
+        cfg.stop_strings = None  # passed as a cached criterion instead (see _stopping)
         cfg.max_time = request.timeout
         cfg.output_logits = bool(request.logprobs)
         cfg.return_dict_in_generate = True
@@ -141,12 +144,11 @@ class HFBackend(Backend):
             cfg.pad_token_id = self.tokenizer.pad_token_id or next(iter(self._eos_ids), None)
         return cfg
 
-    # -- generation ----------------------------------------------------------------------
-
-    def _generate(self, request: Request, streamer: Any = None,
-                  cancel: threading.Event | None = None) -> Completion:
+    def _stopping(self, stops: tuple[str, ...], cancel: threading.Event | None) -> Any:
+        """Stopping criteria: the request's stop strings (cached) and stream cancellation."""
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
+        from transformers.generation.stopping_criteria import StopStringCriteria
 
         class _Cancelled(StoppingCriteria):
             """Stops generation when the stream's reader went away."""
@@ -155,6 +157,24 @@ class HFBackend(Backend):
                 flag = cancel is not None and cancel.is_set()
                 return torch.full((input_ids.shape[0],), flag, dtype=torch.bool,
                                   device=input_ids.device)
+
+        criteria = []
+        stops = tuple(s for s in stops if s)
+        if stops:
+            if stops not in self._stop_criteria:
+                if len(self._stop_criteria) >= 16:
+                    self._stop_criteria.pop(next(iter(self._stop_criteria)))
+                self._stop_criteria[stops] = StopStringCriteria(self.tokenizer, list(stops))
+            criteria.append(self._stop_criteria[stops])
+        if cancel is not None:
+            criteria.append(_Cancelled())
+        return StoppingCriteriaList(criteria) if criteria else None
+
+    # -- generation ----------------------------------------------------------------------
+
+    def _generate(self, request: Request, streamer: Any = None,
+                  cancel: threading.Event | None = None) -> Completion:
+        import torch
 
         start = time.perf_counter()
         with self._lock:
@@ -168,8 +188,7 @@ class HFBackend(Backend):
             with torch.inference_mode():
                 out = self.model.generate(
                     **enc, generation_config=cfg, streamer=streamer,
-                    tokenizer=self.tokenizer if cfg.stop_strings else None,
-                    stopping_criteria=StoppingCriteriaList([_Cancelled()]) if cancel else None,
+                    stopping_criteria=self._stopping(request.stop, cancel),
                 )
             new = out.sequences[0, n_prompt:].tolist()
             logprobs = None
