@@ -292,9 +292,10 @@ def serve(model: str, host: str, port: int, served_name: str | None,
 
 def _mount() -> None:
     from engine.commands.eval import eval_cmd
+    from engine.commands.evolve import evolve_group
     from engine.commands.library import library_group, skill_group
 
-    for group in (library_group, skill_group, eval_cmd):
+    for group in (library_group, skill_group, eval_cmd, evolve_group):
         cli.add_command(group)
 
 
