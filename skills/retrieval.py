@@ -105,13 +105,17 @@ class SkillRetriever:
     """Top-k skills for a task, packed into ``budget_tokens`` with progressive disclosure.
 
     ``min_score`` drops matches whose cosine similarity is below it (None keeps all k).
+    ``template`` is the prompt the list is rendered with (``engine/prompts/<template>.md``, with
+    ``$skills`` and ``$bodies``): ``skills_retrieved_chat`` for a plain chat completion, where
+    there is no ``read_skill`` tool to point at.
     """
 
     def __init__(self, library: Library, index: LibraryIndex | None = None, *,
                  count_tokens: TokenCounter | None = None, k: int = 5,
                  budget_tokens: int = 1500, max_bodies: int = 2,
-                 min_score: float | None = None) -> None:
+                 min_score: float | None = None, template: str = "skills_retrieved") -> None:
         self.library = library
+        self.template = template
         self.index = index or LibraryIndex(library)
         self.count_tokens = count_tokens or approx_tokens
         self.k = k
@@ -175,7 +179,7 @@ class SkillRetriever:
         entries = [f"- {m.name}: {' '.join(m.description.split())}" for m in matches]
 
         def render(n: int, bodies: Sequence[str]) -> str:
-            return render_prompt("skills_retrieved", skills="\n".join(entries[:n]),
+            return render_prompt(self.template, skills="\n".join(entries[:n]),
                                  bodies="\n".join(bodies)).rstrip() + "\n"
 
         n = len(entries)
