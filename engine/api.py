@@ -32,7 +32,8 @@ class Engine:
 
     ``model`` is a spec (``embedded``, ``openai:qwen@http://...``) or a ready ``Backend``;
     ``library`` is the library directory (default ``$WHETSTONE_HOME/library``, created on first
-    use); ``version`` pins a library version (default: follow the current one); ``skills``
+    use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
+    one); ``skills``
     retrieves the library's skills into each run.
     """
 
@@ -53,7 +54,9 @@ class Engine:
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
         self.library = Library.open(self.library_path, create=True)
-        self.version = self.library.resolve(version) if version else None
+        # "candidate:NAME" scores a kept candidate without applying it.
+        self.version = version if version and version.startswith("candidate:") else (
+            self.library.resolve(version) if version else None)
         self.backend = model if isinstance(model, Backend) else get_backend(
             model, backend_options or BackendOptions())
         self.config = config or RunConfig()
@@ -70,9 +73,16 @@ class Engine:
         """The run-time methods for one agent: skills retrieval first, then ``methods``."""
         out: list[Plugin] = []
         if self.skills:
-            pinned = snapshot or (self.library.snapshot(self.version) if self.version else None)
-            out.append(SkillsPlugin(self.library, snapshot=pinned))
+            out.append(SkillsPlugin(self.library, snapshot=snapshot or self.pinned_snapshot()))
         return out + list(self.methods)
+
+    def pinned_snapshot(self) -> Snapshot | None:
+        """The snapshot ``version`` names (None: follow the current version)."""
+        if self.version is None:
+            return None
+        if self.version.startswith("candidate:"):
+            return self.library.candidates.snapshot(self.version.split(":", 1)[1])
+        return self.library.snapshot(self.version)
 
     def _tool_list(self) -> list[Tool]:
         tools = self._tools

@@ -137,3 +137,15 @@ def test_cli_dry_run_and_trace_filters(tmp_path: Path) -> None:
                                     "outcome=timeout", "--model", "scripted:",
                                     "--library", str(tmp_path / "lib")])
     assert none.exit_code == 2 and "no traces match" in none.output
+
+
+def test_a_candidate_can_be_evaluated_without_applying_it(tmp_path: Path) -> None:
+    engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
+                    library=tmp_path / "lib", checkpointing=False)
+    patch = Trace2Skill(Trace2SkillConfig("adding", create=True)).fit(
+        collect(engine), {}, ScriptedBackend(responder=analyst_reply))
+    engine.library.candidates.save("try", patch.changes, method="trace2skill")
+    cand = Engine(engine.backend, library=tmp_path / "lib", version="candidate:try",
+                  checkpointing=False)
+    result = evaluate(TASKS, cand.solver())
+    assert result.accuracy == 1.0 and engine.library.current_id() == "v1"
