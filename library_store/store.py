@@ -38,6 +38,7 @@ from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
 from library_store.blobs import BlobStore
 from library_store.fsutil import atomic_write, clean_dir, fsync_dir
+from library_store.manifest import Manifest, version_number
 from library_store.traces import TraceStore
 from library_store.transfer import write_folder
 from library_store.tree import Trees, group_of
@@ -48,55 +49,10 @@ if TYPE_CHECKING:
 
 ROOTS = ("skills", "policies")  # top-level folders a version may hold
 BULK_FILES = 256  # above this many files a commit syncs the disk once instead of per file
-FORMAT = 1
 
 Content = str | bytes | None
 # A validator sees the new version and the paths the change touched; it returns the problems.
 Validator = Callable[["Snapshot", Sequence[str]], Sequence[ValidationError]]
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What ``versions/vN.json`` holds. ``root`` addresses the version's file tree."""
-
-    id: str
-    parent: str | None
-    created: float
-    method: str
-    message: str
-    root: str
-    scores: Mapping[str, Any] = field(default_factory=dict)
-    costs: Mapping[str, Any] = field(default_factory=dict)
-    counts: Mapping[str, int] = field(default_factory=dict)  # files, added, modified, deleted
-
-    @property
-    def number(self) -> int:
-        return version_number(self.id)
-
-    def to_json(self) -> bytes:
-        d = {"format": FORMAT, "id": self.id, "parent": self.parent, "created": self.created,
-             "method": self.method, "message": self.message, "root": self.root,
-             "scores": dict(self.scores), "costs": dict(self.costs), "counts": dict(self.counts)}
-        return json.dumps(d, indent=1, ensure_ascii=False, default=str).encode("utf-8")
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Manifest:
-        d = json.loads(data)
-        return cls(id=d["id"], parent=d.get("parent"), created=d["created"], method=d["method"],
-                   message=d.get("message", ""), root=d["root"], scores=d.get("scores") or {},
-                   costs=d.get("costs") or {}, counts=d.get("counts") or {})
-
-    def to_version(self, files: Mapping[str, str] | None = None) -> LibraryVersion:
-        return LibraryVersion(id=self.id, parent=self.parent, created=self.created,
-                              method=self.method, message=self.message, files=dict(files or {}),
-                              scores=dict(self.scores), costs=dict(self.costs))
-
-
-def version_number(vid: str) -> int:
-    """``"v12"`` -> 12."""
-    if not (vid.startswith("v") and vid[1:].isdigit()):
-        raise NotFound(f"{vid!r} is not a version id", hint="versions look like v1, v2, ...")
-    return int(vid[1:])
 
 
 def _to_bytes(path: str, value: Content) -> bytes | None:
