@@ -15,12 +15,23 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from engine.backends.base import Backend
 from engine.backends.registry import BackendOptions, get_backend
+from engine.errors import NotFound
 from engine.evaluation.agent_solver import agent_solver
 from engine.evaluation.runner import Solver
+from engine.middleware import WrappedClient, wrap_client
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
+from engine.runtime.chat import (
+    ChatAdapter,
+    ChatReply,
+    ChatRunner,
+    ChatSwitches,
+    chat_request,
+    chat_skills_plugin,
+    check_feedback,
+)
 from engine.runtime.skills_plugin import SkillsPlugin
-from engine.types import Trace
+from engine.types import Message, Trace
 from library_store.store import Library, Snapshot
 from library_store.traces import TraceStore
 from tools.base import Tool
@@ -131,9 +142,82 @@ class Engine:
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)
 
+    # -- chat mode: the middleware (issue 6) --------------------------------------------------
+    # One adapted completion per call, no agent loop; the logic lives in engine/runtime/chat.py
+    # and engine/middleware.py, these methods only wire this engine's objects into it.
+
+    def chat_adapter(self) -> ChatAdapter:
+        """What chat mode injects (built once): the library's skills, then ``methods``'
+        guidance, within ``config.guidance_budget_tokens``."""
+        adapter: ChatAdapter | None = self.__dict__.get("_chat_adapter")
+        if adapter is None:
+            plugins: list[Plugin] = []
+            resources: list[Any] = []
+            if self.skills:
+                skills, resources = chat_skills_plugin(self.library, self.pinned_snapshot())
+                plugins.append(skills)
+            adapter = ChatAdapter(
+                plugins + list(self.methods), self.backend,
+                budget_tokens=self.config.guidance_budget_tokens,
+                version_of=lambda: self.version or self.library.current_id(),
+                resources=resources)
+            self.__dict__["_chat_adapter"] = adapter
+        return adapter
+
+    def _chat_runner(self) -> ChatRunner:
+        return ChatRunner(self.backend, self.chat_adapter(), self.traces)
+
+    def chat(self, messages: str | Sequence[Message | Mapping[str, Any]], *,
+             library: bool = True, record: bool = True, **params: Any) -> ChatReply:
+        """One chat completion with the library's guidance in the system message; the
+        exchange is stored as a trace (``reply.trace_id``) unless ``record=False``.
+
+        ``messages`` is a prompt or OpenAI-style messages; ``params`` are ``max_tokens``,
+        ``temperature``, ``top_p``, ``stop``, ``seed``, ``tools``, ``logprobs``, ``timeout``.
+        """
+        request = chat_request(messages, **params)
+        return self._chat_runner().complete(request, ChatSwitches(library=library,
+                                                                  record=record))
+
+    async def achat(self, messages: str | Sequence[Message | Mapping[str, Any]], *,
+                    library: bool = True, record: bool = True, **params: Any) -> ChatReply:
+        """``chat`` for an event loop (retrieval and the trace write run in threads)."""
+        request = chat_request(messages, **params)
+        return await self._chat_runner().acomplete(request, ChatSwitches(library=library,
+                                                                         record=record))
+
+    def wrap(self, client: Any) -> WrappedClient:
+        """An ``openai.OpenAI`` / ``AsyncOpenAI`` client whose ``chat.completions.create``
+        applies this engine's library in-process and records each exchange; the trace id is
+        ``response.whetstone_trace_id`` (see ``engine.middleware``)."""
+        return wrap_client(client, self.chat_adapter(), self.traces)
+
+    def feedback(self, trace_id: str, score: float, comment: str | None = None) -> Trace:
+        """Label a recorded exchange (or run): ``score`` from 0 (bad) to 1 (good)."""
+        score, comment = check_feedback(score, comment)
+        trace = self.traces.get(trace_id)
+        if trace.id != trace_id:
+            raise NotFound(f"no trace with id {trace_id!r}",
+                           hint=f"did you mean {trace.id}? feedback needs the exact id")
+        return self.traces.set_score(trace.id, score, comment)
+
+    def app(self, **server_options: Any) -> Any:
+        """The OpenAI-compatible server app for this engine: library applied, traces recorded
+        (``engine.server.create_app`` options: ``api_keys``, ``max_queue`` ...)."""
+        from engine.server import create_app
+
+        server_options.setdefault("adapter", self.chat_adapter())
+        server_options.setdefault("traces", self.traces)
+        return create_app(self.backend, **server_options)
+
+    # -- end of chat mode -----------------------------------------------------------------------
+
     def close(self) -> None:
         if self._agent is not None:
             self._agent.close()
+        adapter = self.__dict__.pop("_chat_adapter", None)
+        if adapter is not None:
+            adapter.close()
         self.backend.close()
 
     def __enter__(self) -> "Engine":
