@@ -9,7 +9,13 @@ a local model is one process, a remote server can take more). Every error is an 
 ``{"error": {"message", "type", "param", "code"}}`` with a fitting status, never a stack trace.
 
 The wire format lives in ``engine.backends.openai_wire``, shared with the ``openai:`` backend.
-The middleware (library injection, trace capture, keys, limits) wraps ``ChatService``.
+The middleware (``engine.server_middleware``) wraps ``ChatService``: each request is adapted with
+the library (``adapter``), answered by the upstream backend, and recorded as a trace off the
+response path (``traces``); API keys, a body size limit, a bounded queue in front of the
+upstream slots (429 past it) and Prometheus metrics (``/metrics``) guard it. Per-request
+switches ride in the body (``extra_body={"whetstone": {"library": false, "record": false}}``);
+responses name the library version and the trace in ``X-Whetstone-Library-Version`` and
+``X-Whetstone-Trace-Id``, and ``POST /v1/feedback`` labels a trace.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
@@ -19,8 +25,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.base import Backend, StreamChunk
@@ -42,15 +49,31 @@ from engine.errors import (
     NotFound,
     WhetstoneError,
 )
-from engine.types import Completion
+from engine.runtime.chat import Adapted, ChatAdapter, ChatSwitches, chat_trace, check_feedback
+from engine.server_metrics import CONTENT_TYPE, Metrics
+from engine.server_middleware import (
+    REQUEST_ID_HEADER,
+    TRACE_HEADER,
+    VERSION_HEADER,
+    BodyTooLarge,
+    ChatMiddleware,
+    Guard,
+    TraceWriter,
+    read_body,
+)
+from engine.types import Completion, Trace
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+    from library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.server")
 
 # How long past a request's deadline we wait for a backend that ignores Request.timeout.
 _DEADLINE_GRACE_S = 1.0
+# Big enough for a few images as data URLs; bigger bodies are refused before they are read.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,6 +85,8 @@ class ServerSettings:
     default_max_tokens: int = 512
     request_timeout_s: float | None = None  # per request; None: the backend's own timeout
     max_concurrency: int = 1  # backend calls in flight; the rest wait their turn
+    max_queue: int | None = None  # requests waiting for a slot; past it: 429 (None: no limit)
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
 
     @property
     def served(self) -> tuple[str, ...]:
@@ -94,19 +119,21 @@ class OpenStream:
     request's deadline, ``close()`` (idempotent) closes the backend stream and frees the slot."""
 
     def __init__(self, chunks: AsyncIterator[StreamChunk], deadline: float | None,
-                 timeout: float | None, slots: asyncio.Semaphore) -> None:
+                 timeout: float | None, slots: asyncio.Semaphore,
+                 on_close: Callable[["OpenStream"], None] | None = None) -> None:
         self.first: StreamChunk | None = None
         self._chunks = chunks
         self._deadline = deadline
         self._timeout = timeout
         self._slots = slots
-        self._started = time.monotonic()
+        self._on_close = on_close
+        self.started = time.monotonic()
         self._closed = False
 
     async def next(self) -> StreamChunk | None:
         """The next chunk, None at the end; ``BackendTimeout`` past the deadline."""
         left = None if self._deadline is None else max(
-            0.0, self._deadline - (time.monotonic() - self._started))
+            0.0, self._deadline - (time.monotonic() - self.started))
         try:
             return await asyncio.wait_for(anext(self._chunks, None), left)
         except asyncio.TimeoutError:
@@ -121,6 +148,8 @@ class OpenStream:
             await self._chunks.aclose()  # type: ignore[attr-defined]
         finally:
             self._slots.release()
+            if self._on_close is not None:
+                self._on_close(self)
 
 
 class ChatService:
@@ -130,10 +159,31 @@ class ChatService:
     record the exchange after) without touching the transport.
     """
 
-    def __init__(self, backend: Backend, settings: ServerSettings) -> None:
+    def __init__(self, backend: Backend, settings: ServerSettings,
+                 metrics: Metrics | None = None) -> None:
         self.backend = backend
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self._slots = asyncio.Semaphore(max(1, settings.max_concurrency))
+        self.admitted = 0  # requests past admission and not yet answered
+        self.upstream_active = 0  # of those, the ones holding an upstream slot
+
+    @property
+    def queued(self) -> int:
+        """Admitted requests waiting (for retrieval or an upstream slot)."""
+        return self.admitted - self.upstream_active
+
+    def admit(self) -> bool:
+        """Take a place in the queue, or False when it is full (the caller answers 429).
+        Every True must be paired with ``release()``."""
+        limit = self.settings.max_queue
+        if limit is not None and self.admitted >= max(1, self.settings.max_concurrency) + limit:
+            return False
+        self.admitted += 1
+        return True
+
+    def release(self) -> None:
+        self.admitted -= 1
 
     def parse(self, body: Any) -> ChatCall:
         """Validate a request body; raises ``ConfigError`` (400) or ``NotFound`` (404)."""
@@ -151,13 +201,25 @@ class ChatService:
     async def complete(self, call: ChatCall) -> Completion:
         """One completion, or ``BackendTimeout`` when the deadline passes."""
         async with self._slots:
+            self.upstream_active += 1
+            start = time.perf_counter()
             try:
-                return await asyncio.wait_for(self.backend.acomplete(call.request),
-                                              self._deadline(call))
+                completion = await asyncio.wait_for(self.backend.acomplete(call.request),
+                                                    self._deadline(call))
             except asyncio.TimeoutError:
                 raise BackendTimeout(
                     f"the model did not answer within {call.request.timeout:g} s",
                     hint="retry later, or ask for fewer tokens") from None
+            finally:
+                self.upstream_active -= 1
+                self.metrics.upstream_latency.observe(time.perf_counter() - start,
+                                                      stream="false")
+        self._count_tokens(completion)
+        return completion
+
+    def _count_tokens(self, completion: Completion) -> None:
+        self.metrics.tokens.inc(completion.prompt_tokens, kind="prompt")
+        self.metrics.tokens.inc(completion.completion_tokens, kind="completion")
 
     async def open_stream(self, call: ChatCall) -> OpenStream:
         """Start streaming and wait for the first chunk, so a backend that fails at once is
@@ -166,8 +228,9 @@ class ChatService:
         The returned stream holds a concurrency slot until it is closed.
         """
         await self._slots.acquire()
+        self.upstream_active += 1
         stream = OpenStream(self.backend.astream(call.request), self._deadline(call),
-                            call.request.timeout, self._slots)
+                            call.request.timeout, self._slots, on_close=self._stream_closed)
         try:
             stream.first = await stream.next()
         except BaseException:
@@ -175,11 +238,23 @@ class ChatService:
             raise
         return stream
 
-    async def sse_events(self, call: ChatCall, model: str, stream: OpenStream
-                         ) -> AsyncIterator[str]:
+    def _stream_closed(self, stream: OpenStream) -> None:
+        self.upstream_active -= 1
+        self.metrics.upstream_latency.observe(time.monotonic() - stream.started, stream="true")
+
+    async def sse_events(self, call: ChatCall, model: str, stream: OpenStream,
+                         on_end: Callable[[Completion | None, str | None, str], None]
+                         | None = None) -> AsyncIterator[str]:
         """``chat.completion.chunk`` events ending in ``data: [DONE]``; a failure mid-stream
-        becomes an ``{"error": ...}`` event, which OpenAI clients raise as an error."""
+        becomes an ``{"error": ...}`` event, which OpenAI clients raise as an error.
+
+        ``on_end(completion, error, text_so_far)`` is called once however the stream ends
+        (completion None: it failed, or the client went away).
+        """
         cid, created = new_completion_id(), int(time.time())
+        sent: list[str] = []
+        final: Completion | None = None
+        failure: str | None = None
 
         def event(**kw: Any) -> str:
             return _sse(chunk_to_openai(id=cid, created=created, model=model, **kw))
@@ -187,35 +262,51 @@ class ChatService:
         try:
             yield event(delta={"role": "assistant", "content": ""})
             chunk: StreamChunk | None = stream.first
-            final: Completion | None = None
+            last: Completion | None = None
             while chunk is not None:
                 if chunk.text:
+                    sent.append(chunk.text)
                     yield event(delta={"content": chunk.text})
                 if chunk.completion is not None:
-                    final = chunk.completion
+                    last = chunk.completion
                     break
                 chunk = await stream.next()
-            if final is None:
+            if last is None:
                 raise BackendError("the backend's stream ended without a completion",
                                    hint="a backend's stream() must end with the Completion")
-            if final.tool_calls:
+            self._count_tokens(last)
+            if last.tool_calls:
                 calls = [{"index": i, **c}
-                         for i, c in enumerate(tool_calls_to_openai(final.tool_calls))]
+                         for i, c in enumerate(tool_calls_to_openai(last.tool_calls))]
                 yield event(delta={"tool_calls": calls})
-            yield event(delta={}, finish_reason=finish_reason_to_openai(final))
+            yield event(delta={}, finish_reason=finish_reason_to_openai(last))
             if call.include_usage:
-                yield event(usage=usage_to_openai(final))
+                yield event(usage=usage_to_openai(last))
+            final = last
         except WhetstoneError as exc:
             status, kind, code = error_status(exc)
             log.warning("stream failed (%d): %s", status, exc.message)
+            failure = exc.message
+            self.metrics.errors.inc(code=code or "server_error")
             yield _sse(error_to_openai(_error_message(exc), kind, code=code))
         except Exception:
             log.exception("stream failed")
+            failure = "internal server error"
+            self.metrics.errors.inc(code="internal_error")
             yield _sse(error_to_openai("internal server error (see the server log)",
                                        "server_error"))
         finally:
             await stream.close()
+            if on_end is not None:
+                on_end(final, failure, "".join(sent))
         yield "data: [DONE]\n\n"
+
+
+def _request_id(given: str | None) -> str:
+    """The client's ``X-Request-Id`` when it is a sane token, else a new one."""
+    if given and len(given) <= 128 and all(c.isalnum() or c in "._:-" for c in given):
+        return given
+    return "req_" + uuid.uuid4().hex[:24]
 
 
 def create_app(
@@ -226,64 +317,115 @@ def create_app(
     default_max_tokens: int = 512,
     request_timeout_s: float | None = None,
     max_concurrency: int | None = None,
+    max_queue: int | None = None,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    api_keys: Iterable[str] = (),
+    adapter: ChatAdapter | None = None,
+    traces: "TraceStore | None" = None,
+    retrieval_workers: int = 4,
 ) -> "FastAPI":
     """Build the app serving ``backend`` as ``model_name`` (default: the backend's spec).
 
     ``request_timeout_s`` bounds each request (504 past it); ``max_concurrency`` caps backend
-    calls in flight (default: ``backend.capabilities.max_concurrency``).
+    calls in flight (default: ``backend.capabilities.max_concurrency``) and ``max_queue`` how
+    many more may wait (429 past it; None: no limit); ``max_body_bytes`` refuses bigger bodies
+    (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
+    ``adapter`` applies the library to each request; ``traces`` records every exchange.
     """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
 
+    from engine.runtime.agent import new_trace_id
+
+    if max_queue is not None and max_queue < 0:
+        raise ConfigError(f"max_queue must be 0 or more, got {max_queue}",
+                          hint="0 answers 429 whenever every upstream slot is busy")
+    if max_body_bytes is not None and max_body_bytes < 1:
+        raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes}")
     settings = ServerSettings(
         model_name=model_name or backend.spec or "whetstone",
         aliases=tuple(a for a in aliases if a != model_name),
         default_max_tokens=default_max_tokens,
         request_timeout_s=request_timeout_s,
         max_concurrency=max_concurrency or backend.capabilities.max_concurrency,
+        max_queue=max_queue,
+        max_body_bytes=max_body_bytes,
     )
-    service = ChatService(backend, settings)
+    writer: TraceWriter | None = None
+    metrics = Metrics(in_flight=lambda: service.admitted, queued=lambda: service.queued,
+                      traces_pending=lambda: writer.pending if writer is not None else 0)
+    service = ChatService(backend, settings, metrics)
+    writer = TraceWriter(traces, metrics) if traces is not None else None
+    middleware = ChatMiddleware(adapter, writer, metrics, workers=retrieval_workers)
 
     class _EventStream(StreamingResponse):
-        """Closes the backend stream however the response ends: done, failed, or the client
-        went away before the first event (then the event generator never starts)."""
+        """Closes the backend stream and frees the queue place however the response ends:
+        done, failed, or the client went away before the first event (then the event
+        generator never starts)."""
 
-        def __init__(self, stream: OpenStream, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, stream: OpenStream, *args: Any,
+                     on_close: Callable[[], None], **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._stream = stream
+            self._on_close = on_close
 
         async def __call__(self, *args: Any) -> None:
             try:
                 await super().__call__(*args)
             finally:
-                await self._stream.close()
-    started = int(time.time())
+                try:
+                    await self._stream.close()
+                finally:
+                    self._on_close()
+    started_at = int(time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        # The caller owns the backend and closes it; what is bound to this event loop (an
-        # async HTTP pool) can only be closed here, while the loop still runs.
-        aclose = getattr(backend, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await middleware.start()
+        try:
+            yield
+        finally:
+            await middleware.stop()  # writes every queued trace before the process ends
+            # The caller owns the backend and closes it; what is bound to this event loop (an
+            # async HTTP pool) can only be closed here, while the loop still runs.
+            aclose = getattr(backend, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     app = FastAPI(title="Whetstone", version="0.1.0", docs_url=None, redoc_url=None,
                   lifespan=lifespan)
     app.state.service = service
+    app.state.metrics = metrics
+    app.state.middleware = middleware
+    app.add_middleware(Guard, keys=frozenset(api_keys), metrics=metrics)
 
     def error(status: int, message: str, kind: str, code: str | None = None,
-              param: str | None = None) -> JSONResponse:
+              param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+        metrics.errors.inc(code=code or kind)
         return JSONResponse(error_to_openai(message, kind, code=code, param=param),
-                            status_code=status)
+                            status_code=status, headers=headers)
 
-    def whetstone_error(exc: WhetstoneError) -> JSONResponse:
+    def whetstone_error(exc: WhetstoneError, headers: dict[str, str] | None = None
+                        ) -> JSONResponse:
         status, kind, code = error_status(exc)
         if status >= 500:
             log.warning("request failed (%d): %s", status, exc.message)
-        return error(status, _error_message(exc), kind, code)
+        return error(status, _error_message(exc), kind, code, headers=headers)
+
+    async def json_body(request: Request, headers: dict[str, str]) -> Any:
+        """The parsed body, or the error response to send instead."""
+        try:
+            raw = await read_body(request, settings.max_body_bytes)
+        except BodyTooLarge as exc:
+            return error(413, str(exc), "invalid_request_error", "request_too_large",
+                         headers=headers)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error(400, f"the request body is not valid JSON: {exc}",
+                         "invalid_request_error", "invalid_json", headers=headers)
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -302,28 +444,117 @@ def create_app(
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(400, f"the request body is not valid JSON: {exc}",
-                         "invalid_request_error", "invalid_json")
+        started = time.time()
+        request_id = _request_id(request.headers.get(REQUEST_ID_HEADER))
+        headers = {REQUEST_ID_HEADER: request_id}
+        body = await json_body(request, headers)
+        if isinstance(body, Response):
+            return body
         try:
             call = service.parse(body)
-            model = call.model or settings.model_name
-            if not call.stream:
+            switches = ChatSwitches.from_body(body.get("whetstone"))
+        except WhetstoneError as exc:
+            return whetstone_error(exc, headers)
+        if not service.admit():
+            return error(429, f"the server is busy: {service.admitted} requests are being "
+                         f"answered or are waiting, the most it takes; retry shortly",
+                         "requests", "rate_limit_exceeded",
+                         headers={**headers, "Retry-After": "1"})
+        handed_off = [False]  # a stream frees its queue place itself, when it ends
+        try:
+            adapted = await middleware.adapt(call.request, switches)
+            call = replace(call, request=adapted.request)
+            return await answer(call, adapted, switches, started, request_id, headers,
+                                handed_off)
+        finally:
+            if not handed_off[0]:
+                service.release()
+
+    async def answer(call: ChatCall, adapted: Adapted, switches: ChatSwitches, started: float,
+                     request_id: str, headers: dict[str, str], handed_off: list[bool]
+                     ) -> Response:
+        model = call.model or settings.model_name
+        trace_id = new_trace_id() if switches.record and writer is not None else None
+        if adapted.applied and adapted.library_version:
+            headers[VERSION_HEADER] = adapted.library_version
+        if trace_id is not None:
+            headers[TRACE_HEADER] = trace_id
+
+        def record(completion: Completion | None, failure: str | None,
+                   outcome: Any = None, **meta: Any) -> None:
+            if trace_id is not None:
+                middleware.record(chat_trace(
+                    trace_id, adapted, model=backend.spec, started=started,
+                    completion=completion, error=failure, outcome=outcome,
+                    request_id=request_id, meta={"served_as": model, "stream": call.stream,
+                                                 **meta}))
+
+        if not call.stream:
+            try:
                 completion = await service.complete(call)
-                return JSONResponse(completion_to_openai(completion, model=model))
+            except WhetstoneError as exc:
+                record(None, exc.message)
+                return whetstone_error(exc, headers)
+            record(completion, None)
+            return JSONResponse(completion_to_openai(completion, model=model), headers=headers)
+        try:
             stream = await service.open_stream(call)
         except WhetstoneError as exc:
-            return whetstone_error(exc)
+            record(None, exc.message)
+            return whetstone_error(exc, headers)
+        ended = [False]
+
+        def on_end(completion: Completion | None, failure: str | None, text: str) -> None:
+            if ended[0]:
+                return
+            ended[0] = True
+            if completion is None and failure is None:
+                record(None, "the client closed the stream", outcome="interrupted",
+                       partial=text)
+            else:
+                record(completion, failure)
+
+        def on_close() -> None:
+            on_end(None, None, "")  # when the event generator never ran
+            service.release()
+
+        handed_off[0] = True
         return _EventStream(
-            stream, service.sse_events(call, model, stream), media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            stream, service.sse_events(call, model, stream, on_end), on_close=on_close,
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    @app.post("/v1/feedback", response_model=None)
+    async def feedback(request: Request) -> Response | dict[str, Any]:
+        body = await json_body(request, {})
+        if isinstance(body, Response):
+            return body
+        if writer is None:
+            return error(404, "this server does not record traces, so there is nothing to "
+                         "label", "invalid_request_error", "not_found")
+        if not isinstance(body, dict):
+            return error(400, "the body must be a JSON object {trace_id, score, comment}",
+                         "invalid_request_error")
+        trace_id = body.get("trace_id")
+        if not isinstance(trace_id, str) or not trace_id.strip():
+            return error(400, "'trace_id' is required: the X-Whetstone-Trace-Id header of the "
+                         "response being labelled", "invalid_request_error", param="trace_id")
+        try:
+            score, comment = check_feedback(body.get("score"), body.get("comment"))
+        except ConfigError as exc:
+            param = "comment" if "comment" in exc.message else "score"
+            return error(400, _error_message(exc), "invalid_request_error", param=param)
+        try:
+            trace: Trace = await writer.label(trace_id.strip(), score, comment)
+        except NotFound as exc:
+            return error(404, _error_message(exc), "invalid_request_error", "trace_not_found",
+                         param="trace_id")
+        return {"object": "feedback", "trace_id": trace.id, "score": trace.score,
+                "comment": comment}
+
     def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": started, "owned_by": "whetstone"}
+        return {"id": name, "object": "model", "created": started_at, "owned_by": "whetstone"}
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -339,7 +570,21 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": settings.model_name, "backend": backend.spec}
+        out: dict[str, Any] = {"status": "ok", "model": settings.model_name,
+                               "backend": backend.spec}
+        if adapter is not None or writer is not None:
+            out["upstream"] = backend.spec
+            out["recording"] = writer is not None
+            try:
+                out["library_version"] = middleware.library_version()
+            except WhetstoneError as exc:
+                out["library_version"] = None
+                out["library_error"] = exc.message
+        return out
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app
 
@@ -353,7 +598,8 @@ def serve(
     **app_options: Any,
 ) -> None:
     """Serve ``backend`` until interrupted (``whetstone serve``). ``app_options`` go to
-    ``create_app`` (``model_name``, ``request_timeout_s``, ``max_concurrency`` ...)."""
+    ``create_app`` (``model_name``, ``adapter``, ``traces``, ``api_keys``, ``max_queue`` ...).
+    At shutdown uvicorn lets requests in flight finish, then the trace queue is drained."""
     import uvicorn
 
     app = create_app(backend, **app_options)

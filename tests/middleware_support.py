@@ -1,0 +1,169 @@
+"""Helpers for the middleware tests: a small skills library, a shared embedding model, servers
+on a chosen port, and upstream doubles whose replies are derived from the request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.backends.base import Backend, Capabilities
+from engine.runtime.chat import ChatAdapter, chat_skills_plugin
+from engine.types import Completion, Request, Trace
+from library_store.store import Library
+from library_store.traces import TraceStore
+
+SKILLS = {
+    "skills/unit-conversion/SKILL.md": """---
+name: unit-conversion
+description: Convert between units (hours, minutes, metres, kilometres) in word problems.
+---
+
+# Unit conversion
+
+1. Write every quantity with its unit.
+2. Convert to one unit before adding.
+""",
+    "skills/baking-recipes/SKILL.md": """---
+name: baking-recipes
+description: Scale baking recipes up or down by servings.
+---
+
+# Baking
+
+Multiply every ingredient by new servings / old servings.
+""",
+    "skills/weather-reports/SKILL.md": """---
+name: weather-reports
+description: Answer questions about the weather in a city by calling the get_weather tool.
+---
+
+# Weather
+
+Call get_weather with the city, then report the temperature in Celsius.
+""",
+}
+USER = [{"role": "user", "content": "How many minutes are 2.5 hours?"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+
+
+def make_library(path: Path) -> Library:
+    """A library at v2 holding the three skills above."""
+    lib = Library.open(path, create=True)
+    lib.commit(SKILLS, method="test", message="three skills")
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def shared_embedder() -> Any:
+    """One MiniLM for every test in the process (loading it takes a second or two)."""
+    from library_store.embeddings import TextEmbedder
+
+    return TextEmbedder(threads=1)
+
+
+def make_adapter(library: Library, backend: Backend, **kw: Any) -> ChatAdapter:
+    plugin, resources = chat_skills_plugin(library, embedder=shared_embedder())
+    return ChatAdapter([plugin], backend, version_of=library.current_id, resources=resources,
+                       **kw)
+
+
+def echo(request: Request) -> str:
+    """A reply derived from the request, so a mixed-up response is detectable."""
+    return "echo: " + request.messages[-1].text
+
+
+def wait_for_trace(store: TraceStore, trace_id: str, timeout: float = 10.0) -> Trace:
+    """The trace once the server's background writer has stored it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        traces = store.latest()
+        if trace_id in traces:
+            return traces[trace_id]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"trace {trace_id} was not stored within {timeout} s")
+        time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving_on(app: Any, port: int) -> Iterator[str]:
+    """Serve ``app`` on a given port (an upstream that comes up after being down)."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError(f"server on port {port} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+class SlowWhenAsked(Backend):
+    """Echoes, but sleeps ``delay_s`` first when the last message contains "slow"."""
+
+    def __init__(self, delay_s: float = 5.0) -> None:
+        self.spec = "slow-when-asked"
+        self.capabilities = Capabilities(streaming=True, max_concurrency=8)
+        self.delay_s = delay_s
+
+    def complete(self, request: Request) -> Completion:
+        raise AssertionError("served through acomplete")
+
+    async def acomplete(self, request: Request) -> Completion:
+        if "slow" in request.messages[-1].text:
+            await asyncio.sleep(self.delay_s)
+        text = echo(request)
+        return Completion(text=text, prompt_tokens=5, completion_tokens=len(text.split()))
+
+
+class Gate(Backend):
+    """Holds every call until ``release`` is set; counts calls in flight (queue tests)."""
+
+    def __init__(self) -> None:
+        self.spec = "gate"
+        self.capabilities = Capabilities(max_concurrency=1)
+        self.release = threading.Event()
+        self.in_flight = 0
+        self.entered = threading.Event()
+
+    def complete(self, request: Request) -> Completion:
+        self.in_flight += 1
+        self.entered.set()
+        try:
+            self.release.wait(timeout=30)
+            return Completion(text=echo(request), prompt_tokens=1, completion_tokens=1)
+        finally:
+            self.in_flight -= 1
