@@ -149,3 +149,18 @@ def test_help_is_instant_and_imports_nothing_heavy() -> None:
                          text=True, check=True).stdout
     assert out.strip() == "[]"
     assert re.search(r"run\s+Run an agent", CliRunner().invoke(cli, ["--help"]).output)
+
+
+def test_error_messages_keep_their_bracketed_rule_names(capsys: object) -> None:
+    import pytest
+
+    from engine.commands.common import fail
+    from engine.errors import ValidationError
+
+    with pytest.raises(SystemExit) as exit_info:
+        fail(ValidationError("skills/x/SKILL.md", "name", "must match the folder", line=2,
+                             hint="rename [the folder]"))
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert exit_info.value.code == 5
+    assert "skills/x/SKILL.md:2: [name] must match the folder" in err
+    assert "rename [the folder]" in err

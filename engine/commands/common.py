@@ -36,10 +36,13 @@ def emit_json(obj: Any) -> None:
 
 def fail(exc: WhetstoneError) -> None:
     """Print an error the way every command does and exit with its code."""
+    from rich.markup import escape
+
     err = console(stderr=True)
-    err.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True)
+    # Escape: messages hold "[rule]" tags and raw model output that rich must not eat.
+    err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
     if exc.hint:
-        err.print(f"[yellow]hint:[/] {exc.hint}", markup=True, soft_wrap=True)
+        err.print(f"[yellow]hint:[/] {escape(exc.hint)}", markup=True, soft_wrap=True)
     sys.exit(exc.exit_code)
 
 

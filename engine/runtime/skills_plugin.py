@@ -45,12 +45,17 @@ class SkillsPlugin(Plugin):
     def __init__(self, library: "Library", *, snapshot: "Snapshot | None" = None,
                  retriever: "SkillRetriever | None" = None, k: int = 5,
                  max_bodies: int = 2, min_score: float | None = None) -> None:
+        from library_store.embeddings import TextEmbedder
+        from skills.index import LibraryIndex
         from skills.retrieval import SkillRetriever
 
         self.library = library
         self.pinned = snapshot
-        self.retriever = retriever or SkillRetriever(library, k=k, max_bodies=max_bodies,
-                                                     min_score=min_score)
+        # One torch thread per query embedding: on a busy 2-core box two threads spin and a
+        # query takes ~900 ms instead of ~25 ms (measured in bench_library).
+        self.retriever = retriever or SkillRetriever(
+            library, LibraryIndex(library, TextEmbedder(threads=1)), k=k,
+            max_bodies=max_bodies, min_score=min_score)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = snapshot
 
@@ -65,7 +70,7 @@ class SkillsPlugin(Plugin):
             return self._snapshot
 
     def has_skills(self) -> bool:
-        return bool(self.snapshot().children("skills"))
+        return self.snapshot().has("skills/")
 
     def tools(self) -> list[Tool]:
         return [Tool(READ_SKILL_SPEC, self._read)]
@@ -82,7 +87,7 @@ class SkillsPlugin(Plugin):
 
     def guidance(self, task: str, ctx: "AgentContext", budget_tokens: int) -> Guidance | None:
         snap = self.snapshot()
-        if not snap.children("skills"):
+        if not snap.has("skills/"):
             return Guidance("Skills", "", {"version": snap.id, "shown": [], "with_body": []},
                             library_version=snap.id)
         r = self.retriever.retrieve(task, snapshot=snap, budget_tokens=budget_tokens)
