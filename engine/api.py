@@ -11,7 +11,7 @@ reads configuration and builds objects.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from engine.backends.base import Backend
 from engine.backends.registry import BackendOptions, get_backend
@@ -36,6 +36,9 @@ from library_store.store import Library, Snapshot
 from library_store.traces import TraceStore
 from tools.base import Tool
 from tools.builtin import builtin_tools
+
+if TYPE_CHECKING:
+    from engine.methods.evolve import EvolveResult
 
 
 class Engine:
@@ -138,6 +141,35 @@ class Engine:
 
     async def arun(self, task: str, **kwargs: Any) -> Trace:
         return await self.agent.arun(task, **kwargs)
+
+    def evolve(self, method: str = "trace2skill", *, traces: Sequence[Trace] | None = None,
+               gate_tasks: Any = None, analyst: Backend | str | None = None,
+               dry_run: bool = False, rule: str = "not_worse", seed: int = 0,
+               candidate_name: str | None = None, **options: Any) -> "EvolveResult":
+        """Evolve the library from ``traces`` (default: every finished stored trace) and land
+        the change through the regression gate (``gate_tasks``: default the traces' own tasks).
+
+        ``options`` configure the method, e.g. ``skill="word-math", create=True, workers=4``.
+        """
+        from engine.evaluation.tasks import tasks_from_traces
+        from engine.methods.evolve import gate_and_apply
+        from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+
+        if method != "trace2skill":
+            from engine.errors import ConfigError
+
+            raise ConfigError(f"unknown evolver {method!r}", hint="evolvers: trace2skill")
+        chosen = list(traces) if traces is not None else [
+            t for t in self.traces.query() if t.outcome != "running"]
+        analyst_backend = analyst if isinstance(analyst, Backend) else (
+            get_backend(analyst) if analyst else self.backend)
+        config = Trace2SkillConfig(**options)
+        patch = Trace2Skill(config).fit(
+            chosen, self.library.snapshot().texts(f"skills/{config.skill}/"), analyst_backend)
+        return gate_and_apply(
+            patch, self.library, make_solver=lambda snap: self.solver(snapshot=snap),
+            gate_tasks=gate_tasks if gate_tasks is not None else tasks_from_traces(chosen),
+            rule=rule, seed=seed, candidate_name=candidate_name, dry_run=dry_run)
 
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)

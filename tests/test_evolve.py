@@ -149,3 +149,13 @@ def test_a_candidate_can_be_evaluated_without_applying_it(tmp_path: Path) -> Non
                   checkpointing=False)
     result = evaluate(TASKS, cand.solver())
     assert result.accuracy == 1.0 and engine.library.current_id() == "v1"
+
+
+def test_python_api_evolve_in_three_lines(tmp_path: Path) -> None:
+    engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
+                    library=tmp_path / "lib", checkpointing=False)
+    collect(engine)
+    result = engine.evolve("trace2skill", skill="adding", create=True,
+                           analyst=ScriptedBackend(responder=analyst_reply))
+    assert result.version is not None and result.version.id == "v2"
+    assert result.decision is not None and result.decision.candidate_score == 1.0
