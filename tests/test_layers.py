@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/server.py", 6),
     ("engine/server_middleware.py", 6),
     ("engine/server_metrics.py", 6),
+    ("engine/server_service.py", 6),
     ("engine/middleware.py", 6),
     ("engine/api.py", 6),
     ("engine/commands", 6),
