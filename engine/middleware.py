@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -279,7 +280,7 @@ class AsyncRecordingStream(_Passthrough):
 def _install_create(owner: Any, inner: Callable[..., Any], impl: Callable[..., Any]) -> None:
     """Give ``owner`` a ``create`` that runs ``impl`` but reads as the client's own: its
     ``__wrapped__`` makes ``inspect.signature`` and ``help()`` show the client's parameters."""
-    if asyncio.iscoroutinefunction(impl):
+    if inspect.iscoroutinefunction(impl):
         async def create(*args: Any, **kwargs: Any) -> Any:
             return await impl(*args, **kwargs)
     else:
@@ -404,7 +405,8 @@ class WrappedClient(_Passthrough):
                  ) -> None:
         super().__init__(client)
         core = _Core(client, adapter, store)
-        is_async = asyncio.iscoroutinefunction(client.chat.completions.create)
+        # openai decorates create(); the function underneath says whether it is async.
+        is_async = inspect.iscoroutinefunction(inspect.unwrap(client.chat.completions.create))
         completions = (AsyncCompletions if is_async else Completions)(
             client.chat.completions, core)
         object.__setattr__(self, "_core", core)

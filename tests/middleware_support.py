@@ -9,11 +9,11 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities
+from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.runtime.chat import ChatAdapter, chat_skills_plugin
 from engine.types import Completion, Request, Trace
 from library_store.store import Library
@@ -147,6 +147,11 @@ class SlowWhenAsked(Backend):
             await asyncio.sleep(self.delay_s)
         text = echo(request)
         return Completion(text=text, prompt_tokens=5, completion_tokens=len(text.split()))
+
+    async def astream(self, request: Request) -> AsyncIterator[StreamChunk]:
+        completion = await self.acomplete(request)
+        yield StreamChunk(text=completion.text)
+        yield StreamChunk(completion=completion)
 
 
 class Gate(Backend):
