@@ -246,3 +246,15 @@ def test_a_pinned_version_is_what_chat_uses(tmp_path: Path) -> None:
         assert reply.library_version == "v2" and "baking-recipes" in reply.guidance[
             "skills"]["shown"]
         assert e.chat_adapter().library_version() == "v2"
+
+
+def test_a_repeated_question_is_not_embedded_again(engine: Engine) -> None:
+    from engine.runtime.embed_cache import CachedEmbedder
+
+    embedder = engine.chat_adapter().plugins[0].retriever.index.embedder  # type: ignore[attr-defined]
+    assert isinstance(embedder, CachedEmbedder)
+    engine.chat("How many minutes are 2.5 hours?")
+    misses = embedder.misses
+    again = engine.chat("How many minutes are 2.5 hours?")
+    assert (embedder.hits, embedder.misses) == (1, misses)
+    assert again.guidance["skills"]["shown"][0] == "unit-conversion"

@@ -181,7 +181,7 @@ class _Counting:
 def test_the_cache_answers_repeated_queries_and_evicts_the_oldest() -> None:
     inner = _Counting()
     cache = CachedEmbedder(inner, maxsize=2)
-    assert cache.name == "fake" and cache.dim == 2
+    assert cache.name == "fake" and cache.dim == 2 and bool(cache)
     first = cache.embed(["aa"])
     first[0, 0] = 99  # the caller's copy, not the cached vector
     assert cache.embed(["aa"]).tolist() == [[2.0, 1.0]]
@@ -189,9 +189,9 @@ def test_the_cache_answers_repeated_queries_and_evicts_the_oldest() -> None:
     cache.embed(["b"])
     cache.embed(["ccc"])  # evicts "aa"
     cache.embed(["aa"])
-    assert len(inner.calls) == 4 and len(cache) == 2
+    assert len(inner.calls) == 4 and cache.size == 2
     cache.embed(["x", "y"])  # batches pass through, uncached
-    assert inner.calls[-1] == ["x", "y"] and len(cache) == 2
+    assert inner.calls[-1] == ["x", "y"] and cache.size == 2
 
 
 # --- API keys --------------------------------------------------------------------------------

@@ -39,7 +39,10 @@ class CachedEmbedder:
     def dim(self) -> int:
         return self.inner.dim
 
-    def __len__(self) -> int:
+    @property
+    def size(self) -> int:
+        """Texts cached now. (No ``__len__``: an empty cache must not read as false where
+        callers write ``embedder or default``.)"""
         return len(self._cache)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
