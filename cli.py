@@ -298,12 +298,15 @@ def models(as_json: bool) -> None:
               show_default=True, help="Requests that may wait for a slot; beyond it: 429.")
 @click.option("--upstream-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds per request before answering 504 (default: the upstream's own).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True,
+              help="uvicorn's log level ('warning' drops the per-request access log).")
 @handle_errors
 def serve(upstream: str, library_path: Path | None, library_version: str | None,
           no_library: bool, no_record: bool, host: str, port: int, served_name: str | None,
           api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
           max_body_bytes: int, max_concurrency: int | None, max_queue: int,
-          upstream_timeout: float | None) -> None:
+          upstream_timeout: float | None, log_level: str) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics)."""
     from engine.api import Engine
@@ -326,7 +329,8 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
               f"{engine.library_path} ({'off' if no_library else version}) · traces "
               f"{'off' if no_record else 'on'} · API keys {len(keys) or 'off'}", markup=True)
     try:
-        run_server(engine.backend, host=host, port=port, model_name=served_name or upstream,
+        run_server(engine.backend, host=host, port=port, log_level=log_level,
+                   model_name=served_name or upstream,
                    adapter=adapter, traces=None if no_record else engine.traces,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
                    max_queue=max_queue, request_timeout_s=upstream_timeout)

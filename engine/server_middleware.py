@@ -315,8 +315,10 @@ class ChatMiddleware:
             return Adapted(request, query=chat_query(request.messages))
         loop = asyncio.get_running_loop()
         try:
-            adapted = await loop.run_in_executor(self._executor, self.adapter.adapt, request,
-                                                 switches)
+            # A repeated question is answered from the adapter's cache right here; only a new
+            # one pays the thread hop and the embedding.
+            adapted = self.adapter.cached(request, switches) or await loop.run_in_executor(
+                self._executor, self.adapter.adapt, request, switches)
         except Exception as exc:  # noqa: BLE001 - degrade to a plain proxy, never fail a call
             log.warning("library retrieval failed; answering without it: %s",
                         getattr(exc, "message", None) or repr(exc))

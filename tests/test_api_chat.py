@@ -20,7 +20,7 @@ from engine.api import Engine
 from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError, NotFound, ScriptExhausted
 from engine.middleware import WrappedClient, trace_id_of
-from engine.runtime.chat import ChatReply
+from engine.runtime.chat import ChatReply, ChatSwitches
 from engine.server import create_app
 from library_store.store import Library
 
@@ -248,13 +248,24 @@ def test_a_pinned_version_is_what_chat_uses(tmp_path: Path) -> None:
         assert e.chat_adapter().library_version() == "v2"
 
 
-def test_a_repeated_question_is_not_embedded_again(engine: Engine) -> None:
+def test_a_repeated_question_is_served_from_the_caches(engine: Engine, library: Library
+                                                       ) -> None:
     from engine.runtime.embed_cache import CachedEmbedder
 
-    embedder = engine.chat_adapter().plugins[0].retriever.index.embedder  # type: ignore[attr-defined]
+    adapter = engine.chat_adapter()
+    embedder = adapter.plugins[0].retriever.index.embedder  # type: ignore[attr-defined]
     assert isinstance(embedder, CachedEmbedder)
-    engine.chat("How many minutes are 2.5 hours?")
+    first = engine.chat("How many minutes are 2.5 hours?")
     misses = embedder.misses
-    again = engine.chat("How many minutes are 2.5 hours?")
-    assert (embedder.hits, embedder.misses) == (1, misses)
-    assert again.guidance["skills"]["shown"][0] == "unit-conversion"
+    again = engine.chat("How many minutes are 2.5 hours?")  # same guidance, nothing computed
+    assert adapter.cache_hits == 1 and (embedder.hits, embedder.misses) == (0, misses)
+    assert again.guidance == first.guidance
+    sent = engine.backend.requests  # type: ignore[attr-defined]
+    assert sent[-1].messages[0].text == sent[-2].messages[0].text
+    adapter.adapt(sent[-1].with_(messages=sent[-1].messages[1:]),
+                  ChatSwitches(budget_tokens=100))  # another budget: searched again,
+    assert (embedder.hits, embedder.misses) == (1, misses)  # but not embedded again
+    library.commit({"skills/baking-recipes/SKILL.md": None}, method="test", message="drop")
+    moved = engine.chat("How many minutes are 2.5 hours?")  # a new version: a new key
+    assert adapter.cache_hits == 1 and moved.library_version == "v3"
+    assert "baking-recipes" not in moved.guidance["skills"]["shown"]

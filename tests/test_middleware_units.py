@@ -151,6 +151,38 @@ def test_the_adapter_spends_one_budget_across_plugins() -> None:
     assert empty.library_version == "v9" and adapter.library_version() == "v9"
 
 
+class _Keyed(_Notes):
+    def __init__(self) -> None:
+        super().__init__("k", "keyed notes", "v1")
+        self.key: str | None = "tree-1"
+
+    def cache_key(self) -> str | None:
+        return self.key
+
+
+def test_guidance_is_cached_per_key_query_and_budget() -> None:
+    keyed = _Keyed()
+    adapter = ChatAdapter([keyed], ScriptedBackend(), cache_size=2)
+    ask = Request(messages=(Message("user", "q1"),))
+    assert adapter.cached(ask) is None
+    first = adapter.adapt(ask)
+    hit = adapter.cached(ask)
+    assert hit is not None and hit.request == first.request and hit.meta == first.meta
+    assert len(keyed.calls) == 1 and adapter.cache_hits == 1
+    adapter.adapt(ask, ChatSwitches(budget_tokens=50))  # another budget: computed
+    keyed.key = "tree-2"  # the library moved: nothing old is served
+    assert adapter.cached(ask) is None
+    adapter.adapt(ask)
+    assert len(keyed.calls) == 3
+    keyed.key = None  # the plugin says "do not cache now"
+    adapter.adapt(ask)
+    adapter.adapt(ask)
+    assert len(keyed.calls) == 5
+    mixed = ChatAdapter([_Keyed(), _Notes("plain", "x")], ScriptedBackend())
+    mixed.adapt(ask)
+    assert mixed.cached(ask) is None  # one uncacheable plugin: no caching at all
+
+
 def test_an_error_trace() -> None:
     adapted = Adapted(Request(messages=(Message("user", "q"),)), query="q", applied=True,
                       library_version="v3")

@@ -12,11 +12,14 @@ the adapter and ``chat_trace`` around their own transport.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine.errors import ConfigError, WhetstoneError
 from engine.runtime.embed_cache import CachedEmbedder
@@ -39,6 +42,14 @@ MAX_BUDGET_TOKENS = 32_000
 
 class Closeable(Protocol):
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class CacheKeyed(Protocol):
+    """A plugin whose guidance is a pure function of (its state, task, budget): ``cache_key``
+    names that state (a library tree hash), or None when it must not be cached now."""
+
+    def cache_key(self) -> str | None: ...
 
 
 # --- per-request switches --------------------------------------------------------------------
@@ -169,18 +180,29 @@ class ChatAdapter:
     ``plugins`` give the guidance (``Plugin.guidance``); ``budget_tokens`` bounds it all,
     counted with the backend's tokenizer; ``version_of`` says which library version is current
     (for ``/health``); ``resources`` are closed by ``close``.
+
+    When every plugin is ``CacheKeyed``, the last ``cache_size`` results are kept, keyed by the
+    plugins' keys (library tree hashes), the query and the budget: a repeated question against
+    an unchanged library gets the very guidance it got before, without embedding or searching
+    (``cached`` serves it without leaving the event loop). A new library version changes the
+    key, so nothing stale is served.
     """
 
     def __init__(self, plugins: Sequence[Plugin], backend: Backend, *,
                  budget_tokens: int = 1_200, query_turns: int = 1,
                  version_of: Callable[[], str | None] | None = None,
-                 resources: Sequence[Closeable] = ()) -> None:
+                 resources: Sequence[Closeable] = (), cache_size: int = 256) -> None:
         self.plugins = tuple(plugins)
         self.backend = backend
         self.budget_tokens = budget_tokens
         self.query_turns = query_turns
+        self.cache_size = cache_size
+        self.cache_hits = 0
         self._version_of = version_of
         self._resources = tuple(resources)
+        self._cache: OrderedDict[tuple[Any, ...], tuple[str, dict[str, Any], str | None]] = (
+            OrderedDict())
+        self._cache_lock = threading.Lock()
         # Plugins are written for the agent and take its context; chat mode has no tools.
         self._ctx = AgentContext(backend=backend, toolbox=Toolbox(),
                                  config=RunConfig(guidance_budget_tokens=budget_tokens),
@@ -190,6 +212,45 @@ class ChatAdapter:
         """The version requests are adapted with now (a pinned one, or the current one)."""
         return self._version_of() if self._version_of is not None else None
 
+    def _key(self, query: str, budget: int) -> tuple[Any, ...] | None:
+        if self.cache_size <= 0 or not self.plugins:
+            return None
+        keys = []
+        for plugin in self.plugins:
+            key = plugin.cache_key() if isinstance(plugin, CacheKeyed) else None
+            if key is None:
+                return None
+            keys.append(key)
+        return (tuple(keys), query, budget)
+
+    def _finish(self, request: Request, query: str, guidance: str, meta: dict[str, Any],
+                version: str | None, start: float) -> Adapted:
+        adapted = request.with_(messages=inject_guidance(request.messages, guidance))
+        return Adapted(adapted, query=query, guidance=guidance,
+                       meta={k: dict(v) if isinstance(v, dict) else v for k, v in meta.items()},
+                       library_version=version, applied=True,
+                       duration_s=time.perf_counter() - start)
+
+    def cached(self, request: Request, switches: ChatSwitches = ChatSwitches()
+               ) -> Adapted | None:
+        """The adapted request when its guidance is in the cache, else None. Cheap (a small
+        file read for the library version): the server calls it on the event loop."""
+        start = time.perf_counter()
+        if not switches.library:
+            return None
+        query = chat_query(request.messages, self.query_turns)
+        budget = self.budget_tokens if switches.budget_tokens is None else switches.budget_tokens
+        key = self._key(query, budget) if query else None
+        if key is None:
+            return None
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is None:
+                return None
+            self._cache.move_to_end(key)
+            self.cache_hits += 1
+        return self._finish(request, query, *hit, start)
+
     def adapt(self, request: Request, switches: ChatSwitches = ChatSwitches()) -> Adapted:
         """``request`` with guidance for its conversation in the system message."""
         start = time.perf_counter()
@@ -197,6 +258,11 @@ class ChatAdapter:
         if not switches.library:
             return Adapted(request, query=query, duration_s=time.perf_counter() - start)
         budget = self.budget_tokens if switches.budget_tokens is None else switches.budget_tokens
+        key = self._key(query, budget) if query else None
+        if key is not None:
+            hit = self.cached(request, switches)
+            if hit is not None:
+                return hit
         parts: list[str] = []
         meta: dict[str, Any] = {}
         version: str | None = None
@@ -216,10 +282,12 @@ class ChatAdapter:
         guidance = "\n\n".join(parts)
         if version is None:
             version = self.library_version()
-        adapted = request.with_(messages=inject_guidance(request.messages, guidance))
-        return Adapted(adapted, query=query, guidance=guidance, meta=meta,
-                       library_version=version, applied=True,
-                       duration_s=time.perf_counter() - start)
+        if key is not None:
+            with self._cache_lock:
+                self._cache[key] = (guidance, meta, version)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return self._finish(request, query, guidance, meta, version, start)
 
     def warm_up(self) -> Adapted:
         """Adapt one request now, so loading the embedder and syncing the index happen at
@@ -229,6 +297,21 @@ class ChatAdapter:
     def close(self) -> None:
         for r in self._resources:
             r.close()
+
+
+@functools.lru_cache(maxsize=1)
+def _chat_skills_class() -> type:
+    # Defined on first use: skills_plugin imports the tools layer's built-ins lazily too.
+    from engine.runtime.skills_plugin import SkillsPlugin
+
+    class ChatSkillsPlugin(SkillsPlugin):
+        """``SkillsPlugin`` whose guidance can be cached: for one library tree (its root hash)
+        the same task and budget retrieve the same skills."""
+
+        def cache_key(self) -> str | None:
+            return self.snapshot().root
+
+    return ChatSkillsPlugin
 
 
 def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
@@ -244,7 +327,6 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     (measured; see benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
     wrapped in the cache all the same).
     """
-    from engine.runtime.skills_plugin import SkillsPlugin
     from library_store.embeddings import TextEmbedder
     from skills.index import LibraryIndex
     from skills.retrieval import SkillRetriever
@@ -253,7 +335,8 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     index = LibraryIndex(library, cached)
     retriever = SkillRetriever(library, index, k=k, max_bodies=max_bodies, min_score=min_score,
                                template="skills_retrieved_chat")
-    return SkillsPlugin(library, snapshot=snapshot, retriever=retriever), [retriever, index]
+    plugin = _chat_skills_class()(library, snapshot=snapshot, retriever=retriever)
+    return plugin, [retriever, index]
 
 
 # --- the trace of one exchange ---------------------------------------------------------------
