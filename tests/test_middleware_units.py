@@ -281,3 +281,22 @@ async def test_a_failing_store_is_counted_not_fatal(tmp_path: Path) -> None:
     assert metrics.trace_errors.value() == 1 and metrics.traces_written.value() == 0
     await writer.stop()
     await asyncio.sleep(0)
+
+
+def test_an_exchange_reads_like_a_run_to_the_evolvers() -> None:
+    from engine.methods.analyst import render_trace
+    from engine.types import ToolCall
+
+    adapted = Adapted(Request(messages=(Message("system", "# Skills\n- weather"),
+                                        Message("user", "Weather in Oslo?"))),
+                      query="Weather in Oslo?", applied=True, library_version="v2",
+                      meta={"skills": {"shown": ["weather-reports"]}})
+    call = ToolCall(name="get_weather", arguments='{"city": "Oslo"}', id="c1")
+    t = chat_trace("t9", adapted, model="openai:qwen@http://h/v1", started=1.0, ended=2.0,
+                   completion=Completion(text="", tool_calls=(call,), completion_tokens=7))
+    text = render_trace(t)
+    assert text.splitlines()[0] == "Task: Weather in Oslo?"
+    assert 'Model calls get_weather({"city": "Oslo"})' in text
+    assert text.splitlines()[-2:] == ['Final answer: get_weather({"city": "Oslo"})',
+                                      "Outcome: answered"]
+    assert t.meta["skills"]["shown"] == ["weather-reports"] and t.total_tokens == 7
