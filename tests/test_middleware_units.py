@@ -300,3 +300,12 @@ def test_an_exchange_reads_like_a_run_to_the_evolvers() -> None:
     assert text.splitlines()[-2:] == ['Final answer: get_weather({"city": "Oslo"})',
                                       "Outcome: answered"]
     assert t.meta["skills"]["shown"] == ["weather-reports"] and t.total_tokens == 7
+
+
+def test_create_app_refuses_bad_limits() -> None:
+    from engine.server import create_app
+
+    with pytest.raises(ConfigError, match="max_queue"):
+        create_app(ScriptedBackend(), max_queue=-1)
+    with pytest.raises(ConfigError, match="max_body_bytes"):
+        create_app(ScriptedBackend(), max_body_bytes=0)
