@@ -208,8 +208,11 @@ def series(metrics: str) -> dict[str, float]:
 
 
 async def bench(args: argparse.Namespace, direct: str, whet: str) -> list[dict[str, Any]]:
+    # Idle connections expire before uvicorn's 5 s keep-alive does: reusing one the server is
+    # closing at that moment is a ReadError, a client artifact that is not what we measure.
     limits = httpx.Limits(max_connections=args.concurrency * 2 + 8,
-                          max_keepalive_connections=args.concurrency * 2 + 8)
+                          max_keepalive_connections=args.concurrency * 2 + 8,
+                          keepalive_expiry=1.0)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=120) as http:
         for p in PROMPTS:  # warm up both sides and the embedding cache for "repeated"
