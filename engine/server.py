@@ -99,6 +99,7 @@ def create_app(
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.background import BackgroundTask
     from starlette.exceptions import HTTPException
 
     from engine.runtime.agent import new_trace_id
@@ -257,15 +258,18 @@ def create_app(
             try:
                 completion = await service.complete(call)
             except WhetstoneError as exc:
-                record(None, exc.message)
-                return whetstone_error(exc, headers)
-            record(completion, None)
-            return JSONResponse(completion_to_openai(completion, model=model), headers=headers)
+                failed = whetstone_error(exc, headers)
+                failed.background = BackgroundTask(record, None, exc.message)
+                return failed
+            # Recorded once the reply is sent: the trace never delays it.
+            return JSONResponse(completion_to_openai(completion, model=model), headers=headers,
+                                background=BackgroundTask(record, completion, None))
         try:
             stream = await service.open_stream(call)
         except WhetstoneError as exc:
-            record(None, exc.message)
-            return whetstone_error(exc, headers)
+            failed = whetstone_error(exc, headers)
+            failed.background = BackgroundTask(record, None, exc.message)
+            return failed
         ended = [False]
 
         def on_end(completion: Completion | None, failure: str | None, text: str) -> None:

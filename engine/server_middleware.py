@@ -239,11 +239,18 @@ class TraceWriter:
                 return  # the stop sentinel: everything before it is written
 
     def _write(self, traces: list[Trace]) -> None:
+        try:
+            self.store.append_many(traces)  # one call per batch, however the store batches
+            self.metrics.traces_written.inc(len(traces))
+            return
+        except Exception:  # noqa: BLE001 - find out which ones failed, one at a time
+            log.warning("writing a batch of %d traces failed; retrying one by one", len(traces))
+        # Rewriting a trace that did get written is harmless: the latest line for an id wins.
         for trace in traces:
             try:
                 self.store.append(trace)
                 self.metrics.traces_written.inc()
-            except Exception:
+            except Exception:  # a full disk must not take the server down (logged, counted)
                 self.metrics.trace_errors.inc()
                 log.exception("could not store trace %s", trace.id)
 

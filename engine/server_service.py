@@ -217,7 +217,8 @@ class ChatService:
         becomes an ``{"error": ...}`` event, which OpenAI clients raise as an error.
 
         ``on_end(completion, error, text_so_far)`` is called once however the stream ends
-        (completion None: it failed, or the client went away).
+        (completion None: it failed, or the client went away), after the last event has been
+        handed to the server, so recording the exchange never delays the reply.
         """
         cid, created = new_completion_id(), int(time.time())
         sent: list[str] = []
@@ -227,46 +228,53 @@ class ChatService:
         def event(**kw: Any) -> str:
             return _sse(chunk_to_openai(id=cid, created=created, model=model, **kw))
 
+        interrupted = True  # stays True when the client goes away (GeneratorExit) mid-stream
         try:
-            yield event(delta={"role": "assistant", "content": ""})
-            chunk: StreamChunk | None = stream.first
-            last: Completion | None = None
-            while chunk is not None:
-                if chunk.text:
-                    sent.append(chunk.text)
-                    yield event(delta={"content": chunk.text})
-                if chunk.completion is not None:
-                    last = chunk.completion
-                    break
-                chunk = await stream.next()
-            if last is None:
-                raise BackendError("the backend's stream ended without a completion",
-                                   hint="a backend's stream() must end with the Completion")
-            self._count_tokens(last)
-            if last.tool_calls:
-                calls = [{"index": i, **c}
-                         for i, c in enumerate(tool_calls_to_openai(last.tool_calls))]
-                yield event(delta={"tool_calls": calls})
-            yield event(delta={}, finish_reason=finish_reason_to_openai(last))
-            if call.include_usage:
-                yield event(usage=usage_to_openai(last))
-            final = last
-        except WhetstoneError as exc:
-            status, kind, code = error_status(exc)
-            log.warning("stream failed (%d): %s", status, exc.message)
-            failure = exc.message
-            self.metrics.errors.inc(code=code or "server_error")
-            yield _sse(error_to_openai(_error_message(exc), kind, code=code))
-        except Exception:
-            log.exception("stream failed")
-            failure = "internal server error"
-            self.metrics.errors.inc(code="internal_error")
-            yield _sse(error_to_openai("internal server error (see the server log)",
-                                       "server_error"))
+            try:
+                yield event(delta={"role": "assistant", "content": ""})
+                chunk: StreamChunk | None = stream.first
+                last: Completion | None = None
+                while chunk is not None:
+                    if chunk.text:
+                        sent.append(chunk.text)
+                        yield event(delta={"content": chunk.text})
+                    if chunk.completion is not None:
+                        last = chunk.completion
+                        break
+                    chunk = await stream.next()
+                if last is None:
+                    raise BackendError("the backend's stream ended without a completion",
+                                       hint="a backend's stream() must end with the Completion")
+                self._count_tokens(last)
+                if last.tool_calls:
+                    calls = [{"index": i, **c}
+                             for i, c in enumerate(tool_calls_to_openai(last.tool_calls))]
+                    yield event(delta={"tool_calls": calls})
+                yield event(delta={}, finish_reason=finish_reason_to_openai(last))
+                if call.include_usage:
+                    yield event(usage=usage_to_openai(last))
+                final = last
+            except WhetstoneError as exc:
+                status, kind, code = error_status(exc)
+                log.warning("stream failed (%d): %s", status, exc.message)
+                failure = exc.message
+                self.metrics.errors.inc(code=code or "server_error")
+                yield _sse(error_to_openai(_error_message(exc), kind, code=code))
+            except Exception:
+                log.exception("stream failed")
+                failure = "internal server error"
+                self.metrics.errors.inc(code="internal_error")
+                yield _sse(error_to_openai("internal server error (see the server log)",
+                                           "server_error"))
+            interrupted = False
         finally:
             await stream.close()
+            if interrupted and on_end is not None:
+                on_end(None, None, "".join(sent))
+        try:
+            yield "data: [DONE]\n\n"
+        finally:
             if on_end is not None:
                 on_end(final, failure, "".join(sent))
-        yield "data: [DONE]\n\n"
 
 
