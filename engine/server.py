@@ -254,21 +254,25 @@ def create_app(
                     request_id=request_id, meta={"served_as": model, "stream": call.stream,
                                                  **meta}))
 
+        async def record_after(completion: Completion | None, failure: str | None) -> None:
+            # A coroutine, so Starlette runs it on the loop once the reply is sent (a plain
+            # function would go to a worker thread, and the trace queue is the loop's).
+            record(completion, failure)
+
         if not call.stream:
             try:
                 completion = await service.complete(call)
             except WhetstoneError as exc:
                 failed = whetstone_error(exc, headers)
-                failed.background = BackgroundTask(record, None, exc.message)
+                failed.background = BackgroundTask(record_after, None, exc.message)
                 return failed
-            # Recorded once the reply is sent: the trace never delays it.
             return JSONResponse(completion_to_openai(completion, model=model), headers=headers,
-                                background=BackgroundTask(record, completion, None))
+                                background=BackgroundTask(record_after, completion, None))
         try:
             stream = await service.open_stream(call)
         except WhetstoneError as exc:
             failed = whetstone_error(exc, headers)
-            failed.background = BackgroundTask(record, None, exc.message)
+            failed.background = BackgroundTask(record_after, None, exc.message)
             return failed
         ended = [False]
 
