@@ -81,15 +81,24 @@ class TraceStore:
 
     def append(self, trace: Trace) -> None:
         """Write one record. Lines go to the file of the trace's start day."""
-        line = trace.to_json() + "\n"
-        with self._thread_lock, self._lock():
-            with open(self._day_file(trace.started), "a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
+        self.append_many([trace])
 
     def append_many(self, traces: Iterable[Trace]) -> None:
+        """Write records under one lock, one open per day file (the server writes in batches).
+
+        Each record is one ``write`` of a whole line, so a crash leaves at worst a torn last
+        line, which readers report and skip."""
+        by_file: dict[Path, list[str]] = {}
         for t in traces:
-            self.append(t)
+            by_file.setdefault(self._day_file(t.started), []).append(t.to_json() + "\n")
+        if not by_file:
+            return
+        with self._thread_lock, self._lock():
+            for path, lines in by_file.items():
+                with open(path, "a", encoding="utf-8") as f:
+                    for line in lines:
+                        f.write(line)
+                    f.flush()
 
     def files(self) -> list[Path]:
         return sorted(self.root.glob("*.jsonl")) if self.root.exists() else []
