@@ -142,6 +142,127 @@ class TextEmbedder:
         return self.embed([text])[0]
 
 
+class OnnxTextEmbedder:
+    """The same model through onnxruntime: one short query in ~7.5 ms where torch takes ~20 ms
+    on these CPUs, with identical vectors (cosine 1.000000; tests/test_embeddings_onnx.py).
+
+    The ONNX graph is exported from the packaged weights once (needs torch and ``onnx``) into
+    ``cache_dir`` and reused; the export is written aside and renamed into place, so a killed
+    export never leaves a half file behind. Thread-safe; ``threads`` intra-op threads.
+    """
+
+    def __init__(self, model_dir: Path | str | None = None, *, cache_dir: Path | str | None = None,
+                 threads: int = 1, batch_size: int = 32, max_length: int = 256) -> None:
+        self._torch = TextEmbedder(model_dir, batch_size=batch_size, max_length=max_length)
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.threads = threads
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.name = MINILM_NAME
+        self._session: Any = None
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        return self._torch.dim
+
+    def _onnx_path(self) -> Path:
+        from engine.paths import cache_dir as default_cache
+
+        folder = self._torch._folder()
+        weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+        stamp = "-".join(f"{p.stat().st_size}" for p in weights) or "none"
+        root = self.cache_dir or default_cache()
+        return root / "embeddings" / f"{MINILM_NAME}-{stamp}.onnx"
+
+    def _export(self, path: Path) -> None:
+        import os
+        import tempfile
+        import warnings
+
+        import torch
+
+        tokenizer, model = self._torch._load()
+
+        class _Hidden(torch.nn.Module):  # positional inputs for the exporter
+            def __init__(self, inner: Any) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+                return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids).last_hidden_state
+
+        sample = tokenizer(["a short text", "and a somewhat longer one"], padding=True,
+                           return_tensors="pt")
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
+        os.close(fd)
+        try:
+            with warnings.catch_warnings():
+                # The exporter warns about its legacy path and about traced branches; the graph
+                # is traced on a padded batch so the mask path is kept (checked in the tests).
+                warnings.simplefilter("ignore")
+                torch.onnx.export(_Hidden(model), tuple(sample[n] for n in names), tmp,
+                                  input_names=names, output_names=["last_hidden_state"],
+                                  dynamic_axes={n: {0: "batch", 1: "tokens"}
+                                                for n in [*names, "last_hidden_state"]},
+                                  opset_version=17, dynamo=False)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._session is None:
+                import onnxruntime as ort
+
+                path = self._onnx_path()
+                if not path.exists():
+                    self._export(path)
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = self.threads
+                options.inter_op_num_threads = 1
+                self._session = ort.InferenceSession(str(path), options,
+                                                     providers=["CPUExecutionProvider"])
+                self._tokenizer = self._torch._load()[0]
+        return self._tokenizer, self._session
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` in batches; rows follow the input order."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        tokenizer, session = self._load()
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                              max_length=self.max_length, return_tensors="np")
+            feeds = {k: batch[k].astype(np.int64)
+                     for k in ("input_ids", "attention_mask", "token_type_ids")}
+            hidden = session.run(None, feeds)[0]  # (B, T, d)
+            mask = feeds["attention_mask"][..., None].astype(np.float32)  # (B, T, 1)
+            pooled = (hidden * mask).sum(1) / np.clip(mask.sum(1), 1e-9, None)  # (B, d)
+            pooled /= np.clip(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12, None)
+            out[idx] = pooled
+        return out
+
+    def embed_one(self, text: str) -> np.ndarray:
+        return self.embed([text])[0]
+
+
+def query_embedder(threads: int | None = 1, cache_dir: Path | str | None = None) -> Embedder:
+    """The fastest embedder available for one query at a time: ONNX when onnxruntime and onnx
+    are installed (they are pinned), torch otherwise."""
+    if all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx")):
+        return OnnxTextEmbedder(threads=threads or 0, cache_dir=cache_dir)  # 0: ORT's default
+    return TextEmbedder(threads=threads)
+
+
 @lru_cache(maxsize=1)
 def _chroma_function_class() -> type:
     """Define (and register with chromadb, once) the embedding-function class.

@@ -327,11 +327,11 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     (measured; see benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
     wrapped in the cache all the same).
     """
-    from library_store.embeddings import TextEmbedder
+    from library_store.embeddings import query_embedder
     from skills.index import LibraryIndex
     from skills.retrieval import SkillRetriever
 
-    cached = CachedEmbedder(embedder or TextEmbedder(threads=embed_threads), maxsize=cache_size)
+    cached = CachedEmbedder(embedder or query_embedder(threads=embed_threads), maxsize=cache_size)
     index = LibraryIndex(library, cached)
     retriever = SkillRetriever(library, index, k=k, max_bodies=max_bodies, min_score=min_score,
                                template="skills_retrieved_chat")
