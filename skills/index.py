@@ -116,7 +116,7 @@ class LibraryIndex:
                  sources: Sequence[DocumentSource] | None = None, path: Path | None = None,
                  batch_size: int = 256, lock_timeout: float = 300.0) -> None:
         self.library = library
-        self.embedder: Embedder = embedder or TextEmbedder()
+        self.embedder: Embedder = embedder if embedder is not None else TextEmbedder()
         self.sources = {s.kind: s for s in (sources or [SkillSource()])}
         self.path = Path(path) if path else library.root / "index"
         self.batch_size = batch_size
