@@ -137,3 +137,9 @@ def test_apply_patch_collects_failures_or_raises_when_strict() -> None:
     assert "- ok" in out["SKILL.md"] and len(failed) == 1
     with pytest.raises(EditError, match="edit append_to_section on SKILL.md"):
         apply_patch(files(), patch, strict=True)
+
+
+def test_latex_backslashes_that_are_not_json_escapes_are_repaired() -> None:
+    # Seen from the embedded 0.5B analyst: "Invalid \escape" on \$ inside a JSON string.
+    raw = r'{"reasoning": "7 lemons * \$1.5 = \$10.50", "edits": [], "changelog": "c"}'
+    assert extract_json_object(raw)["reasoning"] == r"7 lemons * \$1.5 = \$10.50"

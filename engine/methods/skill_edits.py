@@ -410,8 +410,11 @@ def extract_json_object(text: str) -> Any:
 
 
 def _repair(text: str) -> str:
-    """Undo the most common small-model JSON slips: trailing commas, raw newlines in strings."""
+    """Undo the most common small-model JSON slips: trailing commas, raw newlines in strings,
+    and LaTeX backslashes (``\\$``, ``\\text``) that are not JSON escapes (seen from the
+    embedded 0.5B analyst on GSM8K traces)."""
     text = re.sub(r",\s*([}\]])", r"\1", text)
+    text = re.sub(r'\\(?![\\"/bfnrtu])', r"\\\\", text)
     out, in_str, esc = [], False, False
     for ch in text:
         if in_str and ch == "\n":
