@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Sequence
 
+from engine.errors import ConfigError
 from engine.types import Completion, Request
 
 
@@ -33,6 +34,17 @@ class StreamChunk:
 
     text: str = ""
     completion: Completion | None = None
+
+
+def check_local_request(request: Request) -> None:
+    """Reject what a local single-sequence backend (hf, llamacpp, vllm) cannot do: no tokens
+    asked for, or more than one completion per request."""
+    if request.max_tokens < 1:
+        raise ConfigError(f"max_tokens must be at least 1 (got {request.max_tokens})",
+                          hint="ask for a positive number of tokens")
+    if request.n != 1:
+        raise ConfigError(f"this backend returns one completion per request (n={request.n})",
+                          hint="send n separate requests with different seeds")
 
 
 class Backend(abc.ABC):

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
+from engine.backends.base import Backend, Capabilities, StreamChunk, check_local_request
 from engine.backends.chat_template import template_messages, template_supports_tools
 from engine.backends.model_cache import cached_folder, dequantize_gguf
 from engine.backends.registry import BackendOptions
@@ -106,12 +106,7 @@ class HFBackend(Backend):
     # -- request -> tensors ---------------------------------------------------------------
 
     def _encode(self, request: Request) -> Any:
-        if request.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be at least 1 (got {request.max_tokens})",
-                              hint="ask for a positive number of tokens")
-        if request.n != 1:
-            raise ConfigError(f"this backend returns one completion per request (n={request.n})",
-                              hint="send n separate requests with different seeds")
+        check_local_request(request)
         msgs = template_messages(request.messages, self.capabilities.tool_calls)
         text = self.tokenizer.apply_chat_template(
             msgs, tools=[dict(t) for t in request.tools] or None,

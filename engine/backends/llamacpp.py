@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
+from engine.backends.base import Backend, Capabilities, StreamChunk, check_local_request
 from engine.backends.chat_template import (
     render_chat_template,
     template_messages,
@@ -83,12 +83,7 @@ class LlamaCppBackend(Backend):
 
     def _prompt(self, request: Request) -> list[int]:
         """The prompt's tokens. The template writes any BOS itself, so none is added here."""
-        if request.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be at least 1 (got {request.max_tokens})",
-                              hint="ask for a positive number of tokens")
-        if request.n != 1:
-            raise ConfigError(f"this backend returns one completion per request (n={request.n})",
-                              hint="send n separate requests with different seeds")
+        check_local_request(request)
         msgs = template_messages(request.messages, self.capabilities.tool_calls)
         prompt = render_chat_template(
             self._template, msgs, [dict(t) for t in request.tools] or None,

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities
+from engine.backends.base import Backend, Capabilities, check_local_request
 from engine.backends.registry import BackendOptions
 from engine.backends.toolcall_format import offered_tool_names, parse_tool_calls
 from engine.errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
@@ -58,12 +58,7 @@ class VLLMBackend(Backend):
                                          max_concurrency=max_concurrency)
 
     def _sampling(self, request: Request) -> Any:
-        if request.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be at least 1 (got {request.max_tokens})",
-                              hint="ask for a positive number of tokens")
-        if request.n != 1:
-            raise ConfigError(f"this backend returns one completion per request (n={request.n})",
-                              hint="send n separate requests with different seeds")
+        check_local_request(request)
         from vllm import SamplingParams
 
         return SamplingParams(
