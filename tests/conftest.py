@@ -4,8 +4,9 @@ embedded model is dequantized once per machine, not once per test."""
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -16,6 +17,14 @@ SHARED_CACHE = Path(os.environ.get("WHETSTONE_TEST_CACHE", REPO / ".cache" / "wh
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background by a non-interactive shell (`make test &`, nohup)
+    # inherits SIGINT as ignored, and so would every CLI subprocess the Ctrl-C tests start:
+    # they would never see the interrupt. Give the children the default disposition back.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
