@@ -16,7 +16,12 @@ from typing import Any
 import click
 
 from engine.commands.common import (
-    console, emit_json, handle_errors, json_option, library_option, model_option,
+    console,
+    emit_json,
+    handle_errors,
+    json_option,
+    library_option,
+    model_option,
 )
 
 EXIT_NO_ANSWER = 8

@@ -22,15 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_embedded import PROMPT, bare_generate  # noqa: E402
+from bench_embedded import PROMPT, bare_generate
 
-from engine.api import Engine  # noqa: E402
-from engine.backends.embedded import embedded_variant  # noqa: E402
-from engine.backends.hf import HFBackend  # noqa: E402
-from engine.backends.model_cache import dequantized_packaged  # noqa: E402
-from engine.paths import cache_dir  # noqa: E402
-from engine.runtime import RunConfig  # noqa: E402
-from engine.types import Request  # noqa: E402
+from engine.api import Engine
+from engine.backends.embedded import embedded_variant
+from engine.backends.hf import HFBackend
+from engine.backends.model_cache import dequantized_packaged
+from engine.paths import cache_dir
+from engine.runtime import RunConfig
+from engine.types import Request
 
 
 def load_times(name: str) -> None:

@@ -10,8 +10,9 @@ reads configuration and builds objects.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from engine.backends.base import Backend
 from engine.backends.registry import BackendOptions, get_backend
@@ -38,6 +39,8 @@ from tools.base import Tool
 from tools.builtin import builtin_tools
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from engine.methods.evolve import EvolveResult
 
 
@@ -145,7 +148,7 @@ class Engine:
     def evolve(self, method: str = "trace2skill", *, traces: Sequence[Trace] | None = None,
                gate_tasks: Any = None, analyst: Backend | str | None = None,
                dry_run: bool = False, rule: str = "not_worse", seed: int = 0,
-               candidate_name: str | None = None, **options: Any) -> "EvolveResult":
+               candidate_name: str | None = None, **options: Any) -> EvolveResult:
         """Evolve the library from ``traces`` (default: every finished stored trace) and land
         the change through the regression gate (``gate_tasks``: default the traces' own tasks).
 
@@ -252,7 +255,7 @@ class Engine:
             adapter.close()
         self.backend.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

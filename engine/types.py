@@ -11,8 +11,9 @@ import base64
 import io
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
 StepKind = Literal["think", "act", "observe", "rubric", "verify", "prepare", "finish"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from filelock import FileLock
 
@@ -54,9 +54,7 @@ class TraceQuery:
             return False
         if self.until is not None and t.started > self.until:
             return False
-        if self.task_set is not None and t.meta.get("task_set") != self.task_set:
-            return False
-        return True
+        return self.task_set is None or t.meta.get("task_set") == self.task_set
 
 
 @dataclass
@@ -96,8 +94,7 @@ class TraceStore:
         with self._thread_lock, self._lock():
             for path, lines in by_file.items():
                 with open(path, "a", encoding="utf-8") as f:
-                    for line in lines:
-                        f.write(line)
+                    f.writelines(lines)
                     f.flush()
 
     def files(self) -> list[Path]:

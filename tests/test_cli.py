@@ -121,7 +121,8 @@ def _interrupt_then_resume(tmp_path: Path, sig: int) -> None:
     rest = script(tmp_path, ["Final Answer: 391"], name="rest.json")
     res = subprocess.run([sys.executable, "-c", "from cli import main; main()", "run",
                           "--resume", run_id, "--model", rest, "--json"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     trace = json.loads(res.stdout)
     assert trace["id"] == run_id and trace["answer"] == "391"
@@ -129,7 +130,7 @@ def _interrupt_then_resume(tmp_path: Path, sig: int) -> None:
     assert tools[0] == "calculator"  # the step before the interruption is kept
     again = subprocess.run([sys.executable, "-c", "from cli import main; main()", "run",
                             "--resume", run_id, "--model", rest], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 6 and "no checkpoint to resume" in again.stderr
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import Servers
 
 from engine.api import Engine
 from engine.backends import BackendOptions, get_backend
@@ -17,7 +18,6 @@ from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
 from engine.runtime import RunConfig
 from engine.server import create_app
 from engine.types import Trace
-from servers import Servers
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from engine.methods.skill_edits import (
-    Edit, EditError, SkillPatch, apply_edit, apply_patch, extract_json_object,
-    patch_from_json_text, sections,
+    Edit,
+    EditError,
+    SkillPatch,
+    apply_edit,
+    apply_patch,
+    extract_json_object,
+    patch_from_json_text,
+    sections,
 )
 
 SKILL = """---

@@ -11,7 +11,12 @@ from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError
 from engine.methods.skill_edits import Edit, SkillPatch, apply_patch
 from engine.methods.trace2skill import (
-    Trace2Skill, Trace2SkillConfig, draft_skill, merge_group, merge_tree_shape, reduce_patches,
+    Trace2Skill,
+    Trace2SkillConfig,
+    draft_skill,
+    merge_group,
+    merge_tree_shape,
+    reduce_patches,
 )
 from engine.types import Request, Trace
 
@@ -81,7 +86,7 @@ def test_failure_and_success_analysts_get_their_prompts() -> None:
 
 
 def test_contradictions_are_won_by_the_better_supported_edit() -> None:
-    replace = lambda text: {"file": "SKILL.md", "op": "replace_in_section",  # noqa: E731
+    replace = lambda text: {"file": "SKILL.md", "op": "replace_in_section",
                             "target_section": "Procedure",
                             "target_text": "2. Work step by step; use a tool for exact arithmetic.",
                             "content": text}

@@ -7,8 +7,19 @@ import json
 from PIL import Image
 
 from engine.types import (
-    Claim, Completion, LibraryVersion, Message, PolicyNote, Request, Rubric, Skill, Step,
-    ToolCall, ToolSpec, Trace, Verdict,
+    Claim,
+    Completion,
+    LibraryVersion,
+    Message,
+    PolicyNote,
+    Request,
+    Rubric,
+    Skill,
+    Step,
+    ToolCall,
+    ToolSpec,
+    Trace,
+    Verdict,
 )
 
 

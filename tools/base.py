@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from engine.errors import ToolError
 from engine.types import ToolSpec
@@ -127,7 +128,7 @@ class Toolbox:
             result = tool.fn(kwargs)
         except ToolError as exc:
             return ToolResult(error=exc.message, duration_s=time.perf_counter() - start)
-        except Exception as exc:  # a tool's bug is the model's observation, not our crash
+        except Exception as exc:  # noqa: BLE001 -- a tool's bug is the model's observation, not our crash
             return ToolResult(error=f"{type(exc).__name__}: {exc}",
                               duration_s=time.perf_counter() - start)
         if isinstance(result, ToolResult):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from engine.errors import ToolError
 from engine.types import ToolSpec

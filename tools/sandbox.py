@@ -100,7 +100,7 @@ def run_python(
             [sys.executable, "-I", "-B", str(script), *args],
             cwd=tmp, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=lambda: _limits(memory_mb),
+            preexec_fn=lambda: _limits(memory_mb),  # noqa: PLW1509 -- rlimits must be set in the child; it only calls setrlimit
         )
         try:
             out, err = proc.communicate(input=(stdin or "").encode(), timeout=timeout_s)

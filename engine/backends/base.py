@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from engine.errors import ConfigError
 from engine.types import Completion, Request
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release resources (threads, sockets, memory). Safe to call twice."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

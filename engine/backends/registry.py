@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.backends.base import Backend
 from engine.errors import ConfigError, UnknownBackend

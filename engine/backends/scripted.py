@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.backends.registry import BackendOptions
 from engine.errors import ConfigError, ScriptExhausted
 from engine.types import Completion, Request, ToolCall
 
-Reply = Union[str, Completion, dict]
+Reply = str | Completion | dict
 
 
 def _as_completion(reply: Reply, request: Request, latency: float) -> Completion:

@@ -13,12 +13,22 @@ from typing import Any
 
 import click
 from rich.progress import (
-    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 from rich.syntax import Syntax
 
 from engine.commands.common import (
-    console, emit_json, handle_errors, json_option, library_option, model_option,
+    console,
+    emit_json,
+    handle_errors,
+    json_option,
+    library_option,
+    model_option,
 )
 from engine.errors import ConfigError
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 from engine.backends.base import Backend
 from engine.errors import BackendError, WhetstoneError
@@ -64,7 +65,7 @@ class AnalystStats:
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
-    def add(self, other: "AnalystStats") -> None:
+    def add(self, other: AnalystStats) -> None:
         self.calls += other.calls
         self.retries += other.retries
         self.dropped += other.dropped

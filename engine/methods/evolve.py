@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import difflib
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from engine.evaluation.gate import Decision, run_gate
 from engine.evaluation.runner import ProgressFn, Solver

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from engine.backends.base import Backend
 from engine.errors import ModelNotInstalled
@@ -26,7 +27,7 @@ def _portable(analyst: Backend) -> Backend | str:
     try:
         pickle.dumps(analyst)
         return analyst
-    except Exception:  # locks, loaded models, sockets: rebuild from the spec instead
+    except Exception:  # noqa: BLE001 -- locks, loaded models, sockets: rebuild from the spec instead
         return analyst.spec
 
 
@@ -56,8 +57,8 @@ class _Worker:
         return index, patch, self.t2s.report.map
 
 
-def map_on_ray(t2s: "Trace2Skill", batches: Sequence[list[Trace]], base: Mapping[str, str],
-               analyst: Backend, labels: Mapping[str, str] | None) -> list["SkillPatch | None"]:
+def map_on_ray(t2s: Trace2Skill, batches: Sequence[list[Trace]], base: Mapping[str, str],
+               analyst: Backend, labels: Mapping[str, str] | None) -> list[SkillPatch | None]:
     """Analyse every batch on Ray with ``t2s.config.workers`` actors; results in batch order."""
     try:
         import ray

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Literal, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from engine.errors import WhetstoneError
 
@@ -312,7 +313,7 @@ class Region:
     destructive: bool
     new_section: str | None = None
 
-    def conflicts(self, other: "Region") -> bool:
+    def conflicts(self, other: Region) -> bool:
         """Two edits clash when one destroys lines the other changes or depends on, or when
         both add the same new section."""
         if self.file != other.file:
@@ -322,10 +323,8 @@ class Region:
         if self.destructive and (_hits(self.changed, other.changed)
                                  or _hits(self.changed, other.anchor)):
             return True
-        if other.destructive and (_hits(other.changed, self.changed)
-                                  or _hits(other.changed, self.anchor)):
-            return True
-        return False
+        return other.destructive and (_hits(other.changed, self.changed)
+                                      or _hits(other.changed, self.anchor))
 
 
 def _hits(destroyed: tuple[int, int], rng: tuple[int, int]) -> bool:

@@ -7,7 +7,7 @@ most 5 of them; a reference file and its link in SKILL.md are kept or dropped to
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from engine.methods.skill_edits import SkillPatch, apply_patch
 

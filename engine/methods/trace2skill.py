@@ -18,17 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from engine.backends.base import Backend
 from engine.errors import ConfigError
 from engine.methods.analyst import AnalystStats, ask_parsed, render_trace
 from engine.methods.base import LibraryPatch
-from engine.methods.skill_limits import enforce_limits
 from engine.methods.skill_edits import (
-    Edit, EditError, SkillPatch, apply_patch, patch_from_json_text, region_of, render_files,
+    Edit,
+    EditError,
+    SkillPatch,
+    apply_patch,
+    patch_from_json_text,
+    region_of,
+    render_files,
 )
+from engine.methods.skill_limits import enforce_limits
 from engine.prompts import load_prompt, render_prompt
 from engine.types import Trace
 
@@ -376,5 +383,13 @@ class Trace2Skill:
         )
 
 
-__all__ = ["Trace2Skill", "Trace2SkillConfig", "Trace2SkillReport", "merge_group",
-           "merge_tree_shape", "reduce_patches", "draft_skill", "EditError"]
+__all__ = [
+    "EditError",
+    "Trace2Skill",
+    "Trace2SkillConfig",
+    "Trace2SkillReport",
+    "draft_skill",
+    "merge_group",
+    "merge_tree_shape",
+    "reduce_patches",
+]

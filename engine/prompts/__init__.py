@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from string import Template
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 from engine.errors import ConfigError
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_prompt(name: str) -> str:
     """The text of ``engine/prompts/<name>`` (``.md`` added when no suffix is given)."""
     fname = name if "." in name else f"{name}.md"

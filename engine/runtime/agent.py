@@ -11,8 +11,9 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any
 
 from engine.backends.base import Backend
 from engine.errors import WhetstoneError
@@ -41,7 +42,7 @@ class RunFinished:
     trace: Trace
 
 
-AgentEvent = Union[StepEvent, RunFinished]
+AgentEvent = StepEvent | RunFinished
 
 
 def new_trace_id() -> str:

@@ -9,7 +9,9 @@ A limit (horizon, token budget, wall clock) or a failed model call goes straight
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from engine.runtime.nodes import act, finish, prepare, route_after_act, route_after_think, think
 from engine.runtime.plugins import NodeFn, Plugin
@@ -47,12 +49,12 @@ def build_graph(plugins: Sequence[Plugin] = ()) -> Any:
 
     # Chains: each list of nodes runs in order, then hands over to the next stage.
     to_think = before[0][0] if before else "think"
-    for (a, _), (b, _) in zip(before, before[1:]):
+    for (a, _), (b, _) in itertools.pairwise(before):
         g.add_edge(a, b)
     if before:
         g.add_edge(before[-1][0], "think")
     to_finish = verify[0][0] if verify else "finish"
-    for (a, _), (b, _) in zip(verify, verify[1:]):
+    for (a, _), (b, _) in itertools.pairwise(verify):
         g.add_edge(a, b)
     if verify:
         g.add_edge(verify[-1][0], "finish")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from engine.errors import BackendError
 from engine.prompts import load_prompt, render_prompt
@@ -333,5 +334,13 @@ def route_after_act(state: AgentState) -> str:
     return "answered" if state.get("answer") is not None else "continue"
 
 
-__all__ = ["prepare", "think", "act", "finish", "build_trace", "build_system_prompt",
-           "route_after_think", "route_after_act"]
+__all__ = [
+    "act",
+    "build_system_prompt",
+    "build_trace",
+    "finish",
+    "prepare",
+    "route_after_act",
+    "route_after_think",
+    "think",
+]

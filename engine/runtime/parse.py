@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Collection, Literal
+from typing import Literal
 
 from engine.types import Completion
 

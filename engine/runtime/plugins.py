@@ -8,8 +8,9 @@ defaults, so a plugin implements only what it needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.runtime.state import AgentContext, AgentState
@@ -38,11 +39,11 @@ class Plugin:
 
     name: str = "plugin"
 
-    def tools(self) -> list["Tool"]:
+    def tools(self) -> list[Tool]:
         """Tools this plugin adds to every run."""
         return []
 
-    def guidance(self, task: str, ctx: "AgentContext", budget_tokens: int) -> Guidance | None:
+    def guidance(self, task: str, ctx: AgentContext, budget_tokens: int) -> Guidance | None:
         """Text to put in the system message for ``task``, within ``budget_tokens``."""
         return None
 
@@ -54,6 +55,6 @@ class Plugin:
         """A node run on the answer before the run finishes (MARCH)."""
         return None
 
-    def finish_meta(self, state: "AgentState") -> Mapping[str, Any]:
+    def finish_meta(self, state: AgentState) -> Mapping[str, Any]:
         """Facts for the trace's ``meta[self.name]`` once the run ends."""
         return {}

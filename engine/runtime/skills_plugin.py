@@ -9,7 +9,8 @@ skills shown (and those shown with their body) and the skills the agent opened.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import NotFound
 from engine.runtime.plugins import Guidance, Plugin
@@ -42,8 +43,8 @@ class SkillsPlugin(Plugin):
 
     name = "skills"
 
-    def __init__(self, library: "Library", *, snapshot: "Snapshot | None" = None,
-                 retriever: "SkillRetriever | None" = None, k: int = 5,
+    def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
+                 retriever: SkillRetriever | None = None, k: int = 5,
                  max_bodies: int = 2, min_score: float | None = None) -> None:
         from library_store.embeddings import query_embedder
         from skills.index import LibraryIndex
@@ -59,7 +60,7 @@ class SkillsPlugin(Plugin):
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = snapshot
 
-    def snapshot(self) -> "Snapshot":
+    def snapshot(self) -> Snapshot:
         """The pinned snapshot, or the current version (re-read when the library moved)."""
         if self.pinned is not None:
             return self.pinned
@@ -85,7 +86,7 @@ class SkillsPlugin(Plugin):
         file = args.get("file")
         return read_skill(self.snapshot(), name, str(file) if file else None)
 
-    def guidance(self, task: str, ctx: "AgentContext", budget_tokens: int) -> Guidance | None:
+    def guidance(self, task: str, ctx: AgentContext, budget_tokens: int) -> Guidance | None:
         snap = self.snapshot()
         if not snap.has("skills/"):
             return Guidance("Skills", "", {"version": snap.id, "shown": [], "with_body": []},
@@ -96,7 +97,7 @@ class SkillsPlugin(Plugin):
         # The retrieved prompt carries its own "# Skills" heading; drop ours.
         return Guidance("", r.prompt, meta, library_version=snap.id)
 
-    def finish_meta(self, state: "AgentState") -> Mapping[str, Any]:
+    def finish_meta(self, state: AgentState) -> Mapping[str, Any]:
         opened = []
         for s in state.get("steps") or []:
             if s["kind"] == "act" and s["input"].get("tool") == "read_skill" and not s.get("error"):

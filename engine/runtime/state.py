@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Sequence, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
@@ -63,11 +64,11 @@ class RunConfig:
 class AgentContext:
     """Dependencies the nodes need, passed through LangGraph's ``Runtime.context``."""
 
-    backend: "Backend"
-    toolbox: "Toolbox"
+    backend: Backend
+    toolbox: Toolbox
     config: RunConfig = field(default_factory=RunConfig)
-    plugins: Sequence["Plugin"] = ()
-    trace_store: "TraceStore | None" = None
+    plugins: Sequence[Plugin] = ()
+    trace_store: TraceStore | None = None
     library_version: str | None = None
     # When this invocation's wall clock started; a resumed run gets a fresh clock.
     clock_start: float = field(default_factory=time.time)
