@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from servers import running_server
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.runtime.chat import ChatAdapter, chat_skills_plugin
@@ -99,36 +100,9 @@ def wait_for_trace(store: TraceStore, trace_id: str, timeout: float = 10.0) -> T
         time.sleep(0.02)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def serving_on(app: Any, port: int) -> Iterator[str]:
+def serving_on(app: Any, port: int) -> contextlib.AbstractContextManager[str]:
     """Serve ``app`` on a given port (an upstream that comes up after being down)."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            sock.close()
-            raise RuntimeError(f"server on port {port} did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+    return running_server(app, port=port, graceful_shutdown_s=1)
 
 
 class SlowWhenAsked(Backend):

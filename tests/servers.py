@@ -23,14 +23,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(app: Any, *, startup_timeout_s: float = 20.0,
+def running_server(app: Any, *, port: int = 0, startup_timeout_s: float = 20.0,
                    graceful_shutdown_s: float = 1.0) -> Iterator[str]:
-    """Serve ``app`` until the block ends; yields its base URL (without ``/v1``)."""
+    """Serve ``app`` until the block ends; yields its base URL (without ``/v1``). ``port``: a
+    given one (an upstream that comes up after being down), or 0 for a free one."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=graceful_shutdown_s)

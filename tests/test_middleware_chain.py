@@ -17,13 +17,12 @@ from middleware_support import (
     WEATHER_TOOL,
     SlowWhenAsked,
     echo,
-    free_port,
     make_adapter,
     make_library,
     serving_on,
     wait_for_trace,
 )
-from servers import Servers
+from servers import Servers, free_port
 
 from engine.backends.registry import BackendOptions, get_backend
 from engine.backends.scripted import ScriptedBackend

@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 from click.testing import CliRunner
-from middleware_support import SKILLS, free_port
+from middleware_support import SKILLS
+from servers import free_port
 
 from cli import cli
 from library_store.store import Library

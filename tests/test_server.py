@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from middleware_support import WEATHER_TOOL
 from servers import Servers
 
 from engine.backends.base import Backend, Capabilities
@@ -21,15 +22,6 @@ from engine.server import create_app
 from engine.types import Completion, Request
 
 USER = [{"role": "user", "content": "Say hello."}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]},
-    },
-}
 
 
 @pytest.fixture
