@@ -8,6 +8,7 @@ Exit codes: 0 answered / ok; 1 failure; 2 usage or config; 3 model missing; 4 ba
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,9 +59,13 @@ def _solver_factory() -> Any:
 
 
 def _short(value: Any, limit: int = 400) -> str:
+    """Model or tool text, cut to ``limit`` and escaped for rich markup: a reply that contains
+    ``[/b]`` or ``[red]`` is printed as written, not parsed (or crashed on) as a style."""
+    from rich.markup import escape
+
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = text.strip()
-    return text if len(text) <= limit else text[:limit] + " …"
+    return escape(text if len(text) <= limit else text[:limit] + " …")
 
 
 def _print_step(out: Any, step: Any) -> None:
@@ -75,28 +80,32 @@ def _print_step(out: Any, step: Any) -> None:
         out.print(f"[dim]  ({meta.get('completion_tokens', 0)} tokens, "
                   f"{meta.get('latency_s', 0):.1f} s)[/]", markup=True)
     elif step.kind == "think" and step.error:
-        out.print(f"[red]Model call failed:[/] {step.error}", markup=True)
+        out.print(f"[red]Model call failed:[/] {_short(step.error, 2000)}", markup=True)
     elif step.kind == "act":
         if not step.output or not step.output.get("observation"):
-            out.print(f"[magenta]Action:[/] {step.input.get('tool')}"
+            out.print(f"[magenta]Action:[/] {_short(step.input.get('tool'))}"
                       f"({_short(step.input.get('arguments'))})", markup=True)
             return
         args = step.input.get("arguments")
-        out.print(f"[magenta]Action:[/] {step.input.get('tool')}[{_short(args)}]", markup=True,
-                  soft_wrap=True)
+        out.print(f"[magenta]Action:[/] {_short(step.input.get('tool'))}\\[{_short(args)}]",
+                  markup=True, soft_wrap=True)
         style = "red" if step.error else "green"
         out.print(f"[{style}]Observation:[/] {_short(step.output.get('observation'), 800)}",
                   markup=True, soft_wrap=True)
     elif step.kind == "observe":
-        out.print(f"[yellow]Unparseable reply:[/] {step.error}", markup=True, soft_wrap=True)
+        error = step.error or ""  # already says "unparseable reply: ..."
+        out.print(f"[yellow]{_short(error[:1].upper() + error[1:], 2000)}[/]", markup=True,
+                  soft_wrap=True)
 
 
 def _print_result(out: Any, trace: Any) -> None:
     took = (trace.ended or time.time()) - trace.started
     if trace.outcome == "answered":
-        out.print(f"[bold green]Answer:[/] {trace.answer}", markup=True, soft_wrap=True)
+        out.print(f"[bold green]Answer:[/] {_short(trace.answer, 100_000)}", markup=True,
+                  soft_wrap=True)
     else:
-        out.print(f"[bold yellow]No answer[/] ({trace.outcome}): {trace.meta.get('reason', '')}",
+        reason = _short(trace.meta.get("reason", ""), 2000)
+        out.print(f"[bold yellow]No answer[/] ({trace.outcome}): {reason}",
                   markup=True, soft_wrap=True)
     out.print(f"[dim]trace {trace.id} · {trace.total_tokens} tokens · {took:.1f} s · "
               f"`whetstone traces show {trace.id}`[/]", markup=True)
@@ -213,7 +222,7 @@ def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str |
     store = _store(library_path)
     found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit))
     for problem in store.problems:
-        console(stderr=True).print(f"[yellow]warning:[/] {problem}", markup=True)
+        console(stderr=True).print(f"[yellow]warning:[/] {_short(problem, 2000)}", markup=True)
     if as_json:
         emit_json([{"id": t.id, "task": t.task, "outcome": t.outcome, "answer": t.answer,
                     "score": t.score, "tokens": t.total_tokens, "started": t.started,
@@ -239,9 +248,9 @@ def traces_show(trace_id: str, library_path: Path | None, as_json: bool) -> None
         emit_json(trace.to_dict())
         return
     out = console()
-    out.print(f"[bold]{trace.id}[/] · {trace.model} · library {trace.library_version or '-'}",
+    out.print(f"[bold]{trace.id}[/] · {_short(trace.model)} · library {trace.library_version or '-'}",
               markup=True)
-    out.print(f"[bold]Task:[/] {trace.task}", markup=True, soft_wrap=True)
+    out.print(f"[bold]Task:[/] {_short(trace.task, 100_000)}", markup=True, soft_wrap=True)
     for step in trace.steps:
         _print_step(out, step)
     _print_result(out, trace)
@@ -356,6 +365,9 @@ _mount()
 
 
 def main() -> None:
+    # The CLI shows its own spinner and progress; transformers' "Loading weights" bar would
+    # only interleave with it. Set HF_HUB_DISABLE_PROGRESS_BARS=0 to have it back.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     cli(prog_name="whetstone")
 
 

@@ -55,6 +55,23 @@ def test_run_without_answer_exits_8_and_traces_say_why(tmp_path: Path) -> None:
     assert shown.exit_code == 0 and "step horizon" in shown.output
 
 
+def test_model_text_with_markup_brackets_prints_as_written(tmp_path: Path) -> None:
+    # rich would parse "[/b]" as a closing tag (and crash) and "[red]" as a style.
+    spec = script(tmp_path, ["Thought: see [/b] and [red]\nAction: calculator[2*3]",
+                             "oops [/i] no action",
+                             "Final Answer: use [bold]x[/bold] = 6"])
+    res = CliRunner().invoke(cli, ["run", "What is [b]2*3[/b]?", "--model", spec])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "Thought: see [/b] and [red]" in out
+    assert "Action: calculator[2*3]" in out
+    assert "Unparseable reply: " in out and "Unparseable reply: unparseable" not in out
+    assert "Answer: use [bold]x[/bold] = 6" in out
+    rows = json.loads(CliRunner().invoke(cli, ["traces", "ls", "--json"]).stdout)
+    shown = CliRunner().invoke(cli, ["traces", "show", rows[-1]["id"]])
+    assert shown.exit_code == 0 and "Task: What is [b]2*3[/b]?" in shown.output
+
+
 def test_unknown_spec_lists_the_known_ones() -> None:
     res = CliRunner().invoke(cli, ["run", "x", "--model", "gpt5:turbo"])
     assert res.exit_code == 2

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -97,7 +98,7 @@ def _print_result(r: EvalResult) -> None:
     if r.n_errors:
         first = next(t for t in r.results if t.error)
         out.print(f"[yellow]{r.n_errors} task(s) failed and scored 0; first: "
-                  f"{first.task_id}: {first.error}[/]")
+                  f"{escape(first.task_id)}: {escape(first.error or '')}[/]")
     if "saved_to" in r.meta:
         out.print(f"saved {r.meta['saved_to']}")
 
@@ -161,7 +162,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     tasks = load_tasks(tasks_spec, limit=limit)
     err = console(stderr=True)
     for problem in tasks.problems:
-        err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {escape(str(problem))}", soft_wrap=True)
     if not len(tasks):
         raise EvalError(f"task set {tasks_spec!r} selects no task",
                         hint="check the split and slice bounds")
@@ -204,7 +205,7 @@ def report_cmd(out: Path | None, evals_dir: Path | None) -> None:
     results, problems = load_results(folder)
     err = console(stderr=True)
     for p in problems:
-        err.print(f"[yellow]warning:[/] {p}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {escape(str(p))}", soft_wrap=True)
     if not results:
         err.print(f"[yellow]no results in {folder} yet; the report says so[/]")
     path = write_report(results, out or folder / "report.html")

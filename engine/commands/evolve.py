@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -185,7 +186,7 @@ def _print(result: Any, n_traces: int) -> None:
     out = console()
     report = result.patch.details.get("report", {})
     mp = report.get("map", {})
-    out.print(f"[bold]{result.patch.message}[/]", markup=True, soft_wrap=True)
+    out.print(f"[bold]{escape(result.patch.message)}[/]", markup=True, soft_wrap=True)
     out.print(f"{n_traces} traces · {mp.get('calls', 0)} analyst calls · "
               f"{mp.get('retries', 0)} retried · {mp.get('dropped', 0)} dropped · "
               f"{report.get('folded', 0)} folded · {report.get('conflicts_resolved', 0)} "
@@ -193,7 +194,7 @@ def _print(result: Any, n_traces: int) -> None:
     if result.diff:
         out.print(Syntax(result.diff, "diff", word_wrap=True))
     if result.note:
-        out.print(f"[yellow]{result.note}[/]", markup=True)
+        out.print(f"[yellow]{escape(result.note)}[/]", markup=True)
     d = result.decision
     if d is not None:
         verdict = "[green]accepted[/]" if d.accepted else "[red]rejected[/]"
