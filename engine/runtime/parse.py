@@ -12,7 +12,10 @@ from typing import Literal
 
 from engine.types import Completion
 
+# "Final Answer:" counts at the start of a line; mid-sentence ("to reach the final answer: I
+# need 17*23") only when the reply has no Action at all.
 _FINAL = re.compile(r"\bfinal\s+answer\s*\**\s*:\s*\**", re.IGNORECASE)
+_FINAL_LINE = re.compile(r"(?:^|\n)[^\w\n]*final\s+answer\s*\**\s*:\s*\**", re.IGNORECASE)
 _ACTION = re.compile(r"(?:^|\n)\W*action\s*\**\s*:\s*\**\s*", re.IGNORECASE)
 _ACTION_INPUT = re.compile(r"\n\W*action\s+input\s*\**\s*:\s*", re.IGNORECASE)
 _OBSERVATION = re.compile(r"\n\W*observation\s*:", re.IGNORECASE)
@@ -42,18 +45,39 @@ class Parsed:
 
 
 def _bracketed(text: str, open_at: int) -> tuple[str, bool]:
-    """The text inside the bracket opening at ``open_at``; False when it never closes."""
+    """The text inside the bracket opening at ``open_at``; False when it never closes.
+
+    Brackets inside quoted strings do not count (``python[print("]")]``); when the quotes do
+    not pair up (an apostrophe in ``search[what's up]``) the brackets are counted plainly.
+    """
+    for quotes in (True, False):
+        inner = _scan_bracket(text, open_at, quotes)
+        if inner is not None:
+            return inner, True
+    return text[open_at + 1:], False
+
+
+def _scan_bracket(text: str, open_at: int, quotes: bool) -> str | None:
     opener = text[open_at]
     closer = _CLOSERS[opener]
-    depth = 0
-    for i in range(open_at, len(text)):
-        if text[i] == opener:
+    depth, quote, i = 0, "", open_at
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif quotes and ch in "\"'":
+            quote = ch
+        elif ch == opener:
             depth += 1
-        elif text[i] == closer:
+        elif ch == closer:
             depth -= 1
             if depth == 0:
-                return text[open_at + 1:i], True
-    return text[open_at + 1:], False
+                return text[open_at + 1:i]
+        i += 1
+    return None
 
 
 def parse_action(text: str) -> ParsedCall | None | str:
@@ -68,7 +92,7 @@ def parse_action(text: str) -> ParsedCall | None | str:
     rest = rest.lstrip()
     if rest.startswith("{"):
         try:
-            obj = json.loads(rest[: rest.rindex("}") + 1])
+            obj, _ = json.JSONDecoder().raw_decode(rest)  # the first object; text may follow
             name = obj.get("name") or obj.get("tool") or obj.get("action")
             args = obj.get("arguments", obj.get("input", obj.get("action_input", {})))
             if name:
@@ -137,21 +161,34 @@ def parse_bare_json_call(text: str, tool_names: Collection[str]) -> list[ParsedC
     return calls
 
 
+def _final_marks(text: str) -> list[re.Match[str]]:
+    """Where "Final Answer:" markers are: at line starts, or anywhere when there is no Action."""
+    marks = list(_FINAL_LINE.finditer(text))
+    if not marks and not _ACTION.search(text):
+        marks = list(_FINAL.finditer(text))
+    return marks
+
+
 def _final_answer(text: str) -> str | None:
-    m = None
-    for m in _FINAL.finditer(text):
-        pass  # the last "Final Answer:" wins: small models sometimes restate it
-    if m is None:
+    marks = _final_marks(text)
+    if not marks:
         return None
-    return text[m.end():].strip().strip("*").strip() or None
+    rest = text[marks[-1].end():]  # the last one wins: small models sometimes restate it
+    for stop in (_ACTION, _OBSERVATION):  # a call or an imagined observation after it
+        m = stop.search(rest)
+        if m:
+            rest = rest[:m.start()]
+    return rest.strip().strip("*").strip() or None
 
 
 def _thought(text: str) -> str:
     cut = len(text)
-    for pattern in (_ACTION, _FINAL):
-        m = pattern.search(text)
-        if m:
-            cut = min(cut, m.start())
+    marks = _final_marks(text)
+    if marks:
+        cut = marks[0].start()
+    m = _ACTION.search(text)
+    if m:
+        cut = min(cut, m.start())
     thought = text[:cut].strip()
     return re.sub(r"^\W*thought\s*:\s*", "", thought, flags=re.IGNORECASE)
 
@@ -183,9 +220,9 @@ def parse_reply(completion: Completion, *, native: bool,
     action = parse_action(text)
     final = _final_answer(text)
     if isinstance(action, ParsedCall):
-        fm = _FINAL.search(text)
+        marks = _final_marks(text)
         am = _ACTION.search(text)
-        if final is None or (am and fm and am.start() < fm.start()):
+        if final is None or (am and marks and am.start() < marks[0].start()):
             return Parsed("action", calls=(action,), thought=thought, raw=text)
     if final is not None:
         wrapped = parse_bare_json_call(final, tool_names)  # "Final Answer: {tool call JSON}"

@@ -1,0 +1,49 @@
+"""Reading replies: markers in the middle of a thought, JSON actions followed by prose, quoted
+brackets in tool input."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.runtime.parse import Parsed, parse_reply
+from engine.types import Completion
+
+TOOLS = ["calculator", "python", "search"]
+
+
+def parse(text: str) -> Parsed:
+    return parse_reply(Completion(text=text), native=False, tool_names=TOOLS)
+
+
+def test_final_answer_mentioned_in_a_thought_does_not_swallow_the_action() -> None:
+    p = parse("Thought: To reach the final answer: I need 17*23.\nAction: calculator[17*23]")
+    assert p.kind == "action" and p.calls[0].arguments == "17*23"
+    assert p.thought.startswith("To reach the final answer")
+
+
+def test_final_answer_stops_before_a_following_action_or_observation() -> None:
+    assert parse("Final Answer: 42\nAction: calculator[1+1]").answer == "42"
+    assert parse("**Final Answer:** 7\nObservation: ok").answer == "7"
+
+
+def test_mid_sentence_final_answer_still_counts_without_an_action() -> None:
+    p = parse("So the final answer: 12")
+    assert p.kind == "answer" and p.answer == "12"
+
+
+def test_json_action_followed_by_text_with_braces() -> None:
+    p = parse('Action: {"name": "calculator", "arguments": {"expression": "1+1"}}\n'
+              "I expect the result in {braces}.")
+    assert p.kind == "action" and p.calls[0].name == "calculator"
+    assert p.calls[0].arguments == '{"expression": "1+1"}'
+
+
+@pytest.mark.parametrize(("text", "arguments"), [
+    ('Action: python[print("]")]', 'print("]")'),
+    ("Action: python[x = ']'; print(x)]", "x = ']'; print(x)"),
+    ("Action: search[what's up]", "what's up"),  # an apostrophe is not a quote to pair
+    ("Action: calculator[(2+3)*[4]]", "(2+3)*[4]"),
+])
+def test_brackets_inside_quotes_do_not_close_the_input(text: str, arguments: str) -> None:
+    p = parse(text)
+    assert p.kind == "action" and p.calls[0].arguments == arguments
