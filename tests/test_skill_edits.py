@@ -149,3 +149,14 @@ def test_latex_backslashes_that_are_not_json_escapes_are_repaired() -> None:
     # Seen from the embedded 0.5B analyst: "Invalid \escape" on \$ inside a JSON string.
     raw = r'{"reasoning": "7 lemons * \$1.5 = \$10.50", "edits": [], "changelog": "c"}'
     assert extract_json_object(raw)["reasoning"] == r"7 lemons * \$1.5 = \$10.50"
+
+
+def test_support_is_the_analysed_traces_whatever_the_model_wrote() -> None:
+    raw = ('{"reasoning": "r", "changelog": "c", "edits": [{"op": "append_to_section", '
+           '"target_section": "Pitfalls", "content": "- x", "support": "trace-7"}]}')
+    patch = patch_from_json_text(raw, ["20260101-abc"])
+    assert patch.edits[0].support == ("20260101-abc",)
+    assert patch.support == ("20260101-abc",)
+    saved = SkillPatch.from_dict({"edits": [{"op": "append_to_section", "target_section": "P",
+                                             "content": "- x", "support": "t-1"}]})
+    assert saved.edits[0].support == ("t-1",)  # a saved patch keeps its own; one id, not 3

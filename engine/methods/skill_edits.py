@@ -75,7 +75,7 @@ class Edit:
             target_section=_opt_str(d.get("target_section")),
             target_text=_opt_str(d.get("target_text")),
             content=content,
-            support=tuple(str(s) for s in d.get("support") or ()),
+            support=_ids(d.get("support")),
             note=str(d.get("note") or d.get("reason") or ""),
         )
         edit.check_shape()
@@ -106,6 +106,15 @@ class Edit:
                 _norm(self.target_text or ""))
 
 
+def _ids(v: Any) -> tuple[str, ...]:
+    """Trace ids as a tuple; one id written as a bare string stays one id."""
+    if not v:
+        return ()
+    if isinstance(v, str):
+        return (v,)
+    return tuple(str(s) for s in v) if isinstance(v, (list, tuple)) else (str(v),)
+
+
 def _opt_str(v: Any) -> str | None:
     if v is None:
         return None
@@ -132,6 +141,9 @@ class SkillPatch:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], support: Iterable[str] = ()) -> SkillPatch:
+        """A patch from JSON. ``support``: the traces an analyst read to write it; when given,
+        every edit is credited to them, whatever the model wrote (it cannot know the ids). A
+        saved patch is read without it and keeps its edits' own support."""
         if not isinstance(d, Mapping):
             raise EditError("the patch must be a JSON object with an 'edits' list")
         raw_edits = d.get("edits")
@@ -142,12 +154,12 @@ class SkillPatch:
         edits = []
         for raw in raw_edits:
             edit = Edit.from_dict(raw)
-            edits.append(edit if edit.support else replace(edit, support=sup))
+            edits.append(replace(edit, support=sup) if sup else edit)
         changelog = d.get("changelog", "")
         if isinstance(changelog, list):
             changelog = "; ".join(map(str, changelog))
         return cls(edits=tuple(edits), reasoning=str(d.get("reasoning", "")),
-                   changelog=str(changelog), support=sup or tuple(d.get("support") or ()))
+                   changelog=str(changelog), support=sup or _ids(d.get("support")))
 
 
 # -- markdown sections -----------------------------------------------------------------------
