@@ -55,6 +55,14 @@ def score(name: str, prediction: Any, expected: Any) -> float:
     ("Step 1: 4*3 = 12. Step 2: 12 + 1 = 13. The answer is: 13", 13),
     ("answer = .5", 0.5),
     ("1.5e3 metres", 1500),
+    ("The answer is 3/4", 0.75),                   # a plain fraction is one number
+    ("1.5/3", 0.5),
+    ("on 3/4/2024 it rained 7 mm", 7),             # a date is no fraction
+    ("\\boxed{\\dfrac12}", 0.5),                   # brace-less LaTeX fraction
+    ("\\boxed{2^{10}}", 1024),                     # a power
+    ("The answer is 20 - 8 = 12.", 12),            # after the cue: the result of its sum
+    ("Final Answer:\n- 42 apples", 42),            # a list bullet is no minus sign
+    ("Final Answer:\n-42", -42),
     ("I'm not sure.", None),
     ("", None),
 ])
@@ -86,6 +94,8 @@ def test_normalise_is_squad_like() -> None:
     ("I cannot tell.", "18", 0.0),
     ("0.333333333", "0.333333333", 1.0),
     ("It is 3 or 4", ["4", "5"], 1.0),           # list of acceptable answers
+    ("The answer is 3/4", "3/4", 1.0),
+    ("1/4", "3/4", 0.0),
 ])
 def test_numeric(prediction: str, expected: Any, value: float) -> None:
     assert score("numeric", prediction, expected) == value
@@ -119,6 +129,9 @@ def test_exact_only_strips_whitespace() -> None:
     ("  1,000 ", "1000", 1.0),
     ("Paris, France", "Paris", 0.0),
     ("Lyon", ["Paris", "lyon"], 1.0),
+    ("3.5", "35", 0.0),                              # a decimal point is kept
+    ("-5", "5", 0.0),                                # and a minus sign
+    ("5.", "5", 1.0),                                # a trailing period is not
 ])
 def test_normalised_exact(prediction: str, expected: Any, value: float) -> None:
     assert score("normalised", prediction, expected) == value
@@ -133,6 +146,7 @@ def test_normalised_exact(prediction: str, expected: Any, value: float) -> None:
     ("No.", "no", 1.0),
     ("I don't know", "no", 0.0),
     ("anything", "", 0.0),                          # an empty answer matches nothing
+    ("The answer is -5", "5", 0.0),                 # a sign is part of the number
 ])
 def test_contains_matches_whole_words(prediction: str, expected: str, value: float) -> None:
     assert score("contains", prediction, expected) == value

@@ -18,6 +18,10 @@ _NUMBER = re.compile(
     r"(?:[eE](?P<exp>[-+]?\d+)(?![\w]))?"
 )
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+_FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")  # \frac12: one-digit arguments
+# "3/4" (not a date like 3/4/2024, not part of a path or a unit like km/h).
+_SLASH = re.compile(r"(?<![\w./])(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)(?![\w/]|\.\d)")
+_POWER = re.compile(r"(?<![\w.])(\d+)\s*\^\s*\{?\s*(\d{1,3})\s*\}?")
 _ANSWER_CUE = re.compile(
     r"(?:final\s+answer|the\s+answer|answer)\s*(?:is|was|would\s+be|will\s+be|=|:)\s*:?",
     re.IGNORECASE,
@@ -41,7 +45,8 @@ def boxed_contents(text: str) -> list[str]:
 
 
 def _replace_fracs(text: str) -> str:
-    """``\\frac{3}{4}`` -> ``0.75`` so the fraction reads as one number."""
+    """``\\frac{3}{4}``, ``\\frac34`` and ``3/4`` -> ``0.75``, ``2^{10}`` -> ``1024``, so each
+    reads as one number."""
 
     def value(m: re.Match[str]) -> str:
         try:
@@ -50,7 +55,15 @@ def _replace_fracs(text: str) -> str:
             return m.group(0)
         return m.group(0) if den == 0 else repr(num / den)
 
-    return _FRAC.sub(value, text)
+    def power(m: re.Match[str]) -> str:
+        try:
+            return repr(float(int(m.group(1)) ** int(m.group(2))))
+        except OverflowError:
+            return m.group(0)
+
+    for pattern in (_FRAC, _FRAC_SHORT, _SLASH):
+        text = pattern.sub(value, text)
+    return _POWER.sub(power, text)
 
 
 def numbers_in(text: str) -> list[float]:
@@ -60,20 +73,31 @@ def numbers_in(text: str) -> list[float]:
     out: list[float] = []
     for m in _NUMBER.finditer(text):
         raw = m.group("num").replace(",", "")
+        sign = m.group("sign")
+        if sign and text[m.start("sign") + 1:m.start("num")][:1].isspace() \
+                and not text[text.rfind("\n", 0, m.start()) + 1:m.start()].strip():
+            sign = ""  # "- 42" opening a line is a list bullet, not a minus
         if m.group("exp"):
             raw += "e" + m.group("exp")
         try:
             value = float(raw)
         except ValueError:
             continue
-        out.append(-value if m.group("sign") in ("-", "\u2212") else value)
+        out.append(-value if sign in ("-", "\u2212") else value)
     return out
 
 
 def _first_number_after(text: str, cue: re.Pattern[str]) -> float | None:
-    """The first number after the last cue that is followed by one (within its line)."""
+    """The number a cue gives: after the last cue that is followed by one, the first number
+    on its line, or after the line's last ``=`` ("the answer is 20 - 8 = 12"). A cue that
+    ends its line ("Final Answer:" then the number below) reads the next line."""
     for m in reversed(list(cue.finditer(text))):
-        rest = text[m.end():].split("\n", 1)[0]
+        lines = text[m.end():].lstrip(" \t").split("\n", 2)
+        rest = lines[0] if lines[0].strip() or len(lines) == 1 else lines[1]
+        if "=" in rest:
+            after = numbers_in(rest.rsplit("=", 1)[1])
+            if after:
+                return after[0]
         nums = numbers_in(rest)
         if nums:
             return nums[0]
@@ -105,10 +129,24 @@ def extract_number(text: str | float | None) -> float | None:
     return nums[-1] if nums else None
 
 
+def _kept(text: str, i: int) -> bool:
+    """Whether punctuation at ``i`` carries a number's meaning: a decimal point ("3.5" is not
+    "35") or a minus sign ("-5" is not "5")."""
+    ch = text[i]
+    nxt = text[i + 1:i + 2]
+    if ch == ".":
+        return nxt.isdigit() and text[i - 1:i].isdigit()
+    if ch in "-\u2212":
+        return nxt.isdigit() and not text[i - 1:i].isalnum()
+    return False
+
+
 def normalise(text: str) -> str:
-    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces; except that
+    a decimal point and a minus sign in a number stay."""
     text = unicodedata.normalize("NFKC", str(text)).lower()
-    text = "".join(ch for ch in text if ch not in _PUNCT)  # as SQuAD: "1,000" -> "1000"
+    # as SQuAD: "1,000" -> "1000"
+    text = "".join(ch for i, ch in enumerate(text) if ch not in _PUNCT or _kept(text, i))
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
