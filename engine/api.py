@@ -149,21 +149,21 @@ class Engine:
                gate_tasks: Any = None, analyst: Backend | str | None = None,
                dry_run: bool = False, rule: str = "not_worse", seed: int = 0,
                candidate_name: str | None = None, **options: Any) -> EvolveResult:
-        """Evolve the library from ``traces`` (default: every finished stored trace) and land
-        the change through the regression gate (``gate_tasks``: default the traces' own tasks).
+        """Evolve the library from ``traces`` (default: every finished stored trace but the
+        gate's own runs) and land the change through the regression gate (``gate_tasks``:
+        default the traces' own tasks).
 
         ``options`` configure the method, e.g. ``skill="word-math", create=True, workers=4``.
         """
         from engine.evaluation.tasks import tasks_from_traces
-        from engine.methods.evolve import gate_and_apply
+        from engine.methods.evolve import gate_and_apply, training_traces
         from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
 
         if method != "trace2skill":
             from engine.errors import ConfigError
 
             raise ConfigError(f"unknown evolver {method!r}", hint="evolvers: trace2skill")
-        chosen = list(traces) if traces is not None else [
-            t for t in self.traces.query() if t.outcome != "running"]
+        chosen = list(traces) if traces is not None else training_traces(self.traces.query())
         analyst_backend = analyst if isinstance(analyst, Backend) else (
             get_backend(analyst) if analyst else self.backend)
         config = Trace2SkillConfig(**options)

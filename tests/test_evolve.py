@@ -159,3 +159,28 @@ def test_python_api_evolve_in_three_lines(tmp_path: Path) -> None:
                            analyst=ScriptedBackend(responder=analyst_reply))
     assert result.version is not None and result.version.id == "v2"
     assert result.decision is not None and result.decision.candidate_score == 1.0
+
+
+def test_the_gates_own_runs_are_not_training_traces(tmp_path: Path) -> None:
+    engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
+                    library=tmp_path / "lib", checkpointing=False)
+    collect(engine)
+    held_out = [TaskRecord(id=f"d{i}", question=f"Tom has {i} apples and gets {i} more. How "
+                           "many?", expected=str(2 * i), scorer="numeric") for i in (5, 6)]
+    analysed: list[str] = []
+
+    def analyst(request: Request) -> str:
+        analysed.append(request.messages[-1].text)
+        return analyst_reply(request)
+
+    engine.evolve("trace2skill", skill="adding", create=True, gate_tasks=held_out,
+                  analyst=ScriptedBackend(responder=analyst))
+    stored = engine.traces.query()
+    gate_runs = [t for t in stored if "gate" in t.meta]
+    assert {t.meta["gate"] for t in gate_runs} == {"current", "candidate"}
+    assert len(gate_runs) == 4  # two held-out tasks, each under both libraries
+    analysed.clear()
+    engine.evolve("trace2skill", skill="adding", create=False,
+                  analyst=ScriptedBackend(responder=analyst))
+    assert len(analysed) == 4 and not any("has 5 apples" in a or "has 6 apples" in a
+                                          for a in analysed)

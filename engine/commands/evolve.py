@@ -119,7 +119,7 @@ def trace2skill_cmd(tasks_spec: str | None, skill: str, create: bool, descriptio
     from engine.evaluation.benchmarks import load_tasks
     from engine.evaluation.runner import evaluate
     from engine.evaluation.tasks import tasks_from_traces
-    from engine.methods.evolve import gate_and_apply
+    from engine.methods.evolve import gate_and_apply, training_traces
     from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
     from library_store.traces import TraceQuery
 
@@ -132,7 +132,7 @@ def trace2skill_cmd(tasks_spec: str | None, skill: str, create: bool, descriptio
     task_set = load_tasks(tasks_spec) if tasks_spec else None
     if task_set is not None:
         query["task_set"] = task_set.name
-    traces = engine.traces.query(TraceQuery(limit=limit, **query))
+    traces = training_traces(engine.traces.query(TraceQuery(**query)), limit)
     if not traces and task_set is not None:
         err.print(f"no stored traces for {task_set.name}: running its {len(task_set)} tasks "
                   "first", markup=False)
@@ -141,8 +141,7 @@ def trace2skill_cmd(tasks_spec: str | None, skill: str, create: bool, descriptio
             evaluate(task_set, engine.solver(), concurrency=concurrency, seed=seed,
                      store=engine.traces, model=engine.backend.spec,
                      on_progress=lambda done, n, r: bar.update(t, completed=done))
-        traces = engine.traces.query(TraceQuery(limit=limit, **query))
-    traces = [t for t in traces if t.outcome != "running"]
+        traces = training_traces(engine.traces.query(TraceQuery(**query)), limit)
     if not traces:
         raise ConfigError("no traces match", hint="run `whetstone eval --tasks SET` first, or "
                                                   "widen --traces (see `whetstone traces ls`)")

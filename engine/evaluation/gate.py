@@ -191,7 +191,7 @@ def run_gate(
         runs[which] = evaluate(
             chosen, solver, scorer, concurrency=concurrency, seed=seed, on_progress=on_progress,
             store=store, library_version=version, label=which if version is None else None,
-            results_dir=results_dir)
+            results_dir=results_dir, trace_meta={"gate": which})
         if runs[which].partial:
             raise KeyboardInterrupt
     return gate(runs["candidate"], runs["current"], rule, seed=seed)

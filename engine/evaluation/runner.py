@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -63,9 +63,11 @@ class _Run:
     """One evaluation in progress: runs and scores single tasks (thread-safe)."""
 
     def __init__(self, solver: Solver, scorers: dict[str, NamedScorer], seed: int,
-                 task_set: str, store: TraceStore | None, run_id: str) -> None:
+                 task_set: str, store: TraceStore | None, run_id: str,
+                 trace_meta: Mapping[str, Any] | None = None) -> None:
         self.solver, self.scorers, self.seed = solver, scorers, seed
         self.task_set, self.store, self.run_id = task_set, store, run_id
+        self.trace_meta = dict(trace_meta or {})
         self.traces: dict[str, Trace] = {}
 
     def one(self, task: TaskRecord) -> TaskResult:
@@ -89,8 +91,8 @@ class _Run:
         tokens = trace.total_tokens or sum(st.tokens for st in trace.steps)
         duration = trace.duration_s
         latency = duration if duration is not None and duration >= 0 else wall
-        meta = {**trace.meta, "task_set": self.task_set, "task_id": task.id, "seed": s,
-                "scorer": scorer.name, "eval_run": self.run_id}
+        meta = {**trace.meta, **self.trace_meta, "task_set": self.task_set, "task_id": task.id,
+                "seed": s, "scorer": scorer.name, "eval_run": self.run_id}
         scored = trace.with_(score=score, label=_label_text(task.expected), meta=meta)
         if self.store is not None:
             self.store.append(scored)
@@ -142,6 +144,7 @@ def evaluate(
     library_version: str | None = None,
     label: str | None = None,
     results_dir: Path | str | None = None,
+    trace_meta: Mapping[str, Any] | None = None,
 ) -> EvalResult:
     """Run every task through ``solver`` and score it.
 
@@ -152,6 +155,7 @@ def evaluate(
     config, missing model, unreachable backend): then the run stops and the error is raised.
     Ctrl-C returns the tasks scored so far, with ``partial=True``. With ``results_dir`` the
     result is saved there (partial ones too) and ``meta["saved_to"]`` says where.
+    ``trace_meta`` is added to every stored trace's ``meta`` (the gate marks its runs with it).
     """
     if concurrency < 1:
         raise EvalError(f"concurrency must be >= 1, got {concurrency}", hint="e.g. --concurrency 4")
@@ -169,7 +173,7 @@ def evaluate(
         raise EvalError(f"task ids must be unique; repeated: {dup}",
                         hint="results are paired by task id; give every task its own id")
     run_id = uuid.uuid4().hex[:12]
-    run = _Run(solver, scorers, seed, name, store, run_id)
+    run = _Run(solver, scorers, seed, name, store, run_id, trace_meta)
     done: dict[int, TaskResult] = {}
     started = time.time()
     partial = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +20,17 @@ from engine.evaluation.gate import Decision, run_gate
 from engine.evaluation.runner import ProgressFn, Solver
 from engine.evaluation.tasks import TaskRecord, TaskSet
 from engine.methods.base import LibraryPatch
-from engine.types import LibraryVersion
+from engine.types import LibraryVersion, Trace
 from library_store.store import Library, Snapshot
 from skills.loader import validate_snapshot
+
+
+def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:
+    """What an evolver learns from: finished runs, without the gate's own runs (they score
+    libraries that may never be committed, often on held-out tasks that must not leak into
+    training). Oldest first; the newest ``limit`` when given."""
+    kept = [t for t in traces if t.outcome != "running" and "gate" not in t.meta]
+    return kept[-limit:] if limit else kept
 
 
 @dataclass
