@@ -257,3 +257,37 @@ def test_ray_executor_gives_the_same_result_as_asyncio() -> None:
     assert on_ray.changes == local.changes
     assert on_ray.details["patch"] == local.details["patch"]
     assert on_ray.costs["analyst_calls"] == local.costs["analyst_calls"] == 6
+
+
+NESTED = {"SKILL.md": "---\nname: word-math\ndescription: d\n---\n\n# Word math\n\n"
+                      "## Method\n- Read twice.\n\n### Units\n- Convert first.\n"}
+
+
+def test_an_append_and_a_delete_of_the_last_subsection_both_survive() -> None:
+    # The append lands in Method's own text, before ### Units, so deleting Units keeps it.
+    add = Edit("SKILL.md", "append_to_section", "Method", content="- Check the sign.",
+               support=("t1",))
+    drop = Edit("SKILL.md", "delete_section", "Units", support=("t2",))
+    merged = merge_group([SkillPatch((add,)), SkillPatch((drop,))], NESTED)
+    assert len(merged.edits) == 2
+    md, failed = apply_patch(NESTED, merged)
+    assert not failed and "- Check the sign." in md["SKILL.md"]
+    assert "Units" not in md["SKILL.md"]
+    assert md["SKILL.md"].index("- Read twice.") < md["SKILL.md"].index("- Check the sign.")
+
+
+def test_edits_on_what_the_same_patch_adds_are_folded_not_dropped() -> None:
+    patch = SkillPatch((
+        Edit("SKILL.md", "add_section", "Examples", content="- 2 + 2 = 4", support=("t1",)),
+        Edit("SKILL.md", "append_to_section", "Examples", content="- 3 * 3 = 9",
+             support=("t1",)),
+        Edit("references/tables.md", "create", content="# Tables\n", support=("t1",)),
+        Edit("references/tables.md", "append_to_section", "Tables", content="7 x 8 = 56",
+             support=("t1",)),
+    ), support=("t1",))
+    merged = reduce_patches([patch], BASE)
+    assert [e.op for e in merged.edits] == ["add_section", "create"]
+    files, failed = apply_patch(BASE, merged)
+    assert not failed
+    assert files["SKILL.md"].rstrip().endswith("## Examples\n\n- 2 + 2 = 4\n- 3 * 3 = 9")
+    assert files["references/tables.md"] == "# Tables\n7 x 8 = 56\n"

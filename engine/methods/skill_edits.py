@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -205,6 +205,16 @@ def sections(lines: list[str]) -> list[Section]:
     return out
 
 
+def own_end(lines: list[str], sec: Section) -> int:
+    """One past the section's own text: where its first subsection starts, else its end.
+    Appending there keeps new lines out of the last subsection (which a delete of that
+    subsection would take with it)."""
+    for s in sections(lines):
+        if sec.start < s.start < sec.end and s.level > sec.level:
+            return s.start
+    return sec.end
+
+
 def find_section(lines: list[str], name: str) -> Section:
     """The section whose heading matches ``name`` (``## Pitfalls`` or ``pitfalls``)."""
     want = _norm(name.lstrip("#"))
@@ -261,9 +271,10 @@ def apply_edit(files: Mapping[str, str], edit: Edit) -> dict[str, str]:
     lines = files[edit.file].rstrip("\n").split("\n")
     new = _content_lines(edit.content)
     lo, hi = _body_start(lines), len(lines)
+    own = hi
     if edit.target_section and edit.op != "add_section":
         sec = find_section(lines, edit.target_section)
-        lo, hi = sec.start, sec.end
+        lo, hi, own = sec.start, sec.end, own_end(lines, sec)
     if edit.op in ("insert_after", "insert_before"):
         a, b = _find_text(lines, edit.target_text or "", lo, hi)
         at = b if edit.op == "insert_after" else a
@@ -276,7 +287,7 @@ def apply_edit(files: Mapping[str, str], edit: Edit) -> dict[str, str]:
         lines[a:b] = (old.replace(target, edit.content.strip("\n"), 1).split("\n")
                       if target in old else new)
     elif edit.op == "append_to_section":
-        end = hi
+        end = own
         while end > lo + 1 and not lines[end - 1].strip():
             end -= 1  # before the blank lines that separate it from the next heading
         lines[end:end] = new
@@ -357,10 +368,10 @@ def region_of(files: Mapping[str, str], edit: Edit) -> Region | None:
     lines = files[edit.file].rstrip("\n").split("\n")
     try:
         lo, hi = _body_start(lines), len(lines)
-        heading = (lo, lo)
+        heading, own = (lo, lo), hi
         if edit.target_section and edit.op != "add_section":
             sec = find_section(lines, edit.target_section)
-            lo, hi = sec.start, sec.end
+            lo, hi, own = sec.start, sec.end, own_end(lines, sec)
             heading = (sec.start, sec.start + 1)
         if edit.op in ("insert_after", "insert_before"):
             a, b = _find_text(lines, edit.target_text or "", lo, hi)
@@ -370,7 +381,7 @@ def region_of(files: Mapping[str, str], edit: Edit) -> Region | None:
             a, b = _find_text(lines, edit.target_text or "", lo, hi)
             return Region(edit.file, (a, b), (a, b), True)
         if edit.op == "append_to_section":
-            return Region(edit.file, heading, (hi, hi), False)
+            return Region(edit.file, heading, (own, own), False)
         if edit.op == "delete_section":
             return Region(edit.file, heading, (lo, hi), True)
         if edit.op == "add_section":
@@ -380,6 +391,53 @@ def region_of(files: Mapping[str, str], edit: Edit) -> Region | None:
     except EditError:
         return None
     return None
+
+
+def fold_follow_ups(patch: SkillPatch) -> SkillPatch:
+    """Fold edits that build on something the same patch creates (a section it adds, a file
+    it creates) into that edit, so every edit can be placed against the base files."""
+    edits: list[Edit] = []
+    for edit in patch.edits:
+        parent = _parent_of(edits, edit)
+        if parent is None:
+            edits.append(edit)
+            continue
+        i, made = parent
+        try:
+            if made.op == "create":
+                text = apply_edit({made.file: made.content}, edit)[made.file]
+            else:
+                text = apply_edit({made.file: _section_text(made)}, edit)[made.file]
+        except EditError:
+            edits.append(edit)  # left for the merge to count as unplaceable
+            continue
+        if not text.strip():  # the patch adds something and deletes it again
+            del edits[i]
+            continue
+        edits[i] = replace(made, content=text.rstrip("\n"),
+                           support=tuple(dict.fromkeys((*made.support, *edit.support))))
+    return replace(patch, edits=tuple(edits))
+
+
+def _parent_of(earlier: Sequence[Edit], edit: Edit) -> tuple[int, Edit] | None:
+    for i in range(len(earlier) - 1, -1, -1):
+        made = earlier[i]
+        if made.file != edit.file or edit.op in ("create", "add_section"):
+            continue
+        if made.op == "create" and edit.op != "delete_file":
+            return i, made
+        if (made.op == "add_section" and edit.target_section
+                and _norm(made.target_section or "") == _norm(edit.target_section)):
+            return i, made
+    return None
+
+
+def _section_text(edit: Edit) -> str:
+    """An ``add_section`` edit as the text it adds (heading included)."""
+    new = _content_lines(edit.content)
+    title = (edit.target_section or "").lstrip("#").strip()
+    body = new if new and _HEADING.match(new[0]) else [f"## {title}", "", *new]
+    return "\n".join(body) + "\n"
 
 
 def render_files(files: Mapping[str, str], numbered: bool = False) -> str:

@@ -31,6 +31,7 @@ from engine.methods.skill_edits import (
     EditError,
     SkillPatch,
     apply_patch,
+    fold_follow_ups,
     patch_from_json_text,
     region_of,
     render_files,
@@ -123,6 +124,8 @@ def merge_group(patches: Sequence[SkillPatch], base: Mapping[str, str],
                 report: Trace2SkillReport | None = None) -> SkillPatch:
     """Merge patches written against ``base`` into one conflict-free patch.
 
+    0. fold each patch's follow-ups (an edit on a section or file the patch itself adds) into
+       the edit that adds it, so every edit can be placed against ``base``;
     1. fold duplicates (same place, similar content): one edit, supports united;
     2. rank by support (more traces first, then original order);
     3. accept greedily: an edit that destroys lines an accepted edit changes or anchors on (or
@@ -132,7 +135,7 @@ def merge_group(patches: Sequence[SkillPatch], base: Mapping[str, str],
     report = report or Trace2SkillReport()
     folded: list[Edit] = []
     for patch in patches:
-        for edit in patch.edits:
+        for edit in fold_follow_ups(patch).edits:
             for i, kept in enumerate(folded):
                 if kept.key() == edit.key() and _similar(kept.content, edit.content):
                     content = max((kept, edit), key=lambda e: (len(e.support), len(e.content)))
