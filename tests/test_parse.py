@@ -47,3 +47,20 @@ def test_json_action_followed_by_text_with_braces() -> None:
 def test_brackets_inside_quotes_do_not_close_the_input(text: str, arguments: str) -> None:
     p = parse(text)
     assert p.kind == "action" and p.calls[0].arguments == arguments
+
+
+@pytest.mark.parametrize(("text", "name", "arguments"), [
+    ("Action: `calculator[2+3]`", "calculator", "2+3"),      # in backticks
+    ("Action: calculator: 2+3", "calculator", "2+3"),        # a colon instead of brackets
+    ("Action: calculator\nAction Input: 2+3", "calculator", "2+3"),
+])
+def test_common_action_variants(text: str, name: str, arguments: str) -> None:
+    p = parse(text)
+    assert p.kind == "action" and (p.calls[0].name, p.calls[0].arguments) == (name, arguments)
+
+
+@pytest.mark.parametrize("text", ["Action: Final Answer\nAction Input: 42",
+                                  "Action: final_answer[42]"])
+def test_final_answer_written_as_an_action_is_the_answer(text: str) -> None:
+    p = parse(text)
+    assert p.kind == "answer" and p.answer == "42"

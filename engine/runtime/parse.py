@@ -21,6 +21,9 @@ _ACTION_INPUT = re.compile(r"\n\W*action\s+input\s*\**\s*:\s*", re.IGNORECASE)
 _OBSERVATION = re.compile(r"\n\W*observation\s*:", re.IGNORECASE)
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _NAME = re.compile(r"[A-Za-z_][\w.-]*")
+# "Action: Final Answer" + "Action Input: 42" (LangChain's convention) is an answer.
+_FINAL_TOOL = re.compile(r"final[\s_-]*answer\b", re.IGNORECASE)
+FINAL_TOOL = "final_answer"
 _CLOSERS = {"[": "]", "(": ")"}
 
 
@@ -89,7 +92,9 @@ def parse_action(text: str) -> ParsedCall | None | str:
     obs = _OBSERVATION.search(rest)
     if obs:  # the model imagined the observation; ignore everything from there
         rest = rest[:obs.start()]
-    rest = rest.lstrip()
+    rest = rest.strip()
+    if rest[:1] == "`":  # Action: `calculator[2+3]`
+        rest = rest.strip("`").strip()
     if rest.startswith("{"):
         try:
             obj, _ = json.JSONDecoder().raw_decode(rest)  # the first object; text may follow
@@ -100,12 +105,14 @@ def parse_action(text: str) -> ParsedCall | None | str:
         except (ValueError, AttributeError):
             pass
         return "the Action is not valid JSON"
-    name_m = _NAME.match(rest)
+    name_m = _FINAL_TOOL.match(rest) or _NAME.match(rest)
     if not name_m:
         return "the Action does not start with a tool name"
-    name = name_m.group(0).rstrip(".")
+    name = FINAL_TOOL if name_m.re is _FINAL_TOOL else name_m.group(0).rstrip(".")
     after = rest[name_m.end():]
     stripped = after.lstrip(" \t")
+    if stripped[:1] == ":" and stripped[1:2] in (" ", "\t") and "\n" not in stripped.strip():
+        return ParsedCall(name, stripped[1:].strip())  # Action: calculator: 2+3
     if stripped[:1] in _CLOSERS:
         inner, closed = _bracketed(stripped, 0)
         if not closed:
@@ -219,6 +226,12 @@ def parse_reply(completion: Completion, *, native: bool,
         return Parsed("action", calls=tuple(bare), raw=text)
     action = parse_action(text)
     final = _final_answer(text)
+    if isinstance(action, ParsedCall) and action.name == FINAL_TOOL \
+            and FINAL_TOOL not in tool_names:
+        if action.arguments.strip():
+            return Parsed("answer", answer=action.arguments.strip(), thought=thought, raw=text)
+        return Parsed("invalid", error="Action: Final Answer needs the answer as its input",
+                      thought=thought, raw=text)
     if isinstance(action, ParsedCall):
         marks = _final_marks(text)
         am = _ACTION.search(text)
