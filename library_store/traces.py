@@ -57,6 +57,19 @@ class TraceQuery:
         return self.task_set is None or t.meta.get("task_set") == self.task_set
 
 
+def _ends_torn(path: Path) -> bool:
+    """Whether ``path`` is non-empty and its last byte is not a newline (a torn last line)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, 2)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
 @dataclass
 class TraceStore:
     """Traces under ``root`` (``<library>/traces``). Safe for threads and processes."""
@@ -85,7 +98,7 @@ class TraceStore:
         """Write records under one lock, one open per day file (the server writes in batches).
 
         Each record is one ``write`` of a whole line, so a crash leaves at worst a torn last
-        line, which readers report and skip."""
+        line, which readers report and skip; the next append starts a fresh line after it."""
         by_file: dict[Path, list[str]] = {}
         for t in traces:
             by_file.setdefault(self._day_file(t.started), []).append(t.to_json() + "\n")
@@ -94,6 +107,10 @@ class TraceStore:
         with self._thread_lock, self._lock():
             for path, lines in by_file.items():
                 with open(path, "a", encoding="utf-8") as f:
+                    if _ends_torn(path):
+                        # A writer killed mid-line left no newline; without one the first
+                        # good record would be glued onto the torn line and lost with it.
+                        f.write("\n")
                     f.writelines(lines)
                     f.flush()
 

@@ -40,6 +40,20 @@ def test_corrupt_lines_are_reported_with_their_position_and_skipped(tmp_path: Pa
     assert f"{day_file}:3:" in store.problems[1]
 
 
+def test_append_after_a_torn_last_line_starts_a_new_line(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    store.append(Trace("ok1", "t"))
+    day_file = store.files()[0]
+    with open(day_file, "a") as f:
+        f.write('{"id": "torn", "task": "t')  # a writer killed mid-line: no newline
+    store.append(Trace("ok2", "t"))
+    assert [t.id for t in store.query()] == ["ok1", "ok2"]
+    assert len(store.problems) == 1 and f"{day_file}:2: unreadable" in store.problems[0]
+    store.append(Trace("ok3", "t"))  # a healthy file gets no blank line inserted
+    assert day_file.read_text().count("\n\n") == 0
+    assert [t.id for t in store.query()] == ["ok1", "ok2", "ok3"]
+
+
 def test_unknown_and_ambiguous_ids(tmp_path: Path) -> None:
     store = TraceStore(tmp_path)
     store.append(Trace("abc1", "t"))
