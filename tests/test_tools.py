@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
+
 import pytest
 
 from engine.errors import ToolError
 from tools.base import Toolbox
 from tools.builtin import builtin_tools, calculate, make_python
-from tools.sandbox import echo_last_expression, run_python
+from tools.sandbox import MAX_OUTPUT_BYTES, echo_last_expression, run_python
 
 
 @pytest.mark.parametrize("expr,expected", [
@@ -32,6 +37,19 @@ def test_calculator_evaluates(expr: str, expected: str) -> None:
 def test_calculator_refuses_what_is_not_arithmetic(expr: str, message: str) -> None:
     with pytest.raises(ToolError, match=message):
         calculate(expr)
+
+
+def test_calculator_bounds_factorial_before_computing_and_refuses_complex_results() -> None:
+    assert calculate("factorial(10)") == "3628800"
+    assert calculate("factorial(1000)").startswith("402387260077")
+    start = time.monotonic()
+    with pytest.raises(ToolError, match=r"factorial\(2000000\) is too large"):
+        calculate("factorial(2000000)")
+    assert time.monotonic() - start < 1
+    with pytest.raises(ToolError, match="not a real number"):
+        calculate("(-8)**(1/3)")
+    with pytest.raises(ToolError, match="cannot be interpreted as an integer"):
+        calculate("factorial(2.5)")
 
 
 def test_toolbox_reports_failures_as_observations() -> None:
@@ -67,6 +85,42 @@ def test_python_tool_kills_children_too() -> None:
             "import time; time.sleep(60)")
     res = run_python(code, timeout_s=1)
     assert res.timed_out and res.duration_s < 5  # communicate() returned: no orphan holds pipes
+
+
+def test_python_tool_returns_when_a_setsid_grandchild_holds_the_pipes() -> None:
+    code = ("import os, sys, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()  # leaves the process group, so killpg misses it\n"
+            "    print('grandchild', os.getpid(), flush=True)\n"
+            "    time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "time.sleep(60)")
+    start = time.monotonic()
+    res = run_python(code, timeout_s=1)
+    wall = time.monotonic() - start
+    for line in res.stdout.splitlines():
+        if line.startswith("grandchild "):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[1]), signal.SIGKILL)
+    assert res.timed_out and res.returncode is None
+    assert wall < 3.5  # timeout + the bounded grace, not the grandchild's lifetime
+    assert "grandchild" in res.stdout  # output printed before the kill is kept
+
+
+def test_python_tool_keeps_the_head_of_endless_output_and_kills_it() -> None:
+    code = "import sys\nb = b'x' * (1 << 20)\nwhile True: sys.stdout.buffer.write(b)"
+    res = run_python(code, timeout_s=20)
+    assert res.output_exceeded and not res.timed_out and not res.ok
+    assert res.duration_s < 10  # killed at the output cap, not at the timeout
+    assert res.stdout.startswith("x" * MAX_OUTPUT_BYTES)
+    assert len(res.stdout) < MAX_OUTPUT_BYTES + 100 and "bytes of output cut" in res.stdout
+    tool = Toolbox.of([make_python(timeout_s=20)]).call("python", {"code": code})
+    assert "printed more than" in (tool.error or "")
+
+
+def test_python_tool_passes_large_stdin_and_keeps_small_output_whole() -> None:
+    res = run_python("import sys; print(len(sys.stdin.read()))", stdin="y" * 1_000_000)
+    assert res.ok and res.stdout == "1000000\n" and not res.output_exceeded
 
 
 def test_python_tool_enforces_the_memory_limit() -> None:

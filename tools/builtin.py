@@ -13,7 +13,13 @@ from typing import Any
 from engine.errors import ToolError
 from engine.types import ToolSpec
 from tools.base import Tool, ToolResult
-from tools.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, echo_last_expression, run_python
+from tools.sandbox import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    HARD_OUTPUT_BYTES,
+    echo_last_expression,
+    run_python,
+)
 
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -21,11 +27,23 @@ _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Pow: operator.pow,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_MAX_FACTORIAL = 1000  # factorial(1000) has 2568 digits; far larger ones run for seconds
+
+
+def _factorial(n: Any) -> int:
+    # Checked before computing: the size check on the result comes too late for factorial.
+    if isinstance(n, int) and n > _MAX_FACTORIAL:
+        raise ToolError(f"factorial({n}) is too large (limit factorial({_MAX_FACTORIAL}))",
+                        hint="use the python tool with math.lgamma for the size of large "
+                             "factorials")
+    return math.factorial(n)
+
+
 _FUNCS: dict[str, Callable[..., Any]] = {
     "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max,
     "floor": math.floor, "ceil": math.ceil, "log": math.log, "log10": math.log10,
     "log2": math.log2, "exp": math.exp, "sin": math.sin, "cos": math.cos, "tan": math.tan,
-    "factorial": math.factorial, "gcd": math.gcd, "lcm": math.lcm,
+    "factorial": _factorial, "gcd": math.gcd, "lcm": math.lcm,
 }
 _CONSTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 _MAX_POW_EXPONENT = 1000
@@ -33,6 +51,10 @@ _MAX_INT_DIGITS = 4000
 
 
 def _check_size(value: Any) -> Any:
+    if isinstance(value, complex):  # only ** makes one: a negative base, a fractional power
+        raise ToolError("the result is not a real number (a negative number raised to a "
+                        "fractional power)",
+                        hint="for a real root of a negative number write -(8 ** (1/3))")
     if isinstance(value, int) and value.bit_length() > _MAX_INT_DIGITS * 3.33:
         raise ToolError("result too large", hint="split the computation into smaller steps")
     return value
@@ -85,7 +107,7 @@ def calculate(expression: str) -> str:
         value = _eval(tree)
     except ZeroDivisionError as exc:
         raise ToolError("division by zero") from exc
-    except (OverflowError, ValueError) as exc:
+    except (OverflowError, ValueError, TypeError) as exc:
         raise ToolError(str(exc)) from exc
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
@@ -146,6 +168,9 @@ def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_M
         if res.timed_out:
             return ToolResult(output, f"timed out after {timeout_s:g} s and was killed",
                               res.duration_s, timed_out=True)
+        if res.output_exceeded:
+            return ToolResult(output, f"printed more than {HARD_OUTPUT_BYTES} bytes and was "
+                              "killed; print a summary instead", res.duration_s)
         if res.memory_exceeded:
             return ToolResult(output, f"exceeded the {memory_mb} MB memory limit", res.duration_s)
         if res.returncode != 0:
