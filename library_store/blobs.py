@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import LibraryError
-from library_store.fsutil import atomic_write, sha256_bytes
+from library_store.fsutil import atomic_write, make_dirs, sha256_bytes
 
 
 class BlobStore:
@@ -31,7 +31,7 @@ class BlobStore:
         digest = sha256_bytes(data)
         target = self.path(digest)
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(target.parent, durable=self.durable)
             atomic_write(target, data, tmp_dir=self.tmp_dir, durable=self.durable)
         return digest
 

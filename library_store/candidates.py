@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
-from library_store.fsutil import atomic_write
+from library_store.fsutil import atomic_write, make_dirs
 from library_store.store import (
     Content,
     Library,
@@ -28,7 +28,7 @@ from library_store.store import (
     check_path,
 )
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")  # use fullmatch: '$' allows a final '\n'
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,18 @@ class Candidates:
         lib = self.library
         name = name or f"{re.sub(r'[^a-z0-9]+', '-', method.lower()).strip('-') or 'change'}-" \
                        f"{time.strftime('%Y%m%d-%H%M%S')}"
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise ValidationError(name, "candidate-name", "a candidate name is 1-100 characters "
                                   "of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
-        data = {check_path(p): _to_bytes(p, v) for p, v in changes.items()}
+        data = {check_path(p, deleting=v is None): _to_bytes(p, v)
+                for p, v in changes.items()}
         base = lib.resolve(base)
         with lib._write_lock():
             hashes = {p: (lib.blobs.put(b) if b is not None else None) for p, b in data.items()}
             cand = Candidate(name=name, base=base, created=time.time(), method=method,
                              message=message, changes=hashes, scores=dict(scores or {}),
                              costs=dict(costs or {}))
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.dir, durable=lib.durable)
             payload = json.dumps(cand.to_dict(), indent=1, ensure_ascii=False, default=str)
             atomic_write(self._path(name), payload.encode("utf-8"), tmp_dir=lib.root / ".tmp",
                          durable=lib.durable)
@@ -122,11 +123,12 @@ class Candidates:
         return self.library._preview(dict(cand.changes), {}, label=f"candidate-{name}",
                                      method=cand.method)
 
-    def conflicts(self, name: str) -> list[str]:
-        """Paths the candidate changes that also changed between its base and now."""
+    def conflicts(self, name: str, now: Snapshot | None = None) -> list[str]:
+        """Paths the candidate changes that also changed between its base and ``now`` (by
+        default the current version)."""
         lib = self.library
         cand = self.get(name)
-        base, now = lib.snapshot(cand.base), lib.snapshot()
+        base, now = lib.snapshot(cand.base), now or lib.snapshot()
         return sorted(p for p, h in cand.changes.items()
                       if base.hash_of(p) != now.hash_of(p) and now.hash_of(p) != h)
 
@@ -143,15 +145,29 @@ class Candidates:
         """Commit a candidate on top of the current version; then it is removed."""
         lib = self.library
         cand = self.get(name)
-        clashes = self.conflicts(name)
+        checked = lib.snapshot()
+        clashes = self.conflicts(name, checked)
         if clashes and not force:
             raise LibraryError(
                 f"candidate {name} was prepared on {cand.base}; since then "
                 f"{', '.join(clashes[:5])}{' ...' if len(clashes) > 5 else ''} changed",
                 hint="review `whetstone library candidates show` and apply with --force")
-        version = lib._commit({}, prehashed=dict(cand.changes), method=cand.method,
-                              message=message or f"apply candidate {name}: {cand.message}",
-                              scores=cand.scores, costs=cand.costs, validate=validate)
+        try:
+            # The check above ran outside the writers' lock: commit only onto the version it
+            # checked, so a write landing in between is never silently overwritten.
+            version = lib._commit({}, prehashed=dict(cand.changes), method=cand.method,
+                                  message=message or f"apply candidate {name}: {cand.message}",
+                                  scores=cand.scores, costs=cand.costs, validate=validate,
+                                  expect_parent=checked.id)
+        except LibraryError as exc:
+            now = lib.current_id()
+            if isinstance(exc, ValidationError) or now == checked.id:
+                raise
+            raise LibraryError(
+                f"another writer made {now} while candidate {name} was checked against "
+                f"{checked.id}; nothing was applied",
+                hint="run `whetstone library candidates apply` again to re-check its "
+                     "conflicts against the new version") from exc
         self._path(name).unlink(missing_ok=True)
         return version
 

@@ -38,7 +38,8 @@ def atomic_write(target: Path, data: bytes, *, tmp_dir: Path, durable: bool = Tr
 
     ``tmp_dir`` must be on the same file system as ``target`` (it is inside the library).
     With ``durable`` the data is fsynced before the rename, so a power cut cannot leave an
-    empty file behind a completed rename.
+    empty file behind a completed rename, and ``target``'s folder is fsynced after it, so the
+    rename itself is on disk before anything (``CURRENT``) can point at the file.
     """
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f"{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -57,6 +58,23 @@ def atomic_write(target: Path, data: bytes, *, tmp_dir: Path, durable: bool = Tr
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if durable:
+        fsync_dir(target.parent)
+
+
+def make_dirs(path: Path, *, durable: bool = True) -> None:
+    """``mkdir -p path``; with ``durable`` each folder it creates is fsynced into its parent,
+    so files renamed into it later cannot vanish with the folder after a power cut."""
+    if path.is_dir():
+        return
+    if not path.parent.is_dir():
+        make_dirs(path.parent, durable=durable)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return  # another writer made it; its own sync covers the entry
+    if durable:
+        fsync_dir(path.parent)
 
 
 def clean_dir(path: Path) -> int:

@@ -37,7 +37,7 @@ from filelock import FileLock, Timeout
 from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
 from library_store.blobs import BlobStore
-from library_store.fsutil import atomic_write, clean_dir, fsync_dir
+from library_store.fsutil import atomic_write, clean_dir, make_dirs
 from library_store.manifest import Manifest, version_number
 from library_store.traces import TraceStore
 from library_store.transfer import write_folder
@@ -64,8 +64,12 @@ def _to_bytes(path: str, value: Content) -> bytes | None:
                           f"not {type(value).__name__}")
 
 
-def check_path(path: str) -> str:
-    """A library path: relative, '/'-separated, inside one of ``ROOTS``, no '.' or '..'."""
+def check_path(path: str, *, deleting: bool = False) -> str:
+    """A library path: relative, '/'-separated, inside one of ``ROOTS``, no '.' or '..'.
+
+    Hidden parts (``.env.example``) and ``__pycache__`` are refused too: the view, export and
+    import all skip them, so such a file would show as deleted and be lost on a round trip.
+    ``deleting`` allows them, so a library that holds one from before can still drop it."""
     parts = path.split("/") if isinstance(path, str) else []
     bad = (not parts or "\\" in path or path.startswith("/")
            or any(p in ("", ".", "..") for p in parts))
@@ -74,6 +78,13 @@ def check_path(path: str) -> str:
             str(path), "path", "a library path is relative, uses '/', has no '.' or '..' parts "
             f"and starts with one of {', '.join(r + '/' for r in ROOTS)}",
             hint="e.g. skills/<name>/SKILL.md or policies/<module>.md")
+    hidden = next((p for p in parts if p.startswith(".") or p == "__pycache__"), None)
+    if hidden is not None and not deleting:
+        raise ValidationError(
+            path, "path-hidden", f"{hidden!r} is a hidden or cache name; the library does not "
+            "keep such files (the view, export and import skip them)",
+            hint=f"rename it without the leading '.' (e.g. {hidden.lstrip('.') or 'name'}) "
+                 "or leave it out" if hidden != "__pycache__" else "leave __pycache__ out")
     return path
 
 
@@ -183,7 +194,7 @@ class Library:
         """Create the layout and version v1 (empty) unless the library exists already."""
         lib = cls(root, **kwargs)
         for sub in ("versions", "blobs", ".tmp", ".state", "candidates", "traces", *ROOTS):
-            (lib.root / sub).mkdir(parents=True, exist_ok=True)
+            make_dirs(lib.root / sub, durable=lib.durable)
         with lib._write_lock(repair=False):
             if not lib.is_initialized():
                 empty = lib.trees.apply(lib.trees.empty_root, {})
@@ -371,9 +382,9 @@ class Library:
         tmp = self.root / ".tmp"
         atomic_write(self.root / "versions" / f"{m.id}.json", m.to_json(), tmp_dir=tmp,
                      durable=self.durable)
+        # With ``durable`` each write also fsyncs its folder: the manifest's entry in versions/
+        # is on disk before CURRENT names it, and CURRENT's own rename before we return.
         atomic_write(self.current_path, (m.id + "\n").encode(), tmp_dir=tmp, durable=self.durable)
-        if self.durable:
-            fsync_dir(self.root)
         self._manifests[m.id] = m
 
     def _repair_view_locked(self) -> list[str]:
@@ -413,7 +424,7 @@ class Library:
         list of problems rejects the commit with the first one (all are on ``.problems``).
         ``expect_parent`` refuses the commit if another writer moved the library meanwhile.
         """
-        data = {check_path(p): _to_bytes(p, v) for p, v in changes.items()}
+        data = {check_path(p, deleting=v is None): _to_bytes(p, v) for p, v in changes.items()}
         return self._commit(data, method=method, message=message, scores=scores, costs=costs,
                             validate=validate, expect_parent=expect_parent,
                             allow_empty=allow_empty)
@@ -473,7 +484,7 @@ class Library:
         For scoring a change before committing it (the regression gate). Its id is
         ``<parent>+<label>``; the objects it wrote are ordinary blobs.
         """
-        data = {check_path(p): _to_bytes(p, v) for p, v in changes.items()}
+        data = {check_path(p, deleting=v is None): _to_bytes(p, v) for p, v in changes.items()}
         return self._preview({}, data, label=label, method=method)
 
     def _preview(self, prehashed: Mapping[str, str | None], data: Mapping[str, bytes | None],

@@ -84,11 +84,12 @@ class View:
     def sync(self, old_root: str | None, new_root: str, version: str) -> list[str]:
         """Move the view from tree ``old_root`` to ``new_root``; returns stashed hand edits.
 
-        ``old_root=None`` (marker lost) compares every file of the new tree with the disk.
+        ``old_root=None`` (marker lost) compares every file of the new tree with the disk; as
+        what the view showed is unknown, every file that differs is stashed before it is
+        replaced (a stash too many beats a hand edit lost).
         """
         if old_root is None or not self.blobs.has(old_root):
-            target_files = self.trees.files(new_root)
-            changes = {p: (self._hash_on_disk(self.root / p), h) for p, h in target_files.items()}
+            changes = {p: (None, h) for p, h in self.trees.files(new_root).items()}
         else:
             changes = self.trees.diff(old_root, new_root)
         stash_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]

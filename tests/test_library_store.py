@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.errors import LibraryError, NotFound, ValidationError
+from library_store.candidates import Candidates
 from library_store.store import Library
 from library_store.tree import bucket_of
 
@@ -81,6 +84,25 @@ def test_bad_paths_are_rejected(lib: Library, path: str) -> None:
     assert lib.current_id() == "v1"
 
 
+@pytest.mark.parametrize("path", ["skills/demo/scripts/.env.example", "skills/.hidden/SKILL.md",
+                                  "policies/.m.md", "skills/demo/__pycache__/x.pyc"])
+def test_hidden_paths_are_rejected_because_the_view_and_export_skip_them(
+        lib: Library, path: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        lib.commit({"skills/demo/SKILL.md": skill("demo"), path: "K=1\n"}, method="m")
+    assert exc.value.rule == "path-hidden"
+    assert lib.current_id() == "v1"
+    with pytest.raises(ValidationError, match="path-hidden"):
+        lib.candidates.save("c1", {path: "x"}, method="m")
+
+
+def test_a_hidden_file_from_an_older_library_can_still_be_deleted(lib: Library) -> None:
+    lib._commit({"skills/a/.env": b"K=1\n"}, method="old", message="", scores=None,
+                costs=None, validate=None)  # as an older Whetstone allowed
+    lib.commit({"skills/a/.env": None}, method="m")
+    assert lib.snapshot().files() == {}
+
+
 def test_bad_content_is_rejected(lib: Library) -> None:
     with pytest.raises(ValidationError) as exc:
         lib.commit({"skills/a/SKILL.md": 3}, method="m")  # type: ignore[dict-item]
@@ -108,6 +130,39 @@ def test_expect_parent_refuses_a_stale_change(lib: Library) -> None:
     lib.commit({"skills/a/SKILL.md": skill("a")}, method="m")
     with pytest.raises(LibraryError, match="moved from v1 to v2"):
         lib.commit({"skills/b/SKILL.md": skill("b")}, method="m", expect_parent="v1")
+
+
+def test_durable_commit_syncs_version_and_blob_folders_before_current(
+        lib: Library, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str]] = []
+    paths: dict[int, str] = {}
+    real_open, real_fsync, real_replace = os.open, os.fsync, os.replace
+
+    def spy_open(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, *args, **kwargs)
+        paths[fd] = str(path)
+        return fd
+
+    def spy_fsync(fd: int) -> None:
+        events.append(("fsync", paths.get(fd, "?")))
+        real_fsync(fd)
+
+    def spy_replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "replace", spy_replace)
+    lib.commit({"skills/a/SKILL.md": skill("a")}, method="m")
+    monkeypatch.undo()
+    switch = events.index(("replace", str(lib.current_path)))
+    synced_before = {p for kind, p in events[:switch] if kind == "fsync"}
+    blob_dir = lib.blobs.path(lib.snapshot().hash_of("skills/a/SKILL.md") or "").parent
+    assert str(lib.root / "versions") in synced_before
+    assert str(blob_dir) in synced_before  # the rename into blobs/xx/
+    assert str(lib.blobs.root) in synced_before  # blobs/xx/ itself was new
+    assert ("fsync", str(lib.root)) in events[switch:]  # and CURRENT's own rename
 
 
 def test_a_snapshot_keeps_reading_its_own_version(lib: Library) -> None:
@@ -202,6 +257,18 @@ def test_a_view_left_behind_by_a_crash_is_repaired_on_open(lib: Library) -> None
     assert not (lib.root / ".state" / "stash").exists()  # old content was not a hand edit
 
 
+def test_a_hand_edit_is_stashed_when_the_view_marker_is_unreadable(lib: Library) -> None:
+    lib.commit({"skills/a/SKILL.md": skill("a"), "policies/m.md": "committed\n"}, method="m")
+    (lib.root / "policies/m.md").write_text("my hand edit\n")
+    (lib.root / ".state" / "view.json").write_text("")  # torn (written without fsync)
+    reopened = Library.open(lib.root)
+    assert (reopened.root / "policies/m.md").read_text() == "committed\n"
+    stashed = list((lib.root / ".state" / "stash").rglob("m.md"))
+    assert [p.read_text() for p in stashed] == ["my hand edit\n"]
+    assert not list((lib.root / ".state" / "stash").rglob("SKILL.md"))  # unchanged: kept
+    assert not reopened.edits()
+
+
 def test_stale_temp_files_and_orphan_manifests_are_cleaned_by_the_next_write(
         lib: Library) -> None:
     (lib.root / ".tmp" / "SKILL.md.123.abcd.tmp").write_bytes(b"half written")
@@ -260,6 +327,34 @@ def test_a_candidate_whose_files_moved_on_needs_force(lib: Library) -> None:
     with pytest.raises(LibraryError, match="prepared on v2"):
         lib.candidates.apply("c1")
     assert lib.candidates.apply("c1", force=True).id == "v4"
+
+
+def test_a_write_landing_after_the_conflict_check_is_not_overwritten(
+        lib: Library, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib.commit({"skills/a/SKILL.md": skill("a")}, method="m")
+    lib.candidates.save("c1", {"skills/a/SKILL.md": skill("a", "cand\n")}, method="m")
+    check = Candidates.conflicts
+
+    def racing(self: Candidates, name: str, *args: Any, **kwargs: Any) -> list[str]:
+        found = check(self, name, *args, **kwargs)  # no conflict yet ...
+        Library(lib.root).commit({"skills/a/SKILL.md": skill("a", "other\n")}, method="other")
+        return found  # ... but another writer lands before the commit
+
+    monkeypatch.setattr(Candidates, "conflicts", racing)
+    with pytest.raises(LibraryError, match="another writer made v3") as exc:
+        lib.candidates.apply("c1")
+    assert "apply` again" in (exc.value.hint or "")
+    monkeypatch.undo()
+    assert lib.snapshot().read_text("skills/a/SKILL.md") == skill("a", "other\n")
+    assert [c.name for c in lib.candidates.list()] == ["c1"]  # kept to retry
+    with pytest.raises(LibraryError, match="prepared on v2"):  # the retry sees the conflict
+        lib.candidates.apply("c1")
+
+
+def test_a_candidate_name_with_a_trailing_newline_is_refused(lib: Library) -> None:
+    with pytest.raises(ValidationError) as exc:
+        lib.candidates.save("c1\n", {"skills/a/SKILL.md": "x"}, method="m")
+    assert exc.value.rule == "candidate-name" and lib.candidates.list() == []
 
 
 def test_candidate_names_are_checked_and_dropped(lib: Library) -> None:
