@@ -5,7 +5,7 @@ here (each problem is a ``ValidationError`` naming the file, the line and the ru
 
 - front matter: ``name`` (1-64 chars of a-z, 0-9 and single hyphens, not at either end,
   equal to the folder name), ``description`` (1-1024 chars), optional ``license``,
-  ``compatibility`` (<= 500 chars), ``metadata`` (string -> string), ``allowed-tools``
+  ``compatibility`` (1-500 chars), ``metadata`` (string -> string), ``allowed-tools``
   (space-separated); no other fields;
 - body: at most 500 lines.
 
@@ -25,7 +25,7 @@ import yaml
 from engine.errors import ValidationError
 from engine.types import Skill
 
-NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+NAME_RE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # use fullmatch: '$' allows a final '\n'
 FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")
 MAX_NAME = 64
 MAX_DESCRIPTION = 1024
@@ -112,7 +112,7 @@ def check_name(name: Any, *, path: str, line: int | None, folder: str | None
     if len(name) > MAX_NAME:
         out.append(ValidationError(path, "name-length", f"'name' is {len(name)} characters; "
                                    f"the limit is {MAX_NAME}", line=line))
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         out.append(ValidationError(
             path, "name-format", f"'name' {name!r} may hold only a-z, 0-9 and single hyphens, "
             "and may not start or end with a hyphen", line=line,
@@ -156,7 +156,13 @@ def _check_fields(data: Mapping[str, Any], keys: Mapping[str, int], *, path: str
             out.append(ValidationError(path, f"{key}-type", f"'{key}' must be a string",
                                        line=keys.get(key)))
     comp = data.get("compatibility")
-    if isinstance(comp, str) and len(comp) > MAX_COMPATIBILITY:
+    if isinstance(comp, str) and not comp.strip():
+        out.append(ValidationError(path, "compatibility-empty", "'compatibility' is empty; "
+                                   f"when given it must be 1-{MAX_COMPATIBILITY} characters",
+                                   line=keys.get("compatibility"),
+                                   hint="say what the skill needs (e.g. python3, network), or "
+                                        "remove the field"))
+    elif isinstance(comp, str) and len(comp) > MAX_COMPATIBILITY:
         out.append(ValidationError(path, "compatibility-length", f"'compatibility' is "
                                    f"{len(comp)} characters; the limit is {MAX_COMPATIBILITY}",
                                    line=keys.get("compatibility")))

@@ -62,7 +62,8 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
 
     Malformed skills are skipped and reported (``strict``: the whole import is rejected).
     """
-    src = Path(src).expanduser()
+    # Resolved, so "." or "demo/.." still name the skill folder (Path(".").name is "").
+    src = Path(src).expanduser().resolve()
     files = read_folder(src)
     single = SKILL_FILE in files
     groups, loose = _group(src, files)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.types import Skill
-from skills.format import parse_skill_md, render_skill_md
+from skills.format import check_name, parse_skill_md, render_skill_md
 from skills.loader import check_skill_files
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills"
@@ -65,6 +65,15 @@ def test_optional_fields_are_checked() -> None:
     assert ("unknown-field", 4) in rules("---\nname: a\ndescription: d\nversion: 3\n---\n")
     assert ("license-type", 4) in rules("---\nname: a\ndescription: d\nlicense: [a]\n---\n")
     assert ("duplicate-field", 4) in rules("---\nname: a\ndescription: d\nname: a\n---\n")
+
+
+def test_a_trailing_newline_in_a_name_and_an_empty_compatibility_are_rejected() -> None:
+    assert [e.rule for e in check_name("demo\n", path="p", line=None, folder="demo\n")] == [
+        "name-format"]
+    assert ("name-format", 2) in rules('---\nname: "demo\\n"\ndescription: d\n---\nbody\n')
+    assert rules('---\nname: a\ndescription: d\ncompatibility: ""\n---\n') == [
+        ("compatibility-empty", 4)]
+    assert rules("---\nname: a\ndescription: d\ncompatibility: c\n---\n") == []
 
 
 def test_front_matter_must_open_and_close() -> None:

@@ -92,6 +92,23 @@ def test_a_single_skill_folder_can_be_imported(lib: Library, tmp_path: Path) -> 
     assert set(skill.files) == {"scripts/rename_ext.sh"}
 
 
+def test_a_skill_folder_given_as_dot_is_imported_under_its_name(
+        lib: Library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "bash-scripting"
+    shutil.copytree(FIXTURES / "library" / "bash-scripting", src)
+    monkeypatch.chdir(src)
+    report = import_skills(lib, ".")
+    assert report.imported == ("bash-scripting",) and not report.skipped
+    monkeypatch.chdir(src / "scripts")
+    assert import_skills(lib, "..").unchanged == ("bash-scripting",)
+
+
+def test_scaffold_refuses_a_name_with_a_trailing_newline() -> None:
+    with pytest.raises(ValidationError) as exc:
+        scaffold_skill("demo\n")
+    assert exc.value.rule == "name-format"
+
+
 def test_reimport_replaces_the_whole_skill_folder(lib: Library, tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(FIXTURES / "library" / "pdf-text-extraction", src / "pdf-text-extraction")
