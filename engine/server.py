@@ -23,6 +23,7 @@ responses name the library version and the trace in ``X-Whetstone-Library-Versio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -65,12 +66,33 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("whetstone.server")
 
+# A JSON escape in the surrogate range (\ud800-\udfff). Only bodies holding one can decode to
+# a lone surrogate, so only those pay for the full check in _valid_text.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _valid_text(raw: bytes, body: Any) -> bool:
+    """Whether every string in the parsed ``body`` encodes as UTF-8. A JSON escape can decode
+    to a lone surrogate, which no backend, SSE writer or trace file can encode."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return True
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 def _request_id(given: str | None) -> str:
     """The client's ``X-Request-Id`` when it is a sane token, else a new one."""
     if given and len(given) <= 128 and all(c.isalnum() or c in "._:-" for c in given):
         return given
     return "req_" + uuid.uuid4().hex[:24]
+
+
+def _failure_text(exc: BaseException) -> str:
+    """What a trace says about an exception that is not a ``WhetstoneError``."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def create_app(
@@ -179,6 +201,13 @@ def create_app(
             log.warning("request failed (%d): %s", status, exc.message)
         return error(status, _error_message(exc), kind, code, headers=headers)
 
+    def internal_error(exc: Exception, headers: dict[str, str]) -> JSONResponse:
+        """A bug or a backend failure that is not a ``WhetstoneError`` (CUDA out of memory):
+        logged once with its traceback, answered as a plain 500 without the details."""
+        log.error("request failed (500): %s", _failure_text(exc), exc_info=exc)
+        return error(500, "internal server error (see the server log)", "server_error",
+                     "internal_error", headers=headers)
+
     async def json_body(request: Request, headers: dict[str, str]) -> Any:
         """The parsed body, or the error response to send instead."""
         try:
@@ -187,16 +216,24 @@ def create_app(
             return error(413, str(exc), "invalid_request_error", "request_too_large",
                          headers=headers)
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            # ValueError covers bad JSON, bad UTF-8 and integers too long to convert;
+            # RecursionError, nesting too deep to parse.
             return error(400, f"the request body is not valid JSON: {exc}",
                          "invalid_request_error", "invalid_json", headers=headers)
+        if not _valid_text(raw, body):
+            return error(400, "the request body holds a lone UTF-16 surrogate escape "
+                         "(\\ud800-\\udfff without its pair); send text as valid Unicode",
+                         "invalid_request_error", "invalid_json", headers=headers)
+        return body
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = "not_found" if exc.status_code == 404 else None
-        return error(exc.status_code, str(exc.detail), kind, code)
+        # exc.headers carries what the status needs, such as Allow on a 405.
+        return error(exc.status_code, str(exc.detail), kind, code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -220,6 +257,8 @@ def create_app(
             switches = ChatSwitches.from_body(body.get("whetstone"))
         except WhetstoneError as exc:
             return whetstone_error(exc, headers)
+        except Exception as exc:  # noqa: BLE001 - a validation bug: still a proper 500
+            return internal_error(exc, headers)
         if not service.admit():
             return error(429, f"the server is busy: {service.admitted} requests are being "
                          f"answered or are waiting, the most it takes; retry shortly",
@@ -259,21 +298,26 @@ def create_app(
             # function would go to a worker thread, and the trace queue is the loop's).
             record(completion, failure)
 
+        def failed(exc: Exception) -> JSONResponse:
+            """The error reply, recording the exchange once it is sent."""
+            if isinstance(exc, WhetstoneError):
+                out, reason = whetstone_error(exc, headers), exc.message
+            else:
+                out, reason = internal_error(exc, headers), _failure_text(exc)
+            out.background = BackgroundTask(record_after, None, reason)
+            return out
+
         if not call.stream:
             try:
                 completion = await service.complete(call)
-            except WhetstoneError as exc:
-                failed = whetstone_error(exc, headers)
-                failed.background = BackgroundTask(record_after, None, exc.message)
-                return failed
+            except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
+                return failed(exc)
             return JSONResponse(completion_to_openai(completion, model=model), headers=headers,
                                 background=BackgroundTask(record_after, completion, None))
         try:
             stream = await service.open_stream(call)
-        except WhetstoneError as exc:
-            failed = whetstone_error(exc, headers)
-            failed.background = BackgroundTask(record_after, None, exc.message)
-            return failed
+        except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
+            return failed(exc)
         ended = [False]
 
         def on_end(completion: Completion | None, failure: str | None, text: str) -> None:
@@ -322,6 +366,9 @@ def create_app(
         except NotFound as exc:
             return error(404, _error_message(exc), "invalid_request_error", "trace_not_found",
                          param="trace_id")
+        except WhetstoneError as exc:  # the trace is still queued: the store is backed up
+            return error(503, _error_message(exc), "server_error", "trace_pending",
+                         headers={"Retry-After": "1"})
         return {"object": "feedback", "trace_id": trace.id, "score": trace.score,
                 "comment": comment}
 

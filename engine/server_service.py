@@ -260,9 +260,9 @@ class ChatService:
                 failure = exc.message
                 self.metrics.errors.inc(code=code or "server_error")
                 yield _sse(error_to_openai(_error_message(exc), kind, code=code))
-            except Exception:
+            except Exception as exc:
                 log.exception("stream failed")
-                failure = "internal server error"
+                failure = f"{type(exc).__name__}: {exc}"  # for the trace, not the client
                 self.metrics.errors.inc(code="internal_error")
                 yield _sse(error_to_openai("internal server error (see the server log)",
                                            "server_error"))

@@ -247,6 +247,69 @@ def test_invalid_requests_are_400_with_the_field_named(serve: Callable[..., str]
     assert backend.requests == []  # rejected before the model was called
 
 
+_ASKED = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", '
+
+
+@pytest.mark.parametrize("raw, words", [
+    (_ASKED + '"tool_calls": [{"id": "a", "function": "x"}]}]}', "tool_calls[0].function"),
+    (_ASKED + '"tool_calls": [{"id": "a", "function": null}]}]}', "tool_calls[0].function"),
+    ('{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+     "content[0].text"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "finite"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}', "finite"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "seed": 1' + "0" * 5000 + "}",
+     "not valid JSON"),
+    ('{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}", "not valid JSON"),
+])
+def test_malformed_messages_and_numbers_are_400_not_500(serve: Callable[..., str], raw: str,
+                                                        words: str) -> None:
+    backend = ScriptedBackend()
+    url = serve(backend, model_name="tiny")
+    for stream in (False, True):
+        body = raw[:-1] + ', "stream": true}' if stream else raw
+        r = post_raw(url, body)
+        err = assert_openai_error(r, 400)
+        assert words in err["message"] and err["type"] == "invalid_request_error"
+        assert r.headers["x-request-id"]  # like every other error
+    assert backend.requests == []
+
+
+def test_a_local_image_path_from_the_wire_is_refused(serve: Callable[..., str],
+                                                     tmp_path: Any) -> None:
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"not for clients")
+    backend = ScriptedBackend(["never"])
+    url = serve(backend, model_name="tiny")
+    parts = [{"type": "text", "text": "describe"}, {"type": "image", "image": str(secret)}]
+    r = post_raw(url, json.dumps({"messages": [{"role": "user", "content": parts}]}))
+    err = assert_openai_error(r, 400)
+    assert "text, image_url" in err["message"] and err["type"] == "invalid_request_error"
+    assert backend.requests == []  # the file was never read nor sent on
+
+
+@pytest.mark.parametrize("text", ["a\\ud800b", "a\\udfffb", "\\ude00\\ud83d"])
+def test_a_lone_surrogate_is_a_400(serve: Callable[..., str], text: str) -> None:
+    backend = ScriptedBackend(responder=lambda r: r.messages[-1].text)
+    url = serve(backend, model_name="tiny")
+    for extra in ("", ', "stream": true'):
+        r = post_raw(url, '{"messages": [{"role": "user", "content": "' + text + '"}]' + extra
+                     + "}")
+        err = assert_openai_error(r, 400)
+        assert "surrogate" in err["message"] and r.headers["x-request-id"]
+    assert backend.requests == []
+    # A proper pair, escaped as json.dumps writes it, is fine.
+    smile = "smile \U0001F600"
+    r = post_raw(url, json.dumps({"messages": [{"role": "user", "content": smile}]}))
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == smile
+
+
+def test_a_wrong_method_keeps_the_allow_header(serve: Callable[..., str]) -> None:
+    url = serve(ScriptedBackend(), model_name="tiny")
+    r = httpx.get(url + "/chat/completions", timeout=10)
+    assert_openai_error(r, 405)
+    assert r.headers["allow"] == "POST"
+
+
 def test_an_unknown_model_is_a_404_naming_the_served_ones(serve: Callable[..., str]) -> None:
     backend = ScriptedBackend()
     url = serve(backend, model_name="tiny")
@@ -283,6 +346,36 @@ def test_an_unexpected_crash_is_a_500_without_a_stack_trace(serve: Callable[...,
     err = assert_openai_error(post_raw(url, json.dumps({"model": "tiny", "messages": USER})), 500)
     assert "secret internal detail" not in err["message"]
     assert err["type"] == "server_error"
+
+
+class _Crashes(Backend):
+    """Fails as a GPU backend does: not with a WhetstoneError."""
+
+    def __init__(self) -> None:
+        self.spec = "crashes"
+        self.capabilities = Capabilities(streaming=True)
+
+    def complete(self, request: Request) -> Completion:
+        raise RuntimeError("CUDA out of memory")
+
+    def stream(self, request: Request) -> Iterator[Any]:
+        raise RuntimeError("CUDA out of memory")
+        yield  # a generator: the failure comes at the first chunk
+
+
+def test_a_backend_crash_is_a_500_with_the_request_id(serve: Callable[..., str],
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    url = serve(_Crashes(), model_name="tiny")
+    for stream in (False, True):
+        caplog.clear()
+        r = httpx.post(url + "/chat/completions", timeout=30, headers={"X-Request-Id": "abc-1"},
+                       json={"messages": USER, "stream": stream})
+        err = assert_openai_error(r, 500)
+        assert err["type"] == "server_error" and "CUDA" not in err["message"]
+        assert r.headers["x-request-id"] == "abc-1"
+        logged = [rec for rec in caplog.records if rec.exc_info]
+        assert len(logged) == 1 and "CUDA out of memory" in logged[0].getMessage()
+    assert httpx.get(url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
 
 
 def test_a_slow_backend_is_a_504(serve: Callable[..., str]) -> None:

@@ -8,6 +8,7 @@ sit behind a Whetstone backend. Plain dicts only: no ``openai`` import, no I/O.
 from __future__ import annotations
 
 import base64
+import math
 import mimetypes
 import time
 import uuid
@@ -23,6 +24,9 @@ from engine.types import Completion, Message, Request, ToolCall
 OPENAI_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter",
                                    "function_call"})
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
+# Content parts a request may carry over HTTP. The ``image`` part (a local path or PIL image) is
+# for the Python API only: from the wire it would let a client make the server read its files.
+WIRE_PART_TYPES = ("text", "image_url")
 
 
 def new_completion_id() -> str:
@@ -214,11 +218,15 @@ def _number(body: Mapping[str, Any], key: str, kind: type, lo: float | None = No
     value = body.get(key)
     if value is None:
         return None
-    # bool is an int in Python; a JSON true is not a number here.
+    # bool is an int in Python; a JSON true is not a number here. An int is checked as an
+    # int: float() of a huge one overflows.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            kind is int and not float(value).is_integer()):
+            kind is int and isinstance(value, float) and not value.is_integer()):
         raise _bad(f"'{key}' must be {'an integer' if kind is int else 'a number'}, "
                    f"got {value!r}")
+    # json.loads takes NaN and Infinity, and NaN passes every range check below.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(f"'{key}' must be a finite number, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise _bad(f"'{key}' must be between {lo} and {hi}, got {value!r}")
     return kind(value)
@@ -236,16 +244,53 @@ def _message_from_openai(i: int, raw: Any) -> Message:
     content = raw.get("content")
     if content is not None and not isinstance(content, (str, list)):
         raise _bad(f"'messages[{i}].content' must be a string or a list of parts")
-    if isinstance(content, list) and not all(isinstance(p, Mapping) and "type" in p
-                                             for p in content):
-        raise _bad(f"'messages[{i}].content' parts must be objects with a 'type'")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            _check_part(f"messages[{i}].content[{j}]", part)
     tool_calls = raw.get("tool_calls")
-    if tool_calls is not None and not (
-            isinstance(tool_calls, list) and all(isinstance(t, Mapping) for t in tool_calls)):
-        raise _bad(f"'messages[{i}].tool_calls' must be a list of objects")
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list):
+            raise _bad(f"'messages[{i}].tool_calls' must be a list of objects")
+        for j, call in enumerate(tool_calls):
+            _check_tool_call(f"messages[{i}].tool_calls[{j}]", call)
+    for key in ("name", "tool_call_id"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise _bad(f"'messages[{i}].{key}' must be a string, got {raw[key]!r}")
     if role == "tool" and not raw.get("tool_call_id"):
         raise _bad(f"'messages[{i}]' has role 'tool' but no 'tool_call_id'")
     return Message.from_dict({**raw, "role": role})
+
+
+def _check_part(where: str, part: Any) -> None:
+    """A content part from the wire: a ``text`` part with a string, or an ``image_url`` part
+    with a string ``url``. Other types are refused (see ``WIRE_PART_TYPES``)."""
+    if not isinstance(part, Mapping):
+        raise _bad(f"'{where}' must be an object with a 'type', got {type(part).__name__}")
+    kind = part.get("type")
+    if kind not in WIRE_PART_TYPES:
+        raise _bad(f"'{where}.type' must be one of {', '.join(WIRE_PART_TYPES)}, got {kind!r}",
+                   hint='send images as {"type": "image_url", "image_url": {"url": '
+                        '"data:image/png;base64,..."}}')
+    if kind == "text" and not isinstance(part.get("text"), str):
+        raise _bad(f"'{where}.text' must be a string, got {part.get('text')!r}")
+    if kind == "image_url":
+        image = part.get("image_url")
+        if not isinstance(image, Mapping) or not isinstance(image.get("url"), str):
+            raise _bad(f"'{where}.image_url' must be an object with a string 'url'",
+                       hint='send {"type": "image_url", "image_url": {"url": "https://..."}}')
+
+
+def _check_tool_call(where: str, call: Any) -> None:
+    """An assistant tool call from the wire: ``{id, type, function: {name, arguments}}``."""
+    if not isinstance(call, Mapping):
+        raise _bad(f"'{where}' must be an object, got {type(call).__name__}")
+    fn = call.get("function")
+    if not isinstance(fn, Mapping):
+        raise _bad(f"'{where}.function' must be an object {{name, arguments}}, got {fn!r}")
+    if not isinstance(fn.get("name"), str):
+        raise _bad(f"'{where}.function.name' must be a string, got {fn.get('name')!r}")
+    if call.get("id") is not None and not isinstance(call["id"], str):
+        raise _bad(f"'{where}.id' must be a string, got {call['id']!r}")
 
 
 def _tools_from_openai(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
