@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.openai_wire import error_to_openai
-from engine.errors import ConfigError, NotFound
+from engine.errors import ConfigError, NotFound, WhetstoneError
 from engine.runtime.chat import Adapted, ChatAdapter, ChatSwitches, chat_query
 from engine.server_metrics import Metrics
 from engine.types import Request, Trace
@@ -42,6 +42,8 @@ TRACE_HEADER = "X-Whetstone-Trace-Id"
 VERSION_HEADER = "X-Whetstone-Library-Version"
 REQUEST_ID_HEADER = "X-Request-Id"
 KNOWN_ROUTES = ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/health", "/metrics")
+# How long feedback waits for the trace it labels to leave the write queue.
+LABEL_WAIT_S = 10.0
 
 
 # --- API keys --------------------------------------------------------------------------------
@@ -188,7 +190,10 @@ class TraceWriter:
         self.metrics = metrics
         self.recent_size = recent
         self._recent: OrderedDict[str, Trace] = OrderedDict()
-        self._queue: asyncio.Queue[Trace | None] | None = None
+        # Each queued trace with the event set once its batch is written; _unwritten maps an id
+        # to the event of its latest queued copy, so feedback waits for that trace only.
+        self._queue: asyncio.Queue[tuple[Trace, asyncio.Event] | None] | None = None
+        self._unwritten: dict[str, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -213,7 +218,9 @@ class TraceWriter:
         if self._task is None:
             self.start()
         assert self._queue is not None
-        self._queue.put_nowait(trace)
+        written = asyncio.Event()
+        self._unwritten[trace.id] = written
+        self._queue.put_nowait((trace, written))
 
     def _remember(self, trace: Trace) -> None:
         self._recent[trace.id] = trace
@@ -228,14 +235,18 @@ class TraceWriter:
             batch = [await queue.get()]
             while not queue.empty():
                 batch.append(queue.get_nowait())
-            traces = [t for t in batch if t is not None]
+            items = [item for item in batch if item is not None]
             try:
-                if traces:
-                    await asyncio.to_thread(self._write, traces)
+                if items:
+                    await asyncio.to_thread(self._write, [t for t, _ in items])
             finally:
+                for trace, written in items:
+                    written.set()
+                    if self._unwritten.get(trace.id) is written:
+                        del self._unwritten[trace.id]
                 for _ in batch:
                     queue.task_done()
-            if len(traces) < len(batch):
+            if len(items) < len(batch):
                 return  # the stop sentinel: everything before it is written
 
     def _write(self, traces: list[Trace]) -> None:
@@ -267,9 +278,28 @@ class TraceWriter:
         self._task = None
         self._stopped = True
 
+    async def written(self, trace_id: str, timeout: float | None = None) -> None:
+        """Wait until the trace ``trace_id`` has left the queue (at once when it is not
+        queued); ``WhetstoneError`` past ``timeout`` (default ``LABEL_WAIT_S``). Unlike
+        ``flush()`` it does not wait for traces queued after it, so steady traffic cannot
+        hold it up."""
+        event = self._unwritten.get(trace_id)
+        if event is None or self._task is None or self._task.done():
+            return
+        timeout = LABEL_WAIT_S if timeout is None else timeout
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise WhetstoneError(
+                f"the trace {trace_id!r} is still waiting to be written after {timeout:g} s",
+                hint="the trace store is slow or backed up; retry the feedback shortly") from None
+
     async def label(self, trace_id: str, score: float, comment: str | None) -> Trace:
-        """Attach feedback to a trace by its exact id; ``NotFound`` when there is none."""
-        await self.flush()  # the trace may still be in the queue
+        """Attach feedback to a trace by its exact id; ``NotFound`` when there is none,
+        ``WhetstoneError`` when the trace is still queued after ``LABEL_WAIT_S``."""
+        # Wait for the trace's own write: the labelled copy must land after it (the latest
+        # line for an id wins).
+        await self.written(trace_id)
         trace = self._recent.get(trace_id)
         if trace is None:
             trace = await asyncio.to_thread(self._lookup, trace_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -235,6 +236,24 @@ def test_a_failing_retrieval_answers_without_the_library(serve: Callable[..., Se
     assert 'whetstone_errors_total{code="library_unavailable"} 1' in metrics
 
 
+def test_a_backend_crash_is_a_500_and_still_recorded(serve: Callable[..., Served]) -> None:
+    def oom(request: Any) -> str:
+        raise RuntimeError("CUDA out of memory")
+
+    s = serve(ScriptedBackend(responder=oom))
+    for stream in (False, True):
+        r = s.post({"model": "tiny", "messages": USER, "stream": stream},
+                   headers={"X-Request-Id": f"req-{stream}"})
+        err = assert_openai_error(r, 500)
+        assert err["type"] == "server_error" and "CUDA" not in err["message"]
+        assert r.headers["x-request-id"] == f"req-{stream}" and r.headers[VERSION_HEADER]
+        trace = wait_for_trace(s.store, r.headers[TRACE_HEADER])
+        assert trace.outcome == "error" and trace.meta["request_id"] == f"req-{stream}"
+        assert "RuntimeError: CUDA out of memory" in trace.meta["reason"]
+    metrics = httpx.get(s.base + "/metrics", timeout=10).text
+    assert 'whetstone_errors_total{code="internal_error"} 2' in metrics
+
+
 # --- per-request switches --------------------------------------------------------------------
 
 def test_extra_body_switches_the_library_and_recording_off(serve: Callable[..., Served]
@@ -301,6 +320,33 @@ def test_feedback_on_a_trace_written_before_this_server_started(
         url = servers.start(again) + "/v1"
         r = httpx.post(url + "/feedback", json={"trace_id": trace_id, "score": 0}, timeout=10)
     assert r.status_code == 200 and s.store.get(trace_id).score == 0.0
+
+
+def test_feedback_on_a_trace_stuck_in_the_queue_is_a_503(serve: Callable[..., Served],
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    from engine import server_middleware
+
+    monkeypatch.setattr(server_middleware, "LABEL_WAIT_S", 0.2)
+    s = serve(ScriptedBackend(responder=echo))
+    stuck = threading.Event()
+    real = s.store.append_many
+
+    def slow_append_many(traces: Any) -> None:
+        stuck.wait(10)  # the store is backed up
+        real(traces)
+
+    monkeypatch.setattr(s.store, "append_many", slow_append_many)
+    first = s.post({"model": "tiny", "messages": USER}).headers[TRACE_HEADER]
+    second = s.post({"model": "tiny", "messages": USER}).headers[TRACE_HEADER]
+    time.sleep(0.2)  # both queued; the first batch is being written
+    r = s.post({"trace_id": second, "score": 1}, path="/feedback")
+    err = assert_openai_error(r, 503)
+    assert "still waiting to be written" in err["message"] and r.headers["retry-after"]
+    stuck.set()
+    r = s.post({"trace_id": second, "score": 1}, path="/feedback")
+    assert r.status_code == 200, r.text
+    assert s.store.get(second).score == 1.0 and s.store.get(first).score is None
 
 
 @pytest.mark.parametrize("body, status, words", [

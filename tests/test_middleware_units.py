@@ -4,6 +4,8 @@ the query-embedding cache, API keys, the adapter's budget and the background tra
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError, NotFound
+from engine.errors import ConfigError, NotFound, WhetstoneError
 from engine.runtime.chat import (
     Adapted,
     ChatAdapter,
@@ -281,6 +283,66 @@ async def test_a_failing_store_is_counted_not_fatal(tmp_path: Path) -> None:
     assert metrics.trace_errors.value() == 1 and metrics.traces_written.value() == 0
     await writer.stop()
     await asyncio.sleep(0)
+
+
+async def test_feedback_waits_for_its_trace_only_not_for_steady_traffic() -> None:
+    class SlowStore:
+        """Each batch takes 0.1 s to write; it keeps what it was given."""
+
+        def __init__(self) -> None:
+            self.written: list[tuple[str, float | None]] = []
+
+        def append_many(self, traces: list[Any]) -> None:
+            time.sleep(0.1)
+            self.written.extend((t.id, t.score) for t in traces)
+
+        def append(self, trace: Any) -> None:
+            self.written.append((trace.id, trace.score))
+
+    store = SlowStore()
+    writer = TraceWriter(store, Metrics())  # type: ignore[arg-type]
+    writer.start()
+    writer.put(_trace(0))
+    stop = asyncio.Event()
+
+    async def traffic() -> None:
+        i = 1
+        while not stop.is_set():  # 50 requests a second: the queue is never empty
+            writer.put(_trace(i))
+            i += 1
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(traffic())
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    labelled = await asyncio.wait_for(writer.label("t0", 1.0, "ok"), 5)
+    took = time.monotonic() - started
+    stop.set()
+    await task
+    await writer.stop()
+    assert labelled.score == 1.0 and took < 1.0
+    # The labelled copy lands after the trace's own write (the latest line for an id wins).
+    assert [w for w in store.written if w[0] == "t0"] == [("t0", None), ("t0", 1.0)]
+
+
+async def test_feedback_on_a_trace_the_store_cannot_take_in_time_fails() -> None:
+    gate = threading.Event()
+
+    class Stuck:
+        def append_many(self, traces: list[Any]) -> None:
+            gate.wait(10)
+
+        def append(self, trace: Any) -> None:
+            pass
+
+    writer = TraceWriter(Stuck(), Metrics())  # type: ignore[arg-type]
+    writer.put(_trace(1))
+    with pytest.raises(WhetstoneError, match="still waiting to be written"):
+        await writer.written("t1", timeout=0.1)
+    await writer.written("t-never-queued", timeout=0.1)  # nothing to wait for
+    gate.set()
+    await writer.written("t1", timeout=5)
+    await writer.stop()
 
 
 def test_an_exchange_reads_like_a_run_to_the_evolvers() -> None:
