@@ -99,7 +99,15 @@ class _Exchange:
         if core.adapter is None or not self.switches.library:
             self.adapted = Adapted(self.request, query=chat_query(self.request.messages))
         else:
-            self.adapted = core.adapter.adapt(self.request, self.switches)
+            try:
+                self.adapted = core.adapter.adapt(self.request, self.switches)
+            except Exception as exc:  # noqa: BLE001 - the app's call matters more than guidance
+                # As the server does: send the request unadapted, and say so in the trace.
+                reason = getattr(exc, "message", None) or repr(exc)
+                log.warning("library retrieval failed; sending the request without it: %s",
+                            reason)
+                self.adapted = Adapted(self.request, query=chat_query(self.request.messages),
+                                       meta={"library_error": reason})
             if self.adapted.guidance:
                 self.kwargs["messages"] = inject_guidance_dicts(
                     [_plain(m) for m in self.kwargs["messages"]], self.adapted.guidance)

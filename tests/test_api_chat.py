@@ -19,10 +19,12 @@ from servers import Servers
 from engine.api import Engine
 from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError, NotFound, ScriptExhausted
-from engine.middleware import WrappedClient, trace_id_of
-from engine.runtime.chat import ChatReply, ChatSwitches
+from engine.middleware import WrappedClient, trace_id_of, wrap_client
+from engine.runtime.chat import ChatAdapter, ChatReply, ChatSwitches
+from engine.runtime.plugins import Guidance, Plugin
 from engine.server import create_app
 from library_store.store import Library
+from library_store.traces import TraceStore
 
 
 @pytest.fixture
@@ -195,6 +197,48 @@ def test_wrap_passes_tool_calls_and_records_failures(engine: Engine, upstream: A
         client.chat.completions.create(model="not-served", messages=USER)
     failed = [t for t in engine.traces.latest().values() if t.outcome == "error"]
     assert len(failed) == 1 and "NotFoundError" in failed[0].meta["reason"]
+
+
+class _BrokenLibrary(Plugin):
+    name = "broken"
+
+    def guidance(self, task: str, ctx: Any, budget_tokens: int) -> Guidance | None:
+        raise RuntimeError("embedder failed to load")
+
+
+def test_wrap_sends_the_request_unadapted_when_the_library_fails(
+        upstream: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    url, backend, _ = upstream
+    store = TraceStore(tmp_path / "traces")
+    adapter = ChatAdapter([_BrokenLibrary()], backend)
+    sent: list[dict[str, Any]] = []
+    client = wrap_client(recording_client(url, sent), adapter, store)
+    r = client.chat.completions.create(model="up", messages=USER)
+    assert r.choices[0].message.content == "echo: How many minutes are 2.5 hours?"
+    assert [m["role"] for m in sent[0]["messages"]] == ["user"]  # as the app sent it
+    trace = store.get(trace_id_of(r) or "")
+    assert trace.outcome == "answered" and trace.answer == r.choices[0].message.content
+    assert "embedder failed to load" in trace.meta["library_error"]
+    assert "library retrieval failed" in caplog.text
+    stream = client.chat.completions.create(model="up", messages=USER, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith(
+        "echo:")
+    assert "library_error" in store.get(trace_id_of(stream) or "").meta
+
+
+async def test_an_async_wrap_sends_the_request_unadapted_when_the_library_fails(
+        upstream: Any, tmp_path: Path) -> None:
+    url, backend, _ = upstream
+    store = TraceStore(tmp_path / "traces")
+    sent: list[dict[str, Any]] = []
+    client = wrap_client(recording_client(url, sent, openai.AsyncOpenAI),
+                         ChatAdapter([_BrokenLibrary()], backend), store)
+    r = await client.chat.completions.create(model="up", messages=USER)
+    assert r.choices[0].message.content == "echo: How many minutes are 2.5 hours?"
+    assert [m["role"] for m in sent[0]["messages"]] == ["user"]
+    trace = store.get(trace_id_of(r) or "")
+    assert trace.outcome == "answered" and "embedder" in trace.meta["library_error"]
+    await client.close()
 
 
 def test_wrap_with_raw_response(engine: Engine, upstream: Any) -> None:
