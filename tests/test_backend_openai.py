@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from servers import Servers, free_port
 
 from engine.backends import BackendOptions, get_backend
@@ -164,6 +165,48 @@ def test_an_image_path_is_sent_inline(tmp_path: Any) -> None:
     assert parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
     with pytest.raises(ConfigError, match="not a file"):
         message_to_openai(Message("user", ({"type": "image", "image": str(tmp_path / "no.png")},)))
+
+
+@pytest.mark.parametrize("message, words", [
+    ({"role": "user", "content": [{"type": "image", "image": "/etc/hostname"}]},
+     "must be one of text, image_url"),
+    ({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]},
+     "must be one of text, image_url"),
+    ({"role": "user", "content": [{"type": "text", "text": 5}]}, "content[0].text"),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": "http://x/a.png"}]},
+     "content[0].image_url"),
+    ({"role": "user", "content": ["hi"]}, "content[0]"),
+    ({"role": "assistant", "tool_calls": [{"id": "a", "function": "x"}]},
+     "tool_calls[0].function"),
+    ({"role": "assistant", "tool_calls": [{"id": "a", "function": None}]},
+     "tool_calls[0].function"),
+    ({"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": 3}}]},
+     "tool_calls[0].function.name"),
+    ({"role": "assistant", "tool_calls": [{"id": 7, "function": {"name": "f"}}]},
+     "tool_calls[0].id"),
+    ({"role": "assistant", "tool_calls": "x"}, "tool_calls"),
+    ({"role": "user", "content": "hi", "name": 5}, "name"),
+])
+def test_the_wire_refuses_local_images_and_malformed_messages(message: dict[str, Any],
+                                                              words: str) -> None:
+    # A request from the wire never reads the server's files; only the Python API takes paths.
+    with pytest.raises(ConfigError) as info:
+        request_from_openai({"messages": [{"role": "user", "content": "hi"}, message]})
+    assert words in info.value.message
+
+
+@pytest.mark.parametrize("key, value", [("temperature", float("nan")), ("top_p", float("nan")),
+                                        ("temperature", float("inf")), ("top_p", float("-inf")),
+                                        ("seed", float("inf")), ("max_tokens", float("nan"))])
+def test_the_wire_refuses_numbers_that_are_not_finite(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"'{key}' must be"):
+        request_from_openai({"messages": [{"role": "user", "content": "hi"}], key: value})
+
+
+def test_the_wire_takes_huge_integers_as_integers() -> None:
+    call = request_from_openai({"messages": [{"role": "user", "content": "hi"}],
+                                "seed": 10 ** 400})  # float() of it would overflow
+    assert call.request.seed == 10 ** 400
 
 
 def test_stream_accumulator_joins_tool_call_fragments() -> None:
@@ -395,6 +438,34 @@ def test_a_slow_server_is_a_timeout(upstream: Callable[..., Any],
         list(backend.stream(ASK))
     with pytest.raises(BackendTimeout):
         asyncio.run(backend.acomplete(ASK))
+
+
+@pytest.mark.parametrize("reply, excerpt", [
+    (JSONResponse([]), "[]"),
+    (PlainTextResponse("hello from nginx"), "hello from nginx"),
+    (JSONResponse(42), "42"),
+])
+def test_a_200_that_is_not_a_json_object_is_a_backend_error(servers: Servers, reply: Any,
+                                                             excerpt: str) -> None:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Any:
+        return reply
+
+    url = servers.start(app)
+    backend = get_backend(f"openai:tiny@{url}", BackendOptions(max_retries=0))
+    with backend:
+        for call in (backend.complete, lambda r: asyncio.run(backend.acomplete(r))):
+            with pytest.raises(BackendError) as info:
+                call(ASK)
+            assert "not a chat completion" in info.value.message
+            assert excerpt in info.value.message  # what came back, so the operator can tell
+        # Behind a Whetstone server it is a 502, not a crash.
+        front = servers.start(create_app(backend, model_name="tiny"))
+        r = httpx.post(front + "/v1/chat/completions", timeout=30,
+                       json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
 
 
 # --- the real model behind a Whetstone server ------------------------------------------------

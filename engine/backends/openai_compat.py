@@ -251,12 +251,16 @@ class OpenAICompatBackend(Backend):
         return replace(completion, prompt_tokens=prompt, completion_tokens=out)
 
     def _parse(self, request: Request, response: Any, start: float) -> Completion:
-        data = response if isinstance(response, dict) else response.to_dict()
+        # The raw post gives whatever the body held: a dict for JSON objects, but a list, a
+        # string (text/plain) or a number from a server that is not an OpenAI one.
+        data = response.to_dict() if callable(getattr(response, "to_dict", None)) else response
         try:
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON object was expected, got {type(data).__name__}")
             completion = completion_from_openai(data, time.perf_counter() - start)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise BackendError(f"{self.base_url} sent a reply that is not a chat completion: "
-                               f"{str(data)[:500]}",
+            raise BackendError(f"{self.base_url} sent a reply that is not a chat completion "
+                               f"({exc}): {str(data)[:500]!r}",
                                hint="check that the server speaks the OpenAI chat API") from exc
         return self._finish(request, completion)
 
