@@ -160,3 +160,13 @@ def test_support_is_the_analysed_traces_whatever_the_model_wrote() -> None:
     saved = SkillPatch.from_dict({"edits": [{"op": "append_to_section", "target_section": "P",
                                              "content": "- x", "support": "t-1"}]})
     assert saved.edits[0].support == ("t-1",)  # a saved patch keeps its own; one id, not 3
+
+
+def test_an_insert_the_section_already_says_is_refused() -> None:
+    with pytest.raises(EditError, match="already says this"):
+        edited(file="SKILL.md", op="append_to_section", target_section="Pitfalls",
+               content="- minutes are NOT hours")
+    # Partly new content is kept whole.
+    md = edited(file="SKILL.md", op="append_to_section", target_section="Pitfalls",
+                content="- Minutes are not hours.\n- Days are not weeks.")
+    assert md.count("Minutes are not hours") == 2 and "Days are not weeks" in md

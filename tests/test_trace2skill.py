@@ -291,3 +291,11 @@ def test_edits_on_what_the_same_patch_adds_are_folded_not_dropped() -> None:
     assert not failed
     assert files["SKILL.md"].rstrip().endswith("## Examples\n\n- 2 + 2 = 4\n- 3 * 3 = 9")
     assert files["references/tables.md"] == "# Tables\n7 x 8 = 56\n"
+
+
+def test_sequential_does_not_pile_up_copies_of_one_lesson() -> None:
+    analyst = ScriptedBackend(responder=lambda r: reply(pitfall("- Use the calculator.")))
+    patch = Trace2Skill(Trace2SkillConfig("word-math", sequential=True)).fit(
+        traces(3), LIB, analyst)
+    assert skill_md(patch).count("- Use the calculator.") == 1
+    assert patch.details["report"]["map"]["dropped"] == 2  # told "already says this", then dropped

@@ -275,6 +275,8 @@ def apply_edit(files: Mapping[str, str], edit: Edit) -> dict[str, str]:
     if edit.target_section and edit.op != "add_section":
         sec = find_section(lines, edit.target_section)
         lo, hi, own = sec.start, sec.end, own_end(lines, sec)
+    if edit.op in ("insert_after", "insert_before", "append_to_section"):
+        _refuse_repeats(lines[lo:hi], new, edit)
     if edit.op in ("insert_after", "insert_before"):
         a, b = _find_text(lines, edit.target_text or "", lo, hi)
         at = b if edit.op == "insert_after" else a
@@ -302,6 +304,17 @@ def apply_edit(files: Mapping[str, str], edit: Edit) -> dict[str, str]:
         lines += ["", *body]
     out[edit.file] = "\n".join(lines).rstrip("\n") + "\n"
     return out
+
+
+def _refuse_repeats(scope: list[str], new: list[str], edit: Edit) -> None:
+    """An insert whose every line the section already says adds nothing: refuse it, so an
+    analyst is told (and retried) and the sequential baseline does not pile up copies."""
+    said = {_norm(line) for line in scope} - {""}
+    wanted = [_norm(line) for line in new if _norm(line)]
+    if wanted and all(w in said for w in wanted):
+        where = f"section {edit.target_section!r}" if edit.target_section else edit.file
+        raise EditError(f"{where} already says this: {edit.content.strip()[:120]!r}",
+                        hint="propose a lesson the skill does not state yet, or no edit")
 
 
 def apply_patch(files: Mapping[str, str], patch: SkillPatch, *, strict: bool = False
