@@ -176,8 +176,7 @@ def _final_marks(text: str) -> list[re.Match[str]]:
     return marks
 
 
-def _final_answer(text: str) -> str | None:
-    marks = _final_marks(text)
+def _final_answer(text: str, marks: list[re.Match[str]]) -> str | None:
     if not marks:
         return None
     rest = text[marks[-1].end():]  # the last one wins: small models sometimes restate it
@@ -188,9 +187,8 @@ def _final_answer(text: str) -> str | None:
     return rest.strip().strip("*").strip() or None
 
 
-def _thought(text: str) -> str:
+def _thought(text: str, marks: list[re.Match[str]]) -> str:
     cut = len(text)
-    marks = _final_marks(text)
     if marks:
         cut = marks[0].start()
     m = _ACTION.search(text)
@@ -209,7 +207,8 @@ def parse_reply(completion: Completion, *, native: bool,
     needs an ``Action:`` or a ``Final Answer:``.
     """
     text = completion.text or ""
-    thought = _thought(text)
+    marks = _final_marks(text)
+    thought = _thought(text, marks)
     if completion.tool_calls:
         calls = tuple(ParsedCall(c.name, c.arguments, c.id, native=True)
                       for c in completion.tool_calls)
@@ -225,7 +224,7 @@ def parse_reply(completion: Completion, *, native: bool,
     if bare:
         return Parsed("action", calls=tuple(bare), raw=text)
     action = parse_action(text)
-    final = _final_answer(text)
+    final = _final_answer(text, marks)
     if isinstance(action, ParsedCall) and action.name == FINAL_TOOL \
             and FINAL_TOOL not in tool_names:
         if action.arguments.strip():
@@ -233,7 +232,6 @@ def parse_reply(completion: Completion, *, native: bool,
         return Parsed("invalid", error="Action: Final Answer needs the answer as its input",
                       thought=thought, raw=text)
     if isinstance(action, ParsedCall):
-        marks = _final_marks(text)
         am = _ACTION.search(text)
         if final is None or (am and marks and am.start() < marks[0].start()):
             return Parsed("action", calls=(action,), thought=thought, raw=text)
