@@ -300,8 +300,7 @@ def apply_edit(files: Mapping[str, str], edit: Edit) -> dict[str, str]:
         if any(_norm(s.title) == _norm(title) for s in sections(lines)):
             raise EditError(f"section {title!r} already exists",
                             hint="use append_to_section or replace_in_section on it")
-        body = new if new and _HEADING.match(new[0]) else [f"## {title}", "", *new]
-        lines += ["", *body]
+        lines += ["", *_section_text(edit).rstrip("\n").split("\n")]
     out[edit.file] = "\n".join(lines).rstrip("\n") + "\n"
     return out
 
