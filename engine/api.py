@@ -263,7 +263,9 @@ class Engine:
 
 
 def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
-    """Every backend spec, installed or not, and how to install it (``whetstone models``)."""
+    """Every backend spec, installed or not, how to install it and which engine generates
+    its text (``whetstone models``). Local families list one row per engine: the default
+    under the plain spec, the others as ``<spec>@<engine>``."""
     from engine.backends.registry import default_registry
 
     reg = registry or default_registry()
@@ -274,9 +276,15 @@ def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
             detail = _packaged_status(spec) if entry.prefix == "embedded" else None
             if detail is not None:
                 installed, install = detail
-            rows.append({"spec": spec, "prefix": entry.prefix, "summary": entry.summary,
-                         "installed": installed, "install": install,
-                         "white_box": entry.white_box})
+            for i, engine in enumerate(entry.engines or (None,)):
+                rows.append({
+                    "spec": spec if i == 0 or engine is None else f"{spec}@{engine.name}",
+                    "prefix": entry.prefix, "summary": entry.summary,
+                    "installed": installed, "install": install,
+                    "white_box": engine.white_box if engine else entry.white_box,
+                    "engine": engine.name if engine else entry.prefix,
+                    "engine_summary": engine.summary if engine else "",
+                })
     return rows
 
 

@@ -1,9 +1,9 @@
 """Frozen models behind one contract. See ``base.Backend`` and ``registry.get_backend``."""
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
+from engine.backends.base import Backend, Capabilities, StreamChunk, auto_concurrency
 from engine.backends.registry import BackendEntry, BackendOptions, BackendRegistry, get_backend
 
 __all__ = [
     "Backend", "BackendEntry", "BackendOptions", "BackendRegistry", "Capabilities",
-    "StreamChunk", "get_backend",
+    "StreamChunk", "auto_concurrency", "get_backend",
 ]

@@ -51,6 +51,13 @@ def check_local_request(request: Request) -> None:
                           hint="send n separate requests with different seeds")
 
 
+def auto_concurrency(backend: Backend) -> int:
+    """How many tasks to run at once on ``backend`` (``-j auto``): as many as it decodes
+    together (the fast local engine's batch, an HTTP backend's connection limit); 1 for a
+    backend that runs one sequence at a time."""
+    return max(1, int(backend.capabilities.max_concurrency))
+
+
 class Backend(abc.ABC):
     """Base class for frozen-model backends (one level of inheritance, no more)."""
 

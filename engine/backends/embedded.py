@@ -1,9 +1,16 @@
-"""``embedded`` — the default model, shipped inside PyPI wheels, loaded through transformers.
+"""``embedded`` — the default model, shipped inside PyPI wheels, run in process.
 
 ``embedded`` / ``embedded:qwen-0.5b`` is Qwen2.5-Coder-0.5B-Instruct; ``embedded:smollm2`` a
 135M model for fast plumbing tests; ``embedded:qwen-1.5b`` the 1.5B for quality runs (an extra
 1.12 GB of wheels). The first load assembles and verifies the GGUF, dequantizes it and caches a
 transformers copy under the cache directory (~1 min); later loads read the copy (seconds).
+
+Two engines (``@<engine>`` after the spec):
+- ``onnx`` (the default): the transformers copy is converted once more, to ONNX int4
+  (``onnx_convert``, ~1 min, cached beside it, keyed by the GGUF's sha256), and decoded with
+  continuous batching (``onnx_backend``); not white-box;
+- ``transformers`` (``embedded@transformers``, ``embedded:qwen-1.5b@transformers``): the fp32
+  copy through transformers, one sequence at a time, with hidden states and gradients.
 """
 
 from __future__ import annotations
@@ -11,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.backends.base import Backend
 from engine.backends.hf import HFBackend
 from engine.backends.model_cache import dequantized_packaged
 from engine.backends.packaged import PACKAGED_MODELS, PackagedModel, installed
-from engine.backends.registry import BackendOptions
+from engine.backends.registry import BackendOptions, ProgressFn, engine_suffix
 from engine.errors import ConfigError
 
 DEFAULT_VARIANT = "qwen-0.5b"
@@ -42,13 +50,32 @@ def embedded_specs() -> list[tuple[str, PackagedModel, bool]]:
 
 
 def load_embedded(arg: str, cache_dir: Path, device: str | None = None,
-                  search_path: Sequence[Path] | None = None) -> HFBackend:
+                  search_path: Sequence[Path] | None = None,
+                  progress: ProgressFn | None = None) -> HFBackend:
     """Build (once) and load the cached transformers copy of a packaged model."""
     model = embedded_variant(arg)
-    folder = dequantized_packaged(model, cache_dir, search_path)
+    folder = dequantized_packaged(model, cache_dir, search_path, progress=progress)
     return HFBackend.from_folder(folder, name=f"embedded:{model.name}", device=device)
 
 
-def make_embedded(arg: str, options: BackendOptions) -> HFBackend:
-    """Registry factory for ``embedded[:variant]``."""
-    return load_embedded(arg, options.cache_dir, options.device)
+def load_embedded_onnx(arg: str, options: BackendOptions,
+                       search_path: Sequence[Path] | None = None) -> Backend:
+    """Build (once) the transformers copy and its ONNX int4 conversion, then load the latter."""
+    from engine.backends.onnx_backend import OnnxBackend, engine_settings
+    from engine.backends.onnx_convert import onnx_model
+
+    model = embedded_variant(arg)
+    folder = dequantized_packaged(model, options.cache_dir, search_path,
+                                  progress=options.progress)
+    converted = onnx_model(folder, model.sha256, options.cache_dir, model.name,
+                           progress=options.progress)
+    return OnnxBackend(converted, name=f"embedded:{model.name}",
+                       **engine_settings(options.extra))
+
+
+def make_embedded(arg: str, options: BackendOptions) -> Backend:
+    """Registry factory for ``embedded[:variant][@engine]``."""
+    name, engine = engine_suffix(arg, "embedded")
+    if engine == "transformers":
+        return load_embedded(name, options.cache_dir, options.device, progress=options.progress)
+    return load_embedded_onnx(name, options)

@@ -1,11 +1,15 @@
-"""``hf:<path>`` — a local transformers model (folder or GGUF file), in process, white-box.
+"""``hf:<path>`` — a local transformers model (folder or GGUF file), in process.
 
 Specs: ``hf:/models/qwen`` (a transformers folder), ``hf:/models/qwen.gguf`` or
 ``hf:/models#qwen.gguf`` (a GGUF file, dequantized once and cached like ``embedded``), or a hub
-id that is already in the local Hugging Face cache (nothing is ever downloaded).
+id that is already in the local Hugging Face cache (nothing is ever downloaded). Like
+``embedded``, the default engine is the fast ONNX one (the folder is converted once, cached by
+the GGUF's sha256, or for a folder by a fingerprint of its files' names, sizes and times);
+``hf:<path>@transformers`` runs the model through transformers here instead.
 
-``HFBackend`` exposes ``model`` and ``tokenizer`` so white-box methods (latent test-time scaling)
-can reach hidden states. It uses the model's own chat template and native tool-call format.
+``HFBackend`` (the transformers engine) exposes ``model`` and ``tokenizer`` so white-box
+methods (latent test-time scaling) can reach hidden states. It uses the model's own chat
+template and native tool-call format.
 Text models only: vision-language models (``AutoProcessor`` + ``AutoModelForImageTextToText``)
 will get their own backend beside this one; a message holding an image is refused here.
 """
@@ -16,16 +20,16 @@ import copy
 import hashlib
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, StreamChunk, check_local_request
-from engine.backends.chat_template import template_messages, template_supports_tools
+from engine.backends.base import Backend, Capabilities, StreamChunk
+from engine.backends.chat_template import template_supports_tools
+from engine.backends.local_text import check_prompt_fits, completion_from_tokens, prompt_text
 from engine.backends.model_cache import cached_folder, dequantize_gguf
-from engine.backends.registry import BackendOptions
-from engine.backends.toolcall_format import StreamGate, offered_tool_names, parse_tool_calls
+from engine.backends.registry import BackendOptions, engine_suffix
+from engine.backends.toolcall_format import StreamGate
 from engine.errors import BackendError, ConfigError, ModelLoadError
 from engine.types import Completion, Request
 
@@ -40,10 +44,6 @@ def pick_device(requested: str | None) -> str:
                               hint="drop --device or use --device cpu")
         return requested
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _new_call_id(index: int) -> str:
-    return f"call_{uuid.uuid4().hex[:12]}"
 
 
 class HFBackend(Backend):
@@ -106,20 +106,9 @@ class HFBackend(Backend):
     # -- request -> tensors ---------------------------------------------------------------
 
     def _encode(self, request: Request) -> Any:
-        check_local_request(request)
-        msgs = template_messages(request.messages, self.capabilities.tool_calls)
-        text = self.tokenizer.apply_chat_template(
-            msgs, tools=[dict(t) for t in request.tools] or None,
-            add_generation_prompt=True, tokenize=False,
-        )
+        text = prompt_text(self.tokenizer, request, self.capabilities.tool_calls)
         enc = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
-        n_prompt = enc["input_ids"].shape[1]
-        if self._max_positions and n_prompt >= self._max_positions:
-            raise BackendError(
-                f"the prompt has {n_prompt} tokens; the model's context holds "
-                f"{self._max_positions}",
-                hint="shorten the conversation or the retrieved context",
-            )
+        check_prompt_fits(int(enc["input_ids"].shape[1]), self._max_positions)
         return enc.to(self.device)
 
     def _generation_config(self, request: Request, n_prompt: int) -> Any:
@@ -198,29 +187,10 @@ class HFBackend(Backend):
 
     def _completion(self, request: Request, n_prompt: int, new: list[int], max_new: int,
                     elapsed: float, logprobs: tuple[float, ...] | None) -> Completion:
-        hit_eos = bool(new) and new[-1] in self._eos_ids
-        raw = self.tokenizer.decode(new[:-1] if hit_eos else new, skip_special_tokens=True)
-        cuts = [raw.find(s) for s in request.stop if s and s in raw]
-        if cuts:
-            raw, finish = raw[:min(cuts)], "stop"
-        elif hit_eos:
-            finish = "stop"
-        elif len(new) >= max_new:
-            finish = "length"
-        elif request.timeout is not None and elapsed >= request.timeout:
-            finish = "timeout"
-        else:
-            finish = "stop"
-        if request.tools:
-            text, calls = parse_tool_calls(raw, _new_call_id, offered_tool_names(request.tools))
-        else:
-            text, calls = raw.strip(), ()
-        if calls and finish == "stop":
-            finish = "tool_calls"
-        return Completion(
-            text=text, finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(new),
-            latency_s=elapsed, tool_calls=calls, logprobs=logprobs, model=self.name,
-        )
+        return completion_from_tokens(
+            request, decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            new=new, n_prompt=n_prompt, eos_ids=self._eos_ids, max_new=max_new,
+            elapsed=elapsed, logprobs=logprobs, model=self.name)
 
     def complete(self, request: Request) -> Completion:
         """One chat completion (greedy when temperature is 0)."""
@@ -298,15 +268,26 @@ def resolve_local_model(arg: str) -> Path:
     )
 
 
-def gguf_folder(gguf: Path, cache_root: Path) -> Path:
+def gguf_folder(gguf: Path, cache_root: Path, sha: str | None = None) -> Path:
     """A dequantized transformers folder for any GGUF file, cached by the file's sha256."""
-    sha = _sha256_file(gguf)
+    sha = sha or _sha256_file(gguf)
     key = f"hf-{gguf.stem}-{sha[:12]}"
     return cached_folder(key, sha, cache_root, lambda out, scratch: dequantize_gguf(gguf, out))
 
 
-def make_hf(arg: str, options: BackendOptions) -> HFBackend:
-    """``hf:<folder>``, ``hf:<file.gguf>`` or ``hf:<folder>#<file.gguf>``."""
+def folder_fingerprint(folder: Path) -> str:
+    """sha256 over the names, sizes and modification times of a model folder's files: cheap
+    to compute on every load, and changed by any rewrite of the weights."""
+    h = hashlib.sha256()
+    for p in sorted(Path(folder).rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.relative_to(folder)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _model_path(arg: str) -> Path:
+    """The file or folder an ``hf:`` argument names (checked, never downloaded)."""
     if not arg.strip():
         raise ConfigError("hf: needs a model path",
                           hint="e.g. hf:/models/qwen2.5-0.5b or hf:/models/qwen.gguf")
@@ -317,11 +298,25 @@ def make_hf(arg: str, options: BackendOptions) -> HFBackend:
         if not path.is_file():
             raise ConfigError(f"no GGUF file {gguf_name!r} in {base}",
                               hint="check the name after '#'")
-    if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ConfigError(f"{path} is a file but not a .gguf",
-                              hint="point hf: at a transformers folder or a .gguf file")
-        folder = gguf_folder(path, options.cache_dir)
-    else:
-        folder = path
-    return HFBackend.from_folder(folder, name=arg.strip(), device=options.device)
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        raise ConfigError(f"{path} is a file but not a .gguf",
+                          hint="point hf: at a transformers folder or a .gguf file")
+    return path
+
+
+def make_hf(arg: str, options: BackendOptions) -> Backend:
+    """``hf:<folder>``, ``hf:<file.gguf>`` or ``hf:<folder>#<file.gguf>``, then optionally
+    ``@transformers`` (white-box) or ``@onnx`` (the default)."""
+    arg, engine = engine_suffix(arg.strip(), "hf")
+    path = _model_path(arg)
+    sha = _sha256_file(path) if path.is_file() else None
+    folder = gguf_folder(path, options.cache_dir, sha) if path.is_file() else path
+    if engine == "transformers":
+        return HFBackend.from_folder(folder, name=arg.strip(), device=options.device)
+    from engine.backends.onnx_backend import OnnxBackend, engine_settings
+    from engine.backends.onnx_convert import onnx_model
+
+    stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in path.stem)[:40] or "model"
+    converted = onnx_model(folder, sha or folder_fingerprint(folder), options.cache_dir,
+                           f"hf-{stem}", progress=options.progress)
+    return OnnxBackend(converted, name=arg.strip(), **engine_settings(options.extra))

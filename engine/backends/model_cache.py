@@ -7,6 +7,8 @@ that make the cache safe to share between processes:
 - an entry is built in a temporary folder beside its final place and made visible by one
   ``rename``; a completion marker naming the source's sha256 is written last, before the rename;
 - an entry without a valid marker is never trusted (a killed build, a copy made by hand);
+- an entry whose files fail the caller's ``verify`` check (a file truncated or changed after
+  the build) is rebuilt like a missing one;
 - one file lock per entry serialises builders; readers of a complete entry never wait.
 
 ``dequantize_gguf`` is the transformers step; ``cached_folder`` / ``cached_gguf`` hold the rules.
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.backends.packaged import PackagedModel, assemble, get_packaged
+from engine.backends.registry import ProgressFn
 from engine.errors import ModelLoadError
 
 MARKER = "whetstone-complete.json"
@@ -32,6 +35,8 @@ _LOCK_TIMEOUT_S = 1800.0  # a build takes ~1 min; a lock held longer belongs to 
 
 # build(out_dir, scratch_dir): write the entry's files into out_dir; scratch_dir is for temporaries
 Builder = Callable[[Path, Path], None]
+# verify(folder) -> True when a complete entry's files are still intact
+Verifier = Callable[[Path], bool]
 
 
 def _marker_ok(folder: Path, source_sha256: str) -> bool:
@@ -63,15 +68,23 @@ def _clear_leftovers(root: Path, key: str) -> None:
             stale.unlink(missing_ok=True)
 
 
-def cached_folder(key: str, source_sha256: str, cache_root: Path, build: Builder) -> Path:
-    """``cache_root/models/<key>``, built by ``build`` unless a complete entry exists."""
+def cached_folder(key: str, source_sha256: str, cache_root: Path, build: Builder,
+                  verify: Verifier | None = None) -> Path:
+    """``cache_root/models/<key>``, built by ``build`` unless a complete, intact entry exists.
+
+    ``verify(folder)`` (optional) checks a complete entry's files; one that fails is rebuilt.
+    """
     root = Path(cache_root) / "models"
     final = root / key
-    if is_complete(final, source_sha256):
+
+    def usable() -> bool:
+        return is_complete(final, source_sha256) and (verify is None or verify(final))
+
+    if usable():
         return final
     root.mkdir(parents=True, exist_ok=True)
     with _lock(root, key):
-        if is_complete(final, source_sha256):  # another process finished it while we waited
+        if usable():  # another process finished it while we waited
             return final
         _clear_leftovers(root, key)
         if final.exists():  # incomplete or from another source: not trusted, rebuild
@@ -105,19 +118,27 @@ def cached_gguf(model: str | PackagedModel, cache_root: Path,
 
 def dequantized_packaged(model: str | PackagedModel, cache_root: Path,
                          search_path: Sequence[Path] | None = None,
-                         convert: Callable[[Path, Path], None] | None = None) -> Path:
+                         convert: Callable[[Path, Path], None] | None = None,
+                         progress: ProgressFn | None = None) -> Path:
     """A transformers folder for a packaged GGUF model: assemble, dequantize, save once.
 
     ``convert(gguf_path, out_dir)`` defaults to ``dequantize_gguf``; the assembled GGUF is
-    deleted once converted (the folder is all later loads need).
+    deleted once converted (the folder is all later loads need). ``progress`` hears about the
+    two steps of a first build (nothing when the cached copy exists).
     """
     m = get_packaged(model)
     conv = convert or dequantize_gguf
 
     def build(out: Path, scratch: Path) -> None:
+        if progress:
+            progress(f"assembling and verifying {m.name} ({m.size / 1e6:.0f} MB)", 0.0)
         gguf = assemble(m, scratch, search_path)
+        if progress:
+            progress(f"dequantizing {m.name} with transformers (first use only)", 0.1)
         conv(gguf, out)
         gguf.unlink()
+        if progress:
+            progress(f"dequantized {m.name}", 1.0)
 
     return cached_folder(f"{m.name}-{m.sha256[:12]}", m.sha256, cache_root, build)
 

@@ -3,6 +3,10 @@
 A registry, not an if-chain: each backend family registers a prefix with a factory given as an
 import path, so nothing heavy is imported until that backend is asked for. Third-party
 backends register through the ``whetstone.backends`` entry-point group.
+
+Local model families can run on more than one generation engine; a spec picks one with an
+``@<engine>`` suffix (``embedded@transformers``, ``hf:/models/qwen@transformers``), and
+``BackendEntry.engines`` lists them, the default first, for ``whetstone models``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from engine.backends.base import Backend
 from engine.errors import ConfigError, UnknownBackend
 from engine.paths import cache_dir as default_cache_dir
 
+# progress(message, fraction): a long first-use step (model conversion) reporting where it is;
+# fraction is in [0, 1], or None while the step cannot tell. Backends never print: the CLI or
+# the server decides how to show it.
+ProgressFn = Callable[[str, "float | None"], None]
+
 
 @dataclass(frozen=True)
 class BackendOptions:
@@ -29,7 +38,17 @@ class BackendOptions:
     timeout_s: float = 120.0
     max_retries: int = 3
     device: str | None = None  # "cpu", "cuda", ...; None picks the best available
+    progress: ProgressFn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """A generation engine a spec family can run on; specs pick it with ``@<name>``."""
+
+    name: str  # the suffix: "onnx", "transformers"
+    summary: str  # what `whetstone models` shows
+    white_box: bool = False  # hidden states and gradients reachable through it
 
 
 @dataclass(frozen=True)
@@ -44,22 +63,78 @@ class BackendEntry:
     requires: tuple[str, ...] = ()  # import names that must be present
     white_box: bool = False
     variants: tuple[str, ...] = ()  # full specs worth listing (e.g. embedded:smollm2)
+    engines: tuple[EngineChoice, ...] = ()  # local engines, the default first; () = one, implied
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def engine_for(self, spec: str) -> EngineChoice | None:
+        """The engine a spec of this family runs on (``None`` when the family has no choice)."""
+        if not self.engines:
+            return None
+        _, name = split_engine(split_spec(spec)[1], tuple(e.name for e in self.engines))
+        return next((e for e in self.engines if e.name == name), self.engines[0])
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``"embedded:qwen-1.5b@transformers"`` -> ``("embedded", "qwen-1.5b@transformers")``;
+    an engine suffix on a bare prefix (``"embedded@transformers"``) goes with the argument."""
+    prefix, _, arg = spec.strip().partition(":")
+    if "@" in prefix:
+        prefix, at, rest = prefix.partition("@")
+        arg = at + rest + (":" + arg if arg else "")
+    return prefix, arg
+
+
+def split_engine(arg: str, engines: tuple[str, ...]) -> tuple[str, str | None]:
+    """``"qwen-1.5b@transformers"`` -> ``("qwen-1.5b", "transformers")``.
+
+    Only a known engine name counts as a suffix (a path may contain ``@``); ``None``: the
+    family's default engine.
+    """
+    head, at, tail = arg.rpartition("@")
+    if at and tail.strip() in engines:
+        return head, tail.strip()
+    return arg, None
+
+
+# The fast engine converts the model once (cached beside the dequantized copy) and decodes
+# many sequences together; the transformers engine keeps hidden states and gradients reachable.
+LOCAL_ENGINES = (
+    EngineChoice("onnx", "onnxruntime int4, continuous batching (fast, not white-box)"),
+    EngineChoice("transformers", "transformers fp32 (white-box: hidden states, gradients)",
+                 white_box=True),
+)
+
+
+def engine_suffix(arg: str, family: str) -> tuple[str, str]:
+    """``("qwen-1.5b@transformers", "embedded")`` -> ``("qwen-1.5b", "transformers")``; a
+    word after ``@`` that names no engine is a ``ConfigError`` listing the engines (a path
+    such as ``/models/me@corp/qwen`` is left alone)."""
+    names = tuple(e.name for e in LOCAL_ENGINES)
+    rest, engine = split_engine(arg, names)
+    bad = arg.rpartition("@")[2] if "@" in arg else ""
+    if engine is None and bad.isidentifier():
+        shown = f"{family}:{arg}" if arg.partition("@")[0] else f"{family}{arg}"
+        raise ConfigError(f"unknown engine {bad!r} in {shown}",
+                          hint="engines: " + ", ".join(
+                              f"@{e.name} ({e.summary})" for e in LOCAL_ENGINES))
+    return rest, engine or names[0]
 
 
 _BUILTINS: tuple[BackendEntry, ...] = (
     BackendEntry(
         "embedded", "engine.backends.embedded:make_embedded",
-        "Packaged GGUF models loaded through transformers (white-box, no server).",
-        "embedded", white_box=True, requires=("transformers", "gguf"),
+        "Packaged GGUF models, in process, no server; @transformers for the white-box path.",
+        "embedded", requires=("transformers", "gguf", "onnxruntime"),
         variants=("embedded", "embedded:smollm2", "embedded:qwen-1.5b"),
+        engines=LOCAL_ENGINES,
     ),
     BackendEntry(
         "hf", "engine.backends.hf:make_hf",
-        "A local transformers model folder or GGUF file (white-box).",
-        "hf:/models/qwen2.5-0.5b#qwen.gguf", white_box=True, requires=("transformers",),
+        "A local transformers model folder or GGUF file; @transformers for the white-box path.",
+        "hf:/models/qwen2.5-0.5b#qwen.gguf", requires=("transformers", "onnxruntime"),
+        engines=LOCAL_ENGINES,
     ),
     BackendEntry(
         "openai", "engine.backends.openai_compat:make_openai",
@@ -107,7 +182,7 @@ class BackendRegistry:
         """Split ``spec`` into its registered entry and the argument after the prefix."""
         if not spec or not spec.strip():
             raise ConfigError("empty model spec", hint=self._known_hint())
-        prefix, _, arg = spec.strip().partition(":")
+        prefix, arg = split_spec(spec)
         entry = self._entries.get(prefix)
         if entry is None:
             raise UnknownBackend(f"unknown model spec {spec!r}", hint=self._known_hint())
