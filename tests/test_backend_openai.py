@@ -466,21 +466,3 @@ def test_a_200_that_is_not_a_json_object_is_a_backend_error(servers: Servers, re
         r = httpx.post(front + "/v1/chat/completions", timeout=30,
                        json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
-
-
-# --- the real model behind a Whetstone server ------------------------------------------------
-
-@pytest.mark.slow
-def test_the_openai_backend_against_the_served_embedded_model(servers: Servers,
-                                                              embedded_backend: Any) -> None:
-    url = servers.start(create_app(embedded_backend, model_name="embedded"))
-    backend = get_backend(f"openai:embedded@{url}", BackendOptions(timeout_s=600))
-    ask = Request(messages=[Message("user", "What is the capital of France? One word.")],
-                  max_tokens=8, seed=0)
-    c = backend.complete(ask)
-    assert "paris" in c.text.lower() and 0 < c.completion_tokens <= 8 and c.prompt_tokens > 5
-    chunks = list(backend.stream(ask))
-    assert "".join(ch.text for ch in chunks) == c.text  # greedy: the same answer, streamed
-    final = chunks[-1].completion
-    assert final is not None and final.text == c.text
-    assert final.completion_tokens == c.completion_tokens

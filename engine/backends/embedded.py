@@ -61,16 +61,12 @@ def load_embedded(arg: str, cache_dir: Path, device: str | None = None,
 def load_embedded_onnx(arg: str, options: BackendOptions,
                        search_path: Sequence[Path] | None = None) -> Backend:
     """Build (once) the transformers copy and its ONNX int4 conversion, then load the latter."""
-    from engine.backends.onnx_backend import OnnxBackend, engine_settings
-    from engine.backends.onnx_convert import onnx_model
+    from engine.backends.onnx_backend import load_converted
 
     model = embedded_variant(arg)
     folder = dequantized_packaged(model, options.cache_dir, search_path,
                                   progress=options.progress)
-    converted = onnx_model(folder, model.sha256, options.cache_dir, model.name,
-                           progress=options.progress)
-    return OnnxBackend(converted, name=f"embedded:{model.name}",
-                       **engine_settings(options.extra))
+    return load_converted(folder, model.sha256, f"embedded:{model.name}", options, model.name)
 
 
 def make_embedded(arg: str, options: BackendOptions) -> Backend:

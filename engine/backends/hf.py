@@ -313,10 +313,8 @@ def make_hf(arg: str, options: BackendOptions) -> Backend:
     folder = gguf_folder(path, options.cache_dir, sha) if path.is_file() else path
     if engine == "transformers":
         return HFBackend.from_folder(folder, name=arg.strip(), device=options.device)
-    from engine.backends.onnx_backend import OnnxBackend, engine_settings
-    from engine.backends.onnx_convert import onnx_model
+    from engine.backends.onnx_backend import load_converted
 
     stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in path.stem)[:40] or "model"
-    converted = onnx_model(folder, sha or folder_fingerprint(folder), options.cache_dir,
-                           f"hf-{stem}", progress=options.progress)
-    return OnnxBackend(converted, name=arg.strip(), **engine_settings(options.extra))
+    return load_converted(folder, sha or folder_fingerprint(folder), arg.strip(), options,
+                          f"hf-{stem}")

@@ -104,6 +104,17 @@ def cached_folder(key: str, source_sha256: str, cache_root: Path, build: Builder
     return final
 
 
+def invalidate(folder: Path) -> None:
+    """Remove a cache entry that turned out to be unusable, so the next use rebuilds it.
+
+    Takes the entry's lock, so a builder or another invalidation is never interrupted.
+    """
+    folder = Path(folder)
+    with _lock(folder.parent, folder.name):
+        (folder / MARKER).unlink(missing_ok=True)  # untrusted from here on, even if rmtree stops
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def cached_gguf(model: str | PackagedModel, cache_root: Path,
                 search_path: Sequence[Path] | None = None) -> Path:
     """The packaged model's assembled, verified GGUF, kept in the cache (for llama.cpp)."""

@@ -29,6 +29,7 @@ from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.backends.chat_template import template_supports_tools
 from engine.backends.local_text import completion_from_tokens, prompt_ids
 from engine.backends.onnx_engine import Generation, OnnxDecoder, SamplingParams
+from engine.backends.registry import BackendOptions
 from engine.backends.toolcall_format import StreamGate
 from engine.errors import ConfigError, ModelLoadError
 from engine.types import Completion, Request
@@ -187,3 +188,25 @@ class OnnxBackend(Backend):
         """Stop the scheduler thread; requests in flight fail with ``BackendError``."""
         self._decoder.close()
 
+
+def load_converted(source: Path, source_sha256: str, name: str, options: BackendOptions,
+                   cache_name: str) -> OnnxBackend:
+    """Convert ``source`` once (cached under ``cache_name``) and load the result.
+
+    An entry that passes the file checks but still does not load (a bit flipped inside the
+    weights) is removed and converted again, once.
+    """
+    from engine.backends.model_cache import invalidate
+    from engine.backends.onnx_convert import onnx_model
+
+    settings = engine_settings(options.extra)
+    for attempt in (1, 2):
+        folder = onnx_model(source, source_sha256, options.cache_dir, cache_name,
+                            progress=options.progress)
+        try:
+            return OnnxBackend(folder, name=name, **settings)
+        except ModelLoadError:
+            if attempt == 2:
+                raise
+            invalidate(folder)
+    raise AssertionError("unreachable")

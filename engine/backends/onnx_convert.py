@@ -7,6 +7,8 @@ transformers, writes one ONNX graph with fused GroupQueryAttention and int4 bloc
 prompt's prefill computes logits for its last position only. Measured on the embedded 0.5B
 model (teacher-forced on GSM8K answers, top-1 agreement with transformers fp32): asymmetric
 int4 0.926, symmetric int4 0.876; the asymmetric grid fits the GGUF's own Q4_K/Q5_0 blocks.
+Models that tie the input embedding to the LM head (SmolLM2) get symmetric int4: the builder's
+asymmetric path writes a tied embedding onnxruntime cannot load (onnxruntime-genai 0.18.0).
 
 It runs in a child process: the builder prints freely and holds ~7 GB while it works, and
 neither may reach the caller. Its log lines drive ``progress``. The result is a cache entry
@@ -31,9 +33,11 @@ from engine.backends.model_cache import cached_folder
 from engine.backends.registry import ProgressFn
 from engine.errors import ModelLoadError, ModelNotInstalled
 
-# Changing the recipe changes the cache key, so old conversions are not reused by mistake.
-RECIPE = "int4-b32-asym-v1"
-BUILDER_OPTIONS = ("prune_lm_head=true", "is_symmetric=false")
+# Changing a recipe changes the cache key, so old conversions are not reused by mistake.
+RECIPES = {
+    "int4-b32-asym-v1": ("prune_lm_head=true", "is_symmetric=false"),
+    "int4-b32-sym-v1": ("prune_lm_head=true", "is_symmetric=true"),
+}
 MANIFEST = "whetstone-onnx-manifest.json"
 INSTALL_HINT = "pip install onnxruntime-genai==0.18.0 onnx-ir==1.1.0"
 # The transformers tokenizer travels with the converted model (the fast path never loads the
@@ -62,11 +66,20 @@ def _fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(folder: Path) -> None:
+def write_manifest(folder: Path, recipe: str) -> None:
     """Record every file's size and fingerprint (the last file written into an entry)."""
     files = {p.name: {"size": p.stat().st_size, "fingerprint": _fingerprint(p)}
              for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-    (folder / MANIFEST).write_text(json.dumps({"recipe": RECIPE, "files": files}, indent=1))
+    (folder / MANIFEST).write_text(json.dumps({"recipe": recipe, "files": files}, indent=1))
+
+
+def recipe_for(source: Path) -> str:
+    """The conversion recipe for a transformers folder (see the module doc)."""
+    try:
+        config = json.loads((Path(source) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    return "int4-b32-sym-v1" if config.get("tie_word_embeddings") else "int4-b32-asym-v1"
 
 
 def verify_folder(folder: Path) -> bool:
@@ -80,7 +93,7 @@ def verify_folder(folder: Path) -> bool:
                 return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return manifest.get("recipe") == RECIPE and "model.onnx" in files
+    return manifest.get("recipe") in RECIPES and "model.onnx" in files
 
 
 def _check_builder_installed() -> None:
@@ -113,13 +126,18 @@ def _fraction(line: str, layers: int, quantized: int) -> float | None:
     return None
 
 
+def builder_command(source: Path, out: Path, scratch: Path, recipe: str) -> list[str]:
+    """The model builder's command line for one conversion."""
+    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source),
+            "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(scratch),
+            "--extra_options", *RECIPES[recipe]]
+
+
 def run_builder(source: Path, out: Path, scratch: Path, progress: ProgressFn | None,
-                name: str = "") -> None:
+                name: str = "", recipe: str = "int4-b32-asym-v1") -> None:
     """Run the model builder on ``source`` into ``out`` in a child process."""
     _check_builder_installed()
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source),
-           "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(scratch),
-           "--extra_options", *BUILDER_OPTIONS]
+    cmd = builder_command(source, out, scratch, recipe)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONUNBUFFERED": "1"}
     layers, quantized, tail = _num_layers(source), 0, deque(maxlen=30)
@@ -163,14 +181,16 @@ def onnx_model(source: Path, source_sha256: str, cache_root: Path, name: str,
     ``name`` is a readable stem for the cache entry.
     """
 
+    recipe = recipe_for(source)
+
     def build(out: Path, scratch: Path) -> None:
         if progress is not None:
             progress(f"converting {name} to ONNX int4 (first use only)", 0.0)
-        run_builder(Path(source), out, scratch, progress, name)
+        run_builder(Path(source), out, scratch, progress, name, recipe)
         _copy_tokenizer(Path(source), out)
-        write_manifest(out)
+        write_manifest(out, recipe)
         if progress is not None:
             progress(f"converted {name} to ONNX int4", 1.0)
 
-    key = f"{name}-onnx-{RECIPE}-{source_sha256[:12]}"
+    key = f"{name}-onnx-{recipe}-{source_sha256[:12]}"
     return cached_folder(key, source_sha256, cache_root, build, verify=verify_folder)
