@@ -70,10 +70,6 @@ class ToolError(WhetstoneError):
     """A tool failed (bad input, crash, timeout). The runtime shows it to the model."""
 
 
-class BudgetExceeded(WhetstoneError):
-    """A run went over its step horizon, token budget or wall-clock limit."""
-
-
 class LibraryError(WhetstoneError):
     """The library on disk is missing, locked, or inconsistent."""
 
@@ -91,12 +87,6 @@ class ValidationError(LibraryError):
         self.detail = detail
         where = f"{path}:{line}" if line is not None else path
         super().__init__(f"{where}: [{rule}] {detail}", hint)
-
-
-class TraceError(WhetstoneError):
-    """A trace file or record could not be read."""
-
-    exit_code = 5
 
 
 class NotFound(WhetstoneError):

@@ -2,7 +2,7 @@
 
     MAP     one analyst call per trace (or per small batch), ``workers`` at a time; failure
             analysts name the root cause and the fix, success analysts extract what worked;
-            each returns a JSON patch (see ``skill_edits``), checked against the skill and
+            each returns a JSON patch (see ``skills.edits``), checked against the skill and
             retried once with the error shown, then dropped and counted.
     REDUCE  merge patches in groups of ``group_size``, level by level (at most ``max_levels``),
             into one patch whose edits never touch the same lines: duplicates fold (keeping
@@ -26,7 +26,9 @@ from engine.backends.base import Backend
 from engine.errors import ConfigError
 from engine.methods.analyst import AnalystStats, ask_parsed, render_trace
 from engine.methods.base import LibraryPatch
-from engine.methods.skill_edits import (
+from engine.prompts import load_prompt, render_prompt
+from engine.types import Trace
+from skills.edits import (
     Edit,
     EditError,
     SkillPatch,
@@ -36,16 +38,14 @@ from engine.methods.skill_edits import (
     region_of,
     render_files,
 )
-from engine.methods.skill_limits import enforce_limits
-from engine.prompts import load_prompt, render_prompt
-from engine.types import Trace
+from skills.limits import enforce_limits
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 @dataclass(frozen=True)
 class Trace2SkillConfig:
-    """Knobs with DESIGN.md's defaults."""
+    """Knobs, with the defaults docs/architecture.md gives for Trace2Skill."""
 
     skill: str
     create: bool = False  # start from a weak draft when the skill does not exist
@@ -292,10 +292,11 @@ class Trace2Skill:
         else:
             blocks = []
             for i, t in enumerate(batch, 1):
-                verdict = "SUCCEEDED" if _is_success(t, self.config.success_threshold) \
-                    else "FAILED"
-                blocks.append(f"### Run {i}: {verdict} (expected answer: {_label(t, labels)})\n"
-                              f"{render_trace(t, max_chars=2500)}")
+                verdict = "success" if _is_success(t, self.config.success_threshold) \
+                    else "failure"
+                blocks.append(render_prompt(f"trace2skill_batch_run.yaml#{verdict}", number=i,
+                                            expected=_label(t, labels),
+                                            trace=render_trace(t, max_chars=2500)))
             user = render_prompt("trace2skill_batch", skill=skill, count=len(batch),
                                  traces="\n\n".join(blocks))
         return [{"role": "system", "content": load_prompt("trace2skill_system")},
