@@ -143,7 +143,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     request = _request(state, ctx)
     start = time.time()
     try:
-        completion = ctx.backend.complete(request)
+        completion = ctx.call_model(request)
     except BackendError as exc:
         return {
             "outcome": "error", "reason": f"model call failed: {exc.message}", "pending": [],
