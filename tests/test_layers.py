@@ -216,3 +216,24 @@ def test_heavy_libraries_are_imported_lazily() -> None:
                 if n.split(".")[0] in heavy:
                     bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {n} at top level")
     assert bad == []
+
+
+def _function_lengths(path: Path) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append((f"{path.relative_to(REPO)}:{node.lineno} {node.name}",
+                        (node.end_lineno or node.lineno) - node.lineno + 1))
+    return out
+
+
+def test_no_file_is_a_god_file() -> None:
+    long = [f"{p.relative_to(REPO)}: {n} lines" for p in our_files()
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert long == []
+
+
+def test_the_serving_package_has_no_long_functions() -> None:
+    long = [f"{name}: {n} lines" for p in (REPO / "engine" / "server").rglob("*.py")
+            for name, n in _function_lengths(p) if n > 80]
+    assert long == []

@@ -120,9 +120,11 @@ def config_options(config_class: type, taken: set[str]) -> list[click.Option]:
         if is_flag and default is True:
             flag = f"{flag}/--no-{f.name.replace('_', '-')}"
         show = not is_flag and default not in (None, "")
+        # A required option gets no default at all: click takes an explicit None as one.
+        extra: dict[str, Any] = {} if required else {"default": default}
         out.append(click.Option([flag, _CONFIG + f.name], type=kind, is_flag=is_flag,
-                                default=default, required=required, show_default=show,
-                                help=meta.get("help") or None))
+                                required=required, show_default=show,
+                                help=meta.get("help") or None, **extra))
     return out
 
 

@@ -8,6 +8,7 @@
     recording.py  the trace writer (batched, off the response path) and feedback labels
     metrics.py    ``/metrics`` in the Prometheus text format
     adapter.py    the chat adapter: guidance from the runtime methods into the system message
+    embed_cache.py  the chat adapter's query-embedding cache
     exchange.py   one exchange as a trace, feedback checks, and ``Engine.chat``
     client.py     ``Engine.wrap``: the adapter in front of an ``openai`` client, in-process
 
