@@ -193,3 +193,37 @@ def test_cli_and_api_evolve_give_the_same_patch_on_the_same_traces(tmp_path: Pat
     assert by_cli["details"]["patch"] == by_api["details"]["patch"]
     assert by_cli["message"] == by_api["message"] and by_cli["traces"] == by_api["traces"] == 4
     assert by_cli["note"] == by_api["note"] == "dry run: nothing scored or written"
+
+
+def test_runs_an_evolver_makes_on_a_preview_never_become_training_traces(
+        tmp_path: Path) -> None:
+    from engine.methods.evolve import training_traces
+
+    engine = collected(tmp_path / "lib")
+    preview = engine.library.preview({"skills/adding/SKILL.md": (
+        "---\nname: adding\ndescription: Add quantities.\n---\n\n# Adding\n\n" + LESSON + "\n")})
+    context = EvolveContext(library=engine.library, store=engine.traces, max_agent_runs=5,
+                            make_solver=lambda snap: engine.solver(snapshot=snap))
+    tried = context.run_agent(TASKS, snapshot=preview, phase="try-skill")
+    again = context.run_agent(TASKS, phase="attempts")  # over the current version
+    assert tried.accuracy == 1.0 and tried.n == 4  # the preview's lesson is in the prompt
+    assert again.n == 1 and context.agent_runs == 5  # the budget ran out after one more
+    stored = engine.traces.query()
+    assert sum("evolve_preview" in t.meta for t in stored) == 4
+    kept = training_traces(stored)
+    assert len(kept) == 5 and not any("evolve_preview" in t.meta for t in kept)
+
+
+def test_an_evolver_that_cannot_load_is_reported_not_a_crash(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    dist = tmp_path / "broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[whetstone.evolvers]\nbroken = no_such_pkg:X\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    listing = CliRunner().invoke(cli, ["evolve", "--help"])
+    assert listing.exit_code == 0 and "trace2skill" in listing.output
+    assert "unusable" in listing.output
+    res = CliRunner().invoke(cli, ["evolve", "broken", "--skill", "x"])
+    assert res.exit_code == 2 and "cannot be loaded from no_such_pkg:X" in res.output

@@ -28,8 +28,9 @@ EXIT_INTERRUPTED = 130
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console; pass ``stderr=True`` for progress and diagnostics."""
-    return Console(stderr=stderr, highlight=False)
+    """A rich console; pass ``stderr=True`` for progress and diagnostics. No emoji codes:
+    text such as ``pkg:X:`` (an import path, model output) prints as written."""
+    return Console(stderr=stderr, highlight=False, emoji=False)
 
 
 def emit_json(obj: Any) -> None:

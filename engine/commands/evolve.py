@@ -162,7 +162,22 @@ class EvolveGroup(click.Group):
         registry = self._registry(ctx)
         if cmd_name not in registry.names("evolver"):
             return None
-        return evolver_command(cmd_name, registry.entry("evolver", cmd_name).load())
+        try:
+            return evolver_command(cmd_name, registry.entry("evolver", cmd_name).load())
+        except ConfigError as exc:  # a broken plugin must not take `evolve --help` down
+            return _broken_command(cmd_name, exc)
+
+
+def _broken_command(name: str, error: ConfigError) -> click.Command:
+    """A command that reports why the evolver ``name`` cannot be used."""
+
+    @handle_errors
+    def callback(**_: Any) -> None:
+        raise error
+
+    return click.Command(name, callback=callback, help=f"(unusable: {error.message})",
+                         context_settings={"ignore_unknown_options": True,
+                                           "allow_extra_args": True})
 
 
 @click.group("evolve", cls=EvolveGroup)

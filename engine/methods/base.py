@@ -103,7 +103,9 @@ class EvolveContext:
                   ) -> EvalResult:
         """Run the agent on ``tasks`` over ``snapshot`` and score each run (Dynamo's
         attempts, NLPG's rollouts). Past ``max_agent_runs`` the rest are not run: the result
-        then holds fewer tasks than asked for."""
+        then holds fewer tasks than asked for. Runs over a snapshot (a preview that may never
+        be committed) are marked ``meta["evolve_preview"]`` and never become training
+        traces; runs over the current version do."""
         from engine.evaluation.runner import evaluate
 
         if self.make_solver is None:
@@ -116,7 +118,9 @@ class EvolveContext:
         return evaluate(chosen, self.make_solver(snapshot), concurrency=self.concurrency,
                         seed=self.seed, store=self.store, model=self.model or None,
                         task_set=self.tasks.name if self.tasks is not None else None,
-                        trace_meta={"evolve": phase, **dict(trace_meta or {})},
+                        trace_meta={"evolve": phase, **({"evolve_preview": snapshot.id}
+                                                        if snapshot is not None else {}),
+                                    **dict(trace_meta or {})},
                         on_progress=lambda done, n, _: self.on_progress(phase, done, n))
 
 

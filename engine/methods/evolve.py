@@ -33,10 +33,12 @@ from skills.loader import validate_snapshot
 
 
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:
-    """What an evolver learns from: finished runs, without the gate's own runs (they score
-    libraries that may never be committed, often on held-out tasks that must not leak into
-    training). Oldest first; the newest ``limit`` when given."""
-    kept = [t for t in traces if t.outcome != "running" and "gate" not in t.meta]
+    """What an evolver learns from: finished runs, without the gate's own runs and an
+    evolver's runs over a preview (they score libraries that may never be committed, the
+    gate's often on held-out tasks that must not leak into training). Oldest first; the
+    newest ``limit`` when given."""
+    kept = [t for t in traces if t.outcome != "running" and "gate" not in t.meta
+            and "evolve_preview" not in t.meta]
     return kept[-limit:] if limit else kept
 
 
