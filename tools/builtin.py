@@ -1,5 +1,5 @@
 """Built-in tools: ``calculator`` (safe AST arithmetic, no ``eval``) and ``python`` (a script
-in a subprocess with a timeout and a memory limit)."""
+run in the sandbox of ``tools/sandbox.py``: its own namespaces, whole-call limits, a timeout)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ from engine.errors import ToolError
 from engine.types import ToolSpec
 from tools.base import Tool, ToolResult
 from tools.sandbox import (
+    DEFAULT_MAX_TASKS,
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,
     HARD_OUTPUT_BYTES,
+    Sandbox,
+    SandboxResult,
+    default_sandbox,
     echo_last_expression,
-    run_python,
 )
 
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
@@ -133,7 +136,8 @@ CALCULATOR_SPEC = ToolSpec(
 PYTHON_SPEC = ToolSpec(
     name="python",
     description="Run a short Python 3 program and return what it prints (the value of a final "
-                "expression is printed too). No network, no files kept between calls.",
+                "expression is printed too). numpy and sympy are available. No network, no "
+                "files kept between calls.",
     parameters={
         "type": "object",
         "properties": {"code": {"type": "string", "description": "Python source code to run."}},
@@ -156,28 +160,52 @@ def make_calculator() -> Tool:
     return Tool(CALCULATOR_SPEC, _calculator_fn)
 
 
-def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB) -> Tool:
-    """The ``python`` tool with its limits."""
+def sandbox_metadata(res: SandboxResult) -> dict[str, Any]:
+    """What a tool result records about how its code was sandboxed (weak modes say so)."""
+    meta: dict[str, Any] = {"sandbox": {"isolation": res.isolation, "limits": res.limits}}
+    if res.warnings:
+        meta["sandbox"]["warnings"] = list(res.warnings)
+    if res.leftovers:
+        meta["leftovers_killed"] = res.leftovers
+    return meta
+
+
+def sandbox_error(res: SandboxResult, *, timeout_s: float, memory_mb: int,
+                  max_tasks: int) -> str | None:
+    """The one-line error a failed sandboxed call shows the model; None when it succeeded."""
+    if res.timed_out:
+        return f"timed out after {timeout_s:g} s and was killed"
+    if res.output_exceeded:
+        return (f"printed more than {HARD_OUTPUT_BYTES} bytes and was killed; print a summary "
+                "instead")
+    if res.memory_exceeded:
+        return f"exceeded the {memory_mb} MB memory limit"
+    if res.processes_exceeded:
+        return f"hit the process limit ({max_tasks} processes and threads) and was stopped"
+    if res.disk_exceeded:
+        return "wrote more than its folder may hold and was killed"
+    if res.returncode != 0:
+        last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
+        return f"exit code {res.returncode}: {last}".rstrip(": ")
+    return None
+
+
+def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB, *,
+                max_tasks: int = DEFAULT_MAX_TASKS, sandbox: Sandbox | None = None) -> Tool:
+    """The ``python`` tool with its limits. Without ``sandbox`` it uses the machine's default,
+    probed at the first call."""
 
     def run(args: Mapping[str, Any]) -> ToolResult:
         code = args.get("code")
         if not isinstance(code, str) or not code.strip():
             raise ToolError("missing 'code'", hint='call python with {"code": "print(1+1)"}')
-        res = run_python(echo_last_expression(code), timeout_s=timeout_s, memory_mb=memory_mb)
+        box = sandbox or default_sandbox()
+        res = box.run_python(echo_last_expression(code), timeout_s=timeout_s,
+                             memory_mb=memory_mb, max_tasks=max_tasks)
         output = res.stdout + (("\n" if res.stdout else "") + res.stderr if res.stderr else "")
-        if res.timed_out:
-            return ToolResult(output, f"timed out after {timeout_s:g} s and was killed",
-                              res.duration_s, timed_out=True)
-        if res.output_exceeded:
-            return ToolResult(output, f"printed more than {HARD_OUTPUT_BYTES} bytes and was "
-                              "killed; print a summary instead", res.duration_s)
-        if res.memory_exceeded:
-            return ToolResult(output, f"exceeded the {memory_mb} MB memory limit", res.duration_s)
-        if res.returncode != 0:
-            last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
-            return ToolResult(output, f"exit code {res.returncode}: {last}".rstrip(": "),
-                              res.duration_s)
-        return ToolResult(output, None, res.duration_s)
+        error = sandbox_error(res, timeout_s=timeout_s, memory_mb=memory_mb, max_tasks=max_tasks)
+        return ToolResult(output, error, res.duration_s, timed_out=res.timed_out,
+                          metadata=sandbox_metadata(res))
 
     return Tool(replace(PYTHON_SPEC, timeout_s=timeout_s), run)
 
