@@ -17,9 +17,7 @@ from tools.sandbox import (
     DEFAULT_MAX_TASKS,
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,
-    HARD_OUTPUT_BYTES,
     Sandbox,
-    SandboxResult,
     default_sandbox,
     echo_last_expression,
 )
@@ -160,36 +158,6 @@ def make_calculator() -> Tool:
     return Tool(CALCULATOR_SPEC, _calculator_fn)
 
 
-def sandbox_metadata(res: SandboxResult) -> dict[str, Any]:
-    """What a tool result records about how its code was sandboxed (weak modes say so)."""
-    meta: dict[str, Any] = {"sandbox": {"isolation": res.isolation, "limits": res.limits}}
-    if res.warnings:
-        meta["sandbox"]["warnings"] = list(res.warnings)
-    if res.leftovers:
-        meta["leftovers_killed"] = res.leftovers
-    return meta
-
-
-def sandbox_error(res: SandboxResult, *, timeout_s: float, memory_mb: int,
-                  max_tasks: int) -> str | None:
-    """The one-line error a failed sandboxed call shows the model; None when it succeeded."""
-    if res.timed_out:
-        return f"timed out after {timeout_s:g} s and was killed"
-    if res.output_exceeded:
-        return (f"printed more than {HARD_OUTPUT_BYTES} bytes and was killed; print a summary "
-                "instead")
-    if res.memory_exceeded:
-        return f"exceeded the {memory_mb} MB memory limit"
-    if res.processes_exceeded:
-        return f"hit the process limit ({max_tasks} processes and threads) and was stopped"
-    if res.disk_exceeded:
-        return "wrote more than its folder may hold and was killed"
-    if res.returncode != 0:
-        last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
-        return f"exit code {res.returncode}: {last}".rstrip(": ")
-    return None
-
-
 def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB, *,
                 max_tasks: int = DEFAULT_MAX_TASKS, sandbox: Sandbox | None = None) -> Tool:
     """The ``python`` tool with its limits. Without ``sandbox`` it uses the machine's default,
@@ -203,9 +171,9 @@ def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_M
         res = box.run_python(echo_last_expression(code), timeout_s=timeout_s,
                              memory_mb=memory_mb, max_tasks=max_tasks)
         output = res.stdout + (("\n" if res.stdout else "") + res.stderr if res.stderr else "")
-        error = sandbox_error(res, timeout_s=timeout_s, memory_mb=memory_mb, max_tasks=max_tasks)
+        error = res.failure(timeout_s=timeout_s, memory_mb=memory_mb, max_tasks=max_tasks)
         return ToolResult(output, error, res.duration_s, timed_out=res.timed_out,
-                          metadata=sandbox_metadata(res))
+                          metadata=res.metadata())
 
     return Tool(replace(PYTHON_SPEC, timeout_s=timeout_s), run)
 

@@ -7,7 +7,7 @@ watchdog). Where bubblewrap works, the call also runs in its own namespaces with
 of only what it needs (``tools/isolation.py``): no network, no host ``/proc``, no home, no
 ``/etc``, and nothing it starts survives it. Where bubblewrap is missing or cannot start, the call
 runs as a plain subprocess (``isolation="process"``), and every result and ``Sandbox.status``
-say so: that mode keeps the limits but not the isolation. See docs/architecture.md.
+say so: that mode keeps the limits but not the isolation. See docs/sandbox.md.
 """
 
 from __future__ import annotations
@@ -102,6 +102,35 @@ class SandboxResult:
     def ok(self) -> bool:
         return (self.returncode == 0 and not self.timed_out and not self.memory_exceeded
                 and not self.processes_exceeded and not self.disk_exceeded)
+
+    def failure(self, *, timeout_s: float, memory_mb: int, max_tasks: int) -> str | None:
+        """The one-line error a tool shows the model for this call; None when it succeeded."""
+        if self.timed_out:
+            return f"timed out after {timeout_s:g} s and was killed"
+        if self.output_exceeded:
+            return (f"printed more than {HARD_OUTPUT_BYTES} bytes and was killed; print a "
+                    "summary instead")
+        if self.memory_exceeded:
+            return f"exceeded the {memory_mb} MB memory limit"
+        if self.processes_exceeded:
+            return f"hit the process limit ({max_tasks} processes and threads) and was stopped"
+        if self.disk_exceeded:
+            return "wrote more than its folder may hold and was killed"
+        if self.returncode != 0:
+            last = self.stderr.strip().splitlines()[-1] if self.stderr.strip() else ""
+            return f"exit code {self.returncode}: {last}".rstrip(": ")
+        return None
+
+    def metadata(self) -> dict[str, Any]:
+        """What a tool result records about how the code was sandboxed (JSON-safe; a weak
+        mode's warnings included)."""
+        sandbox: dict[str, Any] = {"isolation": self.isolation, "limits": self.limits}
+        if self.warnings:
+            sandbox["warnings"] = list(self.warnings)
+        meta: dict[str, Any] = {"sandbox": sandbox}
+        if self.leftovers:
+            meta["leftovers_killed"] = self.leftovers
+        return meta
 
 
 @dataclass(frozen=True)
