@@ -28,9 +28,16 @@ from engine.runtime import Agent
 from tests.sandbox_support import marker, survivors
 from tools.base import Toolbox
 from tools.builtin import make_python
-from tools.sandbox import run_python
+from tools.sandbox import default_sandbox, run_python
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def needs_bubblewrap() -> None:
+    status = default_sandbox().status
+    if status.isolation != "bwrap":
+        pytest.skip("the sandbox runs without bubblewrap here: " + "; ".join(status.warnings))
 
 
 @pytest.fixture

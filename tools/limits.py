@@ -19,7 +19,7 @@ import resource
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -78,25 +78,37 @@ class CgroupPlace:
     pids: Path
 
 
-def _mounts() -> Iterator[tuple[str, str, str, set[str]]]:
-    """(mount root, mount point, fs type, super options) of each cgroup mount."""
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        for line in fh:
-            left, _, right = line.partition(" - ")
-            parts, rparts = left.split(), right.split()
-            if len(parts) >= 5 and len(rparts) >= 3 and rparts[0] in ("cgroup", "cgroup2"):
-                yield parts[3], parts[4], rparts[0], set(rparts[2].split(","))
+Mount = tuple[str, str, str, frozenset[str]]  # (root, mount point, fs type, super options)
 
 
-def _own_cgroups() -> dict[str, str]:
-    """Controller (``""`` for v2) -> this process's cgroup path, from /proc/self/cgroup."""
-    out: dict[str, str] = {}
-    with contextlib.suppress(OSError), open("/proc/self/cgroup", encoding="utf-8") as fh:
-        for line in fh:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            for c in controllers.split(",") if controllers else [""]:
-                out[c] = path
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The cgroup mounts in a /proc/self/mountinfo text."""
+    out = []
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) >= 5 and len(rparts) >= 3 and rparts[0] in ("cgroup", "cgroup2"):
+            out.append((parts[3], parts[4], rparts[0], frozenset(rparts[2].split(","))))
     return out
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """Controller (``""`` for v2) -> cgroup path, from a /proc/self/cgroup text."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return ""
 
 
 def _dir_for(mount_root: str, mount_point: str, path: str) -> Path:
@@ -105,31 +117,24 @@ def _dir_for(mount_root: str, mount_point: str, path: str) -> Path:
     return Path(mount_point) / rel.lstrip("/")
 
 
-def _v2_candidates() -> list[Path]:
-    own = _own_cgroups().get("")
-    if own is None:
-        return []
-    out = []
-    for root, point, fstype, _ in _mounts():
-        if fstype != "cgroup2":
-            continue
-        here = _dir_for(root, point, own)
-        # Our own cgroup can hold children with controllers only when it is the mount's root
-        # (a container's private namespace); otherwise its parent, when that is delegated to us.
-        out += [here] if here == Path(point) else [here.parent]
-    return out
-
-
-def _v1_place() -> CgroupPlace | None:
-    own = _own_cgroups()
-    dirs: dict[str, Path] = {}
-    for root, point, fstype, opts in _mounts():
+def cgroup_candidates(mounts: list[Mount], own: dict[str, str]
+                      ) -> tuple[list[Path], CgroupPlace | None]:
+    """Where call cgroups could go: the cgroup v2 folders to try, and the v1 memory and pids
+    folders (None unless both hierarchies are mounted)."""
+    v2: list[Path] = []
+    v1: dict[str, Path] = {}
+    for root, point, fstype, opts in mounts:
+        if fstype == "cgroup2" and "" in own:
+            here = _dir_for(root, point, own[""])
+            # Our own cgroup can hold children with controllers only when it is the mount's
+            # root (a container's private namespace); else its parent, when delegated to us.
+            v2.append(here if here == Path(point) else here.parent)
         for controller in ("memory", "pids"):
             if fstype == "cgroup" and controller in opts and controller in own:
-                dirs[controller] = _dir_for(root, point, own[controller])
-    if set(dirs) != {"memory", "pids"}:
-        return None
-    return CgroupPlace("cgroup1", dirs["memory"], dirs["pids"])
+                v1[controller] = _dir_for(root, point, own[controller])
+    place = CgroupPlace("cgroup1", v1["memory"], v1["pids"]) if set(v1) == {"memory", "pids"} \
+        else None
+    return v2, place
 
 
 def _try_make(parent: Path, name: str) -> Path | None:
@@ -145,7 +150,9 @@ def find_cgroup_place() -> CgroupPlace | None:
     """A place where this process can make per-call cgroups with memory and pids limits, or
     None. Probes by making (and removing) one; sweeps cgroups left by dead processes."""
     name = f"{_PREFIX}probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    for parent in _v2_candidates():
+    v2, v1 = cgroup_candidates(parse_mountinfo(_read("/proc/self/mountinfo")),
+                               parse_proc_cgroup(_read("/proc/self/cgroup")))
+    for parent in v2:
         probe = _try_make(parent, name)
         if probe is None:
             continue
@@ -157,7 +164,6 @@ def find_cgroup_place() -> CgroupPlace | None:
         if ok:
             _sweep(parent)
             return CgroupPlace("cgroup2", parent, parent)
-    v1 = _v1_place()
     if v1 is None:
         return None
     made = [p for p in (_try_make(v1.memory, name), _try_make(v1.pids, name)) if p is not None]
@@ -245,9 +251,9 @@ class CgroupLimiter:
         self.memory = place.memory / name
         self.pids = place.pids / name if place.kind == "cgroup1" else self.memory
         self.dirs = [self.memory] if self.pids == self.memory else [self.memory, self.pids]
-        for d in self.dirs:
-            d.mkdir()
         try:
+            for d in self.dirs:
+                d.mkdir()
             self._configure()
         except OSError:
             self.close()
