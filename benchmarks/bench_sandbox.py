@@ -60,7 +60,7 @@ def baseline(code: str) -> str:
         run = subprocess.run([sys.executable, "-I", "-B", str(script)], cwd=tmp,
                              capture_output=True, text=True, check=False, timeout=30,
                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp},
-                             start_new_session=True, preexec_fn=_limit_as)  # noqa: PLW1509
+                             start_new_session=True, preexec_fn=_limit_as)
         return run.stdout
 
 

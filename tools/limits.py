@@ -47,7 +47,9 @@ class CallLimiter(Protocol):
 
     kind: LimitKind
 
-    def attach(self, pid: int) -> None: ...
+    def attach(self, pid: int, is_reaped: Callable[[], bool] | None = None) -> None:
+        """Apply the limits to ``pid`` (not yet running the program); ``is_reaped`` says when
+        that pid no longer names our child."""
 
     def tripped(self) -> Tripped | None: ...
 
@@ -275,7 +277,7 @@ class CgroupLimiter:
             (self.memory / "memory.memsw.limit_in_bytes").write_text(mem)
         (self.pids / "pids.max").write_text(tasks)
 
-    def attach(self, pid: int) -> None:
+    def attach(self, pid: int, is_reaped: Callable[[], bool] | None = None) -> None:
         set_rlimits(pid, self.limits)
         for d in self.dirs:
             (d / "cgroup.procs").write_text(str(pid))
@@ -343,6 +345,14 @@ def _tasks_and_anon_rss(pid: int) -> tuple[int, int]:
     return threads, (resident - shared) * _PAGE
 
 
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot): with the pid, a process's identity."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie waiting to be reaped."""
     try:
@@ -391,26 +401,38 @@ def _pss(pid: int) -> int:
 
 
 class WatchdogLimiter:
-    """Limits by polling the call's process tree: the fallback where no cgroup is writable."""
+    """Limits by polling the call's process tree: the fallback where no cgroup is writable.
+
+    Pids are only trusted while they mean the same process: the root while it is not reaped
+    (``is_reaped``), the others by their start time, so a pid the system gave to some other
+    process after ours died is never signalled."""
 
     kind: LimitKind = "watchdog"
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.root: int | None = None
-        self.seen: set[int] = set()  # every process of the call seen at a tick
+        self.is_reaped: Callable[[], bool] = lambda: False
+        self.seen: dict[int, int] = {}  # pid -> start time, of every process seen at a tick
 
-    def attach(self, pid: int) -> None:
+    def attach(self, pid: int, is_reaped: Callable[[], bool] | None = None) -> None:
         set_rlimits(pid, self.limits)
         self.root = pid
+        self.is_reaped = is_reaped or self.is_reaped
+
+    def _tree(self, limit: int = 100_000) -> list[int]:
+        if self.root is None or self.is_reaped():
+            return []
+        tree = process_tree(self.root, limit)
+        for pid in tree:
+            if pid not in self.seen and (start := start_time(pid)) is not None:
+                self.seen[pid] = start
+        return tree
 
     def tripped(self) -> Tripped | None:
-        if self.root is None:
-            return None
         # Counting stops past the limit: a fork bomb makes a full walk slow exactly when speed
         # matters (its processes compete with us for the CPU).
-        tree = process_tree(self.root, limit=self.limits.max_tasks + 1)
-        self.seen.update(tree)
+        tree = self._tree(limit=self.limits.max_tasks + 1)
         if len(tree) > self.limits.max_tasks:
             return "processes"
         tasks, anon = 0, 0
@@ -427,15 +449,11 @@ class WatchdogLimiter:
         return None
 
     def kill_all(self, first: Callable[[], None] | None = None) -> int:
-        if self.root is None:
-            if first is not None:
-                first()
-            return 0
-        root = self.root
         # Snapshot before ``first`` kills our child: under bubblewrap the namespace's processes
         # are below it only while it lives (then they die with the namespace; we wait for it).
-        known = set(self.seen) | set(process_tree(root))
-        heads = children(root)
+        tree = self._tree()
+        known = set(tree) | {p for p, t in self.seen.items() if start_time(p) == t}
+        heads = children(self.root) if tree else []
         if first is not None:
             first()
             # Under bubblewrap the head is the namespace's init: the kernel kills everything
@@ -443,8 +461,9 @@ class WatchdogLimiter:
             _wait_gone(heads, _ZAP_WAIT_S)
         # Walk from the root, from what was seen, and from each stopped process: its children
         # stay put, while an orphan (its parent died on its own) is no longer below the root.
-        return len(stop_and_kill(lambda found: process_tree(root) + list(known) + [
-            c for p in found for c in children(p)]) - {root})
+        killed = stop_and_kill(lambda found: self._tree() + list(known) + [
+            c for p in found for c in children(p)])
+        return len(killed - {self.root})
 
     def close(self) -> None:
         return None

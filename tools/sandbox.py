@@ -394,7 +394,7 @@ class _Call:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         try:
-            self.limiter.attach(proc.pid)
+            self.limiter.attach(proc.pid, is_reaped=lambda: proc.returncode is not None)
             stopped = pump(proc, b"\n" + data, out, err, time.monotonic() + timeout_s,
                            lambda: self._check(proc), TICK_S)
         except OSError as exc:  # the limits could not be applied: the program never ran
@@ -425,6 +425,10 @@ class _Call:
             # One signal per process group reaches a whole fork bomb at once: our child's group
             # (the program, or bubblewrap) and its children's (under bubblewrap, the group of
             # the namespace's init: ten times faster than letting the namespace die alone).
+            # Once our child is reaped its pid may name another process: the limiter (cgroup,
+            # watchdog, marks) finds what is left instead.
+            if proc.returncode is not None:
+                return
             ours = os.getpgrp()
             for pid in [*children(proc.pid), proc.pid]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
