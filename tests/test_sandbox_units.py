@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import ToolError
 from tools.limits import CgroupPlace, cgroup_candidates, parse_mountinfo, parse_proc_cgroup
 from tools.sandbox import default_sandbox
 from tools.sandbox_io import MAX_OUTPUT_BYTES, Sink
@@ -89,3 +90,8 @@ def test_one_file_may_not_exceed_its_size_limit() -> None:
 def test_the_sandbox_has_the_packages_tools_need(code: str) -> None:
     res = default_sandbox().run_python(code)
     assert res.ok and res.stdout == "ok\n", res.stderr
+
+
+def test_a_file_name_the_disk_refuses_is_a_clear_error() -> None:
+    with pytest.raises(ToolError, match="cannot place"):
+        default_sandbox().run_python("print(1)", files={"a" * 300: "x"})

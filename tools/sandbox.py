@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -202,11 +203,15 @@ def place_files(root: Path, files: Mapping[str, str | bytes]) -> None:
                             hint="name files relative to the program's folder, without '..'")
         checked.append((target, content))
     for target, content in checked:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            target.write_bytes(content)
-        else:
-            target.write_text(content, encoding="utf-8")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                target.write_bytes(content)
+            else:
+                target.write_text(content, encoding="utf-8")
+        except OSError as exc:
+            raise ToolError(f"cannot place {target.relative_to(root.resolve())}: "
+                            f"{exc.strerror or exc}", hint="use short, plain file names") from exc
 
 
 def _disk_use(root: Path) -> tuple[int, int]:
@@ -226,25 +231,28 @@ def _disk_use(root: Path) -> tuple[int, int]:
 
 
 def _collect(folder: Path) -> dict[str, bytes]:
-    """Regular files under ``folder`` (relative name -> bytes), bounded; links are skipped
-    so a call cannot make the caller read a host file for it."""
+    """Regular files under ``folder`` (relative name -> bytes), bounded; links (to files or
+    folders) are skipped, so a call cannot make the caller read a host file for it."""
     out: dict[str, bytes] = {}
-    if not folder.is_dir() or folder.is_symlink():
+    if folder.is_symlink() or not folder.is_dir():
         return out
     budget = MAX_COLLECT_BYTES
-    for path in sorted(folder.rglob("*")):
-        if path.is_symlink() or not path.is_file() or any(p.is_symlink() for p in path.parents):
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(budget + 1)
-        if len(data) > budget:
-            break
-        budget -= len(data)
-        out[str(path.relative_to(folder))] = data
+    for here, dirs, names in os.walk(folder):  # does not descend into linked folders
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(here) / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue  # a link (ELOOP), or gone
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                data = fh.read(budget + 1)
+            if len(data) > budget:
+                return out
+            budget -= len(data)
+            out[str(path.relative_to(folder))] = data
     return out
 
 
