@@ -134,8 +134,7 @@ CALCULATOR_SPEC = ToolSpec(
 PYTHON_SPEC = ToolSpec(
     name="python",
     description="Run a short Python 3 program and return what it prints (the value of a final "
-                "expression is printed too). numpy and sympy are available. No network, no "
-                "files kept between calls.",
+                "expression is printed too). No network, no files kept between calls.",
     parameters={
         "type": "object",
         "properties": {"code": {"type": "string", "description": "Python source code to run."}},
