@@ -111,7 +111,7 @@ def test_bad_inputs_are_observations(scene: tuple[Toolbox, Path], tmp_path: Path
                            or "")
 
 
-def test_easy_vqa_shapes() -> None:
+def test_easy_vqa_shapes(tmp_path: Path) -> None:
     easy_vqa = pytest.importorskip("easy_vqa")
     paths = easy_vqa.get_train_image_paths()
     questions, answers, image_ids = easy_vqa.get_train_questions()
@@ -119,7 +119,7 @@ def test_easy_vqa_shapes() -> None:
     for q, a, i in zip(questions, answers, image_ids, strict=True):
         if q == "what color is the shape?":
             colour_of.setdefault(i, a)
-    box = Toolbox.of(visual_tools(ImageFiles.temporary(roots=[Path(paths[0]).parent])))
+    box = Toolbox.of(visual_tools(ImageFiles(tmp_path / "out", (Path(paths[0]).parent,))))
     checked = 0
     for image_id, colour in list(colour_of.items())[:40]:
         # easy-VQA draws "green" as pure (0, 255, 0), which CSS calls lime.
