@@ -10,38 +10,42 @@ reads configuration and builds objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.base import Backend
 from engine.backends.registry import BackendOptions, get_backend
-from engine.errors import NotFound
+from engine.errors import ConfigError, NotFound
 from engine.evaluation.agent_solver import agent_solver
 from engine.evaluation.runner import Solver
-from engine.middleware import WrappedClient, wrap_client
+from engine.methods.base import make_config
+from engine.methods.registry import MethodRegistry, default_registry
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from engine.runtime.chat import (
-    ChatAdapter,
-    ChatReply,
-    ChatRunner,
-    ChatSwitches,
-    chat_request,
-    chat_skills_plugin,
-    check_feedback,
-)
+from engine.runtime.plugins import MethodEnv
 from engine.runtime.skills_plugin import SkillsPlugin
+from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
+from engine.server.client import WrappedClient, wrap_client
+from engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from engine.types import Message, Trace
+from library_store.corpus import Corpus
 from library_store.store import Library, Snapshot
 from library_store.traces import TraceStore
 from tools.base import Tool
 from tools.builtin import builtin_tools
+from tools.search import make_search_tool
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from engine.evaluation.tasks import TaskSet
+    from engine.methods.base import Evolver
     from engine.methods.evolve import EvolveResult
+
+# A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
+# a ready ``Plugin``.
+MethodSpec = str | tuple[str, Mapping[str, Any]] | Plugin
 
 
 class Engine:
@@ -50,8 +54,10 @@ class Engine:
     ``model`` is a spec (``embedded``, ``openai:qwen@http://...``) or a ready ``Backend``;
     ``library`` is the library directory (default ``$WHETSTONE_HOME/library``, created on first
     use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
-    one); ``skills``
-    retrieves the library's skills into each run.
+    one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
+    methods to use besides: registered names (``"co_react"``), ``(name, options)`` pairs, or
+    ``Plugin`` objects (see ``engine.methods.registry``). ``tools`` names built-in tools, and
+    ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone corpus``).
     """
 
     def __init__(
@@ -61,12 +67,14 @@ class Engine:
         library: str | Path | None = None,
         version: str | None = None,
         skills: bool = True,
-        methods: Sequence[Plugin] = (),
+        methods: Sequence[MethodSpec] = (),
         tools: Sequence[str] | Sequence[Tool] = ("calculator", "python"),
         config: RunConfig | None = None,
         home: str | Path | None = None,
         backend_options: BackendOptions | None = None,
         checkpointing: bool = True,
+        registry: MethodRegistry | None = None,
+        corpus: str = "default",
     ) -> None:
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
@@ -74,24 +82,59 @@ class Engine:
         # "candidate:NAME" scores a kept candidate without applying it.
         self.version = version if version and version.startswith("candidate:") else (
             self.library.resolve(version) if version else None)
+        self.registry = registry or default_registry()
+        self.methods = self._check_methods(methods)
         self.backend = model if isinstance(model, Backend) else get_backend(
             model, backend_options or BackendOptions())
         self.config = config or RunConfig()
-        self.methods = tuple(methods)
         self.skills = skills
         self._tools = tools
         self._checkpointing = checkpointing
+        self.corpus_name = corpus
+        self._corpora: dict[str, Corpus] = {}
         self._agent: Agent | None = None
         self.traces: TraceStore = self.library.traces
 
+    def _check_methods(self, methods: Sequence[MethodSpec]
+                       ) -> tuple[Plugin | tuple[str, Mapping[str, Any]], ...]:
+        """Each method as a ``Plugin`` or a known ``(name, options)`` pair; an unknown name
+        is a ``ConfigError`` now, before any model loads."""
+        out: list[Plugin | tuple[str, Mapping[str, Any]]] = []
+        for m in methods:
+            if isinstance(m, Plugin):
+                out.append(m)
+                continue
+            name, options = (m, {}) if isinstance(m, str) else m
+            cls = self.registry.entry("runtime", name).load()
+            make_config(cls.config_class, options, method=name)  # bad options fail here
+            out.append((name, dict(options)))
+        return tuple(out)
+
     # -- the agent -------------------------------------------------------------------------
 
+    def runtime_methods(self, snapshot: Snapshot | None = None, *,
+                        skip: frozenset[str] = frozenset()) -> list[Plugin]:
+        """``methods`` built for one agent reading ``snapshot`` (default: the pinned one);
+        named methods in ``skip`` are left out."""
+        env = MethodEnv(library=self.library, snapshot=snapshot or self.pinned_snapshot(),
+                        backend=self.backend)
+        return [m if isinstance(m, Plugin) else
+                self.registry.runtime_method(m[0], m[1], env)
+                for m in self.methods if isinstance(m, Plugin) or m[0] not in skip]
+
+    def _named(self, name: str) -> Mapping[str, Any] | None:
+        """The options of the method named ``name`` in ``methods`` (None: not named)."""
+        for m in self.methods:
+            if not isinstance(m, Plugin) and m[0] == name:
+                return m[1]
+        return None
+
     def plugins(self, snapshot: Snapshot | None = None) -> list[Plugin]:
-        """The run-time methods for one agent: skills retrieval first, then ``methods``."""
+        """The runtime methods for one agent: skills retrieval first, then ``methods``."""
         out: list[Plugin] = []
-        if self.skills:
+        if self.skills and self._named("skills") is None:
             out.append(SkillsPlugin(self.library, snapshot=snapshot or self.pinned_snapshot()))
-        return out + list(self.methods)
+        return out + self.runtime_methods(snapshot)
 
     def pinned_snapshot(self) -> Snapshot | None:
         """The snapshot ``version`` names (None: follow the current version)."""
@@ -101,10 +144,24 @@ class Engine:
             return self.library.candidates.snapshot(self.version.split(":", 1)[1])
         return self.library.snapshot(self.version)
 
+    def corpus(self, name: str | None = None) -> Corpus:
+        """The library's evidence corpus ``name`` (default: ``corpus``), opened once."""
+        from library_store.embeddings import query_embedder
+
+        name = name or self.corpus_name
+        if name not in self._corpora:
+            self._corpora[name] = Corpus.of_library(self.library_path, name,
+                                                    query_embedder(threads=1))
+        return self._corpora[name]
+
     def _tool_list(self) -> list[Tool]:
         tools = self._tools
         if tools and isinstance(next(iter(tools)), str):
-            return builtin_tools(tuple(tools))  # type: ignore[arg-type]
+            names = tuple(tools)
+            out = builtin_tools(tuple(n for n in names if n != "search"))  # type: ignore
+            if "search" in names:  # the face injects the retriever; the tool never opens one
+                out.append(make_search_tool(self.corpus()))
+            return out
         return list(tools)  # type: ignore[arg-type]
 
     def build_agent(self, *, snapshot: Snapshot | None = None, store_traces: bool = True,
@@ -145,54 +202,86 @@ class Engine:
     async def arun(self, task: str, **kwargs: Any) -> Trace:
         return await self.agent.arun(task, **kwargs)
 
-    def evolve(self, method: str = "trace2skill", *, traces: Sequence[Trace] | None = None,
-               gate_tasks: Any = None, analyst: Backend | str | None = None,
-               dry_run: bool = False, rule: str = "not_worse", seed: int = 0,
-               candidate_name: str | None = None, **options: Any) -> EvolveResult:
-        """Evolve the library from ``traces`` (default: every finished stored trace but the
-        gate's own runs) and land the change through the regression gate (``gate_tasks``:
-        default the traces' own tasks).
+    def evolve(self, method: str | Evolver = "trace2skill", *,
+               traces: Sequence[Trace] | None = None, tasks: TaskSet | str | None = None,
+               trace_filter: str | Mapping[str, Any] | None = None, limit: int | None = None,
+               labels: Mapping[str, str] | None = None, gate_tasks: Any = None,
+               analyst: Backend | str | None = None, dry_run: bool = False,
+               rule: str = "not_worse", seed: int = 0, concurrency: int = 1,
+               candidate_name: str | None = None, max_agent_runs: int | None = None,
+               on_progress: Callable[[str, int, int], None] | None = None,
+               registry: MethodRegistry | None = None, **options: Any) -> EvolveResult:
+        """Evolve the library with the evolver registered as ``method`` (or an evolver
+        object) and land the change through the regression gate.
 
-        ``options`` configure the method, e.g. ``skill="word-math", create=True, workers=4``.
+        Learns from ``traces``, or from the stored traces ``trace_filter`` selects
+        (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
+        trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
+        given (a task set or its spec, run first when none of its traces are stored). The gate
+        scores on ``gate_tasks`` (default: the traces' own tasks). ``options`` configure the
+        method, e.g. ``skill="word-math", create=True, workers=4`` for trace2skill.
+        ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
         """
-        from engine.evaluation.tasks import tasks_from_traces
-        from engine.methods.evolve import gate_and_apply, training_traces
-        from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+        from engine.evaluation.benchmarks import load_tasks
+        from engine.methods.evolve import evolve
+        from library_store.traces import TraceQuery, parse_trace_filter
 
-        if method != "trace2skill":
-            from engine.errors import ConfigError
+        if isinstance(method, str):
+            evolver = (registry or self.registry).evolver(
+                method, options, shared={"seed": seed, "concurrency": concurrency})
+        elif options:
+            raise ConfigError(f"options {', '.join(sorted(options))} given with a ready "
+                              f"evolver", hint="configure the evolver object itself")
+        else:
+            evolver = method
+        query = parse_trace_filter(trace_filter) if isinstance(trace_filter, str) or \
+            trace_filter is None else dict(trace_filter)
+        task_set = load_tasks(tasks) if isinstance(tasks, str) else tasks
+        analyst_backend, own = self._analyst(analyst)
+        try:
+            return evolve(
+                evolver, self.library, analyst=analyst_backend,
+                make_solver=lambda snap: self.solver(snapshot=snap), traces=traces,
+                query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
+                gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
+                candidate_name=candidate_name, dry_run=dry_run, model=self.backend.spec,
+                max_agent_runs=max_agent_runs, on_progress=on_progress)
+        finally:
+            if own:
+                analyst_backend.close()
 
-            raise ConfigError(f"unknown evolver {method!r}", hint="evolvers: trace2skill")
-        chosen = list(traces) if traces is not None else training_traces(self.traces.query())
-        analyst_backend = analyst if isinstance(analyst, Backend) else (
-            get_backend(analyst) if analyst else self.backend)
-        config = Trace2SkillConfig(**options)
-        patch = Trace2Skill(config).fit(
-            chosen, self.library.snapshot().texts(f"skills/{config.skill}/"), analyst_backend)
-        return gate_and_apply(
-            patch, self.library, make_solver=lambda snap: self.solver(snapshot=snap),
-            gate_tasks=gate_tasks if gate_tasks is not None else tasks_from_traces(chosen),
-            rule=rule, seed=seed, candidate_name=candidate_name, dry_run=dry_run)
+    def _analyst(self, analyst: Backend | str | None) -> tuple[Backend, bool]:
+        """The analyst backend, and whether this call built it (and so closes it): the
+        agent's own model unless another is named."""
+        if isinstance(analyst, Backend):
+            return analyst, False
+        if not analyst or analyst == self.backend.spec:
+            return self.backend, False
+        return get_backend(analyst), True
 
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)
 
-    # -- chat mode: the middleware (issue 6) --------------------------------------------------
-    # One adapted completion per call, no agent loop; the logic lives in engine/runtime/chat.py
-    # and engine/middleware.py, these methods only wire this engine's objects into it.
+    # -- chat mode ------------------------------------------------------------------------
+    # One adapted completion per call, no agent loop; the logic lives in engine/server/
+    # (adapter, exchange, client), these methods only wire this engine's objects into it.
 
     def chat_adapter(self) -> ChatAdapter:
         """What chat mode injects (built once): the library's skills, then ``methods``'
-        guidance, within ``config.guidance_budget_tokens``."""
+        guidance, within ``config.guidance_budget_tokens``. Chat mode has no agent loop, so
+        only the methods' ``guidance`` acts."""
         adapter: ChatAdapter | None = self.__dict__.get("_chat_adapter")
         if adapter is None:
             plugins: list[Plugin] = []
             resources: list[Any] = []
-            if self.skills:
-                skills, resources = chat_skills_plugin(self.library, self.pinned_snapshot())
+            named = self._named("skills")
+            if self.skills or named is not None:
+                options = dict(named or {})
+                skills, resources = chat_skills_plugin(self.library, self.pinned_snapshot(),
+                                                       **options)
                 plugins.append(skills)
             adapter = ChatAdapter(
-                plugins + list(self.methods), self.backend,
+                plugins + self.runtime_methods(skip=frozenset({"skills"})), self.backend,
                 budget_tokens=self.config.guidance_budget_tokens,
                 version_of=lambda: self.version or self.library.current_id(),
                 resources=resources)
@@ -224,7 +313,7 @@ class Engine:
     def wrap(self, client: Any) -> WrappedClient:
         """An ``openai.OpenAI`` / ``AsyncOpenAI`` client whose ``chat.completions.create``
         applies this engine's library in-process and records each exchange; the trace id is
-        ``response.whetstone_trace_id`` (see ``engine.middleware``)."""
+        ``response.whetstone_trace_id`` (see ``engine.server.client``)."""
         return wrap_client(client, self.chat_adapter(), self.traces)
 
     def feedback(self, trace_id: str, score: float, comment: str | None = None) -> Trace:
@@ -253,6 +342,8 @@ class Engine:
         adapter = self.__dict__.pop("_chat_adapter", None)
         if adapter is not None:
             adapter.close()
+        for corpus in self._corpora.values():
+            corpus.close()
         self.backend.close()
 
     def __enter__(self) -> Self:
@@ -260,6 +351,26 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def solver_factory(*, methods: Sequence[MethodSpec] = (),
+                   tools: Sequence[str] = ("calculator", "python"),
+                   config: RunConfig | None = None, corpus: str = "default"
+                   ) -> Callable[[str, Path | None, str | None], Solver]:
+    """``(model, library_path, version) -> solver`` for ``whetstone eval``: the agent of
+    ``Engine`` over that library version. One backend per model spec, so comparing two library
+    versions loads the model once."""
+    backends: dict[str, Backend] = {}
+
+    def factory(model: str, library_path: Path | None, version: str | None) -> Solver:
+        if model not in backends:
+            backends[model] = get_backend(model)
+        engine = Engine(backends[model], library=library_path, version=version,
+                        methods=methods, tools=tools, config=config, checkpointing=False,
+                        corpus=corpus)
+        return engine.solver()
+
+    return factory
 
 
 def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:

@@ -70,10 +70,6 @@ class ToolError(WhetstoneError):
     """A tool failed (bad input, crash, timeout). The runtime shows it to the model."""
 
 
-class BudgetExceeded(WhetstoneError):
-    """A run went over its step horizon, token budget or wall-clock limit."""
-
-
 class LibraryError(WhetstoneError):
     """The library on disk is missing, locked, or inconsistent."""
 
@@ -93,10 +89,8 @@ class ValidationError(LibraryError):
         super().__init__(f"{where}: [{rule}] {detail}", hint)
 
 
-class TraceError(WhetstoneError):
-    """A trace file or record could not be read."""
-
-    exit_code = 5
+class EmptyCorpus(LibraryError):
+    """An evidence corpus was asked for passages but holds no document."""
 
 
 class NotFound(WhetstoneError):

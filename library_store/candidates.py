@@ -14,19 +14,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
 from library_store.fsutil import atomic_write, make_dirs
-from library_store.store import (
-    Content,
-    Library,
-    Snapshot,
-    Validator,
-    _to_bytes,
-    check_path,
-)
+from library_store.paths import Content, check_path, to_bytes
+
+if TYPE_CHECKING:  # the store owns its candidates; this module never imports it at run time
+    from library_store.store import Library, Snapshot, Validator
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")  # use fullmatch: '$' allows a final '\n'
 
@@ -76,7 +72,7 @@ class Candidates:
         if not NAME_RE.fullmatch(name):
             raise ValidationError(name, "candidate-name", "a candidate name is 1-100 characters "
                                   "of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
-        data = {check_path(p, deleting=v is None): _to_bytes(p, v)
+        data = {check_path(p, deleting=v is None): to_bytes(p, v)
                 for p, v in changes.items()}
         base = lib.resolve(base)
         with lib._write_lock():

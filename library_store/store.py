@@ -30,62 +30,26 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from filelock import FileLock, Timeout
 
 from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
 from library_store.blobs import BlobStore
+from library_store.candidates import Candidates
 from library_store.fsutil import atomic_write, clean_dir, make_dirs
 from library_store.manifest import Manifest, version_number
+from library_store.paths import ROOTS, Content, check_path, to_bytes
 from library_store.traces import TraceStore
 from library_store.transfer import write_folder
 from library_store.tree import Trees, group_of
 from library_store.view import View, ViewEdits
 
-if TYPE_CHECKING:
-    from library_store.candidates import Candidates
-
-ROOTS = ("skills", "policies")  # top-level folders a version may hold
 BULK_FILES = 256  # above this many files a commit syncs the disk once instead of per file
 
-Content = str | bytes | None
 # A validator sees the new version and the paths the change touched; it returns the problems.
 Validator = Callable[["Snapshot", Sequence[str]], Sequence[ValidationError]]
-
-
-def _to_bytes(path: str, value: Content) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    raise ValidationError(path, "content-type", f"content must be str, bytes or None, "
-                          f"not {type(value).__name__}")
-
-
-def check_path(path: str, *, deleting: bool = False) -> str:
-    """A library path: relative, '/'-separated, inside one of ``ROOTS``, no '.' or '..'.
-
-    Hidden parts (``.env.example``) and ``__pycache__`` are refused too: the view, export and
-    import all skip them, so such a file would show as deleted and be lost on a round trip.
-    ``deleting`` allows them, so a library that holds one from before can still drop it."""
-    parts = path.split("/") if isinstance(path, str) else []
-    bad = (not parts or "\\" in path or path.startswith("/")
-           or any(p in ("", ".", "..") for p in parts))
-    if bad or len(parts) < 2 or parts[0] not in ROOTS:
-        raise ValidationError(
-            str(path), "path", "a library path is relative, uses '/', has no '.' or '..' parts "
-            f"and starts with one of {', '.join(r + '/' for r in ROOTS)}",
-            hint="e.g. skills/<name>/SKILL.md or policies/<module>.md")
-    hidden = next((p for p in parts if p.startswith(".") or p == "__pycache__"), None)
-    if hidden is not None and not deleting:
-        raise ValidationError(
-            path, "path-hidden", f"{hidden!r} is a hidden or cache name; the library does not "
-            "keep such files (the view, export and import skip them)",
-            hint=f"rename it without the leading '.' (e.g. {hidden.lstrip('.') or 'name'}) "
-                 "or leave it out" if hidden != "__pycache__" else "leave __pycache__ out")
-    return path
 
 
 def rejection(problems: Sequence[ValidationError]) -> ValidationError:
@@ -321,8 +285,6 @@ class Library:
     @property
     def candidates(self) -> Candidates:
         """Changes the regression gate rejected, kept by name (see candidates.py)."""
-        from library_store.candidates import Candidates  # candidates.py imports this module
-
         return Candidates(self)
 
     @property
@@ -424,7 +386,7 @@ class Library:
         list of problems rejects the commit with the first one (all are on ``.problems``).
         ``expect_parent`` refuses the commit if another writer moved the library meanwhile.
         """
-        data = {check_path(p, deleting=v is None): _to_bytes(p, v) for p, v in changes.items()}
+        data = {check_path(p, deleting=v is None): to_bytes(p, v) for p, v in changes.items()}
         return self._commit(data, method=method, message=message, scores=scores, costs=costs,
                             validate=validate, expect_parent=expect_parent,
                             allow_empty=allow_empty)
@@ -484,7 +446,7 @@ class Library:
         For scoring a change before committing it (the regression gate). Its id is
         ``<parent>+<label>``; the objects it wrote are ordinary blobs.
         """
-        data = {check_path(p, deleting=v is None): _to_bytes(p, v) for p, v in changes.items()}
+        data = {check_path(p, deleting=v is None): to_bytes(p, v) for p, v in changes.items()}
         return self._preview({}, data, label=label, method=method)
 
     def _preview(self, prehashed: Mapping[str, str | None], data: Mapping[str, bytes | None],

@@ -9,16 +9,18 @@ day files, so nothing is ever rewritten in place.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
-from engine.errors import NotFound
+from engine.errors import ConfigError, NotFound
 from engine.types import Trace
 
 
@@ -55,6 +57,48 @@ class TraceQuery:
         if self.until is not None and t.started > self.until:
             return False
         return self.task_set is None or t.meta.get("task_set") == self.task_set
+
+
+_FILTER = re.compile(r"^\s*(\w+)\s*(<=|>=|=|<|>)\s*(.+?)\s*$")
+_FILTER_HINT = ("filters: outcome=, score<|>|=, version=, task=, task_set=, since=YYYY-MM-DD, "
+                "until=YYYY-MM-DD")
+
+
+def parse_trace_filter(text: str | None) -> dict[str, Any]:
+    """``"outcome=answered,score<1,version=v2,since=2026-11-01,task=apples"`` -> ``TraceQuery``
+    keyword arguments; ``ConfigError`` naming the part it cannot read."""
+    out: dict[str, Any] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        m = _FILTER.match(part)
+        if not m:
+            raise ConfigError(f"cannot read trace filter {part!r}",
+                              hint='use key=value pairs, e.g. "outcome=answered,score<1"')
+        key, op, value = m.groups()
+        try:
+            out.update(_filter_term(key, op, value))
+        except ValueError as exc:
+            raise ConfigError(f"cannot read trace filter {part!r}: {exc}",
+                              hint=_FILTER_HINT) from exc
+    return out
+
+
+def _filter_term(key: str, op: str, value: str) -> dict[str, Any]:
+    if key == "score":
+        x = float(value)
+        if op in ("<", "<="):
+            return {"max_score": x - (1e-9 if op == "<" else 0)}
+        if op in (">", ">="):
+            return {"min_score": x + (1e-9 if op == ">" else 0)}
+        return {"min_score": x, "max_score": x}
+    if key in ("since", "until"):
+        return {key: datetime.fromisoformat(value).replace(tzinfo=timezone.utc).timestamp()}
+    if key in ("outcome", "task", "task_set") and op == "=":
+        return {key: value}
+    if key == "version" and op == "=":
+        return {"library_version": value}
+    raise ConfigError(f"unknown trace filter {key}{op}", hint=_FILTER_HINT)
 
 
 def _ends_torn(path: Path) -> bool:

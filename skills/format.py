@@ -7,7 +7,12 @@ here (each problem is a ``ValidationError`` naming the file, the line and the ru
   equal to the folder name), ``description`` (1-1024 chars), optional ``license``,
   ``compatibility`` (1-500 chars), ``metadata`` (string -> string), ``allowed-tools``
   (space-separated); no other fields;
-- body: at most 500 lines.
+- body: at most 500 lines;
+- the folder: ``SKILL.md`` plus optional ``scripts/``, ``references/`` and ``assets/``, each
+  one level deep; a reference file holds at most 300 lines (``check_skill_files``).
+
+This module is the one home of these rules: the loader, imports, and evolved skills
+(``skills.limits``) all check through it.
 
 Hand-written files round-trip byte for byte: rendering a skill with its original text keeps
 that text, and when only some fields change, only their lines are rewritten.
@@ -31,6 +36,9 @@ MAX_NAME = 64
 MAX_DESCRIPTION = 1024
 MAX_COMPATIBILITY = 500
 MAX_BODY_LINES = 500
+SKILL_FILE = "SKILL.md"
+SKILL_DIRS = ("scripts", "references", "assets")  # bundled files live one level deep in these
+MAX_REFERENCE_LINES = 300
 
 try:  # libyaml is ~10x faster; the pure-Python loader gives the same results
     _Loader: Any = yaml.CSafeLoader
@@ -299,3 +307,49 @@ def _patch_fields(original: str, parsed: ParsedSkill, old: Skill, new: Skill) ->
         text += newline
     tail = "".join(lines[last:])  # the closing '---' and the blank line after it
     return text + tail
+
+
+def check_skill_files(name: str, files: Mapping[str, bytes], *, base: str
+                      ) -> tuple[ParsedSkill | None, list[ValidationError]]:
+    """Validate one skill folder given as relative path -> bytes. ``base`` prefixes the paths
+    in error messages (``skills/<name>`` in a library, a folder on disk for an import)."""
+    skill_md = f"{base}/{SKILL_FILE}"
+    problems: list[ValidationError] = []
+    parsed: ParsedSkill | None = None
+    if SKILL_FILE not in files:
+        problems.append(ValidationError(skill_md, "skill-md-missing", "the skill folder has no "
+                                        "SKILL.md", hint="`whetstone skill new NAME` scaffolds one"))
+    else:
+        try:
+            text = files[SKILL_FILE].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(ValidationError(skill_md, "encoding", f"SKILL.md is not UTF-8 ({exc})"))
+        else:
+            parsed = parse_skill_md(text, path=skill_md, folder=name)
+            problems.extend(parsed.problems)
+    for rel, data in sorted(files.items()):
+        parts = rel.split("/")
+        where = f"{base}/{rel}"
+        if parts[0] in SKILL_DIRS:
+            if len(parts) != 2:
+                problems.append(ValidationError(
+                    where, "nesting", f"files in {parts[0]}/ must sit directly in it (one level "
+                    "deep)", hint=f"move it to {parts[0]}/{parts[-1]}"))
+            elif parts[0] == "references":
+                try:
+                    n = count_lines(data.decode("utf-8"))
+                except UnicodeDecodeError:
+                    problems.append(ValidationError(where, "encoding", "a reference file must "
+                                                    "be UTF-8 text"))
+                    continue
+                if n > MAX_REFERENCE_LINES:
+                    problems.append(ValidationError(
+                        where, "reference-length", f"{n} lines; a reference file holds at most "
+                        f"{MAX_REFERENCE_LINES}", line=MAX_REFERENCE_LINES + 1,
+                        hint="split it into several reference files"))
+        elif len(parts) > 1:
+            problems.append(ValidationError(
+                where, "layout", f"unknown folder {parts[0]}/: a skill holds SKILL.md and "
+                "optionally scripts/, references/ and assets/", hint="move the file into one "
+                "of those folders"))
+    return parsed, problems

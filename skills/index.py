@@ -33,8 +33,8 @@ from engine.errors import LibraryError, ValidationError, WhetstoneError
 from library_store.embeddings import Embedder, TextEmbedder, chroma_embedding_function
 from library_store.fsutil import atomic_write, clean_dir
 from library_store.store import Library, Snapshot
-from skills.format import parse_skill_md
-from skills.loader import SKILL_FILE, SKILLS_DIR
+from skills.format import SKILL_FILE, parse_skill_md
+from skills.loader import SKILLS_DIR
 
 
 @dataclass(frozen=True)

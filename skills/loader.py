@@ -1,8 +1,8 @@
-"""Skills in a library version: load them, validate skill folders, and turn skills into changes.
+"""Skills in a library version: load them, validate them, and turn skills into changes.
 
-A skill folder holds ``SKILL.md`` plus optional ``scripts/``, ``references/`` and ``assets/``,
-each one level deep; reference files are at most 300 lines. Loading never stops at a bad skill:
-its problems are collected and the rest of the library loads.
+The rules a skill folder must follow live in ``skills.format`` (``check_skill_files``); this
+module applies them to library versions. Loading never stops at a bad skill: its problems are
+collected and the rest of the library loads.
 """
 
 from __future__ import annotations
@@ -13,12 +13,9 @@ from dataclasses import dataclass, field
 from engine.errors import NotFound, ValidationError
 from engine.types import Skill
 from library_store.store import Snapshot, rejection
-from skills.format import ParsedSkill, count_lines, parse_skill_md, render_skill_md
+from skills.format import SKILL_FILE, check_skill_files, render_skill_md
 
-SKILLS_DIR = "skills"
-SKILL_FILE = "SKILL.md"
-SKILL_DIRS = ("scripts", "references", "assets")
-MAX_REFERENCE_LINES = 300
+SKILLS_DIR = "skills"  # the library folder that holds one folder per skill
 
 
 @dataclass
@@ -33,52 +30,6 @@ class SkillSet:
 def skill_path(name: str, rel: str = SKILL_FILE) -> str:
     """``skills/<name>/<rel>``: where a skill's file lives in the library."""
     return f"{SKILLS_DIR}/{name}/{rel}"
-
-
-def check_skill_files(name: str, files: Mapping[str, bytes], *, base: str
-                      ) -> tuple[ParsedSkill | None, list[ValidationError]]:
-    """Validate one skill folder given as relative path -> bytes. ``base`` prefixes the paths
-    in error messages (``skills/<name>`` in a library, a folder on disk for an import)."""
-    skill_md = f"{base}/{SKILL_FILE}"
-    problems: list[ValidationError] = []
-    parsed: ParsedSkill | None = None
-    if SKILL_FILE not in files:
-        problems.append(ValidationError(skill_md, "skill-md-missing", "the skill folder has no "
-                                        "SKILL.md", hint="`whetstone skill new NAME` scaffolds one"))
-    else:
-        try:
-            text = files[SKILL_FILE].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            problems.append(ValidationError(skill_md, "encoding", f"SKILL.md is not UTF-8 ({exc})"))
-        else:
-            parsed = parse_skill_md(text, path=skill_md, folder=name)
-            problems.extend(parsed.problems)
-    for rel, data in sorted(files.items()):
-        parts = rel.split("/")
-        where = f"{base}/{rel}"
-        if parts[0] in SKILL_DIRS:
-            if len(parts) != 2:
-                problems.append(ValidationError(
-                    where, "nesting", f"files in {parts[0]}/ must sit directly in it (one level "
-                    "deep)", hint=f"move it to {parts[0]}/{parts[-1]}"))
-            elif parts[0] == "references":
-                try:
-                    n = count_lines(data.decode("utf-8"))
-                except UnicodeDecodeError:
-                    problems.append(ValidationError(where, "encoding", "a reference file must "
-                                                    "be UTF-8 text"))
-                    continue
-                if n > MAX_REFERENCE_LINES:
-                    problems.append(ValidationError(
-                        where, "reference-length", f"{n} lines; a reference file holds at most "
-                        f"{MAX_REFERENCE_LINES}", line=MAX_REFERENCE_LINES + 1,
-                        hint="split it into several reference files"))
-        elif len(parts) > 1:
-            problems.append(ValidationError(
-                where, "layout", f"unknown folder {parts[0]}/: a skill holds SKILL.md and "
-                "optionally scripts/, references/ and assets/", hint="move the file into one "
-                "of those folders"))
-    return parsed, problems
 
 
 def _text_files(files: Mapping[str, bytes]) -> dict[str, str]:

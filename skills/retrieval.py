@@ -20,9 +20,9 @@ import numpy as np
 from engine.errors import NotFound
 from engine.prompts import render_prompt
 from library_store.store import Library, Snapshot
-from skills.format import parse_skill_md
+from skills.format import SKILL_FILE, parse_skill_md
 from skills.index import Hit, LibraryIndex, SkillSource
-from skills.loader import SKILL_FILE, SKILLS_DIR, skill_names
+from skills.loader import SKILLS_DIR, skill_names
 
 TokenCounter = Callable[[str], int]
 
@@ -176,7 +176,8 @@ class SkillRetriever:
         budget = self.budget_tokens if budget_tokens is None else budget_tokens
         bodies_max = self.max_bodies if max_bodies is None else max_bodies
         matches = self.search(task, snapshot=snap, k=k, query_vector=query_vector)
-        entries = [f"- {m.name}: {' '.join(m.description.split())}" for m in matches]
+        entries = [render_prompt("skills_entry.yaml#entry", name=m.name,
+                                 description=" ".join(m.description.split())) for m in matches]
 
         def render(n: int, bodies: Sequence[str]) -> str:
             return render_prompt(self.template, skills="\n".join(entries[:n]),
@@ -192,7 +193,8 @@ class SkillRetriever:
         for m in matches[:n]:
             if len(with_body) >= bodies_max:
                 break
-            section = f"\n## Skill: {m.name}\n\n{skill_body(snap, m.name).strip()}\n"
+            section = render_prompt("skills_entry.yaml#body", name=m.name,
+                                    body=skill_body(snap, m.name).strip())
             if self.count_tokens(render(n, bodies + [section])) <= budget:
                 bodies.append(section)
                 with_body.append(m.name)

@@ -18,8 +18,8 @@ from engine.types import LibraryVersion, Skill
 from library_store.fsutil import sha256_bytes
 from library_store.store import Library, rejection
 from library_store.transfer import read_folder
-from skills.format import check_name, render_skill_md
-from skills.loader import SKILL_FILE, check_skill_files, skill_path, validate_snapshot
+from skills.format import SKILL_FILE, check_name, check_skill_files, render_skill_md
+from skills.loader import skill_path, validate_snapshot
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from servers import running_server
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.runtime.chat import ChatAdapter, chat_skills_plugin
+from engine.server.adapter import ChatAdapter, chat_skills_plugin
 from engine.types import Completion, Request, Trace
 from library_store.store import Library
 from library_store.traces import TraceStore

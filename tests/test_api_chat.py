@@ -19,10 +19,11 @@ from servers import Servers
 from engine.api import Engine
 from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError, NotFound, ScriptExhausted
-from engine.middleware import WrappedClient, trace_id_of, wrap_client
-from engine.runtime.chat import ChatAdapter, ChatReply, ChatSwitches
 from engine.runtime.plugins import Guidance, Plugin
 from engine.server import create_app
+from engine.server.adapter import ChatAdapter, ChatSwitches
+from engine.server.client import WrappedClient, trace_id_of, wrap_client
+from engine.server.exchange import ChatReply
 from library_store.store import Library
 from library_store.traces import TraceStore
 
@@ -294,7 +295,7 @@ def test_a_pinned_version_is_what_chat_uses(tmp_path: Path) -> None:
 
 def test_a_repeated_question_is_served_from_the_caches(engine: Engine, library: Library
                                                        ) -> None:
-    from engine.runtime.embed_cache import CachedEmbedder
+    from engine.server.embed_cache import CachedEmbedder
 
     adapter = engine.chat_adapter()
     embedder = adapter.plugins[0].retriever.index.embedder  # type: ignore[attr-defined]

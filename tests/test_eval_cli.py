@@ -108,7 +108,11 @@ def test_a_broken_task_line_is_reported_and_the_run_goes_on(tmp_path: Path) -> N
     (["--tasks", str(ARITH), "--scorer", "bleu"], None, 7, "unknown scorer"),
     (["--tasks", str(ARITH), "--version", "v1", "--compare", "v1", "v2"], None, 2,
      "cannot be combined"),
-    (["--tasks", str(ARITH)], {}, 2, "without a solver factory"),
+    # Without an injected factory the agent comes from engine.api; a bad --methods fails
+    # before any model loads.
+    (["--tasks", str(ARITH), "--methods", "nope"], {}, 2, "unknown runtime method 'nope'"),
+    (["--tasks", str(ARITH), "--methods", "skills", "--method-config", "skills.k=many"], {}, 2,
+     "skills.k='many'"),
 ])
 def test_errors_have_messages_hints_and_exit_codes(args: list[str], obj: Any, code: int,
                                                    fragment: str) -> None:

@@ -1,4 +1,5 @@
-"""DESIGN.md's layering: a lower layer never imports a higher one. Walks every import."""
+"""The layering of docs/architecture.md: a lower layer never imports a higher one, and no
+module imports itself back through others (no import cycles). Walks every import."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/errors.py", 0),
     ("engine/paths.py", 0),
     ("engine/prompts", 0),
+    ("engine/replies.py", 0),
     ("engine/backends", 1),
     ("library_store", 1),
     ("skills", 2),
@@ -20,12 +22,9 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/runtime", 3),
     ("engine/evaluation", 4),
     ("engine/methods", 5),
-    ("engine/server.py", 6),
-    ("engine/server_middleware.py", 6),
-    ("engine/server_metrics.py", 6),
-    ("engine/server_service.py", 6),
-    ("engine/middleware.py", 6),
+    ("engine/server", 6),
     ("engine/api.py", 6),
+    ("engine/scoreboard.py", 6),
     ("engine/commands", 6),
     ("engine/__init__.py", 6),
     ("cli.py", 6),
@@ -75,13 +74,89 @@ def imports_of_src(src: str) -> list[tuple[int, str]]:
     return out
 
 
+def runtime_imports_of_src(src: str) -> list[tuple[int, str]]:
+    """Like ``imports_of_src``, without imports under ``if TYPE_CHECKING:`` (they never run;
+    a type-only import back is how two modules name each other's types without a cycle)."""
+    tree = ast.parse(src)
+    out: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for stmt in child.orelse:
+                    visit_stmt(stmt)
+                continue
+            visit_stmt(child)
+
+    def visit_stmt(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+        visit(node)
+
+    visit(tree)
+    return out
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """File -> the files it imports at run time (at module level or inside functions)."""
+    graph: dict[str, set[str]] = {}
+    for rel, src in sources.items():
+        targets = set()
+        for _, module in runtime_imports_of_src(src):
+            target = module_to_path(module)
+            if target is not None and target != rel:
+                targets.add(target)
+        graph[rel] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one file (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(found)
+
+
 def violations() -> list[str]:
     bad: list[str] = []
     for path in our_files():
         rel = str(path.relative_to(REPO))
         mine = layer_of(rel)
         if mine is None:
-            bad.append(f"{rel}: not in any layer of DESIGN.md; add it to LAYERS")
+            bad.append(f"{rel}: not in any layer of docs/architecture.md; add it to LAYERS")
             continue
         for lineno, module in imports_of(path):
             target = module_to_path(module)
@@ -100,6 +175,21 @@ def violations() -> list[str]:
 
 def test_no_lower_layer_imports_a_higher_one() -> None:
     assert violations() == []
+
+
+def test_there_is_no_import_cycle() -> None:
+    sources = {str(p.relative_to(REPO)): p.read_text() for p in our_files()}
+    assert cycles(import_graph(sources)) == []
+
+
+def test_the_cycle_check_catches_a_cycle_and_ignores_type_only_imports() -> None:
+    # Two real modules made to import each other: one at top level, one inside a function.
+    a, b = "library_store/store.py", "library_store/candidates.py"
+    lazy = "def f() -> None:\n    from library_store.store import Library\n"
+    assert cycles(import_graph({a: "import library_store.candidates\n", b: lazy})) == [[b, a]]
+    type_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n" \
+                "    from library_store.store import Library\n"
+    assert cycles(import_graph({a: "import library_store.candidates\n", b: type_only})) == []
 
 
 def test_the_check_catches_a_violation() -> None:
@@ -127,3 +217,24 @@ def test_heavy_libraries_are_imported_lazily() -> None:
                 if n.split(".")[0] in heavy:
                     bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {n} at top level")
     assert bad == []
+
+
+def _function_lengths(path: Path) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append((f"{path.relative_to(REPO)}:{node.lineno} {node.name}",
+                        (node.end_lineno or node.lineno) - node.lineno + 1))
+    return out
+
+
+def test_no_file_is_a_god_file() -> None:
+    long = [f"{p.relative_to(REPO)}: {n} lines" for p in our_files()
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert long == []
+
+
+def test_the_serving_package_has_no_long_functions() -> None:
+    long = [f"{name}: {n} lines" for p in (REPO / "engine" / "server").rglob("*.py")
+            for name, n in _function_lengths(p) if n > 80]
+    assert long == []

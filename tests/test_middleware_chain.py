@@ -27,7 +27,7 @@ from servers import Servers, free_port
 from engine.backends.registry import BackendOptions, get_backend
 from engine.backends.scripted import ScriptedBackend
 from engine.server import create_app
-from engine.server_middleware import TRACE_HEADER, VERSION_HEADER
+from engine.server.guard import TRACE_HEADER, VERSION_HEADER
 from library_store.store import Library
 from library_store.traces import TraceStore
 

@@ -14,7 +14,7 @@ from middleware_support import SKILLS, make_adapter, wait_for_trace
 from servers import Servers
 
 from engine.server import create_app
-from engine.server_middleware import TRACE_HEADER, VERSION_HEADER
+from engine.server.guard import TRACE_HEADER, VERSION_HEADER
 from library_store.store import Library
 from library_store.traces import TraceStore
 

@@ -18,7 +18,7 @@ from servers import Servers
 
 from engine.backends.scripted import ScriptedBackend
 from engine.server import create_app
-from engine.server_middleware import TRACE_HEADER
+from engine.server.guard import TRACE_HEADER
 from engine.types import Request
 from library_store.traces import TraceStore
 
@@ -73,7 +73,7 @@ async def test_200_concurrent_requests_are_answered_recorded_and_memory_stays_fl
                 trace = stored[trace_id]
                 assert (trace.task, trace.answer, trace.outcome) == (text, answer, "answered")
                 assert trace.library_version == "v2" and trace.meta["skills"]["shown"]
-            assert app.state.service.admitted == 0  # every queue place was given back
+            assert app.state.server.service.admitted == 0  # every queue place was given back
             backend.requests.clear()  # the double keeps every request; the server must not
             gc.collect()
             rss.append(process.memory_info().rss / 2**20)

@@ -28,10 +28,10 @@ from servers import Servers
 
 from engine.backends.base import Backend
 from engine.backends.scripted import ScriptedBackend
-from engine.runtime.chat import ChatAdapter
 from engine.runtime.plugins import Guidance, Plugin
 from engine.server import create_app
-from engine.server_middleware import TRACE_HEADER, VERSION_HEADER
+from engine.server.adapter import ChatAdapter
+from engine.server.guard import TRACE_HEADER, VERSION_HEADER
 from library_store.store import Library
 from library_store.traces import TraceStore
 
@@ -325,9 +325,9 @@ def test_feedback_on_a_trace_written_before_this_server_started(
 def test_feedback_on_a_trace_stuck_in_the_queue_is_a_503(serve: Callable[..., Served],
                                                          monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    from engine import server_middleware
+    from engine.server import recording
 
-    monkeypatch.setattr(server_middleware, "LABEL_WAIT_S", 0.2)
+    monkeypatch.setattr(recording, "LABEL_WAIT_S", 0.2)
     s = serve(ScriptedBackend(responder=echo))
     stuck = threading.Event()
     real = s.store.append_many
@@ -528,7 +528,7 @@ def test_shutdown_writes_every_queued_trace(library: Library, tmp_path: Path) ->
     adapter = make_adapter(library, backend)
     store = TraceStore(tmp_path / "traces")
     app = create_app(backend, model_name="tiny", adapter=adapter, traces=store)
-    writer = app.state.middleware.traces
+    writer = app.state.server.pipeline.traces
     ids = []
     written_before_exit = 0
     with Servers() as servers:

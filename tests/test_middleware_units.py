@@ -15,20 +15,20 @@ import pytest
 
 from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError, NotFound, WhetstoneError
-from engine.runtime.chat import (
+from engine.runtime.plugins import Guidance, Plugin
+from engine.server.adapter import (
     Adapted,
     ChatAdapter,
     ChatSwitches,
     chat_query,
-    chat_trace,
-    check_feedback,
     inject_guidance,
     inject_guidance_dicts,
 )
-from engine.runtime.embed_cache import CachedEmbedder
-from engine.runtime.plugins import Guidance, Plugin
-from engine.server_metrics import Counter, Gauge, Histogram, Metrics
-from engine.server_middleware import TraceWriter, key_matches, load_api_keys
+from engine.server.embed_cache import CachedEmbedder
+from engine.server.exchange import chat_trace, check_feedback
+from engine.server.guard import key_matches, load_api_keys
+from engine.server.metrics import Counter, Gauge, Histogram, Metrics
+from engine.server.recording import TraceWriter
 from engine.types import Completion, Message, Request
 from library_store.traces import TraceStore
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.methods.skill_edits import (
+from engine.errors import ParseError
+from engine.replies import extract_json_object
+from skills.edits import (
     Edit,
     EditError,
     SkillPatch,
     apply_edit,
     apply_patch,
-    extract_json_object,
     patch_from_json_text,
     sections,
 )
@@ -128,8 +129,11 @@ def test_json_is_found_in_fences_prose_and_repaired() -> None:
     assert extract_json_object(raw)["changelog"] == "c"
     raw2 = '{"reasoning": "line one\nline two", "edits": []}'
     assert extract_json_object(raw2)["reasoning"] == "line one\nline two"
-    with pytest.raises(EditError, match="not a JSON patch"):
+    with pytest.raises(ParseError, match="not a JSON object") as err:
         extract_json_object("I think the skill is fine.")
+    assert err.value.raw == "I think the skill is fine."  # the raw reply travels with it
+    with pytest.raises(ParseError, match="the reply is not a JSON patch"):
+        patch_from_json_text("I think the skill is fine.")
     with pytest.raises(EditError, match="no 'edits' list"):
         patch_from_json_text('{"reasoning": "r"}')
 

@@ -9,7 +9,6 @@ import pytest
 
 from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError
-from engine.methods.skill_edits import Edit, SkillPatch, apply_patch
 from engine.methods.trace2skill import (
     Trace2Skill,
     Trace2SkillConfig,
@@ -19,6 +18,7 @@ from engine.methods.trace2skill import (
     reduce_patches,
 )
 from engine.types import Request, Trace
+from skills.edits import Edit, SkillPatch, apply_patch
 
 BASE = draft_skill("word-math", "Solve arithmetic word problems.")
 LIB = {f"skills/word-math/{k}": v for k, v in BASE.items()}

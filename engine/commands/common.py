@@ -21,13 +21,16 @@ from engine.paths import whetstone_home
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Exit codes: 0 ok, 1 generic failure, 2 usage/config, 3 model missing, 4 backend, 5 library,
-# 6 not found, 7 eval, 130 interrupted (Ctrl-C). WhetstoneError subclasses carry theirs.
+# 6 not found, 7 eval (each WhetstoneError subclass carries its own ``exit_code``), 8 the run
+# stopped without an answer (horizon, budget, time), 130 interrupted (Ctrl-C).
+EXIT_NO_ANSWER = 8
 EXIT_INTERRUPTED = 130
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console; pass ``stderr=True`` for progress and diagnostics."""
-    return Console(stderr=stderr, highlight=False)
+    """A rich console; pass ``stderr=True`` for progress and diagnostics. No emoji codes:
+    text such as ``pkg:X:`` (an import path, model output) prints as written."""
+    return Console(stderr=stderr, highlight=False, emoji=False)
 
 
 def emit_json(obj: Any) -> None:
@@ -86,3 +89,38 @@ def model_option(fn: F) -> F:
 
 def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")(fn)
+
+
+def methods_option(fn: F) -> F:
+    """``--methods a,b`` and ``--method-config NAME.KEY=VALUE``: runtime methods for the run
+    (``whetstone methods`` lists them)."""
+    fn = click.option("--method-config", "method_config", multiple=True, metavar="NAME.KEY=V",
+                      help="Set one knob of a runtime method; repeat for more.")(fn)
+    return click.option("--methods", "methods", default="", metavar="A,B",
+                        help="Runtime methods to use besides skills, comma-separated "
+                             "(`whetstone methods` lists them).")(fn)
+
+
+def parse_methods(methods: str, method_config: tuple[str, ...] = ()
+                  ) -> list[tuple[str, dict[str, Any]]]:
+    """``--methods`` and ``--method-config`` as ``Engine(methods=...)`` takes them; unknown
+    names and badly written settings are a ``ConfigError``."""
+    from engine.errors import ConfigError
+    from engine.methods.base import options_from_text
+    from engine.methods.registry import default_registry
+
+    names = [n.strip() for n in methods.split(",") if n.strip()]
+    raw: dict[str, dict[str, str]] = {n: {} for n in names}
+    for item in method_config:
+        target, eq, value = item.partition("=")
+        name, dot, key = target.strip().partition(".")
+        if not eq or not dot or not key:
+            raise ConfigError(f"cannot read --method-config {item!r}",
+                              hint="write NAME.KEY=VALUE, e.g. skills.k=3")
+        if name not in raw:
+            raise ConfigError(f"--method-config sets {name!r}, which --methods does not list",
+                              hint=f"add it: --methods {','.join([*names, name])}")
+        raw[name][key] = value
+    registry = default_registry()
+    return [(n, options_from_text(registry.entry("runtime", n).load().config_class, raw[n],
+                                  method=n)) for n in names]

@@ -1,8 +1,8 @@
 """``whetstone eval``: score a library version on a task set, compare two, write the report.
 
-The command does not build agents itself: ``cli.py`` puts a ``solver_factory`` in ``ctx.obj``,
-``solver_factory(model_spec, library_path, version) -> solver`` where a solver is
-``(task, seed) -> Trace`` (see ``engine.evaluation.runner``). Tests inject a scripted one.
+The agent comes from ``engine.api.solver_factory``: ``factory(model_spec, library_path,
+version) -> solver`` where a solver is ``(task, seed) -> Trace`` (see
+``engine.evaluation.runner``). Tests inject a scripted one as ``obj={"solver_factory": ...}``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from engine.commands.common import (
     handle_errors,
     json_option,
     library_option,
+    methods_option,
     model_option,
+    parse_methods,
 )
 from engine.errors import ConfigError, EvalError
 from engine.evaluation.benchmarks import BENCHMARKS, load_tasks
@@ -45,13 +47,16 @@ from library_store.traces import TraceStore
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
 
 
-def _factory(ctx: click.Context) -> SolverFactory:
+def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...]
+             ) -> SolverFactory:
+    """The injected factory (tests), else the agent of ``engine.api`` with ``--methods``."""
     obj = ctx.obj if isinstance(ctx.obj, dict) else {}
     factory = obj.get("solver_factory")
-    if factory is None:
-        raise ConfigError("`whetstone eval` was started without a solver factory",
-                          hint="run it through the `whetstone` CLI, which provides the agent")
-    return factory
+    if factory is not None:
+        return factory
+    from engine.api import solver_factory
+
+    return solver_factory(methods=parse_methods(methods, method_config))
 
 
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None, concurrency: int,
@@ -144,12 +149,14 @@ def _finish(results: list[EvalResult]) -> None:
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="First N tasks only.")
 @click.option("--compare", "compare_versions", nargs=2, default=None, metavar="V1 V2",
               help="Run two library versions on the same tasks and compare them.")
+@methods_option
 @json_option
 @click.pass_context
 @handle_errors
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
              version: str | None, concurrency: int, seed: int, scorer: str | None,
-             limit: int | None, compare_versions: tuple[str, str] | None, as_json: bool) -> None:
+             limit: int | None, compare_versions: tuple[str, str] | None, methods: str,
+             method_config: tuple[str, ...], as_json: bool) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task."""
     if ctx.invoked_subcommand is not None:
         return
@@ -158,7 +165,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     if compare_versions and version:
         raise ConfigError("--version and --compare cannot be combined",
                           hint="--compare V1 V2 names both versions")
-    factory = _factory(ctx)
+    factory = _factory(ctx, methods, method_config)
     tasks = load_tasks(tasks_spec, limit=limit)
     err = console(stderr=True)
     for problem in tasks.problems:

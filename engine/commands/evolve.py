@@ -1,13 +1,18 @@
-"""``whetstone evolve``: turn recorded traces into library changes, gated by eval.
+"""``whetstone evolve METHOD``: turn recorded traces into library changes, gated by eval.
 
     whetstone evolve trace2skill --tasks gsm8k@train:0:20 --skill word-math --create
     whetstone evolve trace2skill --skill word-math --traces "outcome=answered,score<1" --dry-run
+
+One command per registered evolver (``engine.methods.registry``), built when asked for: its
+own options come from its config dataclass (``engine.methods.base.knob`` fields), the shared
+ones (which traces, which models, the gate) are the same for every evolver, and the command is
+one call to ``Engine.evolve``.
 """
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timezone
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -33,40 +38,151 @@ from engine.commands.common import (
 )
 from engine.errors import ConfigError
 
-_FILTER = re.compile(r"^\s*(\w+)\s*(<=|>=|=|<|>)\s*(.+?)\s*$")
+_CONFIG = "config__"  # prefix of the parameters that come from the evolver's config
 
 
-def parse_trace_filter(text: str | None) -> dict[str, Any]:
-    """``"outcome=answered,score<1,version=v2,since=2026-11-01,task=apples"`` -> TraceQuery
-    keyword arguments."""
-    out: dict[str, Any] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
+def _shared_options() -> list[click.Option]:
+    """The options every evolver takes (fresh objects per command)."""
+    decorators = [
+        click.option("--tasks", "tasks_spec", default=None, metavar="SET",
+                     help="Learn from the traces of this task set (run it first if none are "
+                          "stored)."),
+        click.option("--traces", "trace_filter", default=None, metavar="FILTER",
+                     help='e.g. "outcome=answered,score<1,version=v2,since=2026-11-01"'),
+        click.option("--limit", type=int, default=None, help="Use at most N (newest) traces."),
+        model_option,
+        click.option("--analyst", default=None, help="Analyst model spec (default: the "
+                                                     "--model)."),
+        click.option("--gate-tasks", default=None, metavar="SET",
+                     help="Held-out tasks for the gate (default: the traces' own tasks)."),
+        click.option("--gate-rule", default="not_worse", show_default=True),
+        click.option("--concurrency", "-j", type=click.IntRange(min=1), default=1,
+                     show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--candidate", "candidate_name", default=None,
+                     help="Name for the candidate kept when the gate rejects the change."),
+        click.option("--dry-run", is_flag=True,
+                     help="Print the merged patch as a diff; write nothing."),
+        library_option,
+        json_option,
+    ]
+
+    def collect() -> None:
+        return None
+
+    for decorate in decorators:  # each appends its option, so this keeps their order
+        collect = decorate(collect)
+    return list(collect.__click_params__)  # type: ignore[attr-defined]
+
+
+def _click_type(tp: Any, meta: Any) -> tuple[Any, bool] | None:
+    """(click type, is a flag) for a config field's type; None when a flag cannot carry it."""
+    args = typing.get_args(tp)
+    if type(None) in args:  # X | None
+        rest = [a for a in args if a is not type(None)]
+        tp = rest[0] if len(rest) == 1 else tp
+    if meta.get("choices"):
+        return click.Choice(list(meta["choices"])), False
+    if typing.get_origin(tp) is typing.Literal:
+        return click.Choice([str(a) for a in typing.get_args(tp)]), False
+    low = meta.get("min")
+    if tp is bool:
+        return None, True
+    if tp is int:
+        return (click.IntRange(min=int(low)) if low is not None else click.INT), False
+    if tp is float:
+        return (click.FloatRange(min=low) if low is not None else click.FLOAT), False
+    if tp is str:
+        return click.STRING, False
+    return None
+
+
+def config_options(config_class: type, taken: set[str]) -> list[click.Option]:
+    """One option per CLI-settable field of an evolver's config dataclass. Fields marked
+    ``cli=False``, of types a flag cannot carry, or whose flag a shared option already uses,
+    are left out (a field named like a shared option takes that option's value)."""
+    hints = typing.get_type_hints(config_class)
+    out: list[click.Option] = []
+    for f in dataclasses.fields(config_class):
+        meta = dict(f.metadata)
+        flag = "--" + f.name.replace("_", "-")
+        required = f.default is dataclasses.MISSING and \
+            f.default_factory is dataclasses.MISSING
+        found = _click_type(hints.get(f.name), meta)
+        if not meta.get("cli", True) or flag in taken or (found is None and not required):
             continue
-        m = _FILTER.match(part)
-        if not m:
-            raise ConfigError(f"cannot read trace filter {part!r}",
-                              hint='use key=value pairs, e.g. "outcome=answered,score<1"')
-        key, op, value = m.groups()
-        if key == "score":
-            x = float(value)
-            if op in ("<", "<="):
-                out["max_score"] = x - (1e-9 if op == "<" else 0)
-            elif op in (">", ">="):
-                out["min_score"] = x + (1e-9 if op == ">" else 0)
-            else:
-                out["min_score"] = out["max_score"] = x
-        elif key in ("since", "until"):
-            out[key] = datetime.fromisoformat(value).replace(tzinfo=timezone.utc).timestamp()
-        elif key in ("outcome", "task", "task_set") and op == "=":
-            out[key] = value
-        elif key == "version" and op == "=":
-            out["library_version"] = value
-        else:
-            raise ConfigError(f"unknown trace filter {key}{op}",
-                              hint="filters: outcome=, score<|>|=, version=, task=, task_set=, "
-                                   "since=YYYY-MM-DD, until=YYYY-MM-DD")
+        if found is None:
+            raise ConfigError(f"{config_class.__name__}.{f.name} cannot be set from the "
+                              "command line but has no default",
+                              hint="give it a default, or a str/int/float/bool type")
+        kind, is_flag = found
+        default = None if required else f.default
+        if is_flag and default is True:
+            flag = f"{flag}/--no-{f.name.replace('_', '-')}"
+        show = not is_flag and default not in (None, "")
+        # A required option gets no default at all: click takes an explicit None as one.
+        extra: dict[str, Any] = {} if required else {"default": default}
+        out.append(click.Option([flag, _CONFIG + f.name], type=kind, is_flag=is_flag,
+                                required=required, show_default=show,
+                                help=meta.get("help") or None, **extra))
     return out
+
+
+def evolver_command(name: str, evolver_class: Any) -> click.Command:
+    """``whetstone evolve NAME`` for one registered evolver."""
+    shared = _shared_options()
+    taken = {o for p in shared for o in (*p.opts, *p.secondary_opts)}
+    doc = (evolver_class.__doc__ or "").strip()
+    summary = doc.split("\n\n")[0].replace("\n", " ") if doc else f"Evolve with {name}."
+
+    @handle_errors
+    def callback(**params: Any) -> None:
+        options = {k[len(_CONFIG):]: v for k, v in params.items() if k.startswith(_CONFIG)}
+        shared_values = {k: v for k, v in params.items() if not k.startswith(_CONFIG)}
+        _run(name, options, **shared_values)
+
+    return click.Command(name, params=[*config_options(evolver_class.config_class, taken),
+                                       *shared], callback=callback, help=summary,
+                         short_help=summary)
+
+
+class EvolveGroup(click.Group):
+    """The ``evolve`` group: a command per registered evolver, looked up when invoked (so
+    ``whetstone --help`` imports no method)."""
+
+    def _registry(self, ctx: click.Context) -> Any:
+        from engine.methods.registry import default_registry
+
+        return ctx.meta.setdefault("whetstone.methods", default_registry())
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return self._registry(ctx).names("evolver")
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        registry = self._registry(ctx)
+        if cmd_name not in registry.names("evolver"):
+            return None
+        try:
+            return evolver_command(cmd_name, registry.entry("evolver", cmd_name).load())
+        except ConfigError as exc:  # a broken plugin must not take `evolve --help` down
+            return _broken_command(cmd_name, exc)
+
+
+def _broken_command(name: str, error: ConfigError) -> click.Command:
+    """A command that reports why the evolver ``name`` cannot be used."""
+
+    @handle_errors
+    def callback(**_: Any) -> None:
+        raise error
+
+    return click.Command(name, callback=callback, help=f"(unusable: {error.message})",
+                         context_settings={"ignore_unknown_options": True,
+                                           "allow_extra_args": True})
+
+
+@click.group("evolve", cls=EvolveGroup)
+def evolve_group() -> None:
+    """Evolve the library from recorded traces (every change is gated by eval)."""
 
 
 def _bar(err: Any) -> Progress:
@@ -74,122 +190,55 @@ def _bar(err: Any) -> Progress:
                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err)
 
 
-@click.group("evolve")
-def evolve_group() -> None:
-    """Evolve the library from recorded traces (every change is gated by eval)."""
-
-
-@evolve_group.command("trace2skill")
-@click.option("--tasks", "tasks_spec", default=None, metavar="SET",
-              help="Learn from the traces of this task set (run it first if none are stored).")
-@click.option("--skill", required=True, help="The skill to deepen (or to create with --create).")
-@click.option("--create", is_flag=True, help="Start the skill from a draft if it is missing.")
-@click.option("--description", default="", help="Front-matter description for --create.")
-@click.option("--traces", "trace_filter", default=None, metavar="FILTER",
-              help='e.g. "outcome=answered,score<1,version=v2,since=2026-11-01"')
-@click.option("--limit", type=int, default=None, help="Use at most N (newest) traces.")
-@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Traces per analyst call.")
-@model_option
-@click.option("--analyst", default=None, help="Analyst model spec (default: the --model).")
-@click.option("--sequential", is_flag=True, help="Baseline: edit the skill one trace at a time.")
-@click.option("--executor", type=click.Choice(["asyncio", "ray"]), default="asyncio",
-              show_default=True)
-@click.option("--gate-tasks", default=None, metavar="SET",
-              help="Held-out tasks for the gate (default: the traces' own tasks).")
-@click.option("--gate-rule", default="not_worse", show_default=True)
-@click.option("--concurrency", "-j", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--candidate", "candidate_name", default=None,
-              help="Name for the candidate kept when the gate rejects the change.")
-@click.option("--dry-run", is_flag=True, help="Print the merged patch as a diff; write nothing.")
-@library_option
-@json_option
-@handle_errors
-def trace2skill_cmd(tasks_spec: str | None, skill: str, create: bool, description: str,
-                    trace_filter: str | None, limit: int | None, workers: int, batch_size: int,
-                    model: str, analyst: str | None, sequential: bool, executor: str,
-                    gate_tasks: str | None, gate_rule: str, concurrency: int, seed: int,
-                    candidate_name: str | None, dry_run: bool, library_path: Path | None,
-                    as_json: bool) -> None:
-    """Distil a skill from traces: parallel analysts, hierarchical merge, then the gate."""
+def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
+         trace_filter: str | None, limit: int | None, model: str, analyst: str | None,
+         gate_tasks: str | None, gate_rule: str, concurrency: int, seed: int,
+         candidate_name: str | None, dry_run: bool, library_path: Path | None,
+         as_json: bool) -> None:
+    """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
     from engine.api import Engine
-    from engine.backends.registry import get_backend
     from engine.evaluation.benchmarks import load_tasks
-    from engine.evaluation.runner import evaluate
-    from engine.evaluation.tasks import tasks_from_traces
-    from engine.methods.evolve import gate_and_apply, training_traces
-    from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
-    from library_store.traces import TraceQuery
 
     err = console(stderr=True)
     with err.status(f"loading {model} …"):
         engine = Engine(model, library=library_path, checkpointing=False)
-        analyst_backend = engine.backend if not analyst or analyst == model \
-            else get_backend(analyst)
-    query = parse_trace_filter(trace_filter)
-    task_set = load_tasks(tasks_spec) if tasks_spec else None
-    if task_set is not None:
-        query["task_set"] = task_set.name
-    traces = training_traces(engine.traces.query(TraceQuery(**query)), limit)
-    if not traces and task_set is not None:
-        err.print(f"no stored traces for {task_set.name}: running its {len(task_set)} tasks "
-                  "first", markup=False)
+    try:
         with _bar(err) as bar:
-            t = bar.add_task(f"collect {task_set.name}", total=len(task_set))
-            evaluate(task_set, engine.solver(), concurrency=concurrency, seed=seed,
-                     store=engine.traces, model=engine.backend.spec,
-                     on_progress=lambda done, n, r: bar.update(t, completed=done))
-        traces = training_traces(engine.traces.query(TraceQuery(**query)), limit)
-    if not traces:
-        raise ConfigError("no traces match", hint="run `whetstone eval --tasks SET` first, or "
-                                                  "widen --traces (see `whetstone traces ls`)")
-    config = Trace2SkillConfig(skill=skill, create=create, description=description,
-                               workers=workers, batch_size=batch_size, sequential=sequential,
-                               executor=executor, seed=seed)
-    with _bar(err) as bar:
-        phases: dict[str, Any] = {}
+            bars: dict[str, Any] = {}
 
-        def on_progress(phase: str, done: int, total: int) -> None:
-            if phase not in phases:
-                phases[phase] = bar.add_task(f"trace2skill {phase}", total=total)
-            bar.update(phases[phase], completed=done)
+            def on_progress(phase: str, done: int, total: int) -> None:
+                if phase not in bars:
+                    bars[phase] = bar.add_task(phase, total=total)
+                bar.update(bars[phase], completed=done, total=total)
 
-        snap = engine.library.snapshot()
-        patch = Trace2Skill(config, on_progress=on_progress).fit(
-            traces, snap.texts(f"skills/{skill}/"), analyst_backend)
-    gate_set = load_tasks(gate_tasks) if gate_tasks else tasks_from_traces(traces)
-    with _bar(err) as bar:
-        # run_gate scores the current version, then the candidate, on the same tasks.
-        bars: list[Any] = []
-
-        def on_gate(done: int, n: int, r: Any) -> None:
-            if not bars or (done == 1 and len(bars) == 1 and bar.tasks[bars[0]].completed == n):
-                bars.append(bar.add_task(f"gate: {'current' if not bars else 'candidate'}",
-                                         total=n))
-            bar.update(bars[-1], completed=done)
-
-        result = gate_and_apply(
-            patch, engine.library, make_solver=lambda s: engine.solver(snapshot=s),
-            gate_tasks=gate_set, rule=gate_rule, seed=seed, concurrency=concurrency,
-            candidate_name=candidate_name, dry_run=dry_run, on_progress=on_gate)
-    engine.close()
+            result = engine.evolve(
+                method, tasks=tasks_spec, trace_filter=trace_filter, limit=limit,
+                analyst=analyst, gate_tasks=load_tasks(gate_tasks) if gate_tasks else None,
+                rule=gate_rule, seed=seed, concurrency=concurrency,
+                candidate_name=candidate_name, dry_run=dry_run, on_progress=on_progress,
+                **options)
+    finally:
+        engine.close()
     if as_json:
         emit_json(result.to_dict())
         return
-    _print(result, len(traces))
+    _print(result)
 
 
-def _print(result: Any, n_traces: int) -> None:
+def _print(result: Any) -> None:
     out = console()
     report = result.patch.details.get("report", {})
-    mp = report.get("map", {})
+    mp = report.get("map")
     out.print(f"[bold]{escape(result.patch.message)}[/]", markup=True, soft_wrap=True)
-    out.print(f"{n_traces} traces · {mp.get('calls', 0)} analyst calls · "
-              f"{mp.get('retries', 0)} retried · {mp.get('dropped', 0)} dropped · "
-              f"{report.get('folded', 0)} folded · {report.get('conflicts_resolved', 0)} "
-              f"conflicts resolved", markup=False)
+    if mp is not None:
+        out.print(f"{result.traces} traces · {mp.get('calls', 0)} analyst calls · "
+                  f"{mp.get('retries', 0)} retried · {mp.get('dropped', 0)} dropped · "
+                  f"{report.get('folded', 0)} folded · "
+                  f"{report.get('conflicts_resolved', 0)} conflicts resolved", markup=False)
+    else:
+        calls = result.patch.costs.get("analyst_calls")
+        out.print(f"{result.traces} traces" + (f" · {calls} analyst calls" if calls is not None
+                                               else ""), markup=False)
     if result.diff:
         out.print(Syntax(result.diff, "diff", word_wrap=True))
     if result.note:

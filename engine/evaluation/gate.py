@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -180,14 +180,18 @@ def run_gate(
     candidate_version: str | None = None,
     current_version: str | None = None,
     on_progress: ProgressFn | None = None,
+    on_run: Callable[[str], None] | None = None,
 ) -> Decision:
     """Evaluate the current and the candidate library on the same tasks with the same seed,
-    then ``gate`` them. Ctrl-C during either run is re-raised (a partial run decides nothing)."""
+    then ``gate`` them. Ctrl-C during either run is re-raised (a partial run decides nothing).
+    ``on_run("current" | "candidate")`` is called as each of the two runs starts."""
     parse_rule(rule)  # a bad rule fails before any task runs
     chosen = gate_tasks(tasks)
     runs: dict[str, EvalResult] = {}
     for which, solver, version in (("current", solve_with_current, current_version),
                                    ("candidate", solve_with_candidate, candidate_version)):
+        if on_run is not None:
+            on_run(which)
         runs[which] = evaluate(
             chosen, solver, scorer, concurrency=concurrency, seed=seed, on_progress=on_progress,
             store=store, library_version=version, label=which if version is None else None,

@@ -25,31 +25,40 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 20] + " …[cut]… " + text[-15:]
 
 
+def _line(kind: str, **values: Any) -> str:
+    return render_prompt(f"analyst_trace.yaml#{kind}", **values)
+
+
 def render_trace(trace: Trace, *, max_chars: int = 6000, step_chars: int = 700) -> str:
-    """A compact, readable account of a run: thoughts, actions, observations, answer."""
-    lines = [f"Task: {trace.task}"]
+    """A compact, readable account of a run: thoughts, actions, observations, answer (the
+    wording of each line is ``engine/prompts/analyst_trace.yaml``)."""
+    lines = [_line("task", task=trace.task)]
     for step in trace.steps:
         if step.kind == "think" and isinstance(step.output, Mapping):
             text = (step.output.get("completion") or {}).get("text", "")
             calls = (step.output.get("completion") or {}).get("tool_calls") or []
             if text.strip():
-                lines.append(f"Model: {_clip(text, step_chars)}")
+                lines.append(_line("model", text=_clip(text, step_chars)))
             for c in calls:
                 fn = c.get("function", c)
-                lines.append(f"Model calls {fn.get('name')}({_clip(str(fn.get('arguments')), 200)})")
+                lines.append(_line("call", name=fn.get("name"),
+                                   arguments=_clip(str(fn.get("arguments")), 200)))
         elif step.kind == "think" and step.error:
-            lines.append(f"Model call failed: {step.error}")
+            lines.append(_line("call_failed", error=step.error))
         elif step.kind == "act" and isinstance(step.output, Mapping):
             obs = step.output.get("observation")
             if obs is not None:
-                lines.append(f"Tool {step.input.get('tool')} returned: {_clip(str(obs), 300)}")
+                lines.append(_line("tool", tool=step.input.get("tool"),
+                                   observation=_clip(str(obs), 300)))
         elif step.kind == "observe":
-            lines.append(f"(reply could not be parsed: {step.error})")
+            lines.append(_line("unparseable", error=step.error))
         elif step.kind in ("rubric", "verify") and step.output:
-            lines.append(f"[{step.kind}] {_clip(json.dumps(step.output), 300)}")
-    lines.append(f"Final answer: {trace.answer if trace.answer is not None else '(none)'}")
-    lines.append(f"Outcome: {trace.outcome}" + (f" ({trace.meta.get('reason')})"
-                                                if trace.outcome != "answered" else ""))
+            lines.append(_line("checked", kind=step.kind,
+                               output=_clip(json.dumps(step.output), 300)))
+    answer = trace.answer if trace.answer is not None else _line("no_answer")
+    lines.append(_line("answer", answer=answer))
+    lines.append(_line("outcome", outcome=trace.outcome) if trace.outcome == "answered" else
+                 _line("outcome_reason", outcome=trace.outcome, reason=trace.meta.get("reason")))
     return _clip("\n".join(lines), max_chars)
 
 

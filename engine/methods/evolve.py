@@ -1,11 +1,15 @@
-"""Gate a ``LibraryPatch`` and land it: the same path for every evolver.
+"""The one path every evolver takes, from stored traces to a new library version.
 
-    patch -> preview snapshot -> run_gate(current vs preview on the gate tasks)
-          -> accepted: commit as a new version (decision, costs in the manifest)
-          -> rejected: kept as a named candidate (inspect and apply it by hand later)
+    select traces (a filter over the store; run the task set first when none are stored)
+    -> evolver.fit(traces, snapshot, analyst, labels, context=...) -> LibraryPatch
+    -> preview snapshot -> run_gate(current vs preview on the gate tasks)
+    -> accepted: commit as a new version (decision, costs in the manifest)
+    -> rejected: kept as a named candidate (inspect and apply it by hand later)
 
 ``make_solver(snapshot)`` builds the agent's solver over a library snapshot; the caller
-(``Engine``) injects it, so this module knows nothing about backends.
+(``Engine.evolve``) injects it, so this module knows nothing about backends. Progress is
+reported as ``on_progress(phase, done, total)``: ``collect <set>``, ``<method> <phase>``,
+``gate: current``, ``gate: candidate``.
 """
 
 from __future__ import annotations
@@ -13,30 +17,59 @@ from __future__ import annotations
 import difflib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.backends.base import Backend
+from engine.errors import ConfigError
 from engine.evaluation.gate import Decision, run_gate
-from engine.evaluation.runner import ProgressFn, Solver
-from engine.evaluation.tasks import TaskRecord, TaskSet
-from engine.methods.base import LibraryPatch
+from engine.evaluation.runner import ProgressFn, Solver, evaluate
+from engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
+from engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
 from engine.types import LibraryVersion, Trace
 from library_store.store import Library, Snapshot
+from library_store.traces import TraceQuery
 from skills.loader import validate_snapshot
 
 
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:
-    """What an evolver learns from: finished runs, without the gate's own runs (they score
-    libraries that may never be committed, often on held-out tasks that must not leak into
-    training). Oldest first; the newest ``limit`` when given."""
-    kept = [t for t in traces if t.outcome != "running" and "gate" not in t.meta]
+    """What an evolver learns from: finished runs, without the gate's own runs and an
+    evolver's runs over a preview (they score libraries that may never be committed, the
+    gate's often on held-out tasks that must not leak into training). Oldest first; the
+    newest ``limit`` when given."""
+    kept = [t for t in traces if t.outcome != "running" and "gate" not in t.meta
+            and "evolve_preview" not in t.meta]
     return kept[-limit:] if limit else kept
+
+
+def select_traces(library: Library, query: TraceQuery, *, limit: int | None = None,
+                  tasks: TaskSet | None = None, make_solver: Callable[[Snapshot | None], Solver]
+                  | None = None, concurrency: int = 1, seed: int = 0, model: str = "",
+                  on_progress: Progress | None = None) -> list[Trace]:
+    """The training traces ``query`` selects (``training_traces``). With ``tasks``, only that
+    set's traces; when none are stored yet and ``make_solver`` is given, the set is run first
+    (phase ``collect <name>``). ``ConfigError`` when nothing matches."""
+    if tasks is not None:
+        query = replace(query, task_set=tasks.name)
+    traces = training_traces(library.traces.query(query), limit)
+    if not traces and tasks is not None and make_solver is not None:
+        report = on_progress or (lambda phase, done, total: None)
+        phase = f"collect {tasks.name}"
+        report(phase, 0, len(tasks))
+        evaluate(tasks, make_solver(None), concurrency=concurrency, seed=seed,
+                 store=library.traces, model=model or None,
+                 on_progress=lambda done, n, r: report(phase, done, n))
+        traces = training_traces(library.traces.query(query), limit)
+    if not traces:
+        raise ConfigError("no traces match", hint="run `whetstone eval --tasks SET` first, or "
+                                                  "widen --traces (see `whetstone traces ls`)")
+    return traces
 
 
 @dataclass
 class EvolveResult:
     """What happened to a patch. Exactly one of ``version`` / ``candidate`` is set when the
-    gate ran; neither on a dry run or an empty patch."""
+    gate ran; neither on a dry run or an empty patch. ``traces``: how many it learned from."""
 
     patch: LibraryPatch
     diff: str
@@ -45,6 +78,7 @@ class EvolveResult:
     candidate: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    traces: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +88,7 @@ class EvolveResult:
             "version": self.version.id if self.version else None,
             "candidate": self.candidate, "seconds": self.seconds, "note": self.note,
             "details": dict(self.patch.details), "costs": dict(self.patch.costs),
+            "traces": self.traces,
         }
 
 
@@ -87,8 +122,10 @@ def gate_and_apply(
     dry_run: bool = False,
     on_progress: ProgressFn | None = None,
     on_phase: Callable[[str], None] | None = None,
+    on_run: Callable[[str], None] | None = None,
 ) -> EvolveResult:
-    """Score ``patch`` against the current version and land it as a version or a candidate."""
+    """Score ``patch`` against the current version and land it as a version or a candidate.
+    ``on_run`` is told which of the gate's two runs ("current", "candidate") starts."""
     say = on_phase or (lambda phase: None)
     current = library.snapshot()
     diff = patch_diff(library, patch.changes, current)
@@ -111,7 +148,7 @@ def gate_and_apply(
     decision = run_gate(
         gate_tasks, make_solver(preview), make_solver(current), rule=rule, seed=seed,
         concurrency=concurrency, store=library.traces, candidate_version=preview.id,
-        current_version=current.id, on_progress=on_progress)
+        current_version=current.id, on_progress=on_progress, on_run=on_run)
     result.seconds["gate"] = round(time.perf_counter() - start, 3)
     result.decision = decision
     scores = {"gate": decision.to_dict()}
@@ -132,3 +169,58 @@ def _save_candidate(library: Library, patch: LibraryPatch, name: str | None,
     cand = library.candidates.save(name, patch.changes, method=patch.method,
                                    message=patch.message, scores=scores, costs=dict(patch.costs))
     return cand.name
+
+
+def evolve(
+    evolver: Evolver,
+    library: Library,
+    *,
+    analyst: Backend,
+    make_solver: Callable[[Snapshot | None], Solver],
+    traces: Sequence[Trace] | None = None,
+    query: TraceQuery | None = None,
+    limit: int | None = None,
+    tasks: TaskSet | None = None,
+    labels: Mapping[str, str] | None = None,
+    gate_tasks: TaskSet | Sequence[TaskRecord] | str | None = None,
+    rule: str = "not_worse",
+    seed: int = 0,
+    concurrency: int = 1,
+    candidate_name: str | None = None,
+    dry_run: bool = False,
+    model: str = "",
+    max_agent_runs: int | None = None,
+    on_progress: Progress | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> EvolveResult:
+    """Learn from traces with ``evolver`` and land the patch through the gate.
+
+    ``traces`` are used as given; otherwise ``query`` (default: every finished trace)
+    selects them from the library's store, newest ``limit``, only ``tasks``' own when given
+    (running ``tasks`` first when none are stored). The gate scores on ``gate_tasks``
+    (default: the traces' own tasks).
+    """
+    report = on_progress or (lambda phase, done, total: None)
+    say = on_phase or (lambda phase: None)
+    chosen = list(traces) if traces is not None else select_traces(
+        library, query or TraceQuery(), limit=limit, tasks=tasks, make_solver=make_solver,
+        concurrency=concurrency, seed=seed, model=model, on_progress=report)
+    context = EvolveContext(
+        library=library, make_solver=make_solver, tasks=tasks, store=library.traces,
+        model=model, seed=seed, concurrency=concurrency, max_agent_runs=max_agent_runs,
+        on_progress=lambda phase, done, total: report(f"{evolver.name} {phase}", done, total),
+        on_phase=say)
+    say("fit")
+    start = time.perf_counter()
+    patch = evolver.fit(chosen, library.snapshot(), analyst, labels, context=context)
+    fit_s = round(time.perf_counter() - start, 3)
+    gate_set = gate_tasks if gate_tasks is not None else tasks_from_traces(chosen)
+    which: list[str] = []
+    result = gate_and_apply(
+        patch, library, make_solver=make_solver, gate_tasks=gate_set, rule=rule, seed=seed,
+        concurrency=concurrency, candidate_name=candidate_name, dry_run=dry_run,
+        on_progress=lambda done, n, r: report(f"gate: {which[-1]}", done, n),
+        on_phase=say, on_run=which.append)
+    result.traces = len(chosen)
+    result.seconds["fit"] = fit_s
+    return result

@@ -18,8 +18,8 @@ from engine.errors import ModelNotInstalled
 from engine.types import Trace
 
 if TYPE_CHECKING:
-    from engine.methods.skill_edits import SkillPatch
     from engine.methods.trace2skill import Trace2Skill
+    from skills.edits import SkillPatch
 
 
 def _portable(analyst: Backend) -> Backend | str:
@@ -34,10 +34,11 @@ def _portable(analyst: Backend) -> Backend | str:
 class _Worker:
     """One analyst per actor; built lazily inside the worker process."""
 
-    def __init__(self, config: Any, analyst: Backend | str) -> None:
-        from engine.methods.trace2skill import Trace2Skill
-
-        self.t2s = Trace2Skill(config)
+    def __init__(self, evolver_class: type[Trace2Skill], config: Any,
+                 analyst: Backend | str) -> None:
+        # The class travels by reference (Ray pickles it by import path), so this module never
+        # imports trace2skill, which imports it.
+        self.t2s = evolver_class(config)
         self._analyst = analyst
 
     def _backend(self) -> Backend:
@@ -49,9 +50,7 @@ class _Worker:
 
     def analyse(self, index: int, batch: list[Trace], base: dict[str, str],
                 labels: dict[str, str] | None) -> tuple[int, Any, Any]:
-        from engine.methods.trace2skill import Trace2SkillReport
-
-        self.t2s.report = Trace2SkillReport()  # this call's costs only
+        self.t2s.report = type(self.t2s.report)()  # this call's costs only
         patch = asyncio.run(self.t2s._analyse(batch, base, self._backend(), labels,
                                               self.t2s.config.seed + index))
         return index, patch, self.t2s.report.map
@@ -74,7 +73,7 @@ def map_on_ray(t2s: Trace2Skill, batches: Sequence[list[Trace]], base: Mapping[s
     try:
         Actor = ray.remote(num_cpus=1)(_Worker)
         shipped = _portable(analyst)
-        actors = [Actor.remote(t2s.config, shipped) for _ in range(t2s.config.workers)]
+        actors = [Actor.remote(type(t2s), t2s.config, shipped) for _ in range(t2s.config.workers)]
         pending = [actors[i % len(actors)].analyse.remote(i, batch, dict(base),
                                                           dict(labels) if labels else None)
                    for i, batch in enumerate(batches)]

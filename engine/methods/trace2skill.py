@@ -2,7 +2,7 @@
 
     MAP     one analyst call per trace (or per small batch), ``workers`` at a time; failure
             analysts name the root cause and the fix, success analysts extract what worked;
-            each returns a JSON patch (see ``skill_edits``), checked against the skill and
+            each returns a JSON patch (see ``skills.edits``), checked against the skill and
             retried once with the error shown, then dropped and counted.
     REDUCE  merge patches in groups of ``group_size``, level by level (at most ``max_levels``),
             into one patch whose edits never touch the same lines: duplicates fold (keeping
@@ -20,13 +20,18 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.backends.base import Backend
 from engine.errors import ConfigError
 from engine.methods.analyst import AnalystStats, ask_parsed, render_trace
-from engine.methods.base import LibraryPatch
-from engine.methods.skill_edits import (
+from engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
+from engine.prompts import load_prompt, render_prompt
+from engine.types import Trace
+
+if TYPE_CHECKING:
+    from library_store.store import Snapshot
+from skills.edits import (
     Edit,
     EditError,
     SkillPatch,
@@ -36,30 +41,29 @@ from engine.methods.skill_edits import (
     region_of,
     render_files,
 )
-from engine.methods.skill_limits import enforce_limits
-from engine.prompts import load_prompt, render_prompt
-from engine.types import Trace
+from skills.limits import enforce_limits
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 @dataclass(frozen=True)
 class Trace2SkillConfig:
-    """Knobs with DESIGN.md's defaults."""
+    """Knobs, with the defaults docs/architecture.md gives for Trace2Skill."""
 
-    skill: str
-    create: bool = False  # start from a weak draft when the skill does not exist
-    description: str = ""  # for a created skill's front matter
-    workers: int = 4
-    batch_size: int = 1  # traces per analyst call
-    temperature: float = 0.3
-    max_tokens: int = 1024
-    group_size: int = 5
-    max_levels: int = 5
-    sequential: bool = False
-    executor: str = "asyncio"  # or "ray"
-    seed: int = 0
-    success_threshold: float = 1.0  # a trace scoring at least this is a success
+    skill: str = knob(help="The skill to deepen (or to create with --create).")
+    create: bool = knob(False, help="Start the skill from a draft if it is missing.")
+    description: str = knob("", help="Front-matter description for --create.")
+    workers: int = knob(4, help="Analyst calls in flight at once.", min=1)
+    batch_size: int = knob(1, help="Traces per analyst call.", min=1)
+    temperature: float = knob(0.3, help="The analyst's sampling temperature.", min=0)
+    max_tokens: int = knob(1024, help="Most tokens per analyst reply.", min=1)
+    group_size: int = knob(5, help="Patches merged per group, level by level.", min=2)
+    max_levels: int = knob(5, help="Most levels of the merge tree.", min=1)
+    sequential: bool = knob(False, help="Baseline: edit the skill one trace at a time.")
+    executor: str = knob("asyncio", help="Where the analysts run.", choices=("asyncio", "ray"))
+    seed: int = knob(0, cli=False)  # set from the shared --seed
+    success_threshold: float = knob(
+        1.0, help="A trace scoring at least this counts as a success.")
 
 
 @dataclass
@@ -213,9 +217,14 @@ def draft_skill(name: str, description: str) -> dict[str, str]:
 
 
 class Trace2Skill:
-    """The evolver. ``fit`` returns a ``LibraryPatch`` for ``skills/<skill>/``."""
+    """Distil a skill from traces: parallel analysts, hierarchical merge, then the gate.
+
+    The evolver (``engine.methods.base.Evolver``): ``fit`` returns a ``LibraryPatch`` for
+    ``skills/<skill>/``.
+    """
 
     name = "trace2skill"
+    config_class = Trace2SkillConfig
 
     def __init__(self, config: Trace2SkillConfig, on_progress: Progress | None = None) -> None:
         if config.workers < 1 or config.batch_size < 1:
@@ -224,8 +233,8 @@ class Trace2Skill:
         self.on_progress = on_progress or (lambda phase, done, total: None)
         self.report = Trace2SkillReport()
 
-    # The skill's current files: library-relative paths under skills/<name>/.
     def base_files(self, library_files: Mapping[str, str]) -> dict[str, str]:
+        """The skill's files relative to its folder (a draft when it is to be created)."""
         cfg = self.config
         files = _strip_prefix(library_files, f"skills/{cfg.skill}/")
         if files.get("SKILL.md"):
@@ -236,13 +245,21 @@ class Trace2Skill:
                                    "`whetstone library ls` to see the skills")
         return draft_skill(cfg.skill, cfg.description)
 
-    def fit(self, traces: Sequence[Trace], library_files: Mapping[str, str], analyst: Backend,
-            labels: Mapping[str, str] | None = None) -> LibraryPatch:
-        """Run MAP, REDUCE and APPLY (or the sequential baseline) and return the patch."""
-        return asyncio.run(self.afit(traces, library_files, analyst, labels))
+    def fit(self, traces: Sequence[Trace], library: Snapshot | Mapping[str, str],
+            analyst: Backend, labels: Mapping[str, str] | None = None, *,
+            context: EvolveContext | None = None) -> LibraryPatch:
+        """Run MAP, REDUCE and APPLY (or the sequential baseline) and return the patch.
+        ``library``: the version to learn against (or its files as ``{path: text}``);
+        ``context`` supplies progress reporting (Trace2Skill never runs the agent)."""
+        if context is not None:
+            self.on_progress = context.on_progress
+        files = library_texts(library, f"skills/{self.config.skill}/")
+        return asyncio.run(self.afit(traces, files, analyst, labels))
 
     async def afit(self, traces: Sequence[Trace], library_files: Mapping[str, str],
                    analyst: Backend, labels: Mapping[str, str] | None = None) -> LibraryPatch:
+        """``fit`` on an event loop; ``library_files`` are the library's files as
+        ``{path: text}`` (those under ``skills/<skill>/`` are read)."""
         cfg = self.config
         if not traces:
             raise ConfigError("no traces to learn from",
@@ -292,10 +309,11 @@ class Trace2Skill:
         else:
             blocks = []
             for i, t in enumerate(batch, 1):
-                verdict = "SUCCEEDED" if _is_success(t, self.config.success_threshold) \
-                    else "FAILED"
-                blocks.append(f"### Run {i}: {verdict} (expected answer: {_label(t, labels)})\n"
-                              f"{render_trace(t, max_chars=2500)}")
+                verdict = "success" if _is_success(t, self.config.success_threshold) \
+                    else "failure"
+                blocks.append(render_prompt(f"trace2skill_batch_run.yaml#{verdict}", number=i,
+                                            expected=_label(t, labels),
+                                            trace=render_trace(t, max_chars=2500)))
             user = render_prompt("trace2skill_batch", skill=skill, count=len(batch),
                                  traces="\n\n".join(blocks))
         return [{"role": "system", "content": load_prompt("trace2skill_system")},

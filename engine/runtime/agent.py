@@ -20,7 +20,7 @@ from engine.errors import WhetstoneError
 from engine.runtime.checkpoints import Checkpoints
 from engine.runtime.graph import build_graph
 from engine.runtime.nodes import build_trace
-from engine.runtime.plugins import Plugin
+from engine.runtime.plugins import ModelCall, Plugin
 from engine.runtime.state import AgentContext, AgentState, RunConfig
 from engine.types import Step, Trace
 from library_store.traces import TraceStore
@@ -76,8 +76,21 @@ class Agent:
             backend=backend, toolbox=Toolbox.of(all_tools), config=self.config,
             plugins=self.plugins, trace_store=trace_store, library_version=library_version,
         )
+        call: ModelCall = backend.complete
+        for p in self.plugins:
+            call = p.wrap_model(call, backend)
+        if call is not backend.complete:
+            self.context.model_call = call
         saver = checkpoints.saver if checkpoints is not None else None
         self.graph = build_graph(self.plugins).compile(checkpointer=saver)
+
+    def _run_context(self, task: str, start: float, seed: int | None = None) -> AgentContext:
+        """The context of one run: a fresh wall clock, and the config the plugins chose for
+        ``task`` (after ``seed`` overrides the configured one)."""
+        config = self.config if seed is None else dataclasses.replace(self.config, seed=seed)
+        for p in self.plugins:
+            config = p.adjust_config(task, config)
+        return dataclasses.replace(self.context, clock_start=start, config=config)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -106,11 +119,10 @@ class Agent:
             [{"role": "user", "content": task}],
             "steps": [], "pending": [], "answer_tools": [dict(t) for t in answer_tools],
             "answer": None, "outcome": None, "reason": None, "n_calls": 0, "tokens": 0,
-            "started": now, "meta": dict(meta or {}),
+            "started": now,
+            "meta": {**dict(meta or {}), "methods": [p.describe() for p in self.plugins]},
         }
-        ctx = dataclasses.replace(self.context, clock_start=now)
-        if seed is not None:
-            ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, seed=seed))
+        ctx = self._run_context(task, now, seed)
         if self.trace_store is not None:
             self.trace_store.append(build_trace(state, ctx, outcome="running"))
         if self.checkpoints is not None:
@@ -124,9 +136,8 @@ class Agent:
             raise WhetstoneError("this agent has no checkpointer, so runs cannot be resumed",
                                  hint="build the Agent with checkpoints=Checkpoints(path)")
         self.checkpoints.require_resumable(trace_id)
-        config = self._config(trace_id)
-        values = self.graph.get_state(config).values
-        ctx = dataclasses.replace(self.context, clock_start=time.time())
+        values = self.graph.get_state(self._config(trace_id, self.config)).values
+        ctx = self._run_context(values.get("task", ""), time.time())
         yield from self._drive(None, trace_id, ctx, seen=len(values.get("steps") or []),
                                last=values)
 
@@ -143,9 +154,9 @@ class Agent:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _config(self, trace_id: str) -> Any:
+    def _config(self, trace_id: str, config: RunConfig) -> Any:
         # Each think/act round is ~2-3 graph steps; leave room for plugin nodes.
-        limit = 6 * (self.config.max_steps + 2) + 10 * len(self.plugins)
+        limit = 6 * (config.max_steps + 2) + 10 * len(self.plugins)
         return {"configurable": {"thread_id": trace_id}, "recursion_limit": limit}
 
     def _drive(self, state: AgentState | None, tid: str, ctx: AgentContext, *, seen: int,
@@ -154,7 +165,7 @@ class Agent:
         try:
             # "sync": each step's checkpoint is on disk before the next starts (kill-safe).
             extra = {"durability": "sync"} if self.checkpoints is not None else {}
-            for values in self.graph.stream(state, self._config(tid), context=ctx,
+            for values in self.graph.stream(state, self._config(tid, ctx.config), context=ctx,
                                             stream_mode="values", **extra):
                 last_values = values
                 steps = values.get("steps") or []

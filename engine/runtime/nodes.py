@@ -143,7 +143,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     request = _request(state, ctx)
     start = time.time()
     try:
-        completion = ctx.backend.complete(request)
+        completion = ctx.call_model(request)
     except BackendError as exc:
         return {
             "outcome": "error", "reason": f"model call failed: {exc.message}", "pending": [],
@@ -176,9 +176,8 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     else:
         error = parsed.error
         route = "think"
-        expected = ("Call a tool, or write your answer." if ctx.native else
-                    f"Write `Action: <tool>[<input>]` (tools: {', '.join(_all_tool_names(state, ctx))})"
-                    " or `Final Answer: <answer>`.")
+        expected = (load_prompt("agent_expected_native") if ctx.native else render_prompt(
+            "agent_expected_react", tools=", ".join(_all_tool_names(state, ctx)))).strip()
         messages.append({"role": "user",
                          "content": render_prompt("agent_parse_error", error=parsed.error,
                                                   expected=expected).strip()})
@@ -258,8 +257,9 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                            output={"observation": obs, "timed_out": timed_out},
                            error=err, started=start, duration_s=dur, route="think"))
     if not ctx.native and observations:
-        messages.append({"role": "user",
-                         "content": "\n".join(f"Observation: {o}" for o in observations)})
+        messages.append({"role": "user", "content": "\n".join(
+            render_prompt("agent_observation", observation=o).rstrip("\n")
+            for o in observations)})
     elif observations and ctx.config.after_tool_nudge:
         messages.append({"role": "user", "content": load_prompt("agent_after_tool").strip()})
     update: dict[str, Any] = {"messages": messages, "steps": steps, "pending": [],

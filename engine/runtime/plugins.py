@@ -1,23 +1,36 @@
-"""How methods plug into the runtime without the runtime knowing them.
+"""Runtime methods: how a method acts during a run without the runtime knowing it.
 
-A ``Plugin`` may add guidance to the system message (skills, policy notes), tools (``read_skill``,
-Dynamo tools), a node before each decision (Co-ReAct's rubric) and a node before finishing
-(MARCH's verification), and may add facts to the finished trace's ``meta``. All hooks have
-defaults, so a plugin implements only what it needs.
+A ``Plugin`` is a runtime method. It may add guidance to the system message (skills, policy
+notes), tools (``read_skill``, Dynamo tools), a node before each decision (Co-ReAct's rubric), a
+node before finishing (MARCH's verification), facts to the finished trace's ``meta``, a per-task
+change of the run's budgets (``adjust_config``: Elastic Horizon sets the step horizon) and a
+wrapper around the model call (``wrap_model``: latent test-time scaling refines a white-box
+model's decoding). Every hook has a default, so a method implements only what it needs.
+
+A method registered by name (``whetstone run --methods NAME``, ``Engine(methods=["NAME"])``;
+see ``engine.methods.registry``) declares ``config_class``, a frozen dataclass of its knobs, and
+is built with ``build(config, env)``. Each run's trace lists the methods and their config in
+``meta["methods"]``. See docs/architecture.md, "Adding a runtime method".
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from engine.runtime.state import AgentContext, AgentState
+    from engine.backends.base import Backend
+    from engine.runtime.state import AgentContext, AgentState, RunConfig
+    from engine.types import Completion, Request
+    from library_store.store import Library, Snapshot
     from tools.base import Tool
 
 # A graph node: (state, context) -> state update. The runtime adapts it to LangGraph.
 NodeFn = Callable[["AgentState", "AgentContext"], Mapping[str, Any]]
+# One model call of a run, as the ``think`` node makes it.
+ModelCall = Callable[["Request"], "Completion"]
 
 
 @dataclass(frozen=True)
@@ -34,10 +47,41 @@ class Guidance:
     library_version: str | None = None
 
 
+@dataclass(frozen=True)
+class MethodEnv:
+    """What a runtime method built by name may use: the library, the version the run reads
+    (``snapshot``; None: follow the current one) and the agent's model."""
+
+    library: Library | None = None
+    snapshot: Snapshot | None = None
+    backend: Backend | None = None
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A method's config as JSON-safe data for the trace (a dataclass, a mapping or None)."""
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return dict(config) if isinstance(config, Mapping) else {"value": repr(config)}
+
+
 class Plugin:
-    """Base for run-time methods. ``name`` keys its meta in the trace."""
+    """Base for runtime methods. ``name`` keys its meta in the trace."""
 
     name: str = "plugin"
+    config_class: ClassVar[type | None] = None  # a frozen dataclass; None: no knobs
+    config: Any = None
+
+    @classmethod
+    def build(cls, config: Any, env: MethodEnv) -> Plugin:
+        """The method for one agent, from its config (how the registry makes it by name).
+        Override when the method needs the library or the model from ``env``."""
+        return cls(config) if cls.config_class is not None else cls()  # type: ignore[call-arg]
+
+    def describe(self) -> dict[str, Any]:
+        """What the trace records about this method: ``{"name", "config"}``."""
+        return {"name": self.name, "config": config_dict(self.config)}
 
     def tools(self) -> list[Tool]:
         """Tools this plugin adds to every run."""
@@ -58,3 +102,13 @@ class Plugin:
     def finish_meta(self, state: AgentState) -> Mapping[str, Any]:
         """Facts for the trace's ``meta[self.name]`` once the run ends."""
         return {}
+
+    def adjust_config(self, task: str, config: RunConfig) -> RunConfig:
+        """The budgets and sampling for a run of ``task`` (Elastic Horizon sets
+        ``max_steps``); called once per run, in plugin order."""
+        return config
+
+    def wrap_model(self, call: ModelCall, backend: Backend) -> ModelCall:
+        """The model call the ``think`` node makes, wrapped (latent test-time scaling refines
+        a white-box ``backend``'s decoding); wrappers nest in plugin order."""
+        return call

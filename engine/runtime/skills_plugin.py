@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import NotFound
-from engine.runtime.plugins import Guidance, Plugin
+from engine.errors import ConfigError, NotFound
+from engine.runtime.plugins import Guidance, MethodEnv, Plugin
 from engine.types import ToolSpec
 from tools.base import Tool
 
@@ -38,10 +39,30 @@ READ_SKILL_SPEC = ToolSpec(
 )
 
 
+@dataclass(frozen=True)
+class SkillsConfig:
+    """How many skills a run is shown (``k``), how many with their whole body, and the lowest
+    retrieval score kept (None: the retriever's own)."""
+
+    k: int = 5
+    max_bodies: int = 2
+    min_score: float | None = None
+
+
 class SkillsPlugin(Plugin):
     """Progressive disclosure of the library's skills (see ``skills.retrieval``)."""
 
     name = "skills"
+    config_class = SkillsConfig
+
+    @classmethod
+    def build(cls, config: Any, env: MethodEnv) -> SkillsPlugin:
+        if env.library is None:
+            raise ConfigError("the skills method needs a library",
+                              hint="build it through Engine, which opens the library")
+        cfg = config or SkillsConfig()
+        return cls(env.library, snapshot=env.snapshot, k=cfg.k, max_bodies=cfg.max_bodies,
+                   min_score=cfg.min_score)
 
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
@@ -52,6 +73,7 @@ class SkillsPlugin(Plugin):
 
         self.library = library
         self.pinned = snapshot
+        self.config = SkillsConfig(k=k, max_bodies=max_bodies, min_score=min_score)
         # One thread per query embedding: on a busy 2-core box two threads spin and a query
         # takes ~900 ms instead of ~25 ms (bench_library); ONNX when available (~3x faster).
         self.retriever = retriever or SkillRetriever(

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
-    from engine.runtime.plugins import Plugin
+    from engine.runtime.plugins import ModelCall, Plugin
+    from engine.types import Completion, Request
     from library_store.traces import TraceStore
     from tools.base import Toolbox
 
@@ -72,6 +73,13 @@ class AgentContext:
     library_version: str | None = None
     # When this invocation's wall clock started; a resumed run gets a fresh clock.
     clock_start: float = field(default_factory=time.time)
+    # The backend's complete() as the plugins wrapped it (None: the backend's own).
+    model_call: ModelCall | None = None
+
+    def call_model(self, request: Request) -> Completion:
+        """One model call, through the plugins' ``wrap_model`` wrappers."""
+        call = self.model_call or self.backend.complete
+        return call(request)
 
     @property
     def native(self) -> bool:

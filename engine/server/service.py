@@ -1,8 +1,8 @@
 """The chat service behind the server's routes: upstream slots and the queue in front of them,
 deadlines, SSE formatting, and the mapping of errors to HTTP statuses.
 
-Kept apart from the HTTP routes (``engine.server``) so the middleware can wrap it (adapt the
-request before, record the exchange after) without touching the transport.
+Kept apart from the HTTP routes (``routes.py``) so the pipeline can wrap it (adapt the request
+before, record the exchange after) without touching the transport.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from engine.errors import (
     NotFound,
     WhetstoneError,
 )
-from engine.server_metrics import Metrics
+from engine.server.metrics import Metrics
 from engine.types import Completion
 
 log = logging.getLogger("whetstone.server")
@@ -78,7 +78,8 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _error_message(exc: WhetstoneError) -> str:
+def error_message(exc: WhetstoneError) -> str:
+    """What a client is told about ``exc``: the message, and the hint in brackets."""
     return exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
 
 
@@ -123,7 +124,7 @@ class OpenStream:
 class ChatService:
     """Answers parsed chat calls with the backend: concurrency limit, deadlines, formatting.
 
-    Kept apart from the HTTP routes so the middleware can wrap it (adapt the request before,
+    Kept apart from the HTTP routes so the pipeline can wrap it (adapt the request before,
     record the exchange after) without touching the transport.
     """
 
@@ -259,7 +260,7 @@ class ChatService:
                 log.warning("stream failed (%d): %s", status, exc.message)
                 failure = exc.message
                 self.metrics.errors.inc(code=code or "server_error")
-                yield _sse(error_to_openai(_error_message(exc), kind, code=code))
+                yield _sse(error_to_openai(error_message(exc), kind, code=code))
             except Exception as exc:
                 log.exception("stream failed")
                 failure = f"{type(exc).__name__}: {exc}"  # for the trace, not the client
@@ -276,5 +277,3 @@ class ChatService:
         finally:
             if on_end is not None:
                 on_end(final, failure, "".join(sent))
-
-

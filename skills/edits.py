@@ -12,13 +12,14 @@ Files are a ``{relative path: text}`` mapping of one skill folder (``SKILL.md``,
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from engine.errors import WhetstoneError
+from engine.replies import extract_json_object
+from skills.format import SKILL_DIRS
 
 Op = Literal["insert_after", "insert_before", "append_to_section", "replace_in_section",
              "add_section", "delete_section", "create", "delete_file"]
@@ -89,10 +90,9 @@ class Edit:
             raise EditError(f"file {self.file!r} is outside the skill folder",
                             hint="use paths like SKILL.md or references/<name>.md")
         parts = self.file.split("/")
-        if len(parts) > 2 or (len(parts) == 2 and parts[0] not in
-                              ("references", "scripts", "assets")):
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] not in SKILL_DIRS):
             raise EditError(f"file {self.file!r}: bundled files live one level deep in "
-                            "references/, scripts/ or assets/")
+                            + ", ".join(d + "/" for d in SKILL_DIRS))
         if self.op in _NEEDS_SECTION and not self.target_section:
             raise EditError(f"op {self.op} needs target_section")
         if self.op in _NEEDS_TEXT and not self.target_text:
@@ -465,47 +465,9 @@ def render_files(files: Mapping[str, str], numbered: bool = False) -> str:
 
 
 def patch_from_json_text(text: str, support: Iterable[str] = ()) -> SkillPatch:
-    """Parse an analyst's reply: the JSON object may sit in a ``json`` fence or in prose."""
-    obj = extract_json_object(text)
+    """Parse an analyst's reply: the JSON object may sit in a ``json`` fence or in prose.
+    Raises ``ParseError`` (with the raw reply) when there is none, ``EditError`` when it is
+    not a patch."""
+    obj = extract_json_object(text, what="a JSON patch",
+                              hint='reply with one JSON object {"reasoning", "edits", "changelog"}')
     return SkillPatch.from_dict(obj, support)
-
-
-def extract_json_object(text: str) -> Any:
-    """The first JSON object in ``text`` (fenced or bare); raises ``EditError`` otherwise."""
-    candidates = re.findall(r"```(?:json)?\s*(\{.*?\})\s*```", text, re.DOTALL)
-    start = text.find("{")
-    if start >= 0:
-        candidates.append(text[start: text.rfind("}") + 1])
-    last_err = "no JSON object found"
-    for cand in candidates:
-        try:
-            return json.loads(cand)
-        except json.JSONDecodeError as exc:
-            last_err = f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-            try:
-                return json.loads(_repair(cand))
-            except json.JSONDecodeError:
-                continue
-    raise EditError(f"the reply is not a JSON patch: {last_err}",
-                    hint='reply with one JSON object {"reasoning", "edits", "changelog"}')
-
-
-def _repair(text: str) -> str:
-    """Undo the most common small-model JSON slips: trailing commas, raw newlines in strings,
-    and LaTeX backslashes (``\\$``, ``\\text``) that are not JSON escapes (seen from the
-    embedded 0.5B analyst on GSM8K traces)."""
-    text = re.sub(r",\s*([}\]])", r"\1", text)
-    text = re.sub(r'\\(?![\\"/bfnrtu])', r"\\\\", text)
-    out, in_str, esc = [], False, False
-    for ch in text:
-        if in_str and ch == "\n":
-            out.append("\\n")
-            continue
-        out.append(ch)
-        if esc:
-            esc = False
-        elif ch == "\\":
-            esc = True
-        elif ch == '"':
-            in_str = not in_str
-    return "".join(out)

@@ -25,20 +25,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from engine.backends.openai_wire import StreamAccumulator, completion_from_openai
-from engine.runtime.chat import (
+from engine.server.adapter import (
     Adapted,
     ChatAdapter,
     ChatSwitches,
     chat_query,
-    chat_trace,
     inject_guidance_dicts,
 )
+from engine.server.exchange import chat_trace
 from engine.types import Completion, Message, Request
 
 if TYPE_CHECKING:
     from library_store.traces import TraceStore
 
-log = logging.getLogger("whetstone.middleware")
+log = logging.getLogger("whetstone.client")
 
 TRACE_ATTR = "whetstone_trace_id"
 VERSION_ATTR = "whetstone_library_version"

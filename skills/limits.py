@@ -1,7 +1,9 @@
-"""Keep an evolved skill inside the Agent Skills limits, dropping the least-supported edits.
+"""Keep an evolved skill inside the Agent Skills rules, dropping the least-supported edits.
 
-SKILL.md at most 500 lines with valid front matter; reference files at most 300 lines and at
-most 5 of them; a reference file and its link in SKILL.md are kept or dropped together.
+The rules themselves are ``skills.format``'s: SKILL.md at most ``MAX_BODY_LINES`` lines with
+valid front matter, reference files at most ``MAX_REFERENCE_LINES`` lines. On top of them an
+evolved skill keeps at most ``MAX_REFERENCES`` reference files, and a reference file and its
+link in SKILL.md are kept or dropped together.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from engine.methods.skill_edits import SkillPatch, apply_patch
+from skills.edits import SkillPatch, apply_patch
+from skills.format import MAX_BODY_LINES, MAX_REFERENCE_LINES, parse_skill_md
 
-MAX_SKILL_LINES = 500
-MAX_REFERENCE_LINES = 300
-MAX_REFERENCES = 5
+# Counted over the whole file (front matter included), so an evolved skill stays a little
+# inside the body limit rather than on its edge.
+MAX_SKILL_LINES = MAX_BODY_LINES
+MAX_REFERENCES = 5  # an evolver's own cap: more reference files than this are not kept
 _REF_LINK = re.compile(r"references/([\w.-]+\.md)")
 
 
@@ -45,24 +49,13 @@ def _pair_links(skill_md: str, refs: set[str]) -> tuple[str, list[str]]:
     return text.rstrip("\n") + "\n", notes
 
 
-def _front_matter_ok(skill_md: str, skill: str) -> str | None:
-    """None when the front matter is valid; otherwise why not."""
-    import yaml
-
-    if not skill_md.startswith("---\n"):
-        return "SKILL.md lost its front matter"
-    end = skill_md.find("\n---", 4)
-    if end < 0:
-        return "SKILL.md front matter is not closed"
-    try:
-        meta = yaml.safe_load(skill_md[4:end])
-    except yaml.YAMLError as exc:
-        return f"front matter is not valid YAML ({exc})"
-    if not isinstance(meta, dict) or meta.get("name") != skill:
-        return f"front matter name must be {skill!r}"
-    desc = meta.get("description")
-    if not isinstance(desc, str) or not desc.strip() or len(desc) > 1024:
-        return "front matter description must be 1-1024 characters"
+def front_matter_problem(skill_md: str, skill: str) -> str | None:
+    """None when ``skill_md`` follows the Agent Skills rules for a skill named ``skill``;
+    otherwise the first problem, in words."""
+    parsed = parse_skill_md(skill_md, folder=skill)
+    if parsed.problems:
+        first = parsed.problems[0]
+        return f"SKILL.md breaks the rule [{first.rule}]: {first.detail}"
     return None
 
 
@@ -106,7 +99,7 @@ def enforce_limits(files: Mapping[str, str], base: Mapping[str, str], skill: str
     refs = {p for p in out if p.startswith("references/")}
     out["SKILL.md"], notes = _pair_links(out["SKILL.md"], refs)
     drops += notes
-    problem = _front_matter_ok(out["SKILL.md"], skill)
+    problem = front_matter_problem(out["SKILL.md"], skill)
     if problem:
         drops.append(f"{problem}; kept the previous SKILL.md")
         out["SKILL.md"], _ = _pair_links(base["SKILL.md"], refs)

@@ -1,0 +1,38 @@
+"""``whetstone methods``: the evolvers and runtime methods this installation knows."""
+
+from __future__ import annotations
+
+import click
+
+from engine.commands.common import console, emit_json, handle_errors, json_option
+
+
+@click.command("methods")
+@json_option
+@handle_errors
+def methods_cmd(as_json: bool) -> None:
+    """Evolvers (`whetstone evolve NAME`) and runtime methods (`--methods NAME`), with their
+    knobs."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from engine.methods.registry import default_registry
+
+    registry = default_registry()
+    rows = []
+    for kind in ("evolver", "runtime"):
+        for name in registry.names(kind):  # type: ignore[arg-type]
+            entry = registry.entry(kind, name)  # type: ignore[arg-type]
+            cls = entry.load()
+            config = getattr(cls, "config_class", None)
+            knobs = [f.name for f in dataclasses.fields(config)] if config else []
+            rows.append({"name": name, "kind": kind, "summary": entry.summary(),
+                         "options": knobs, "from": entry.target})
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("name", "kind", "what", "options")
+    for r in rows:
+        table.add_row(r["name"], r["kind"], r["summary"], ", ".join(r["options"]))
+    console().print(table)

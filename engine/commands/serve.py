@@ -1,0 +1,78 @@
+"""``whetstone serve``: the library in front of a model, over an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from engine.commands.common import console, handle_errors, library_option
+
+
+@click.command("serve")
+@click.option("--upstream", "--model", "-m", "upstream", envvar="WHETSTONE_MODEL",
+              default="embedded", show_default=True,
+              help="The model that answers: a spec (see `whetstone models`), e.g. "
+                   "openai:qwen@http://127.0.0.1:8001/v1. --model is the same option.")
+@library_option
+@click.option("--version", "library_version", default=None,
+              help="Pin a library version (default: follow the current one as it moves).")
+@click.option("--no-library", is_flag=True,
+              help="Do not inject the library (a plain proxy that still records traces).")
+@click.option("--no-record", is_flag=True, help="Do not store exchanges as traces.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--served-name", default=None,
+              help="Model name clients use (default: the upstream spec).")
+@click.option("--api-key", "api_keys", multiple=True, envvar="WHETSTONE_API_KEY",
+              help="Require this key from clients (Authorization: Bearer); repeat for more.")
+@click.option("--api-keys-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="A file of accepted keys, one per line ('#' comments).")
+@click.option("--upstream-api-key", "upstream_key", envvar="OPENAI_API_KEY", default=None,
+              help="Key for an openai: upstream.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=16 * 1024 * 1024,
+              show_default=True, help="Larger request bodies get 413.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
+              help="Upstream calls in flight (default: the upstream's own limit).")
+@click.option("--queue", "max_queue", type=click.IntRange(min=0), default=256,
+              show_default=True, help="Requests that may wait for a slot; beyond it: 429.")
+@click.option("--upstream-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per request before answering 504 (default: the upstream's own).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True,
+              help="uvicorn's log level ('warning' drops the per-request access log).")
+@handle_errors
+def serve(upstream: str, library_path: Path | None, library_version: str | None,
+          no_library: bool, no_record: bool, host: str, port: int, served_name: str | None,
+          api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
+          max_body_bytes: int, max_concurrency: int | None, max_queue: int,
+          upstream_timeout: float | None, log_level: str) -> None:
+    """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
+    (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics)."""
+    from engine.api import Engine
+    from engine.backends.registry import BackendOptions, get_backend
+    from engine.server.app import serve as run_server
+    from engine.server.guard import load_api_keys
+
+    out = console(stderr=True)
+    keys = load_api_keys(api_keys, api_keys_file)
+    options = BackendOptions(api_key=upstream_key, **(
+        {"timeout_s": upstream_timeout} if upstream_timeout is not None else {}))
+    with out.status(f"loading {upstream} …", spinner="dots"):
+        engine = Engine(get_backend(upstream, options), library=library_path,
+                        version=library_version, skills=not no_library, checkpointing=False)
+        adapter = None if no_library else engine.chat_adapter()
+        if adapter is not None:
+            adapter.warm_up()  # load the embedder and sync the index before the first request
+    version = adapter.library_version() if adapter is not None else None
+    out.print(f"serving [bold]{upstream}[/] on http://{host}:{port}/v1 · library "
+              f"{engine.library_path} ({'off' if no_library else version}) · traces "
+              f"{'off' if no_record else 'on'} · API keys {len(keys) or 'off'}", markup=True)
+    try:
+        run_server(engine.backend, host=host, port=port, log_level=log_level,
+                   model_name=served_name or upstream,
+                   adapter=adapter, traces=None if no_record else engine.traces,
+                   api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
+                   max_queue=max_queue, request_timeout_s=upstream_timeout)
+    finally:
+        engine.close()

@@ -1,0 +1,31 @@
+"""Serving: the library in front of any model, for clients that speak the OpenAI chat API.
+
+    app.py        create_app / serve: the FastAPI app and uvicorn
+    routes.py     the routes, at module level, reading ``app.state.server``
+    service.py    upstream calls: slots, the queue, deadlines, SSE, errors -> HTTP statuses
+    guard.py      auth and limits: API keys, request metrics, the body size limit
+    pipeline.py   around each call: adapt with the library before, record after
+    recording.py  the trace writer (batched, off the response path) and feedback labels
+    metrics.py    ``/metrics`` in the Prometheus text format
+    adapter.py    the chat adapter: guidance from the runtime methods into the system message
+    embed_cache.py  the chat adapter's query-embedding cache
+    exchange.py   one exchange as a trace, feedback checks, and ``Engine.chat``
+    client.py     ``Engine.wrap``: the adapter in front of an ``openai`` client, in-process
+
+``create_app`` and ``serve`` are importable from here; FastAPI is imported only when one of
+them is asked for, so ``Engine.chat`` and ``Engine.wrap`` do not load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["create_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from engine.server import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'engine.server' has no attribute {name!r}")

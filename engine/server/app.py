@@ -1,0 +1,127 @@
+"""Build the OpenAI-compatible app for a backend, and run it under uvicorn.
+
+``create_app(backend)`` builds a FastAPI app (no app exists at import time) whose routes
+(``routes.py``) read a ``ServerState`` from ``app.state.server``; ``serve(...)`` runs it, which
+is what ``whetstone serve`` calls. The backend is called through ``acomplete`` / ``astream``,
+so generation runs off the event loop; at most ``max_concurrency`` calls are in flight (the
+backend's own limit by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+
+from engine.backends.base import Backend
+from engine.errors import ConfigError
+from engine.server.adapter import ChatAdapter
+from engine.server.guard import Guard
+from engine.server.metrics import Metrics
+from engine.server.pipeline import ChatPipeline
+from engine.server.recording import TraceWriter
+from engine.server.responses import install_error_handlers
+from engine.server.routes import ServerState, router
+from engine.server.service import DEFAULT_MAX_BODY_BYTES, ChatService, ServerSettings
+
+if TYPE_CHECKING:
+    from library_store.traces import TraceStore
+
+
+def _settings(backend: Backend, *, model_name: str | None, aliases: tuple[str, ...],
+              default_max_tokens: int, request_timeout_s: float | None,
+              max_concurrency: int | None, max_queue: int | None,
+              max_body_bytes: int | None) -> ServerSettings:
+    if max_queue is not None and max_queue < 0:
+        raise ConfigError(f"max_queue must be 0 or more, got {max_queue}",
+                          hint="0 answers 429 whenever every upstream slot is busy")
+    if max_body_bytes is not None and max_body_bytes < 1:
+        raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    return ServerSettings(
+        model_name=model_name or backend.spec or "whetstone",
+        aliases=tuple(a for a in aliases if a != model_name),
+        default_max_tokens=default_max_tokens,
+        request_timeout_s=request_timeout_s,
+        max_concurrency=max_concurrency or backend.capabilities.max_concurrency,
+        max_queue=max_queue,
+        max_body_bytes=max_body_bytes,
+    )
+
+
+def create_app(
+    backend: Backend,
+    *,
+    model_name: str | None = None,
+    aliases: tuple[str, ...] = (),
+    default_max_tokens: int = 512,
+    request_timeout_s: float | None = None,
+    max_concurrency: int | None = None,
+    max_queue: int | None = None,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    api_keys: Iterable[str] = (),
+    adapter: ChatAdapter | None = None,
+    traces: TraceStore | None = None,
+    retrieval_workers: int = 4,
+) -> FastAPI:
+    """Build the app serving ``backend`` as ``model_name`` (default: the backend's spec).
+
+    ``request_timeout_s`` bounds each request (504 past it); ``max_concurrency`` caps backend
+    calls in flight (default: ``backend.capabilities.max_concurrency``) and ``max_queue`` how
+    many more may wait (429 past it; None: no limit); ``max_body_bytes`` refuses bigger bodies
+    (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
+    ``adapter`` applies the library to each request; ``traces`` records every exchange.
+    """
+    settings = _settings(backend, model_name=model_name, aliases=aliases,
+                         default_max_tokens=default_max_tokens,
+                         request_timeout_s=request_timeout_s, max_concurrency=max_concurrency,
+                         max_queue=max_queue, max_body_bytes=max_body_bytes)
+    writer: TraceWriter | None = None
+    # The gauges read the service and the writer built just below, when /metrics is scraped.
+    metrics = Metrics(in_flight=lambda: service.admitted, queued=lambda: service.queued,
+                      traces_pending=lambda: writer.pending if writer is not None else 0)
+    service = ChatService(backend, settings, metrics)
+    writer = TraceWriter(traces, metrics) if traces is not None else None
+    pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pipeline.start()
+        try:
+            yield
+        finally:
+            await pipeline.stop()  # writes every queued trace before the process ends
+            # The caller owns the backend and closes it; what is bound to this event loop (an
+            # async HTTP pool) can only be closed here, while the loop still runs.
+            aclose = getattr(backend, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    app = FastAPI(title="Whetstone", version="0.1.0", docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
+    app.state.server = ServerState(backend=backend, settings=settings, service=service,
+                                   metrics=metrics, pipeline=pipeline, writer=writer,
+                                   adapter=adapter, started_at=int(time.time()))
+    app.add_middleware(Guard, keys=frozenset(api_keys), metrics=metrics)
+    install_error_handlers(app, metrics)
+    app.include_router(router)
+    return app
+
+
+def serve(
+    backend: Backend,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    log_level: str = "info",
+    **app_options: Any,
+) -> None:
+    """Serve ``backend`` until interrupted (``whetstone serve``). ``app_options`` go to
+    ``create_app`` (``model_name``, ``adapter``, ``traces``, ``api_keys``, ``max_queue`` ...).
+    At shutdown uvicorn lets requests in flight finish, then the trace queue is drained."""
+    import uvicorn
+
+    app = create_app(backend, **app_options)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -1,0 +1,168 @@
+"""Traces of served exchanges, written off the response path.
+
+``TraceWriter``: an asyncio queue drained by one background task that writes traces in
+batches in a worker thread; ``stop()`` drains it, so a shutdown loses no trace; ``label``
+attaches feedback to a trace once its own write has landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+
+from engine.errors import NotFound, WhetstoneError
+from engine.server.guard import TRACE_HEADER
+from engine.server.metrics import Metrics
+from engine.types import Trace
+from library_store.traces import TraceStore
+
+log = logging.getLogger("whetstone.server")
+
+# How long feedback waits for the trace it labels to leave the write queue.
+LABEL_WAIT_S = 10.0
+
+
+class TraceWriter:
+    """Stores traces from a queue with one background task, in batches, in a worker thread.
+
+    ``recent`` keeps the last traces in memory so feedback on them does not read the whole
+    store. ``stop()`` writes everything still queued.
+    """
+
+    def __init__(self, store: TraceStore, metrics: Metrics, *, recent: int = 512) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.recent_size = recent
+        self._recent: OrderedDict[str, Trace] = OrderedDict()
+        # Each queued trace with the event set once its batch is written; _unwritten maps an id
+        # to the event of its latest queued copy, so feedback waits for that trace only.
+        self._queue: asyncio.Queue[tuple[Trace, asyncio.Event] | None] | None = None
+        self._unwritten: dict[str, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize() if self._queue is not None else 0
+
+    def start(self) -> None:
+        """Start the writer on the running loop (the server's lifespan calls this)."""
+        if self._task is None:
+            self._stopped = False
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                                name="whetstone-trace-writer")
+
+    def put(self, trace: Trace) -> None:
+        """Queue ``trace`` for writing; returns at once (call it on the server's loop)."""
+        self._remember(trace)
+        if self._stopped:
+            self._write([trace])  # shutting down: write now rather than lose it
+            return
+        if self._task is None:
+            self.start()
+        assert self._queue is not None
+        written = asyncio.Event()
+        self._unwritten[trace.id] = written
+        self._queue.put_nowait((trace, written))
+
+    def _remember(self, trace: Trace) -> None:
+        self._recent[trace.id] = trace
+        self._recent.move_to_end(trace.id)
+        while len(self._recent) > self.recent_size:
+            self._recent.popitem(last=False)
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            items = [item for item in batch if item is not None]
+            try:
+                if items:
+                    await asyncio.to_thread(self._write, [t for t, _ in items])
+            finally:
+                for trace, written in items:
+                    written.set()
+                    if self._unwritten.get(trace.id) is written:
+                        del self._unwritten[trace.id]
+                for _ in batch:
+                    queue.task_done()
+            if len(items) < len(batch):
+                return  # the stop sentinel: everything before it is written
+
+    def _write(self, traces: list[Trace]) -> None:
+        try:
+            self.store.append_many(traces)  # one call per batch, however the store batches
+            self.metrics.traces_written.inc(len(traces))
+            return
+        except Exception:  # noqa: BLE001 - find out which ones failed, one at a time
+            log.warning("writing a batch of %d traces failed; retrying one by one", len(traces))
+        # Rewriting a trace that did get written is harmless: the latest line for an id wins.
+        for trace in traces:
+            try:
+                self.store.append(trace)
+                self.metrics.traces_written.inc()
+            except Exception:  # a full disk must not take the server down (logged, counted)
+                self.metrics.trace_errors.inc()
+                log.exception("could not store trace %s", trace.id)
+
+    async def flush(self) -> None:
+        """Wait until every queued trace is written."""
+        if self._queue is not None and self._task is not None and not self._task.done():
+            await self._queue.join()
+
+    async def stop(self) -> None:
+        """Write what is queued, then end the background task."""
+        if self._task is not None and self._queue is not None:
+            self._queue.put_nowait(None)
+            await self._task
+        self._task = None
+        self._stopped = True
+
+    async def written(self, trace_id: str, timeout: float | None = None) -> None:
+        """Wait until the trace ``trace_id`` has left the queue (at once when it is not
+        queued); ``WhetstoneError`` past ``timeout`` (default ``LABEL_WAIT_S``). Unlike
+        ``flush()`` it does not wait for traces queued after it, so steady traffic cannot
+        hold it up."""
+        event = self._unwritten.get(trace_id)
+        if event is None or self._task is None or self._task.done():
+            return
+        timeout = LABEL_WAIT_S if timeout is None else timeout
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise WhetstoneError(
+                f"the trace {trace_id!r} is still waiting to be written after {timeout:g} s",
+                hint="the trace store is slow or backed up; retry the feedback shortly") from None
+
+    async def label(self, trace_id: str, score: float, comment: str | None) -> Trace:
+        """Attach feedback to a trace by its exact id; ``NotFound`` when there is none,
+        ``WhetstoneError`` when the trace is still queued after ``LABEL_WAIT_S``."""
+        # Wait for the trace's own write: the labelled copy must land after it (the latest
+        # line for an id wins).
+        await self.written(trace_id)
+        trace = self._recent.get(trace_id)
+        if trace is None:
+            trace = await asyncio.to_thread(self._lookup, trace_id)
+        meta = dict(trace.meta)
+        if comment is not None:
+            meta["feedback"] = comment
+        updated = trace.with_(score=score, meta=meta)
+        await asyncio.to_thread(self.store.append, updated)
+        self._remember(updated)
+        self.metrics.feedback.inc()
+        return updated
+
+    def _lookup(self, trace_id: str) -> Trace:
+        try:
+            trace = self.store.get(trace_id)
+        except NotFound:
+            trace = None
+        if trace is None or trace.id != trace_id:  # the store also matches id prefixes
+            raise NotFound(f"no trace with id {trace_id!r}",
+                           hint=f"use the {TRACE_HEADER} header of the response")
+        return trace

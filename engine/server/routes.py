@@ -1,0 +1,275 @@
+"""The HTTP routes, at module level: each reads what it serves from ``request.app.state.server``
+(a ``ServerState`` that ``create_app`` builds), so nothing here is a closure over one app.
+
+- ``POST /v1/chat/completions`` (JSON or SSE): admit (429 past the queue), adapt with the
+  library, answer with the upstream, record the exchange after the reply is sent;
+- ``POST /v1/feedback``: label a recorded exchange;
+- ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics``.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
+# run time.
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from engine.backends.base import Backend
+from engine.backends.openai_wire import ChatCall, completion_to_openai
+from engine.errors import ConfigError, NotFound, WhetstoneError
+from engine.runtime.agent import new_trace_id
+from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches
+from engine.server.exchange import chat_trace, check_feedback
+from engine.server.guard import REQUEST_ID_HEADER, TRACE_HEADER, VERSION_HEADER
+from engine.server.metrics import CONTENT_TYPE, Metrics
+from engine.server.pipeline import ChatPipeline
+from engine.server.recording import TraceWriter
+from engine.server.responses import (
+    error_reply,
+    failure_text,
+    internal_error_reply,
+    json_body,
+    request_id,
+    whetstone_error_reply,
+)
+from engine.server.service import ChatService, OpenStream, ServerSettings, error_message
+from engine.types import Completion, Trace
+
+router = APIRouter()
+
+
+@dataclass
+class ServerState:
+    """Everything one app serves with: ``app.state.server``."""
+
+    backend: Backend
+    settings: ServerSettings
+    service: ChatService
+    metrics: Metrics
+    pipeline: ChatPipeline
+    writer: TraceWriter | None
+    adapter: ChatAdapter | None
+    started_at: int
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+class EventStream(StreamingResponse):
+    """Closes the backend stream and frees the queue place however the response ends: done,
+    failed, or the client went away before the first event (then the event generator never
+    starts)."""
+
+    def __init__(self, stream: OpenStream, *args: Any, on_close: Callable[[], None],
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stream = stream
+        self._on_close = on_close
+
+    async def __call__(self, *args: Any) -> None:
+        try:
+            await super().__call__(*args)
+        finally:
+            try:
+                await self._stream.close()
+            finally:
+                self._on_close()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> Response:
+    state = _state(request)
+    started = time.time()
+    rid = request_id(request.headers.get(REQUEST_ID_HEADER))
+    headers = {REQUEST_ID_HEADER: rid}
+    body = await json_body(request, state.metrics, state.settings.max_body_bytes, headers)
+    if isinstance(body, Response):
+        return body
+    try:
+        call = state.service.parse(body)
+        switches = ChatSwitches.from_body(body.get("whetstone"))
+    except WhetstoneError as exc:
+        return whetstone_error_reply(state.metrics, exc, headers)
+    except Exception as exc:  # noqa: BLE001 - a validation bug: still a proper 500
+        return internal_error_reply(state.metrics, exc, headers)
+    if not state.service.admit():
+        return error_reply(state.metrics, 429, f"the server is busy: {state.service.admitted} "
+                           "requests are being answered or are waiting, the most it takes; "
+                           "retry shortly", "requests", "rate_limit_exceeded",
+                           headers={**headers, "Retry-After": "1"})
+    exchange = _Exchange(state, call, started, rid, headers)
+    try:
+        adapted = await state.pipeline.adapt(call.request, switches)
+        return await exchange.answer(adapted, switches)
+    finally:
+        if not exchange.handed_off:  # a stream frees its queue place itself, when it ends
+            state.service.release()
+
+
+class _Exchange:
+    """One admitted chat call: answers it (JSON or a stream) and records it once."""
+
+    def __init__(self, state: ServerState, call: ChatCall, started: float, rid: str,
+                 headers: dict[str, str]) -> None:
+        self.state, self.call, self.started = state, call, started
+        self.request_id, self.headers = rid, headers
+        self.model = call.model or state.settings.model_name
+        self.trace_id: str | None = None
+        self.adapted: Adapted | None = None
+        self.handed_off = False
+        self._ended = False
+
+    async def answer(self, adapted: Adapted, switches: ChatSwitches) -> Response:
+        """Answer with the upstream; the trace is recorded after the reply is sent."""
+        state = self.state
+        self.adapted = adapted
+        self.call = replace(self.call, request=adapted.request)
+        if adapted.applied and adapted.library_version:
+            self.headers[VERSION_HEADER] = adapted.library_version
+        if switches.record and state.writer is not None:
+            self.trace_id = new_trace_id()
+            self.headers[TRACE_HEADER] = self.trace_id
+        if self.call.stream:
+            return await self._stream()
+        try:
+            completion = await state.service.complete(self.call)
+        except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
+            return self._failed(exc)
+        return JSONResponse(completion_to_openai(completion, model=self.model),
+                            headers=self.headers,
+                            background=BackgroundTask(self._record_after, completion, None))
+
+    async def _stream(self) -> Response:
+        state = self.state
+        try:
+            stream = await state.service.open_stream(self.call)
+        except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
+            return self._failed(exc)
+
+        def on_close() -> None:
+            self._on_end(None, None, "")  # when the event generator never ran
+            state.service.release()
+
+        self.handed_off = True
+        return EventStream(
+            stream, state.service.sse_events(self.call, self.model, stream, self._on_end),
+            on_close=on_close, media_type="text/event-stream",
+            headers={**self.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _record(self, completion: Completion | None, failure: str | None, outcome: Any = None,
+                **meta: Any) -> None:
+        if self.trace_id is None or self.adapted is None:
+            return
+        self.state.pipeline.record(chat_trace(
+            self.trace_id, self.adapted, model=self.state.backend.spec, started=self.started,
+            completion=completion, error=failure, outcome=outcome, request_id=self.request_id,
+            meta={"served_as": self.model, "stream": self.call.stream, **meta}))
+
+    async def _record_after(self, completion: Completion | None, failure: str | None) -> None:
+        # A coroutine, so Starlette runs it on the loop once the reply is sent (a plain
+        # function would go to a worker thread, and the trace queue is the loop's).
+        self._record(completion, failure)
+
+    def _failed(self, exc: Exception) -> JSONResponse:
+        """The error reply, recording the exchange once it is sent."""
+        if isinstance(exc, WhetstoneError):
+            out = whetstone_error_reply(self.state.metrics, exc, self.headers)
+            reason = exc.message
+        else:
+            out = internal_error_reply(self.state.metrics, exc, self.headers)
+            reason = failure_text(exc)
+        out.background = BackgroundTask(self._record_after, None, reason)
+        return out
+
+    def _on_end(self, completion: Completion | None, failure: str | None, text: str) -> None:
+        """How a stream ended, recorded once: done, failed, or the client went away."""
+        if self._ended:
+            return
+        self._ended = True
+        if completion is None and failure is None:
+            self._record(None, "the client closed the stream", outcome="interrupted",
+                         partial=text)
+        else:
+            self._record(completion, failure)
+
+
+@router.post("/v1/feedback", response_model=None)
+async def feedback(request: Request) -> Response | dict[str, Any]:
+    state = _state(request)
+    metrics = state.metrics
+    body = await json_body(request, metrics, state.settings.max_body_bytes, {})
+    if isinstance(body, Response):
+        return body
+    if state.writer is None:
+        return error_reply(metrics, 404, "this server does not record traces, so there is "
+                           "nothing to label", "invalid_request_error", "not_found")
+    if not isinstance(body, dict):
+        return error_reply(metrics, 400, "the body must be a JSON object {trace_id, score, "
+                           "comment}", "invalid_request_error")
+    trace_id = body.get("trace_id")
+    if not isinstance(trace_id, str) or not trace_id.strip():
+        return error_reply(metrics, 400, "'trace_id' is required: the X-Whetstone-Trace-Id "
+                           "header of the response being labelled", "invalid_request_error",
+                           param="trace_id")
+    try:
+        score, comment = check_feedback(body.get("score"), body.get("comment"))
+    except ConfigError as exc:
+        param = "comment" if "comment" in exc.message else "score"
+        return error_reply(metrics, 400, error_message(exc), "invalid_request_error",
+                           param=param)
+    try:
+        trace: Trace = await state.writer.label(trace_id.strip(), score, comment)
+    except NotFound as exc:
+        return error_reply(metrics, 404, error_message(exc), "invalid_request_error",
+                           "trace_not_found", param="trace_id")
+    except WhetstoneError as exc:  # the trace is still queued: the store is backed up
+        return error_reply(metrics, 503, error_message(exc), "server_error", "trace_pending",
+                           headers={"Retry-After": "1"})
+    return {"object": "feedback", "trace_id": trace.id, "score": trace.score,
+            "comment": comment}
+
+
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": state.started_at, "owned_by": "whetstone"}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    return {"object": "list", "data": [_model_card(state, n) for n in state.settings.served]}
+
+
+@router.get("/v1/models/{model_id:path}", response_model=None)
+async def get_model(request: Request, model_id: str) -> Response | dict[str, Any]:
+    state = _state(request)
+    if model_id not in state.settings.served:
+        return error_reply(state.metrics, 404, f"the model {model_id!r} is not served here; "
+                           "available: " + ", ".join(state.settings.served),
+                           "invalid_request_error", "model_not_found", "model")
+    return _model_card(state, model_id)
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    out: dict[str, Any] = {"status": "ok", "model": state.settings.model_name,
+                           "backend": state.backend.spec}
+    if state.adapter is not None or state.writer is not None:
+        out["upstream"] = state.backend.spec
+        out["recording"] = state.writer is not None
+        try:
+            out["library_version"] = state.pipeline.library_version()
+        except WhetstoneError as exc:
+            out["library_version"] = None
+            out["library_error"] = exc.message
+    return out
+
+
+@router.get("/metrics")
+async def prometheus(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
