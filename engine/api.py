@@ -183,7 +183,11 @@ class Engine:
 
     def solver(self, snapshot: Snapshot | None = None) -> Solver:
         """What ``whetstone eval`` runs per task: the same agent, traces stored by the eval."""
-        return agent_solver(self.build_agent(snapshot=snapshot, store_traces=False))
+        from engine.backends import auto_concurrency
+        from engine.evaluation.runner import with_concurrency
+
+        agent = self.build_agent(snapshot=snapshot, store_traces=False)
+        return with_concurrency(agent_solver(agent), auto_concurrency(self.backend))
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""
@@ -207,7 +211,7 @@ class Engine:
                trace_filter: str | Mapping[str, Any] | None = None, limit: int | None = None,
                labels: Mapping[str, str] | None = None, gate_tasks: Any = None,
                analyst: Backend | str | None = None, dry_run: bool = False,
-               rule: str = "not_worse", seed: int = 0, concurrency: int = 1,
+               rule: str = "not_worse", seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
                registry: MethodRegistry | None = None, **options: Any) -> EvolveResult:
@@ -221,11 +225,15 @@ class Engine:
         scores on ``gate_tasks`` (default: the traces' own tasks). ``options`` configure the
         method, e.g. ``skill="word-math", create=True, workers=4`` for trace2skill.
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
+        ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         """
+        from engine.backends import auto_concurrency
         from engine.evaluation.benchmarks import load_tasks
         from engine.methods.evolve import evolve
         from library_store.traces import TraceQuery, parse_trace_filter
 
+        if concurrency is None:
+            concurrency = auto_concurrency(self.backend)
         if isinstance(method, str):
             evolver = (registry or self.registry).evolver(
                 method, options, shared={"seed": seed, "concurrency": concurrency})

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -183,3 +184,16 @@ def test_ctrl_c_exits_130_and_saves_the_tasks_scored_so_far(whetstone_home: Path
     assert "partial:" in out
     (saved,), _ = load_results(whetstone_home / "evals")
     assert saved.partial and 3 <= saved.n < 20 and saved.n_planned == 20
+
+
+def test_concurrency_auto_follows_the_backend_and_rejects_nonsense() -> None:
+    from engine.commands.common import Concurrency
+    from engine.evaluation.runner import solver_concurrency, with_concurrency
+
+    conv = Concurrency()
+    assert conv.convert("auto", None, None) is None and conv.convert("3", None, None) == 3
+    for bad in ("0", "many"):
+        with pytest.raises(click.BadParameter, match="auto"):
+            conv.convert(bad, None, None)
+    assert solver_concurrency(lambda t, s: None) == 1  # type: ignore[arg-type,return-value]
+    assert solver_concurrency(with_concurrency(lambda t, s: None, 8)) == 8  # type: ignore

@@ -100,14 +100,15 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
 def test_cli_evolve_collects_traces_runs_the_gate_and_prints_json(tmp_path: Path) -> None:
     tasks = tmp_path / "apples.jsonl"
     tasks.write_text("\n".join(json.dumps(t.to_dict()) for t in TASKS) + "\n")
-    # Agent: collect 4 (wrong), gate current 4 (wrong), gate candidate 4 (right).
+    # Agent: collect 4 (wrong), gate current 4 (wrong), gate candidate 4 (right). Replayed in
+    # order, so one task at a time (-j auto would run the scripted backend's 64 at once).
     agent = [f"Final Answer: {i}" for i in range(1, 5)] * 2 + \
         [f"Final Answer: {2 * i}" for i in range(1, 5)]
     analyst = [analyst_reply(None)] * 4  # type: ignore[arg-type]
     (tmp_path / "agent.json").write_text(json.dumps(agent))
     (tmp_path / "analyst.json").write_text(json.dumps(analyst))
     res = CliRunner().invoke(cli, [
-        "evolve", "trace2skill", "--tasks", str(tasks), "--skill", "adding", "--create",
+        "evolve", "trace2skill", "--tasks", str(tasks), "--skill", "adding", "--create", "-j", "1",
         "--model", f"scripted:{tmp_path / 'agent.json'}",
         "--analyst", f"scripted:{tmp_path / 'analyst.json'}",
         "--library", str(tmp_path / "lib"), "--workers", "1", "--json"])

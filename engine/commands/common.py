@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.progress import ProgressColumn, Task
+from rich.text import Text
 
 from engine.errors import WhetstoneError
 from engine.paths import whetstone_home
@@ -99,6 +101,40 @@ def methods_option(fn: F) -> F:
     return click.option("--methods", "methods", default="", metavar="A,B",
                         help="Runtime methods to use besides skills, comma-separated "
                              "(`whetstone methods` lists them).")(fn)
+
+
+class RateColumn(ProgressColumn):
+    """Tasks per minute, from the bar's own speed estimate (``-`` until it has one)."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("- tasks/min" if speed is None else f"{speed * 60:.1f} tasks/min")
+
+
+class Concurrency(click.ParamType):
+    """``-j``: a positive number, or ``auto`` (as many as the backend decodes together)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | None:
+        if value is None or value == "auto":
+            return None  # resolved against the backend once it is loaded
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number or 'auto'", param, ctx)
+        if n < 1:
+            self.fail(f"{n} is below 1; give a positive number or 'auto'", param, ctx)
+        return n
+
+
+def concurrency_option(fn: F) -> F:
+    """``--concurrency/-j N|auto`` (default auto: what the backend decodes together)."""
+    return click.option("--concurrency", "-j", type=Concurrency(), default="auto",
+                        show_default=True,
+                        help="Tasks run at once; auto = the backend's batch (1 for engines "
+                             "that decode one sequence at a time).")(fn)
 
 
 def parse_methods(methods: str, method_config: tuple[str, ...] = ()

@@ -24,6 +24,8 @@ from rich.progress import (
 
 from engine.commands.common import (
     EXIT_INTERRUPTED,
+    RateColumn,
+    concurrency_option,
     console,
     default_library_path,
     emit_json,
@@ -40,7 +42,7 @@ from engine.evaluation.benchmarks import BENCHMARKS, load_tasks
 from engine.evaluation.compare import Comparison, compare
 from engine.evaluation.report import write_report
 from engine.evaluation.results import EvalResult, TaskResult, default_evals_dir, load_results
-from engine.evaluation.runner import Solver, evaluate
+from engine.evaluation.runner import Solver, evaluate, solver_concurrency
 from engine.evaluation.tasks import TaskSet
 from library_store.traces import TraceStore
 
@@ -59,16 +61,20 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...]
     return solver_factory(methods=parse_methods(methods, method_config))
 
 
-def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None, concurrency: int,
+def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
+         concurrency: int | None,
          seed: int, store: TraceStore, model: str, version: str | None,
          quiet: bool) -> EvalResult:
-    """One evaluation with a progress bar (ETA and running accuracy) on stderr."""
+    """One evaluation with a progress bar (ETA, tasks/min and running accuracy) on stderr.
+    ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once."""
     err = console(stderr=True)
+    if concurrency is None:
+        concurrency = solver_concurrency(solver)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TextColumn("eta"),
-               TimeRemainingColumn()]
+               TextColumn("acc {task.fields[acc]}"), RateColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
     with Progress(*columns, console=err, disable=quiet, transient=False) as progress:
-        bar = progress.add_task(label, total=len(tasks), acc="-")
+        bar = progress.add_task(f"{label} -j {concurrency}", total=len(tasks), acc="-")
         total = [0.0]
 
         def on_progress(done: int, n: int, r: TaskResult) -> None:
@@ -140,8 +146,7 @@ def _finish(results: list[EvalResult]) -> None:
 @model_option
 @library_option
 @click.option("--version", "version", default=None, help="Library version (default: current).")
-@click.option("--concurrency", "-j", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Tasks run at once.")
+@concurrency_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
 @click.option("--scorer", default=None,
               help="exact, normalised, numeric[:TOL], contains, f1, bfcl or module:function "
@@ -154,7 +159,7 @@ def _finish(results: list[EvalResult]) -> None:
 @click.pass_context
 @handle_errors
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
-             version: str | None, concurrency: int, seed: int, scorer: str | None,
+             version: str | None, concurrency: int | None, seed: int, scorer: str | None,
              limit: int | None, compare_versions: tuple[str, str] | None, methods: str,
              method_config: tuple[str, ...], as_json: bool) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task."""

@@ -29,6 +29,8 @@ from rich.progress import (
 from rich.syntax import Syntax
 
 from engine.commands.common import (
+    RateColumn,
+    concurrency_option,
     console,
     emit_json,
     handle_errors,
@@ -56,8 +58,7 @@ def _shared_options() -> list[click.Option]:
         click.option("--gate-tasks", default=None, metavar="SET",
                      help="Held-out tasks for the gate (default: the traces' own tasks)."),
         click.option("--gate-rule", default="not_worse", show_default=True),
-        click.option("--concurrency", "-j", type=click.IntRange(min=1), default=1,
-                     show_default=True),
+        concurrency_option,
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--candidate", "candidate_name", default=None,
                      help="Name for the candidate kept when the gate rejects the change."),
@@ -187,12 +188,12 @@ def evolve_group() -> None:
 
 def _bar(err: Any) -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err)
+                    RateColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err)
 
 
 def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          trace_filter: str | None, limit: int | None, model: str, analyst: str | None,
-         gate_tasks: str | None, gate_rule: str, concurrency: int, seed: int,
+         gate_tasks: str | None, gate_rule: str, concurrency: int | None, seed: int,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
          as_json: bool) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""

@@ -42,6 +42,17 @@ ProgressFn = Callable[[int, int, TaskResult], None]
 FATAL = (ConfigError, ModelNotInstalled, ModelLoadError, BackendUnavailable, EvalError)
 
 
+def with_concurrency(solver: Solver, n: int) -> Solver:
+    """Tag ``solver`` with how many tasks its backend runs well at once (``-j auto``)."""
+    solver.max_concurrency = max(1, int(n))  # type: ignore[attr-defined]
+    return solver
+
+
+def solver_concurrency(solver: Solver) -> int:
+    """The concurrency ``-j auto`` picks for ``solver``: its tag, else 1 (one at a time)."""
+    return max(1, int(getattr(solver, "max_concurrency", 1)))
+
+
 def task_seed(seed: int, task_id: str) -> int:
     """The seed one task runs with: stable in (run seed, task id), in [0, 2**31)."""
     digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
