@@ -77,9 +77,9 @@ async def upstream_chat(request: HttpRequest) -> Response:
 
 
 @pytest.fixture
-def front(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """client -> Whetstone (no --served-name, API key k1, stream idle limit 0.5 s) ->
-    the misbehaving upstream."""
+def front(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """client -> Whetstone (no --served-name, API key k1; options from an indirect
+    parameter) -> the misbehaving upstream."""
     upstream_app = Starlette(routes=[Route("/v1/chat/completions", upstream_chat,
                                            methods=["POST"])])
     store = TraceStore(tmp_path / "traces")
@@ -88,7 +88,7 @@ def front(tmp_path: Path) -> Iterator[dict[str, Any]]:
         backend = get_backend(f"openai:tiny@{upstream}/v1", BackendOptions(max_retries=0))
         servers.callback(backend.close)
         url = servers.start(create_app(backend, traces=store, api_keys=["k1"],
-                                       stream_idle_s=0.5))
+                                       **getattr(request, "param", {})))
         yield {"url": url, "upstream": upstream, "store": store}
 
 
@@ -167,6 +167,7 @@ def test_an_upstream_answering_a_stream_with_html_is_a_502(front: dict[str, Any]
 
 # --- 5. deadlines ----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("front", [{"stream_idle_s": 0.5}], indirect=True)
 def test_sse_keepalives_cannot_hold_a_request(front: dict[str, Any]) -> None:
     start = time.monotonic()
     r = ask(front, "keepalive", stream=True)  # the upstream would go on for 30 s
