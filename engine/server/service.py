@@ -278,8 +278,8 @@ class ChatService:
         """The deadline of a request arriving now, on the monotonic clock."""
         return time.monotonic() + self.settings.deadline_s
 
-    def _expired(self, what: str) -> DeadlineExceeded:
-        return DeadlineExceeded(f"the model did not {what} within "
+    def _expired(self, message: str | None = None) -> DeadlineExceeded:
+        return DeadlineExceeded(message or f"the model did not answer within "
                                 f"{self.settings.deadline_s:g} s",
                                 hint="retry later, or ask for fewer tokens")
 
@@ -288,7 +288,8 @@ class ChatService:
         try:
             await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            raise self._expired("answer (the request waited for a free slot)") from None
+            raise self._expired(f"the request waited for a free slot for all of its "
+                                f"{self.settings.deadline_s:g} s") from None
 
     def _timed(self, request: Request, deadline: float) -> Request:
         """``request`` with the time left as its timeout, when a timeout is configured."""
@@ -309,7 +310,7 @@ class ChatService:
                 self.backend.acomplete(self._timed(call.request, deadline)),
                 left + _DEADLINE_GRACE_S)
         except asyncio.TimeoutError:
-            raise self._expired("answer") from None
+            raise self._expired() from None
         except Exception as exc:  # re-raised: a 502 when it is the upstream's doing
             raise _as_upstream_error(exc) from exc
         finally:
