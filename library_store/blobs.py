@@ -6,6 +6,8 @@ writers add new versions beside it. Unchanged files are shared by every version 
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from pathlib import Path
 
 from engine.errors import LibraryError
@@ -52,3 +54,24 @@ class BlobStore:
             return sha256_bytes(self.path(digest).read_bytes()) == digest
         except FileNotFoundError:
             return False
+
+
+def unified_diff(blobs: BlobStore, pairs: Mapping[str, tuple[str | None, str | None]],
+                 label_a: str, label_b: str, *, context: int = 3) -> str:
+    """Unified diff text for path -> (hash before, hash after) pairs of blobs in ``blobs``."""
+    chunks: list[str] = []
+    for path, (ha, hb) in sorted(pairs.items()):
+        da = blobs.get(ha) if ha else b""
+        db = blobs.get(hb) if hb else b""
+        try:
+            ta, tb = da.decode("utf-8"), db.decode("utf-8")
+        except UnicodeDecodeError:
+            chunks.append(f"Binary file {path} differs ({label_a} -> {label_b})\n")
+            continue
+        lines = difflib.unified_diff(
+            ta.splitlines(keepends=True), tb.splitlines(keepends=True),
+            fromfile=f"a/{path} ({label_a})" if ha else "/dev/null",
+            tofile=f"b/{path} ({label_b})" if hb else "/dev/null", n=context)
+        chunks.append("".join(line if line.endswith("\n") else line + "\n\\ No newline at "
+                              "end of file\n" for line in lines))
+    return "".join(chunks)

@@ -42,7 +42,8 @@ def atomic_write(target: Path, data: bytes, *, tmp_dir: Path, durable: bool = Tr
     rename itself is on disk before anything (``CURRENT``) can point at the file.
     """
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_dir / f"{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    # Only a prefix of the name: the temp name must fit wherever the target's name fits.
+    tmp = tmp_dir / f"{target.name[:32]}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)

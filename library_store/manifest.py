@@ -8,6 +8,7 @@ manifest stays a few hundred bytes however large the library grows.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +56,12 @@ class Manifest:
                               scores=dict(self.scores), costs=dict(self.costs))
 
 
+_VERSION_RE = re.compile(r"v([0-9]{1,18})")  # ASCII digits only: '²'.isdigit() is True
+
+
 def version_number(vid: str) -> int:
-    """``"v12"`` -> 12."""
-    if not (vid.startswith("v") and vid[1:].isdigit()):
+    """``"v12"`` -> 12; ``NotFound`` for anything else."""
+    m = _VERSION_RE.fullmatch(vid) if isinstance(vid, str) else None
+    if m is None:
         raise NotFound(f"{vid!r} is not a version id", hint="versions look like v1, v2, ...")
-    return int(vid[1:])
+    return int(m.group(1))

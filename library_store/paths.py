@@ -1,13 +1,27 @@
 """Library paths and change contents: the rules every writer (commits, candidates) checks.
 
 Kept apart from ``store.py`` so ``candidates.py`` can use them without importing the store.
+
+A path is checked before anything is written, so a version can always be written out as the
+plain files of the view (``skills/``, ``policies/``), exported and checked out elsewhere:
+each part at most ``MAX_PART_BYTES`` bytes of UTF-8 (ext4 and most file systems allow 255; the
+margin leaves room for the temp names of atomic writes and for the library's own folder), the
+whole path at most ``MAX_PATH_BYTES``, at most ``MAX_DEPTH`` parts, no control characters,
+and each file at most ``MAX_FILE_BYTES``.
 """
 
 from __future__ import annotations
 
+import unicodedata
+
 from engine.errors import ValidationError
 
 ROOTS = ("skills", "policies")  # top-level folders a version may hold
+
+MAX_PART_BYTES = 128
+MAX_PATH_BYTES = 512
+MAX_DEPTH = 8
+MAX_FILE_BYTES = 16 * 1024 * 1024
 
 Content = str | bytes | None
 
@@ -15,11 +29,67 @@ Content = str | bytes | None
 def to_bytes(path: str, value: Content) -> bytes | None:
     """A change's content as bytes (None deletes); anything else is a ``ValidationError``."""
     if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    raise ValidationError(path, "content-type", f"content must be str, bytes or None, "
-                          f"not {type(value).__name__}")
+        data = value
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+    else:
+        raise ValidationError(path, "content-type", f"content must be str, bytes or None, "
+                              f"not {type(value).__name__}")
+    if data is not None and len(data) > MAX_FILE_BYTES:
+        raise ValidationError(path, "file-size", f"the file is {len(data)} bytes; a library "
+                              f"file holds at most {MAX_FILE_BYTES}",
+                              hint="keep large data outside the library and refer to it")
+    return data
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """A name as a message can show it: as is when short and printable, else escaped and cut
+    (a lone surrogate would crash the terminal's encoder; a 4 KB name buries the message)."""
+    if len(text) <= limit and text.isprintable() and text.isascii():
+        return text
+    if len(text) <= limit and text.isprintable():
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            pass
+    cut = ascii(text[:limit])[1:-1]
+    return cut if len(text) <= limit else f"{cut}... ({len(text)} characters)"
+
+
+def name_problem(part: str) -> tuple[str, str] | None:
+    """(rule, detail) when one part of a path (a file or folder name) cannot be kept, else
+    None: too long, not encodable as UTF-8, or holding a control character or a backslash."""
+    try:
+        size = len(part.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: bytes that were not UTF-8 on disk
+        return "path-encoding", f"the name {shown(part)} is not valid UTF-8"
+    if size > MAX_PART_BYTES:
+        return "path-length", (f"the name {shown(part)} is {size} bytes of UTF-8; a file or "
+                               f"folder name holds at most {MAX_PART_BYTES}")
+    bad = next((c for c in part if c == "\\" or unicodedata.category(c) in ("Cc", "Cs")), None)
+    if bad is not None:
+        return "path-characters", (f"the name {shown(part)} holds the character {bad!r}; "
+                                   "names may not hold control characters or backslashes")
+    return None
+
+
+def path_problems(path: str) -> list[tuple[str, str]]:
+    """(rule, detail) for everything that keeps ``path`` out of a library: its parts (see
+    ``name_problem``), its total length and its depth. The layout rules (roots, '.', '..',
+    hidden names) are ``check_path``'s."""
+    parts = path.split("/")
+    out = [p for p in (name_problem(part) for part in parts) if p is not None]
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        size = 0  # reported per part above
+    if size > MAX_PATH_BYTES:
+        detail = f"the path is {size} bytes of UTF-8; a library path holds at most {MAX_PATH_BYTES}"
+        out.append(("path-length", detail))
+    if len(parts) > MAX_DEPTH:
+        out.append(("path-depth", f"the path has {len(parts)} parts; at most {MAX_DEPTH}"))
+    return out
 
 
 def check_path(path: str, *, deleting: bool = False) -> str:
@@ -27,17 +97,25 @@ def check_path(path: str, *, deleting: bool = False) -> str:
 
     Hidden parts (``.env.example``) and ``__pycache__`` are refused too: the view, export and
     import all skip them, so such a file would show as deleted and be lost on a round trip.
+    So are names the view could not write (``path_problems``).
     ``deleting`` allows them, so a library that holds one from before can still drop it."""
     parts = path.split("/") if isinstance(path, str) else []
     bad = (not parts or "\\" in path or path.startswith("/")
            or any(p in ("", ".", "..") for p in parts))
     if bad or len(parts) < 2 or parts[0] not in ROOTS:
         raise ValidationError(
-            str(path), "path", "a library path is relative, uses '/', has no '.' or '..' parts "
-            f"and starts with one of {', '.join(r + '/' for r in ROOTS)}",
+            shown(str(path), 200), "path", "a library path is relative, uses '/', has no '.' "
+            f"or '..' parts and starts with one of {', '.join(r + '/' for r in ROOTS)}",
             hint="e.g. skills/<name>/SKILL.md or policies/<module>.md")
+    if deleting:
+        return path
+    problems = path_problems(path)
+    if problems:
+        rule, detail = problems[0]
+        raise ValidationError(shown(path, 200), rule, detail,
+                              hint="rename the file or folder with a shorter, plain name")
     hidden = next((p for p in parts if p.startswith(".") or p == "__pycache__"), None)
-    if hidden is not None and not deleting:
+    if hidden is not None:
         raise ValidationError(
             path, "path-hidden", f"{hidden!r} is a hidden or cache name; the library does not "
             "keep such files (the view, export and import skip them)",

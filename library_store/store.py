@@ -22,8 +22,8 @@ and reads only immutable objects of that version.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
+import logging
 import os
 import threading
 import time
@@ -36,15 +36,17 @@ from filelock import FileLock, Timeout
 
 from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
-from library_store.blobs import BlobStore
+from library_store.blobs import BlobStore, unified_diff
 from library_store.candidates import Candidates
 from library_store.fsutil import atomic_write, clean_dir, make_dirs
 from library_store.manifest import Manifest, version_number
 from library_store.paths import ROOTS, Content, check_path, to_bytes
-from library_store.traces import TraceStore
+from library_store.traces import TraceStore, trace_store
 from library_store.transfer import write_folder
 from library_store.tree import Trees, group_of
-from library_store.view import View, ViewEdits
+from library_store.view import View, ViewEdits, ViewError
+
+log = logging.getLogger("whetstone.library")
 
 BULK_FILES = 256  # above this many files a commit syncs the disk once instead of per file
 
@@ -143,6 +145,9 @@ class Library:
                          self.root / ".tmp")
         self._manifests: dict[str, Manifest] = {}
         self._thread_lock = threading.RLock()
+        # Set when the view (skills/, policies/) could not be brought up to the current
+        # version: the versions are intact and every command still works; see ``repair_view``.
+        self.view_problem: ViewError | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -169,8 +174,13 @@ class Library:
         return lib
 
     @classmethod
-    def open(cls, root: Path | str, *, create: bool = False, **kwargs: Any) -> Library:
-        """Open an existing library (``create``: make it when missing) and repair its view."""
+    def open(cls, root: Path | str, *, create: bool = False, quiet: bool = False,
+             **kwargs: Any) -> Library:
+        """Open an existing library (``create``: make it when missing) and repair its view.
+
+        A view that cannot be repaired does not stop the opening: the versions are the truth,
+        so the library is usable; ``view_problem`` says what failed and how to fix it, and is
+        logged as a warning unless ``quiet`` (a caller that reports it itself)."""
         lib = cls(root, **kwargs)
         if not lib.is_initialized():
             if create:
@@ -178,6 +188,8 @@ class Library:
             raise LibraryError(f"no library at {lib.root}",
                                hint="create one with `whetstone library init` or pass --library")
         lib.repair_view(blocking=False)
+        if lib.view_problem is not None and not quiet:
+            log.warning("%s (%s)", lib.view_problem.message, lib.view_problem.hint)
         return lib
 
     # -- reading ---------------------------------------------------------------------------
@@ -211,7 +223,7 @@ class Library:
         back = 0
         if "~" in ref:
             ref, _, k = ref.partition("~")
-            if not k.isdigit():
+            if not (k.isascii() and k.isdigit()) or len(k) > 9:
                 raise NotFound(f"bad version reference {ref}~{k}", hint="use e.g. current~1")
             back = int(k)
         if ref in ("current", "HEAD", ""):
@@ -265,22 +277,7 @@ class Library:
     def format_diff(self, pairs: Mapping[str, tuple[str | None, str | None]], label_a: str,
                     label_b: str, *, context: int = 3) -> str:
         """Unified diff text for path -> (hash before, hash after) pairs."""
-        chunks: list[str] = []
-        for path, (ha, hb) in sorted(pairs.items()):
-            da = self.blobs.get(ha) if ha else b""
-            db = self.blobs.get(hb) if hb else b""
-            try:
-                ta, tb = da.decode("utf-8"), db.decode("utf-8")
-            except UnicodeDecodeError:
-                chunks.append(f"Binary file {path} differs ({label_a} -> {label_b})\n")
-                continue
-            lines = difflib.unified_diff(
-                ta.splitlines(keepends=True), tb.splitlines(keepends=True),
-                fromfile=f"a/{path} ({label_a})" if ha else "/dev/null",
-                tofile=f"b/{path} ({label_b})" if hb else "/dev/null", n=context)
-            chunks.append("".join(line if line.endswith("\n") else line + "\n\\ No newline at "
-                                  "end of file\n" for line in lines))
-        return "".join(chunks)
+        return unified_diff(self.blobs, pairs, label_a, label_b, context=context)
 
     @property
     def candidates(self) -> Candidates:
@@ -289,9 +286,9 @@ class Library:
 
     @property
     def traces(self) -> TraceStore:
-        """The trace store at ``<library>/traces`` (retention from ``library.json``)."""
-        keep = self.settings().get("trace_keep_days")
-        return TraceStore(self.root / "traces", keep_days=keep)
+        """The trace store at ``<library>/traces``, bounded as ``library.json`` says
+        (``trace_keep_days``, ``trace_max_bytes``, ``trace_max_record_bytes``)."""
+        return trace_store(self.root / "traces", self.settings())
 
     def settings(self) -> dict[str, Any]:
         """``library.json`` (e.g. ``{"trace_keep_days": 30}``); empty when absent."""
@@ -334,7 +331,7 @@ class Library:
             try:
                 clean_dir(self.root / ".tmp")  # temp files of a writer that was killed
                 if repair:
-                    self._repair_view_locked()
+                    self._repair_view_tolerant()
                 yield
             finally:
                 lock.release()
@@ -349,21 +346,39 @@ class Library:
         atomic_write(self.current_path, (m.id + "\n").encode(), tmp_dir=tmp, durable=self.durable)
         self._manifests[m.id] = m
 
-    def _repair_view_locked(self) -> list[str]:
+    def _view_root(self) -> str | None:
+        """The tree the view shows, as its marker says (None: unknown)."""
         marker = self.view.marker()
+        return marker.get("root") if marker else None
+
+    def _repair_view_locked(self) -> list[str]:
         current = self._manifest(self.current_id())
-        if marker is not None and marker.get("root") == current.root:
+        shows = self._view_root()
+        if shows == current.root:
+            self.view_problem = None
             return []
-        return self.view.sync(marker.get("root") if marker else None, current.root, current.id)
+        stashed = self.view.sync(shows, current.root, current.id)
+        self.view_problem = None
+        return stashed
+
+    def _repair_view_tolerant(self) -> list[str]:
+        """``_repair_view_locked``, recording a failure in ``view_problem`` instead of raising."""
+        try:
+            return self._repair_view_locked()
+        except ViewError as exc:
+            self.view_problem = exc
+            return exc.stashed
 
     def repair_view(self, *, blocking: bool = True) -> list[str]:
         """Bring ``skills/`` and ``policies/`` up to the current version after a crash.
 
         Non-blocking callers skip the repair while another writer holds the lock (that writer
         repairs it). Returns hand-edited files that were moved to ``.state/stash``.
+        Blocking, a file that still cannot be written raises ``ViewError``; non-blocking (how
+        ``open`` calls it) the failure is kept in ``view_problem`` and logged.
         """
-        marker = self.view.marker()
-        if marker is not None and marker.get("root") == self._manifest(self.current_id()).root:
+        if self._view_root() == self._manifest(self.current_id()).root:
+            self.view_problem = None
             return []
         lock = FileLock(str(self.root / ".lock"), timeout=self.lock_timeout if blocking else 0)
         with self._thread_lock:
@@ -373,7 +388,7 @@ class Library:
                 return []
             try:
                 clean_dir(self.root / ".tmp")
-                return self._repair_view_locked()
+                return self._repair_view_locked() if blocking else self._repair_view_tolerant()
             finally:
                 lock.release()
 
@@ -425,9 +440,46 @@ class Library:
                 problems = list(validate(Snapshot(self, m), sorted(effective)))
                 if problems:
                     raise rejection(problems)
+            shows = self._view_root()
             self._publish(m)
-            self.view.sync(parent.root, root, new_id)
+            self._sync_after_publish(m, parent, shows, effective)
         return m.to_version()
+
+    def _sync_after_publish(self, m: Manifest, parent: Manifest, shows: str | None,
+                            effective: Mapping[str, str | None]) -> None:
+        """Write the new version's files into the view. When a file this commit changed
+        cannot be written, the commit is undone (``CURRENT`` back to the parent) and a
+        ``LibraryError`` says why; a failure only on files from before (a view that was
+        already broken) keeps the commit and is recorded in ``view_problem``."""
+        try:
+            self.view.sync(shows, m.root, m.id)
+            self.view_problem = None
+            return
+        except ViewError as exc:
+            failed = exc
+        if not any(p in effective for p in failed.paths):
+            self.view_problem = failed
+            log.warning("%s (%s)", failed.message, failed.hint)
+            return
+        self._unpublish(m, parent)
+        raise LibraryError(
+            f"version {m.id} was not kept: {failed.message}; the library stays at {parent.id}",
+            hint="free disk space or fix the folder's permissions and try again") from failed
+
+    def _unpublish(self, m: Manifest, parent: Manifest) -> None:
+        """Make ``parent`` current again after ``m``'s view could not be written, and take
+        back the files of ``m`` that did reach the view."""
+        tmp = self.root / ".tmp"
+        atomic_write(self.current_path, (parent.id + "\n").encode(), tmp_dir=tmp,
+                     durable=self.durable)
+        self._manifests.pop(m.id, None)
+        (self.root / "versions" / f"{m.id}.json").unlink(missing_ok=True)  # unreachable now
+        try:
+            # The marker still names what the view showed before; only this commit's own
+            # writes are undone, so the next repair from that marker stays exact.
+            self.view.sync(m.root, parent.root, parent.id, write_marker=False)
+        except ViewError:
+            self.view.forget_marker()  # the next repair compares every file with the disk
 
     def _put_all(self, changes: Mapping[str, bytes | None]) -> dict[str, str | None]:
         """Store the contents of a change; a large one is flushed to disk once, not per file."""

@@ -1,18 +1,22 @@
-"""The append-only trace store: one JSON line per trace record, one file per day.
+"""The append-only trace store: one JSON line per trace record, files per day.
 
 A trace may be written more than once (``running`` when a run starts, its outcome when it ends,
 a new score when feedback arrives); the latest line for an id wins. Reading never fails on a
-bad line: it is reported with its file and line number and skipped. Retention deletes whole
-day files, so nothing is ever rewritten in place.
+bad line: it is reported with its file and line number and skipped. The store is bounded: each
+record is capped in size (``trace_records``), and retention (by age and by total size) deletes
+whole files, oldest first, so nothing is ever rewritten in place. Lookups by id use an index
+(``trace_index``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +26,11 @@ from filelock import FileLock
 
 from engine.errors import ConfigError, NotFound
 from engine.types import Trace
+from library_store.paths import shown
+from library_store.trace_index import TraceIndex
+from library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_trace
+
+log = logging.getLogger("whetstone.traces")
 
 
 @dataclass
@@ -114,52 +123,157 @@ def _ends_torn(path: Path) -> bool:
         return False
 
 
+_DATA_FILE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:_(\d{3,}))?\.jsonl")
+DEFAULT_MAX_BYTES = 1024 ** 3  # 1 GiB of records per store unless configured
+MIN_SEGMENT_BYTES = 64 * 1024
+MAX_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+def _day_of(path: Path) -> str | None:
+    m = _DATA_FILE.fullmatch(path.name)
+    return m.group(1) if m else None
+
+
 @dataclass
 class TraceStore:
-    """Traces under ``root`` (``<library>/traces``). Safe for threads and processes."""
+    """Traces under ``root`` (``<library>/traces``). Safe for threads and processes.
+
+    Records go to day files (``YYYY-MM-DD.jsonl``), split into numbered segments
+    (``YYYY-MM-DD_001.jsonl`` ...) so old records can be dropped a piece at a time. Bounds:
+    each record at most ``max_record_bytes`` (long strings cut with a marker and their hash,
+    see ``trace_records``); the data files at most ``max_bytes`` in all (0: no cap), the
+    oldest segments deleted past it after each write; ``keep_days`` for ``prune()``.
+    Lookups by id go through an index (``trace_index``), not a scan.
+    """
 
     root: Path
     problems: list[str] = field(default_factory=list)  # bad lines seen by the last read
     keep_days: float | None = None  # retention used by ``prune()`` when no argument is given
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self._thread_lock = threading.Lock()
+        self.index = TraceIndex(self.root)
+        self._total: int | None = None  # bytes of data files, as this process last saw them
 
     def _lock(self) -> FileLock:
         self.root.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.root / ".lock"))
 
-    def _day_file(self, when: float) -> Path:
-        day = datetime.fromtimestamp(when, tz=timezone.utc).strftime("%Y-%m-%d")
-        return self.root / f"{day}.jsonl"
+    @property
+    def segment_bytes(self) -> int:
+        """Size at which a day file is continued in a new segment."""
+        if not self.max_bytes:
+            return MAX_SEGMENT_BYTES
+        return min(MAX_SEGMENT_BYTES, max(MIN_SEGMENT_BYTES, self.max_bytes // 8))
+
+    def _day(self, when: float) -> str:
+        return datetime.fromtimestamp(when, tz=timezone.utc).strftime("%Y-%m-%d")
+
+    def _segment(self, day: str) -> Path:
+        """The file the next record of ``day`` goes to: its last segment, or a new one when
+        that is full."""
+        last = max((p for p in self.root.glob(f"{day}*.jsonl") if _day_of(p) == day),
+                   default=None)
+        if last is None:
+            return self.root / f"{day}.jsonl"
+        try:
+            full = last.stat().st_size >= self.segment_bytes
+        except FileNotFoundError:
+            full = False
+        if not full:
+            return last
+        m = _DATA_FILE.fullmatch(last.name)
+        seq = int(m.group(2) or 0) + 1 if m else 1
+        return self.root / f"{day}_{seq:03d}.jsonl"
+
+    def encode(self, trace: Trace) -> Record:
+        """``trace`` as the bounded line it is stored as (cheap to keep in a queue)."""
+        return encode_trace(trace, self._record_cap())
+
+    def _record_cap(self) -> int:
+        cap = self.max_record_bytes
+        return min(cap, self.max_bytes // 4) if self.max_bytes else cap
 
     def append(self, trace: Trace) -> None:
         """Write one record. Lines go to the file of the trace's start day."""
-        self.append_many([trace])
+        self.append_records([self.encode(trace)])
 
     def append_many(self, traces: Iterable[Trace]) -> None:
-        """Write records under one lock, one open per day file (the server writes in batches).
+        """Write records under one lock (the server writes in batches)."""
+        self.append_records([self.encode(t) for t in traces])
+
+    def append_records(self, records: Iterable[Record]) -> None:
+        """Write encoded records (``encode``) under one lock, then keep the store under
+        ``max_bytes``.
 
         Each record is one ``write`` of a whole line, so a crash leaves at worst a torn last
         line, which readers report and skip; the next append starts a fresh line after it."""
-        by_file: dict[Path, list[str]] = {}
-        for t in traces:
-            by_file.setdefault(self._day_file(t.started), []).append(t.to_json() + "\n")
-        if not by_file:
+        by_day: dict[str, list[Record]] = {}
+        for r in records:
+            by_day.setdefault(self._day(r.started), []).append(r)
+        if not by_day:
             return
         with self._thread_lock, self._lock():
-            for path, lines in by_file.items():
-                with open(path, "a", encoding="utf-8") as f:
-                    if _ends_torn(path):
-                        # A writer killed mid-line left no newline; without one the first
-                        # good record would be glued onto the torn line and lost with it.
-                        f.write("\n")
-                    f.writelines(lines)
-                    f.flush()
+            for day, recs in by_day.items():
+                self._write_day(day, recs)
+            if self.max_bytes and self._total is not None and self._total > self.max_bytes:
+                self._prune_locked(None, self.max_bytes, time.time())
+
+    def _write_day(self, day: str, records: list[Record]) -> None:
+        i = 0
+        while i < len(records):
+            path = self._segment(day)
+            written = self._write_segment(path, records[i:])
+            i += written
+
+    def _write_segment(self, path: Path, records: list[Record]) -> int:
+        """Append to one segment until it is full; returns how many records it took."""
+        if self._total is None:
+            self._total = sum(self._sizes().values())
+        if path.exists() and self.index.indexed(path.name) != path.stat().st_size:
+            self.index.catch_up_file(path)  # lines another writer added without the index
+        rows: list[tuple[str, int, int]] = []
+        with open(path, "ab") as f:
+            pos = f.seek(0, 2)
+            start = pos
+            if _ends_torn(path):
+                # A writer killed mid-line left no newline; without one the first good
+                # record would be glued onto the torn line and lost with it.
+                f.write(b"\n")
+                pos += 1
+            for r in records:
+                data = r.line.encode("utf-8", "surrogatepass") + b"\n"
+                f.write(data)
+                rows.append((r.id, pos, len(data) - 1))
+                pos += len(data)
+                if pos >= self.segment_bytes:
+                    break
+            f.flush()
+        self._total += pos - start
+        self.index.add(path.name, rows, pos)
+        return len(rows)
 
     def files(self) -> list[Path]:
-        return sorted(self.root.glob("*.jsonl")) if self.root.exists() else []
+        """The data files, oldest first (their names sort in the order they were written)."""
+        if not self.root.exists():
+            return []
+        return sorted(p for p in self.root.glob("*.jsonl") if _day_of(p) is not None)
+
+    def _sizes(self) -> dict[Path, int]:
+        out: dict[Path, int] = {}
+        for p in self.files():
+            try:
+                out[p] = p.stat().st_size
+            except FileNotFoundError:
+                continue
+        return out
+
+    def size(self) -> int:
+        """Bytes of the data files (the index adds about 100 bytes per trace)."""
+        return sum(self._sizes().values())
 
     def _records(self) -> Iterator[Trace]:
         self.problems = []
@@ -171,7 +285,7 @@ class TraceStore:
                     try:
                         yield Trace.from_dict(json.loads(line))
                     except (json.JSONDecodeError, KeyError, TypeError, ValueError,
-                            AttributeError) as exc:
+                            AttributeError, RecursionError) as exc:
                         self.problems.append(
                             f"{path}:{lineno}: unreadable trace record ({exc}); skipped"
                         )
@@ -193,18 +307,49 @@ class TraceStore:
             found = found[-q.limit:]
         return found
 
+    def find(self, trace_id: str) -> Trace | None:
+        """The trace with exactly this id, through the index (None when there is none)."""
+        try:
+            self.index.catch_up(self.files())
+            for _ in range(2):
+                where = self.index.lookup(trace_id)
+                if where is None:
+                    return None
+                trace = self._read_at(*where)
+                if trace is not None and trace.id == trace_id:
+                    return trace
+                self.index.forget([where[0]])  # the file changed under the index
+                self.index.catch_up(self.files())
+        except sqlite3.Error as exc:
+            log.warning("the trace index at %s failed (%s); rebuilding it", self.index.path, exc)
+            self.index.reset()
+        return self.latest().get(trace_id)  # the index could not say: read the files
+
+    def _read_at(self, name: str, offset: int, length: int) -> Trace | None:
+        try:
+            with open(self.root / name, "rb") as f:
+                f.seek(offset)
+                return Trace.from_dict(json.loads(f.read(length)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return None
+
     def get(self, trace_id: str) -> Trace:
         """One trace by id or by a unique id prefix."""
-        traces = self.latest()
-        if trace_id in traces:
-            return traces[trace_id]
-        matches = [t for i, t in traces.items() if i.startswith(trace_id)]
+        found = self.find(trace_id)
+        if found is not None:
+            return found
+        try:
+            matches = self.index.with_prefix(trace_id, limit=2)
+        except sqlite3.Error:
+            matches = [i for i in self.latest() if i.startswith(trace_id)][:2]
         if len(matches) == 1:
-            return matches[0]
+            found = self.find(matches[0])
+            if found is not None:
+                return found
         if not matches:
-            raise NotFound(f"no trace with id {trace_id!r} in {self.root}",
+            raise NotFound(f"no trace with id {shown(trace_id, 80)!r} in {self.root}",
                            hint="`whetstone traces ls` lists the recorded traces")
-        raise NotFound(f"trace id prefix {trace_id!r} is ambiguous ({len(matches)} traces)",
+        raise NotFound(f"trace id prefix {shown(trace_id, 80)!r} is ambiguous",
                        hint="give more characters of the id")
 
     def set_score(self, trace_id: str, score: float, comment: str | None = None) -> Trace:
@@ -217,22 +362,60 @@ class TraceStore:
         self.append(updated)
         return updated
 
-    def prune(self, keep_days: float | None = None, now: float | None = None) -> list[Path]:
-        """Retention: delete day files older than ``keep_days`` (default: the store's
-        ``keep_days`` setting; None keeps everything). Returns what was deleted."""
+    def prune(self, keep_days: float | None = None, now: float | None = None, *,
+              max_bytes: int | None = None) -> list[Path]:
+        """Retention: delete data files older than ``keep_days`` (default: the store's
+        ``keep_days``; None keeps every day), then the oldest files while the store holds
+        more than ``max_bytes`` (default: the store's ``max_bytes``; 0 means no cap). The
+        newest file is always kept. Returns what was deleted."""
         if keep_days is None:
             keep_days = self.keep_days
-        if keep_days is None:
-            return []
-        cutoff = (now if now is not None else time.time()) - keep_days * 86400
-        removed: list[Path] = []
+        cap = self.max_bytes if max_bytes is None else max_bytes
         with self._thread_lock, self._lock():
-            for path in self.files():
-                try:
-                    day = datetime.strptime(path.stem, "%Y-%m-%d").replace(tzinfo=timezone.utc)
-                except ValueError:
-                    continue  # not a day file; leave it alone
+            return self._prune_locked(keep_days, cap or None,
+                                      now if now is not None else time.time())
+
+    def _prune_locked(self, keep_days: float | None, max_bytes: int | None,
+                      now: float) -> list[Path]:
+        sizes = self._sizes()
+        removed: list[Path] = []
+        if keep_days is not None:
+            cutoff = now - keep_days * 86400
+            for path in list(sizes):
+                day = datetime.strptime(_day_of(path) or "", "%Y-%m-%d").replace(
+                    tzinfo=timezone.utc)
                 if day.timestamp() + 86400 < cutoff:
-                    path.unlink()
                     removed.append(path)
+                    del sizes[path]
+        total = sum(sizes.values())
+        if max_bytes is not None:
+            for path in list(sizes)[:-1]:  # oldest first; never the newest
+                if total <= max_bytes:
+                    break
+                total -= sizes.pop(path)
+                removed.append(path)
+        for path in removed:
+            path.unlink(missing_ok=True)
+        if removed:
+            self.index.forget(p.name for p in removed)
+        self._total = total
         return removed
+
+
+def trace_store(root: Path, settings: Mapping[str, Any] | None = None) -> TraceStore:
+    """The store at ``root`` with the bounds a library's settings give (``trace_keep_days``,
+    ``trace_max_bytes`` (0: no cap), ``trace_max_record_bytes``); a bad value is a
+    ``ConfigError``."""
+    settings = settings or {}
+    kw: dict[str, Any] = {}
+    for key, name, kind in (("trace_keep_days", "keep_days", float),
+                            ("trace_max_bytes", "max_bytes", int),
+                            ("trace_max_record_bytes", "max_record_bytes", int)):
+        value = settings.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"library.json: {key} must be a number >= 0, got {value!r}",
+                              hint="fix the value or remove the key")
+        kw[name] = kind(value)
+    return TraceStore(Path(root), **kw)

@@ -19,11 +19,35 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import LibraryError
 from library_store.blobs import BlobStore
 from library_store.fsutil import atomic_write, remove_empty_parents, sha256_bytes
+from library_store.paths import shown
 from library_store.tree import Trees
 
 IGNORED_SUFFIXES = ("~", ".swp", ".swo", ".tmp")
+
+
+class ViewError(LibraryError):
+    """Some files of the view could not be written; the versions themselves are intact."""
+
+    def __init__(self, version: str, failures: list[tuple[str, OSError]],
+                 stashed: list[str]) -> None:
+        self.version = version
+        self.failures = failures
+        self.stashed = stashed
+        first, exc = failures[0]
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        super().__init__(
+            f"the view of {version} could not be written: {shown(first, 120)}{more}: "
+            f"{exc.strerror or exc}",
+            hint="the versions are intact; `whetstone library rollback VERSION` makes a "
+                 "version without the file, or fix the cause (disk space, permissions) and "
+                 "run `whetstone library repair`")
+
+    @property
+    def paths(self) -> list[str]:
+        return [p for p, _ in self.failures]
 
 
 @dataclass(frozen=True)
@@ -81,12 +105,17 @@ class View:
         dest.parent.mkdir(parents=True, exist_ok=True)
         target.replace(dest)
 
-    def sync(self, old_root: str | None, new_root: str, version: str) -> list[str]:
+    def sync(self, old_root: str | None, new_root: str, version: str, *,
+             write_marker: bool = True) -> list[str]:
         """Move the view from tree ``old_root`` to ``new_root``; returns stashed hand edits.
 
         ``old_root=None`` (marker lost) compares every file of the new tree with the disk; as
         what the view showed is unknown, every file that differs is stashed before it is
         replaced (a stash too many beats a hand edit lost).
+
+        A file that cannot be written (a full disk, a name the file system refuses) does not
+        stop the others; once all were tried, ``ViewError`` lists the failures and the marker
+        is left as it was, so the next repair tries them again.
         """
         if old_root is None or not self.blobs.has(old_root):
             changes = {p: (None, h) for p, h in self.trees.files(new_root).items()}
@@ -94,24 +123,39 @@ class View:
             changes = self.trees.diff(old_root, new_root)
         stash_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         stashed: list[str] = []
+        failures: list[tuple[str, OSError]] = []
         for rel, (old_h, new_h) in changes.items():
             if not self._in_view(rel):
                 continue
-            target = self.root / rel
-            on_disk = self._hash_on_disk(target)
-            if on_disk == new_h:
-                continue  # already in place (e.g. a killed writer got this far)
-            if on_disk is not None and on_disk != old_h:
-                self._stash(target, rel, stash_id)
-                stashed.append(rel)
-            if new_h is None:
-                target.unlink(missing_ok=True)
-                remove_empty_parents(target, self.root)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(target, self.blobs.get(new_h), tmp_dir=self.tmp_dir, durable=False)
-        self._write_marker(version, new_root)
+            try:
+                self._sync_one(rel, old_h, new_h, stash_id, stashed)
+            except OSError as exc:
+                failures.append((rel, exc))
+        if failures:
+            raise ViewError(version, failures, stashed)
+        if write_marker:
+            self._write_marker(version, new_root)
         return stashed
+
+    def _sync_one(self, rel: str, old_h: str | None, new_h: str | None, stash_id: str,
+                  stashed: list[str]) -> None:
+        target = self.root / rel
+        on_disk = self._hash_on_disk(target)
+        if on_disk == new_h:
+            return  # already in place (e.g. a killed writer got this far)
+        if on_disk is not None and on_disk != old_h:
+            self._stash(target, rel, stash_id)
+            stashed.append(rel)
+        if new_h is None:
+            target.unlink(missing_ok=True)
+            remove_empty_parents(target, self.root)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, self.blobs.get(new_h), tmp_dir=self.tmp_dir, durable=False)
+
+    def forget_marker(self) -> None:
+        """Drop the marker: the next repair compares every file with the disk."""
+        self.marker_path.unlink(missing_ok=True)
 
     def _walk(self) -> Iterator[str]:
         for top in self.roots:

@@ -11,6 +11,13 @@ here (each problem is a ``ValidationError`` naming the file, the line and the ru
 - the folder: ``SKILL.md`` plus optional ``scripts/``, ``references/`` and ``assets/``, each
   one level deep; a reference file holds at most 300 lines (``check_skill_files``).
 
+Limits that keep any input cheap to check, applied before anything is parsed or rendered:
+``SKILL.md`` at most ``MAX_SKILL_MD_BYTES``, its front matter at most
+``MAX_FRONT_MATTER_BYTES`` and at most ``MAX_YAML_NODES`` YAML nodes once aliases are
+expanded, nested at most ``MAX_YAML_DEPTH`` deep (a YAML alias bomb is refused, never built);
+a skill folder at most ``MAX_SKILL_FILES`` files of at most ``MAX_FILE_BYTES`` each and
+``MAX_SKILL_BYTES`` in all, each path one the library can keep (``library_store.paths``).
+
 This module is the one home of these rules: the loader, imports, and evolved skills
 (``skills.limits``) all check through it.
 
@@ -29,6 +36,7 @@ import yaml
 
 from engine.errors import ValidationError
 from engine.types import Skill
+from library_store.paths import MAX_FILE_BYTES, path_problems, shown
 
 NAME_RE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # use fullmatch: '$' allows a final '\n'
 FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")
@@ -39,6 +47,12 @@ MAX_BODY_LINES = 500
 SKILL_FILE = "SKILL.md"
 SKILL_DIRS = ("scripts", "references", "assets")  # bundled files live one level deep in these
 MAX_REFERENCE_LINES = 300
+MAX_SKILL_MD_BYTES = 256 * 1024
+MAX_FRONT_MATTER_BYTES = 64 * 1024
+MAX_YAML_NODES = 2_000  # counted with every alias expanded where it is used
+MAX_YAML_DEPTH = 16
+MAX_SKILL_FILES = 256
+MAX_SKILL_BYTES = 32 * 1024 * 1024
 
 try:  # libyaml is ~10x faster; the pure-Python loader gives the same results
     _Loader: Any = yaml.CSafeLoader
@@ -95,19 +109,71 @@ def _split(text: str, path: str) -> tuple[str, int, int, int] | ValidationError:
                            "line", line=1, hint="add a '---' line after the YAML fields")
 
 
-def _key_lines(yaml_text: str, first_line: int
+def _key_lines(node: yaml.Node | None, first_line: int
                ) -> tuple[dict[str, int], list[tuple[str, int]]]:
     """File line of each top-level key, and (key, line) of keys repeated later."""
-    node = yaml.compose(yaml_text, Loader=_Loader)
     lines: dict[str, int] = {}
     dupes: list[tuple[str, int]] = []
     if isinstance(node, yaml.MappingNode):
         for key, _ in node.value:
-            k = str(key.value)
+            if not isinstance(key, yaml.ScalarNode):
+                continue  # a collection as a key: the constructor refuses it
+            k = key.value
             if k in lines:
                 dupes.append((k, key.start_mark.line + first_line))
             lines.setdefault(k, key.start_mark.line + first_line)
     return lines, dupes
+
+
+def _yaml_size_problem(root: yaml.Node) -> str | None:
+    """Why a composed front matter is too big to build, or None. Aliases are followed each
+    time they are used, so nine lists of nine aliases count 9**depth nodes (and a recursive
+    alias never ends): the walk stops at the limit instead of building them."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_NODES:
+            return (f"the front matter expands to more than {MAX_YAML_NODES} YAML values "
+                    "(each use of an alias counts)")
+        if depth > MAX_YAML_DEPTH:
+            return f"the front matter is nested more than {MAX_YAML_DEPTH} levels deep"
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((n, depth + 1) for pair in node.value for n in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((n, depth + 1) for n in node.value)
+    return None
+
+
+def _load_front_matter(yaml_text: str, path: str, first: int
+                       ) -> tuple[Any, yaml.Node | None] | ValidationError:
+    """(data, node) of the front matter, built only once it is known to be small."""
+    size = len(yaml_text.encode("utf-8", "surrogatepass"))
+    if size > MAX_FRONT_MATTER_BYTES:
+        return ValidationError(path, "front-matter-size", f"the front matter is {size} bytes; "
+                               f"at most {MAX_FRONT_MATTER_BYTES}", line=first,
+                               hint="keep name, description and short metadata up there")
+    loader = _Loader(yaml_text)
+    try:
+        node = loader.get_single_node()
+        problem = _yaml_size_problem(node) if node is not None else None
+        if problem is not None:
+            return ValidationError(path, "yaml-limits", problem, line=first,
+                                   hint="write the values out instead of using YAML aliases")
+        return (loader.construct_document(node) if node is not None else None), node
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + first if mark is not None else first
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        return ValidationError(path, "yaml", f"the front matter is not valid YAML: {problem}",
+                               line=line, hint="quote values that contain ': ' or start with "
+                               "a special character")
+    except (RecursionError, TypeError, ValueError) as exc:  # nesting, unhashable keys, dates
+        return ValidationError(path, "yaml", f"the front matter cannot be read: "
+                               f"{type(exc).__name__}", line=first)
+    finally:
+        loader.dispose()
 
 
 def check_name(name: Any, *, path: str, line: int | None, folder: str | None
@@ -122,12 +188,12 @@ def check_name(name: Any, *, path: str, line: int | None, folder: str | None
                                    f"the limit is {MAX_NAME}", line=line))
     if not NAME_RE.fullmatch(name):
         out.append(ValidationError(
-            path, "name-format", f"'name' {name!r} may hold only a-z, 0-9 and single hyphens, "
-            "and may not start or end with a hyphen", line=line,
+            path, "name-format", f"'name' {shown(name)!r} may hold only a-z, 0-9 and single "
+            "hyphens, and may not start or end with a hyphen", line=line,
             hint="e.g. pdf-extract or csv-cleanup"))
     if folder is not None and folder != name:
-        out.append(ValidationError(path, "name-folder", f"'name' {name!r} does not match its "
-                                   f"folder {folder!r}", line=line,
+        out.append(ValidationError(path, "name-folder", f"'name' {shown(name)!r} does not "
+                                   f"match its folder {shown(folder)!r}", line=line,
                                    hint="rename the folder or the skill so they are equal"))
     return out
 
@@ -191,22 +257,24 @@ def _check_fields(data: Mapping[str, Any], keys: Mapping[str, int], *, path: str
 
 def parse_skill_md(text: str, *, path: str = "SKILL.md", folder: str | None = None
                    ) -> ParsedSkill:
-    """Parse a ``SKILL.md``, collecting every problem instead of stopping at the first."""
+    """Parse a ``SKILL.md``, collecting every problem instead of stopping at the first.
+
+    The size limits are checked first; a value of the wrong type is reported and left out of
+    the ``Skill``, never rendered."""
+    if len(text) > MAX_SKILL_MD_BYTES:  # characters: a lower bound of the bytes
+        err = ValidationError(path, "skill-md-size", f"SKILL.md is {len(text)} characters; at "
+                              f"most {MAX_SKILL_MD_BYTES} bytes",
+                              hint="move detail into references/*.md")
+        return ParsedSkill(None, text, path, (err,))
     split = _split(text, path)
     if isinstance(split, ValidationError):
         return ParsedSkill(None, text, path, (split,))
     yaml_text, first, last, body_start = split
-    try:
-        data = yaml.load(yaml_text, Loader=_Loader)
-        keys, dupes = _key_lines(yaml_text, first)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + first if mark is not None else first
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        err = ValidationError(path, "yaml", f"the front matter is not valid YAML: {problem}",
-                              line=line, hint="quote values that contain ': ' or start with "
-                              "a special character")
-        return ParsedSkill(None, text, path, (err,), (first, last), body_start)
+    loaded = _load_front_matter(yaml_text, path, first)
+    if isinstance(loaded, ValidationError):
+        return ParsedSkill(None, text, path, (loaded,), (first, last), body_start)
+    data, node = loaded
+    keys, dupes = _key_lines(node, first)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -223,18 +291,29 @@ def parse_skill_md(text: str, *, path: str = "SKILL.md", folder: str | None = No
         problems.append(ValidationError(
             path, "body-length", f"the body has {n} lines; the limit is {MAX_BODY_LINES}",
             line=body_line + MAX_BODY_LINES, hint="move detail into references/*.md"))
-    skill = None
-    if isinstance(data.get("name"), str) and isinstance(data.get("description"), str):
-        tools = data.get("allowed-tools")
-        meta = data.get("metadata")
-        skill = Skill(
-            name=data["name"], description=data["description"], body=body,
-            license=data.get("license") if isinstance(data.get("license"), str) else None,
-            compatibility=data.get("compatibility") if isinstance(
-                data.get("compatibility"), str) else None,
-            metadata={str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {},
-            allowed_tools=" ".join(tools) if isinstance(tools, list) else tools)
+    skill = _skill_of(data, body) if isinstance(data.get("name"), str) and isinstance(
+        data.get("description"), str) else None
     return ParsedSkill(skill, text, path, tuple(problems), (first, last), body_start)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _skill_of(data: Mapping[str, Any], body: str) -> Skill:
+    """The ``Skill`` of checked front matter: a field of the wrong type (already reported) is
+    left out, never converted with ``str()``."""
+    meta = data.get("metadata")
+    tools = data.get("allowed-tools")
+    if isinstance(tools, list):
+        tools = " ".join(tools) if all(isinstance(t, str) for t in tools) else None
+    return Skill(
+        name=data["name"], description=data["description"], body=body,
+        license=_str_or_none(data.get("license")),
+        compatibility=_str_or_none(data.get("compatibility")),
+        metadata=dict(meta) if isinstance(meta, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()) else {},
+        allowed_tools=_str_or_none(tools))
 
 
 def _fields(skill: Skill) -> dict[str, Any]:
@@ -283,7 +362,7 @@ def _patch_fields(original: str, parsed: ParsedSkill, old: Skill, new: Skill) ->
     lines = original[:parsed.body_start].splitlines(keepends=True)
     first, last = parsed.front_matter_lines
     yaml_text = "".join(lines[first - 1:last])
-    node = yaml.compose(yaml_text, Loader=_Loader)
+    node = yaml.compose(yaml_text, Loader=_Loader)  # parse_skill_md checked its size
     starts = [(str(k.value), k.start_mark.line) for k, _ in node.value] if isinstance(
         node, yaml.MappingNode) else []
     spans: dict[str, tuple[int, int]] = {}
@@ -309,17 +388,70 @@ def _patch_fields(original: str, parsed: ParsedSkill, old: Skill, new: Skill) ->
     return text + tail
 
 
+def _size_problems(files: Mapping[str, bytes], base: str) -> list[ValidationError]:
+    """The folder's count and size limits (checked before any file is parsed)."""
+    out: list[ValidationError] = []
+    if len(files) > MAX_SKILL_FILES:
+        out.append(ValidationError(f"{base}/", "file-count", f"the skill holds {len(files)} "
+                                   f"files; at most {MAX_SKILL_FILES}",
+                                   hint="keep large collections outside the skill"))
+    total = sum(len(d) for d in files.values())
+    if total > MAX_SKILL_BYTES:
+        out.append(ValidationError(f"{base}/", "skill-size", f"the skill's files hold {total} "
+                                   f"bytes; at most {MAX_SKILL_BYTES}"))
+    for rel, data in sorted(files.items()):
+        limit = MAX_SKILL_MD_BYTES if rel == SKILL_FILE else MAX_FILE_BYTES
+        if len(data) > limit:
+            out.append(ValidationError(f"{base}/{shown(rel, 200)}", "file-size",
+                                       f"{len(data)} bytes; at most {limit}",
+                                       hint="move detail into references/*.md"
+                                       if rel == SKILL_FILE else None))
+    return out
+
+
+def _file_problems(name: str, rel: str, data: bytes, base: str) -> list[ValidationError]:
+    """Where one bundled file sits (layout, nesting, its path) and a reference's length."""
+    parts = rel.split("/")
+    where = f"{base}/{shown(rel, 200)}"
+    out = [ValidationError(where, rule, detail, hint="rename it with a shorter, plain name")
+           for rule, detail in path_problems(f"skills/{name}/{rel}")]
+    if parts[0] not in SKILL_DIRS:
+        if len(parts) > 1:
+            out.append(ValidationError(
+                where, "layout", f"unknown folder {shown(parts[0])}/: a skill holds SKILL.md "
+                "and optionally scripts/, references/ and assets/",
+                hint="move the file into one of those folders"))
+        return out
+    if len(parts) != 2:
+        out.append(ValidationError(
+            where, "nesting", f"files in {parts[0]}/ must sit directly in it (one level deep)",
+            hint=f"move it to {parts[0]}/{shown(parts[-1])}"))
+    elif parts[0] == "references":
+        try:
+            n = count_lines(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return [*out, ValidationError(where, "encoding", "a reference file must be UTF-8 "
+                                          "text")]
+        if n > MAX_REFERENCE_LINES:
+            out.append(ValidationError(
+                where, "reference-length", f"{n} lines; a reference file holds at most "
+                f"{MAX_REFERENCE_LINES}", line=MAX_REFERENCE_LINES + 1,
+                hint="split it into several reference files"))
+    return out
+
+
 def check_skill_files(name: str, files: Mapping[str, bytes], *, base: str
                       ) -> tuple[ParsedSkill | None, list[ValidationError]]:
     """Validate one skill folder given as relative path -> bytes. ``base`` prefixes the paths
-    in error messages (``skills/<name>`` in a library, a folder on disk for an import)."""
+    in error messages (``skills/<name>`` in a library, a folder on disk for an import).
+    Counts and sizes are checked first: an oversized SKILL.md is reported, never parsed."""
     skill_md = f"{base}/{SKILL_FILE}"
-    problems: list[ValidationError] = []
+    problems = _size_problems(files, base)
     parsed: ParsedSkill | None = None
     if SKILL_FILE not in files:
         problems.append(ValidationError(skill_md, "skill-md-missing", "the skill folder has no "
                                         "SKILL.md", hint="`whetstone skill new NAME` scaffolds one"))
-    else:
+    elif len(files[SKILL_FILE]) <= MAX_SKILL_MD_BYTES:
         try:
             text = files[SKILL_FILE].decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -327,29 +459,8 @@ def check_skill_files(name: str, files: Mapping[str, bytes], *, base: str
         else:
             parsed = parse_skill_md(text, path=skill_md, folder=name)
             problems.extend(parsed.problems)
-    for rel, data in sorted(files.items()):
-        parts = rel.split("/")
-        where = f"{base}/{rel}"
-        if parts[0] in SKILL_DIRS:
-            if len(parts) != 2:
-                problems.append(ValidationError(
-                    where, "nesting", f"files in {parts[0]}/ must sit directly in it (one level "
-                    "deep)", hint=f"move it to {parts[0]}/{parts[-1]}"))
-            elif parts[0] == "references":
-                try:
-                    n = count_lines(data.decode("utf-8"))
-                except UnicodeDecodeError:
-                    problems.append(ValidationError(where, "encoding", "a reference file must "
-                                                    "be UTF-8 text"))
-                    continue
-                if n > MAX_REFERENCE_LINES:
-                    problems.append(ValidationError(
-                        where, "reference-length", f"{n} lines; a reference file holds at most "
-                        f"{MAX_REFERENCE_LINES}", line=MAX_REFERENCE_LINES + 1,
-                        hint="split it into several reference files"))
-        elif len(parts) > 1:
-            problems.append(ValidationError(
-                where, "layout", f"unknown folder {parts[0]}/: a skill holds SKILL.md and "
-                "optionally scripts/, references/ and assets/", hint="move the file into one "
-                "of those folders"))
+    if len(files) <= MAX_SKILL_FILES:  # past it, the count is the one problem worth reading
+        for rel, data in sorted(files.items()):
+            if rel != SKILL_FILE:
+                problems.extend(_file_problems(name, rel, data, base))
     return parsed, problems

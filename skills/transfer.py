@@ -1,13 +1,15 @@
 """Import a folder of hand-written skills, export a version's skills, scaffold a new skill.
 
 Import takes a folder (or ``.tar.gz``) holding ``<name>/SKILL.md`` skill folders, or one skill
-folder itself. Each skill is validated on its own: a malformed skill is reported with file, line
-and rule and skipped, and the others are committed as one new version. Files are copied as
+folder itself. Each skill is validated on its own, every name and size included, before
+anything is committed: a malformed skill is reported with file, line and rule and skipped, and
+the others are committed as one new version. Files are copied as
 bytes, so exporting what was imported gives the same bytes back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,35 +18,52 @@ from engine.errors import ConfigError, ValidationError
 from engine.prompts import render_prompt
 from engine.types import LibraryVersion, Skill
 from library_store.fsutil import sha256_bytes
+from library_store.paths import check_path, shown
 from library_store.store import Library, rejection
-from library_store.transfer import read_folder
+from library_store.transfer import Refused, read_folder
 from skills.format import SKILL_FILE, check_name, check_skill_files, render_skill_md
 from skills.loader import skill_path, validate_snapshot
 
 
 @dataclass(frozen=True)
 class ImportReport:
-    """What an import did: the new version (None when nothing changed) and what it skipped."""
+    """What an import did: the new version (None when nothing changed) and what it skipped.
+
+    ``skipped`` holds every problem found, ``skipped_skills`` the names of the skills they
+    kept out (a problem outside any skill folder names none)."""
 
     version: LibraryVersion | None
     imported: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
     skipped: tuple[ValidationError, ...] = ()
     ignored: tuple[str, ...] = field(default_factory=tuple)  # files outside any skill folder
+    skipped_skills: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version.id if self.version else None,
                 "imported": list(self.imported), "unchanged": list(self.unchanged),
+                "skipped_skills": list(self.skipped_skills),
                 "skipped": [{"path": e.path, "line": e.line, "rule": e.rule, "detail": e.detail}
                             for e in self.skipped],
-                "ignored": list(self.ignored)}
+                "ignored": list(self.ignored), "summary": self.summary()}
+
+    def summary(self) -> str:
+        """One line saying what happened, with every count."""
+        counts = [f"{len(self.imported)} imported", f"{len(self.unchanged)} unchanged",
+                  f"{len(self.skipped_skills)} skipped as malformed"]
+        if self.version is not None:
+            return f"imported {len(self.imported)} skill(s) as version {self.version.id} " \
+                   f"({', '.join(counts)})"
+        if self.unchanged and not self.skipped_skills:
+            return "nothing imported: the library already holds these skills"
+        return f"nothing imported ({', '.join(counts)})"
 
 
-def _group(src: Path, files: dict[str, bytes]) -> tuple[dict[str, dict[str, bytes]], list[str]]:
+def _group(src: Path, files: Mapping[str, bytes], single: bool
+           ) -> tuple[dict[str, dict[str, bytes]], list[str]]:
     """skill name -> its files (relative to the skill folder); plus files in no skill."""
-    if SKILL_FILE in files:  # the source is one skill folder
-        name = src.name.removesuffix(".tar.gz").removesuffix(".tgz")
-        return {name: files}, []
+    if single:  # the source is one skill folder
+        return {_single_name(src): dict(files)}, []
     skills: dict[str, dict[str, bytes]] = {}
     loose: list[str] = []
     for rel, data in files.items():
@@ -56,29 +75,73 @@ def _group(src: Path, files: dict[str, bytes]) -> tuple[dict[str, dict[str, byte
     return skills, loose
 
 
+def _single_name(src: Path) -> str:
+    return src.name.removesuffix(".tar.gz").removesuffix(".tgz")
+
+
+def _refusals(src: Path, refused: Sequence[Refused], single: bool
+              ) -> tuple[dict[str, list[ValidationError]], list[ValidationError]]:
+    """What ``read_folder`` refused, as problems: per skill name, and outside any skill."""
+    per_skill: dict[str, list[ValidationError]] = {}
+    loose: list[ValidationError] = []
+    for r in refused:
+        err = ValidationError(f"{src.as_posix()}/{shown(r.path, 200)}", r.rule, r.detail)
+        top, _, rest = r.path.partition("/")
+        if single:
+            per_skill.setdefault(_single_name(src), []).append(err)
+        elif rest:
+            per_skill.setdefault(top, []).append(err)
+        else:
+            loose.append(err)
+    return per_skill, loose
+
+
+def _check_unit(name: str, unit: Mapping[str, bytes], base: str,
+                refused: Sequence[ValidationError]) -> list[ValidationError]:
+    """Every problem of one skill folder, the library's path rules included, so the commit
+    that follows cannot fail on any of its files."""
+    problems = check_name(name, path=f"{base}/", line=None, folder=None)
+    if problems:
+        return problems
+    problems = [*refused, *check_skill_files(name, unit, base=base)[1]]
+    if not problems:
+        for rel in unit:
+            try:
+                check_path(skill_path(name, rel))
+            except ValidationError as exc:
+                problems.append(exc)
+    return problems
+
+
 def import_skills(library: Library, src: Path | str, *, strict: bool = False,
                   message: str = "", method: str = "import") -> ImportReport:
     """Import the skills under ``src``; each replaces the library's skill of the same name.
 
-    Malformed skills are skipped and reported (``strict``: the whole import is rejected).
+    Every file is checked before anything is committed: malformed skills (and links, special
+    files or oversized files in them) are skipped and reported, the rest are committed as one
+    version (``strict``: the whole import is rejected instead).
     """
     # Resolved, so "." or "demo/.." still name the skill folder (Path(".").name is "").
     src = Path(src).expanduser().resolve()
-    files = read_folder(src)
-    single = SKILL_FILE in files
-    groups, loose = _group(src, files)
-    if not groups:
+    contents = read_folder(src)
+    single = SKILL_FILE in contents.files or any(r.path == SKILL_FILE for r in contents.refused)
+    groups, loose = _group(src, contents.files, single)
+    refused, loose_refused = _refusals(src, contents.refused, single)
+    for name in refused:
+        groups.setdefault(name, {})
+    if not groups and not loose_refused:
         raise ConfigError(f"no skill folders found in {src}",
                           hint="expected <name>/SKILL.md folders, or one skill folder")
     snap = library.snapshot()
     changes: dict[str, bytes | None] = {}
-    imported, unchanged, skipped = [], [], []
+    imported, unchanged, skipped_names = [], [], []
+    skipped: list[ValidationError] = list(loose_refused)
     for name, unit in sorted(groups.items()):
-        base = src.as_posix() if single else (src / name).as_posix()
-        problems = check_name(name, path=f"{base}/", line=None, folder=None) or \
-            check_skill_files(name, unit, base=base)[1]
+        base = src.as_posix() if single else f"{src.as_posix()}/{shown(name, 200)}"
+        problems = _check_unit(name, unit, base, refused.get(name, []))
         if problems:
             skipped.extend(problems)
+            skipped_names.append(name)
             continue
         new = {skill_path(name, rel): data for rel, data in unit.items()}
         old = snap.unit(f"skills/{name}")
@@ -95,7 +158,10 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
         version = library.commit(
             changes, method=method, validate=validate_snapshot,
             message=message or f"import {len(imported)} skill(s) from {src}")
-    return ImportReport(version, tuple(imported), tuple(unchanged), tuple(skipped), tuple(loose))
+    # Names as a terminal can print them (a folder name need not be UTF-8).
+    return ImportReport(version, tuple(imported), tuple(unchanged), tuple(skipped),
+                        tuple(shown(p, 200) for p in loose),
+                        tuple(shown(n, 200) for n in skipped_names))
 
 
 def export_skills(library: Library, dest: Path | str, *, version: str | None = None,

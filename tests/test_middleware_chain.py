@@ -120,7 +120,8 @@ def test_an_upstream_that_is_down_is_a_502_until_it_comes_up(library: Library, t
         assert r.status_code == 502, r.text
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"}
-        assert err["code"] == "upstream_error" and "cannot reach" in err["message"]
+        assert err["code"] == "upstream_error" and "upstream model failed" in err["message"]
+        assert str(port) not in r.text  # the internal address stays in the log and the trace
         assert "Traceback" not in r.text
         failed = wait_for_trace(store, r.headers[TRACE_HEADER])
         assert failed.outcome == "error" and "cannot reach" in failed.meta["reason"]

@@ -330,13 +330,13 @@ def test_feedback_on_a_trace_stuck_in_the_queue_is_a_503(serve: Callable[..., Se
     monkeypatch.setattr(recording, "LABEL_WAIT_S", 0.2)
     s = serve(ScriptedBackend(responder=echo))
     stuck = threading.Event()
-    real = s.store.append_many
+    real = s.store.append_records
 
-    def slow_append_many(traces: Any) -> None:
+    def slow_append_records(records: Any) -> None:
         stuck.wait(10)  # the store is backed up
-        real(traces)
+        real(records)
 
-    monkeypatch.setattr(s.store, "append_many", slow_append_many)
+    monkeypatch.setattr(s.store, "append_records", slow_append_records)
     first = s.post({"model": "tiny", "messages": USER}).headers[TRACE_HEADER]
     second = s.post({"model": "tiny", "messages": USER}).headers[TRACE_HEADER]
     time.sleep(0.2)  # both queued; the first batch is being written

@@ -4,6 +4,7 @@ the query-embedding cache, API keys, the adapter's budget and the background tra
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from engine.server.guard import key_matches, load_api_keys
 from engine.server.metrics import Counter, Gauge, Histogram, Metrics
 from engine.server.recording import TraceWriter
 from engine.types import Completion, Message, Request
+from library_store.trace_records import encode_trace
 from library_store.traces import TraceStore
 
 # --- Prometheus text -------------------------------------------------------------------------
@@ -256,7 +258,7 @@ def _trace(i: int) -> Any:
 
 async def test_the_writer_drains_on_stop_and_labels(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
-    writer = TraceWriter(store, Metrics(), recent=2)
+    writer = TraceWriter(store, Metrics())
     writer.start()
     for i in range(50):
         writer.put(_trace(i))
@@ -264,7 +266,7 @@ async def test_the_writer_drains_on_stop_and_labels(tmp_path: Path) -> None:
     assert writer.pending == 0 and sorted(store.latest()) == sorted(f"t{i}" for i in range(50))
     writer.put(_trace(50))  # after stop: written at once, not lost
     assert "t50" in store.latest()
-    labelled = await writer.label("t3", 0.0, "wrong")  # not in the recent window: read back
+    labelled = await writer.label("t3", 0.0, "wrong")  # found through the store's index
     assert labelled.score == 0.0 and store.get("t3").meta["feedback"] == "wrong"
     assert (await writer.label("t50", 1.0, None)).score == 1.0
     with pytest.raises(NotFound):
@@ -273,7 +275,7 @@ async def test_the_writer_drains_on_stop_and_labels(tmp_path: Path) -> None:
 
 async def test_a_failing_store_is_counted_not_fatal(tmp_path: Path) -> None:
     class Full(TraceStore):
-        def append_many(self, traces: Any) -> None:  # append goes through here too
+        def append_records(self, records: Any) -> None:  # every append goes through here
             raise OSError(28, "No space left on device")
 
     metrics = Metrics()
@@ -292,9 +294,15 @@ async def test_feedback_waits_for_its_trace_only_not_for_steady_traffic() -> Non
         def __init__(self) -> None:
             self.written: list[tuple[str, float | None]] = []
 
-        def append_many(self, traces: list[Any]) -> None:
+        def encode(self, trace: Any) -> Any:
+            return encode_trace(trace)
+
+        def append_records(self, records: list[Any]) -> None:
             time.sleep(0.1)
-            self.written.extend((t.id, t.score) for t in traces)
+            self.written.extend((r.id, json.loads(r.line)["score"]) for r in records)
+
+        def find(self, trace_id: str) -> Any:
+            return _trace(int(trace_id[1:])) if (trace_id, None) in self.written else None
 
         def append(self, trace: Any) -> None:
             self.written.append((trace.id, trace.score))
@@ -329,7 +337,10 @@ async def test_feedback_on_a_trace_the_store_cannot_take_in_time_fails() -> None
     gate = threading.Event()
 
     class Stuck:
-        def append_many(self, traces: list[Any]) -> None:
+        def encode(self, trace: Any) -> Any:
+            return encode_trace(trace)
+
+        def append_records(self, records: list[Any]) -> None:
             gate.wait(10)
 
         def append(self, trace: Any) -> None:

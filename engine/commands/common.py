@@ -37,7 +37,12 @@ def console(stderr: bool = False) -> Console:
 
 def emit_json(obj: Any) -> None:
     """Print one JSON document on stdout (for ``--json``)."""
-    click.echo(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (a file name that is not UTF-8): escape it
+        text = json.dumps(obj, indent=2, ensure_ascii=True, default=str)
+    click.echo(text)
 
 
 def fail(exc: WhetstoneError) -> None:

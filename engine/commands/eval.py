@@ -43,6 +43,7 @@ from engine.evaluation.compare import Comparison, compare
 from engine.evaluation.report import write_report
 from engine.evaluation.results import EvalResult, TaskResult, default_evals_dir, load_results
 from engine.evaluation.runner import Solver, evaluate, solver_concurrency
+from engine.evaluation.scorers import USER_SCORER_HELP
 from engine.evaluation.tasks import TaskSet
 from library_store.traces import TraceStore
 
@@ -110,6 +111,8 @@ def _print_result(r: EvalResult) -> None:
         first = next(t for t in r.results if t.error)
         out.print(f"[yellow]{r.n_errors} task(s) failed and scored 0; first: "
                   f"{escape(first.task_id)}: {escape(first.error or '')}[/]")
+    for warning in r.meta.get("warnings", ()):
+        out.print(f"[yellow]warning: {escape(warning)}[/]")
     if "saved_to" in r.meta:
         out.print(f"saved {r.meta['saved_to']}")
 
@@ -139,7 +142,27 @@ def _finish(results: list[EvalResult]) -> None:
                            hint="check the model and library with `whetstone run` first"))
 
 
-@click.group("eval", invoke_without_command=True)
+_SCORER_EPILOG = """\b
+User scorers (--scorer FILE.py:FUNCTION):
+""" + USER_SCORER_HELP + """
+
+\b
+Example, a HumanEval-style code task scored by running its tests
+(scorer.py; the task's metadata holds its tests and entry point):
+  import re, subprocess, sys, tempfile
+  def passes(answer, task):  # runs model-written code: use a throwaway container
+      m = re.search(r"`{3}(?:python)?\\n(.*?)`{3}", answer, re.S)
+      code = m.group(1) if m else answer
+      test = task.metadata["test"] + f"\\ncheck({task.metadata['entry_point']})\\n"
+      with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+          f.write(code + "\\n" + test)
+      run = subprocess.run([sys.executable, f.name], capture_output=True, timeout=10)
+      return 1.0 if run.returncode == 0 else 0.0
+  whetstone eval --tasks humaneval.jsonl --scorer scorer.py:passes
+"""
+
+
+@click.group("eval", invoke_without_command=True, epilog=_SCORER_EPILOG)
 @click.option("--tasks", "-t", "tasks_spec", metavar="SET",
               help="Task set: " + ", ".join(BENCHMARKS) + " or a .jsonl file; "
                    "SET@train|dev|test picks a split, SET:START:END a slice.")
@@ -149,8 +172,9 @@ def _finish(results: list[EvalResult]) -> None:
 @concurrency_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
 @click.option("--scorer", default=None,
-              help="exact, normalised, numeric[:TOL], contains, f1, bfcl or module:function "
-                   "(default: the set's own).")
+              help="exact, normalised, numeric[:TOL], contains, f1, bfcl, or a user scorer "
+                   "FILE.py:FUNCTION / module:FUNCTION called as FUNCTION(answer, task) with "
+                   "the answer text (see below; default: the set's own).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="First N tasks only.")
 @click.option("--compare", "compare_versions", nargs=2, default=None, metavar="V1 V2",
               help="Run two library versions on the same tasks and compare them.")

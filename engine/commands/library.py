@@ -30,7 +30,16 @@ from skills.transfer import export_skills, import_skills, new_skill_changes, sca
 
 
 def _open(path: Path | None) -> Library:
-    return Library.open(path or default_library_path())
+    """The library, opened even when its view is broken (the versions are the truth); a
+    broken view is reported on stderr with what to do."""
+    lib = Library.open(path or default_library_path(), quiet=True)
+    if lib.view_problem is not None:
+        err = console(stderr=True)
+        err.print(f"[yellow]warning:[/] {escape(lib.view_problem.message)}", markup=True,
+                  soft_wrap=True)
+        err.print(f"[yellow]hint:[/] {escape(lib.view_problem.hint or '')}", markup=True,
+                  soft_wrap=True)
+    return lib
 
 
 def _when(ts: float) -> str:
@@ -255,11 +264,7 @@ def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None
         emit_json(report.to_dict())
     else:
         out = console()
-        if report.version:
-            out.print(f"imported {len(report.imported)} skill(s) as version "
-                      f"[bold]{report.version.id}[/]", markup=True)
-        else:
-            out.print("nothing imported: the library already holds these skills", markup=False)
+        out.print(report.summary(), markup=False)
         if report.unchanged:
             out.print(f"unchanged: {', '.join(report.unchanged)}", markup=False)
         if report.ignored:
@@ -322,6 +327,25 @@ def reindex_cmd(library_path: Path | None, as_json: bool) -> None:
     summary = ", ".join(f"{n} {kind}(s)" for kind, n in counts.items()) or "no documents"
     console().print(f"index rebuilt for {lib.current_id()}: {summary} in {took:.1f} s",
                     markup=False)
+
+
+@library_group.command("repair")
+@library_option
+@json_option
+@handle_errors
+def repair_cmd(library_path: Path | None, as_json: bool) -> None:
+    """Write skills/ and policies/ again from the current version (after a crash, a full
+    disk or a file that could not be written)."""
+    lib = Library(library_path or default_library_path())
+    if not lib.is_initialized():
+        lib = Library.open(lib.root)  # raises: no library there
+    stashed = lib.repair_view()  # blocking: a file that still fails raises ViewError
+    if as_json:
+        emit_json({"version": lib.current_id(), "stashed": stashed})
+        return
+    console().print(f"the view matches {lib.current_id()}"
+                    + (f"; hand edits moved to .state/stash: {', '.join(stashed)}"
+                       if stashed else ""), markup=False)
 
 
 @library_group.command("status")

@@ -23,7 +23,8 @@ from engine.commands.common import console, handle_errors, library_option
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--served-name", default=None,
-              help="Model name clients use (default: the upstream spec).")
+              help="Model name clients use (default: the upstream's own model name, e.g. "
+                   "qwen for openai:qwen@http://host:8001/v1; never its address).")
 @click.option("--api-key", "api_keys", multiple=True, envvar="WHETSTONE_API_KEY",
               help="Require this key from clients (Authorization: Bearer); repeat for more.")
 @click.option("--api-keys-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -37,7 +38,17 @@ from engine.commands.common import console, handle_errors, library_option
 @click.option("--queue", "max_queue", type=click.IntRange(min=0), default=256,
               show_default=True, help="Requests that may wait for a slot; beyond it: 429.")
 @click.option("--upstream-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds per request before answering 504 (default: the upstream's own).")
+              help="Seconds a request may take in all, the wait for a free slot included, "
+                   "before a 504; also the upstream call's timeout (default: 300 in all, the "
+                   "upstream keeping its own per-call timeout).")
+@click.option("--stream-idle-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=120.0, show_default=True,
+              help="Seconds a stream may go without a chunk before it is cut (an upstream "
+                   "sending keep-alives only).")
+@click.option("--traces-max-bytes", type=click.IntRange(min=0), default=None,
+              help="Keep at most this many bytes of traces, dropping the oldest files after "
+                   "each write (default: library.json's trace_max_bytes, else 1 GiB; 0: no "
+                   "cap). `whetstone traces prune` applies it by hand.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True,
               help="uvicorn's log level ('warning' drops the per-request access log).")
@@ -46,7 +57,8 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
           no_library: bool, no_record: bool, host: str, port: int, served_name: str | None,
           api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
           max_body_bytes: int, max_concurrency: int | None, max_queue: int,
-          upstream_timeout: float | None, log_level: str) -> None:
+          upstream_timeout: float | None, stream_idle_timeout: float,
+          traces_max_bytes: int | None, log_level: str) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics)."""
     from engine.api import Engine
@@ -65,14 +77,17 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
         if adapter is not None:
             adapter.warm_up()  # load the embedder and sync the index before the first request
     version = adapter.library_version() if adapter is not None else None
+    traces = None if no_record else engine.traces
+    if traces is not None and traces_max_bytes is not None:
+        traces.max_bytes = traces_max_bytes
     out.print(f"serving [bold]{upstream}[/] on http://{host}:{port}/v1 · library "
               f"{engine.library_path} ({'off' if no_library else version}) · traces "
               f"{'off' if no_record else 'on'} · API keys {len(keys) or 'off'}", markup=True)
     try:
         run_server(engine.backend, host=host, port=port, log_level=log_level,
-                   model_name=served_name or upstream,
-                   adapter=adapter, traces=None if no_record else engine.traces,
+                   model_name=served_name, adapter=adapter, traces=traces,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
-                   max_queue=max_queue, request_timeout_s=upstream_timeout)
+                   max_queue=max_queue, request_timeout_s=upstream_timeout,
+                   stream_idle_s=stream_idle_timeout)
     finally:
         engine.close()

@@ -1,4 +1,4 @@
-"""``whetstone traces ls | show``: the recorded runs every evolver learns from."""
+"""``whetstone traces ls | show | prune``: the recorded runs every evolver learns from."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from engine.commands.common import (
 )
 from engine.commands.display import print_result, print_step, short
 from library_store.traces import TraceStore
+from library_store.traces import trace_store as open_trace_store
 
 
 @click.group("traces")
@@ -25,8 +26,12 @@ def traces_group() -> None:
 
 
 def trace_store(library_path: Path | None) -> TraceStore:
-    """The trace store of the library at ``library_path`` (default: the home library)."""
-    return TraceStore((library_path or default_library_path()) / "traces")
+    """The trace store of the library at ``library_path`` (default: the home library), with
+    the bounds its ``library.json`` sets."""
+    from library_store.store import Library
+
+    root = library_path or default_library_path()
+    return open_trace_store(root / "traces", Library(root).settings())
 
 
 @traces_group.command("ls")
@@ -79,3 +84,37 @@ def traces_show(trace_id: str, library_path: Path | None, as_json: bool) -> None
     for step in trace.steps:
         print_step(out, step)
     print_result(out, trace)
+
+
+def _size_text(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+@traces_group.command("prune")
+@library_option
+@click.option("--max-bytes", type=click.IntRange(min=0), default=None,
+              help="Keep at most this many bytes of traces, dropping the oldest files "
+                   "(default: library.json's trace_max_bytes, else 1 GiB; 0: no cap).")
+@click.option("--keep-days", type=click.FloatRange(min=0), default=None,
+              help="Drop files of traces started more than this many days ago "
+                   "(default: library.json's trace_keep_days, else keep every day).")
+@json_option
+@handle_errors
+def traces_prune(library_path: Path | None, max_bytes: int | None, keep_days: float | None,
+                 as_json: bool) -> None:
+    """Delete the oldest trace files: past an age, and while the store is over its size cap.
+    The servers and evals apply the size cap themselves after each write."""
+    store = trace_store(library_path)
+    before = store.size()
+    removed = store.prune(keep_days, max_bytes=max_bytes)
+    after = store.size()
+    if as_json:
+        emit_json({"removed": [str(p) for p in removed], "bytes_before": before,
+                   "bytes_after": after})
+        return
+    console().print(f"removed {len(removed)} file(s); the store holds {_size_text(after)} "
+                    f"(was {_size_text(before)})", markup=False)

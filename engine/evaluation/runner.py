@@ -141,6 +141,17 @@ def _run_pool(run: _Run, tasks: Sequence[TaskRecord], done: dict[int, TaskResult
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def all_zero_warning(result: EvalResult) -> str | None:
+    """A warning when every scored task of a run got 0: more often a scorer reading the
+    wrong thing than a model wrong every time (tasks whose solver failed are reported apart)."""
+    scored = [r for r in result.results if r.error is None]
+    if len(scored) < 2 or any(r.score for r in scored):
+        return None
+    return (f"scorer {result.scorer!r} gave 0 to all {len(scored)} tasks; if the answers look "
+            "right, check what the scorer reads (a user scorer gets the answer text and the "
+            "task: see `whetstone eval --help`)")
+
+
 def evaluate(
     tasks: TaskSet | Sequence[TaskRecord],
     solver: Solver,
@@ -212,6 +223,10 @@ def evaluate(
         meta={"run_id": run_id, "concurrency": concurrency,
               **({"stopped_by": f"{type(fatal).__name__}: {fatal}"} if fatal else {})},
     )
+    warning = all_zero_warning(result)
+    if warning is not None:
+        log.warning("%s", warning)
+        result = replace(result, meta={**result.meta, "warnings": [warning]})
     if results_dir is not None:
         path = result.save(results_dir)
         result = replace(result, meta={**result.meta, "saved_to": str(path)})

@@ -6,8 +6,12 @@ BFCL scorer reads its tool calls), a plain string, or for BFCL a ``ToolCall`` / 
 
 Built-in names (``get_scorer``): ``exact``, ``normalised`` (alias ``normalized``),
 ``numeric`` (``numeric:TOL`` sets a relative tolerance), ``contains``, ``f1``, ``bfcl``.
+
 Anything else of the form ``module:function`` (or ``path/to/file.py:function``) is a user
-scorer with the same signature.
+scorer, called as ``function(answer, task)``: ``answer`` is the answer text (a ``str``,
+``""`` when the run gave none), ``task`` the ``TaskRecord``. A user scorer that declares a
+``trace`` parameter (or ``**kwargs``) also gets the whole run as ``trace=`` (a ``Trace``,
+None when the prediction was plain text). See ``USER_SCORER_HELP``.
 
 The tool calls of a trace are read from its steps of kind ``"act"`` whose ``input`` is
 ``{"tool": <name>, "arguments": <dict or JSON text>}``, in step order (``tool_calls_of``);
@@ -19,6 +23,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import json
 import math
 from collections import Counter
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EvalError
+from engine.errors import EvalError, WhetstoneError
 from engine.evaluation.answers import extract_number, normalise, tokens
 from engine.evaluation.bfcl import check_calls
 from engine.evaluation.tasks import TaskRecord
@@ -35,6 +40,14 @@ from engine.types import ToolCall, Trace
 
 Prediction = Trace | str | ToolCall | Sequence[Any] | Mapping[str, Any] | None
 ScoreFn = Callable[[Prediction, TaskRecord], float]
+
+USER_SCORER_HELP = """\
+A user scorer is FILE.py:FUNCTION or module:FUNCTION, called once per task as
+FUNCTION(answer, task) -> float in [0, 1]:
+  answer  the agent's answer text (str; "" when it gave none)
+  task    the task record: task.expected, task.question, task.metadata, task.id
+Declare a `trace=None` parameter to get the whole run too (engine.types.Trace:
+its steps, tool calls, tokens). A run where every task scores 0 is flagged."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,13 @@ class NamedScorer:
     fn: ScoreFn
 
     def __call__(self, prediction: Prediction, task: TaskRecord) -> float:
-        value = self.fn(prediction, task)
+        try:
+            value = self.fn(prediction, task)
+        except WhetstoneError:
+            raise
+        except Exception as exc:  # a user scorer's bug: stop with its name, not a traceback
+            raise EvalError(f"scorer {self.name!r} failed on task {task.id}: "
+                            f"{type(exc).__name__}: {exc}", hint=USER_SCORER_HELP) from exc
         if isinstance(value, bool):
             value = float(value)
         if not isinstance(value, (int, float)) or math.isnan(value) or not 0.0 <= value <= 1.0:
@@ -246,6 +265,42 @@ _ALIASES = {"normalized": "normalised", "normalised_exact": "normalised",
             "normalized_exact": "normalised", "token_f1": "f1", "bfcl_call": "bfcl"}
 
 
+def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
+    """Whether ``fn`` takes ``keyword`` as a keyword argument (or any keyword)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == keyword and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) for p in params)
+
+
+def _check_arity(fn: Callable[..., Any], name: str) -> None:
+    """A user scorer must take (answer, task) positionally; say so at load time."""
+    try:
+        inspect.signature(fn).bind("answer", "task")
+    except TypeError as exc:
+        raise EvalError(f"user scorer {name!r} cannot be called as {name.rpartition(':')[2]}"
+                        f"(answer, task): {exc}", hint=USER_SCORER_HELP) from None
+    except ValueError:
+        return  # no signature to check: it will be called as documented
+
+
+def user_scorer(fn: Callable[..., Any]) -> ScoreFn:
+    """Adapt a user function to the scorer contract: it receives the answer text and the
+    task, and ``trace=`` when it declares that parameter."""
+    with_trace = _accepts(fn, "trace")
+
+    def score(prediction: Prediction, task: TaskRecord) -> float:
+        answer = text_of(prediction)
+        if with_trace:
+            return fn(answer, task, trace=prediction if isinstance(prediction, Trace) else None)
+        return fn(answer, task)
+
+    score.__name__ = getattr(fn, "__name__", "user_scorer")
+    return score
+
+
 def _user_scorer(name: str) -> ScoreFn:
     module_name, _, attr = name.rpartition(":")
     try:
@@ -266,10 +321,9 @@ def _user_scorer(name: str) -> ScoreFn:
                         ) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise EvalError(f"{module_name!r} has no function {attr!r}",
-                        hint="a user scorer is `module:function`, with function(prediction, "
-                             "task) -> float in [0, 1]")
-    return fn
+        raise EvalError(f"{module_name!r} has no function {attr!r}", hint=USER_SCORER_HELP)
+    _check_arity(fn, name)
+    return user_scorer(fn)
 
 
 def get_scorer(name: str) -> NamedScorer:

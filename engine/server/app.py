@@ -21,11 +21,17 @@ from engine.errors import ConfigError
 from engine.server.adapter import ChatAdapter
 from engine.server.guard import Guard
 from engine.server.metrics import Metrics
+from engine.server.naming import upstream_model_name
 from engine.server.pipeline import ChatPipeline
 from engine.server.recording import TraceWriter
 from engine.server.responses import install_error_handlers
 from engine.server.routes import ServerState, router
-from engine.server.service import DEFAULT_MAX_BODY_BYTES, ChatService, ServerSettings
+from engine.server.service import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_STREAM_IDLE_S,
+    ChatService,
+    ServerSettings,
+)
 
 if TYPE_CHECKING:
     from library_store.traces import TraceStore
@@ -33,18 +39,24 @@ if TYPE_CHECKING:
 
 def _settings(backend: Backend, *, model_name: str | None, aliases: tuple[str, ...],
               default_max_tokens: int, request_timeout_s: float | None,
-              max_concurrency: int | None, max_queue: int | None,
-              max_body_bytes: int | None) -> ServerSettings:
+              stream_idle_s: float | None, max_concurrency: int | None,
+              max_queue: int | None, max_body_bytes: int | None) -> ServerSettings:
     if max_queue is not None and max_queue < 0:
         raise ConfigError(f"max_queue must be 0 or more, got {max_queue}",
                           hint="0 answers 429 whenever every upstream slot is busy")
     if max_body_bytes is not None and max_body_bytes < 1:
         raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    for key, value in (("request_timeout_s", request_timeout_s),
+                       ("stream_idle_s", stream_idle_s)):
+        if value is not None and not value > 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    name = model_name or upstream_model_name(backend.spec or "") or "whetstone"
     return ServerSettings(
-        model_name=model_name or backend.spec or "whetstone",
-        aliases=tuple(a for a in aliases if a != model_name),
+        model_name=name,
+        aliases=tuple(a for a in aliases if a != name),
         default_max_tokens=default_max_tokens,
         request_timeout_s=request_timeout_s,
+        stream_idle_s=stream_idle_s,
         max_concurrency=max_concurrency or backend.capabilities.max_concurrency,
         max_queue=max_queue,
         max_body_bytes=max_body_bytes,
@@ -58,6 +70,7 @@ def create_app(
     aliases: tuple[str, ...] = (),
     default_max_tokens: int = 512,
     request_timeout_s: float | None = None,
+    stream_idle_s: float | None = DEFAULT_STREAM_IDLE_S,
     max_concurrency: int | None = None,
     max_queue: int | None = None,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
@@ -66,9 +79,12 @@ def create_app(
     traces: TraceStore | None = None,
     retrieval_workers: int = 4,
 ) -> FastAPI:
-    """Build the app serving ``backend`` as ``model_name`` (default: the backend's spec).
+    """Build the app serving ``backend`` as ``model_name`` (default: the upstream's own model
+    name, ``naming.upstream_model_name``: never its address).
 
-    ``request_timeout_s`` bounds each request (504 past it); ``max_concurrency`` caps backend
+    ``request_timeout_s`` bounds each request in all, the wait for a slot included (504 past
+    it; default ``DEFAULT_DEADLINE_S``), ``stream_idle_s`` the silence within a stream
+    (None: no limit); ``max_concurrency`` caps backend
     calls in flight (default: ``backend.capabilities.max_concurrency``) and ``max_queue`` how
     many more may wait (429 past it; None: no limit); ``max_body_bytes`` refuses bigger bodies
     (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
@@ -76,8 +92,10 @@ def create_app(
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,
                          default_max_tokens=default_max_tokens,
-                         request_timeout_s=request_timeout_s, max_concurrency=max_concurrency,
-                         max_queue=max_queue, max_body_bytes=max_body_bytes)
+                         request_timeout_s=request_timeout_s, stream_idle_s=stream_idle_s,
+                         max_concurrency=max_concurrency, max_queue=max_queue,
+                         max_body_bytes=max_body_bytes)
+    keys = frozenset(api_keys)
     writer: TraceWriter | None = None
     # The gauges read the service and the writer built just below, when /metrics is scraped.
     metrics = Metrics(in_flight=lambda: service.admitted, queued=lambda: service.queued,
@@ -103,8 +121,9 @@ def create_app(
                   lifespan=lifespan)
     app.state.server = ServerState(backend=backend, settings=settings, service=service,
                                    metrics=metrics, pipeline=pipeline, writer=writer,
-                                   adapter=adapter, started_at=int(time.time()))
-    app.add_middleware(Guard, keys=frozenset(api_keys), metrics=metrics)
+                                   adapter=adapter, started_at=int(time.time()),
+                                   api_keys=keys)
+    app.add_middleware(Guard, keys=keys, metrics=metrics)
     install_error_handlers(app, metrics)
     app.include_router(router)
     return app

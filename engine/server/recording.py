@@ -2,19 +2,20 @@
 
 ``TraceWriter``: an asyncio queue drained by one background task that writes traces in
 batches in a worker thread; ``stop()`` drains it, so a shutdown loses no trace; ``label``
-attaches feedback to a trace once its own write has landed.
+attaches feedback to a trace once its own write has landed, finding it through the store's
+index.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 
 from engine.errors import NotFound, WhetstoneError
 from engine.server.guard import TRACE_HEADER
 from engine.server.metrics import Metrics
 from engine.types import Trace
+from library_store.trace_records import Record
 from library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.server")
@@ -26,18 +27,17 @@ LABEL_WAIT_S = 10.0
 class TraceWriter:
     """Stores traces from a queue with one background task, in batches, in a worker thread.
 
-    ``recent`` keeps the last traces in memory so feedback on them does not read the whole
-    store. ``stop()`` writes everything still queued.
+    Memory stays bounded: a trace is queued as its stored record, already cut to the store's
+    record cap (``TraceStore.encode``), and nothing is cached after it is written; feedback
+    finds a trace through the store's index. ``stop()`` writes everything still queued.
     """
 
-    def __init__(self, store: TraceStore, metrics: Metrics, *, recent: int = 512) -> None:
+    def __init__(self, store: TraceStore, metrics: Metrics) -> None:
         self.store = store
         self.metrics = metrics
-        self.recent_size = recent
-        self._recent: OrderedDict[str, Trace] = OrderedDict()
-        # Each queued trace with the event set once its batch is written; _unwritten maps an id
-        # to the event of its latest queued copy, so feedback waits for that trace only.
-        self._queue: asyncio.Queue[tuple[Trace, asyncio.Event] | None] | None = None
+        # Each queued record with the event set once its batch is written; _unwritten maps an
+        # id to the event of its latest queued copy, so feedback waits for that trace only.
+        self._queue: asyncio.Queue[tuple[Record, asyncio.Event] | None] | None = None
         self._unwritten: dict[str, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -56,22 +56,16 @@ class TraceWriter:
 
     def put(self, trace: Trace) -> None:
         """Queue ``trace`` for writing; returns at once (call it on the server's loop)."""
-        self._remember(trace)
+        record = self.store.encode(trace)
         if self._stopped:
-            self._write([trace])  # shutting down: write now rather than lose it
+            self._write([record])  # shutting down: write now rather than lose it
             return
         if self._task is None:
             self.start()
         assert self._queue is not None
         written = asyncio.Event()
-        self._unwritten[trace.id] = written
-        self._queue.put_nowait((trace, written))
-
-    def _remember(self, trace: Trace) -> None:
-        self._recent[trace.id] = trace
-        self._recent.move_to_end(trace.id)
-        while len(self._recent) > self.recent_size:
-            self._recent.popitem(last=False)
+        self._unwritten[record.id] = written
+        self._queue.put_nowait((record, written))
 
     async def _run(self) -> None:
         assert self._queue is not None
@@ -83,32 +77,32 @@ class TraceWriter:
             items = [item for item in batch if item is not None]
             try:
                 if items:
-                    await asyncio.to_thread(self._write, [t for t, _ in items])
+                    await asyncio.to_thread(self._write, [r for r, _ in items])
             finally:
-                for trace, written in items:
+                for record, written in items:
                     written.set()
-                    if self._unwritten.get(trace.id) is written:
-                        del self._unwritten[trace.id]
+                    if self._unwritten.get(record.id) is written:
+                        del self._unwritten[record.id]
                 for _ in batch:
                     queue.task_done()
             if len(items) < len(batch):
                 return  # the stop sentinel: everything before it is written
 
-    def _write(self, traces: list[Trace]) -> None:
+    def _write(self, records: list[Record]) -> None:
         try:
-            self.store.append_many(traces)  # one call per batch, however the store batches
-            self.metrics.traces_written.inc(len(traces))
+            self.store.append_records(records)  # one call per batch
+            self.metrics.traces_written.inc(len(records))
             return
         except Exception:  # noqa: BLE001 - find out which ones failed, one at a time
-            log.warning("writing a batch of %d traces failed; retrying one by one", len(traces))
+            log.warning("writing a batch of %d traces failed; retrying one by one", len(records))
         # Rewriting a trace that did get written is harmless: the latest line for an id wins.
-        for trace in traces:
+        for record in records:
             try:
-                self.store.append(trace)
+                self.store.append_records([record])
                 self.metrics.traces_written.inc()
             except Exception:  # a full disk must not take the server down (logged, counted)
                 self.metrics.trace_errors.inc()
-                log.exception("could not store trace %s", trace.id)
+                log.exception("could not store trace %s", record.id)
 
     async def flush(self) -> None:
         """Wait until every queued trace is written."""
@@ -145,24 +139,14 @@ class TraceWriter:
         # Wait for the trace's own write: the labelled copy must land after it (the latest
         # line for an id wins).
         await self.written(trace_id)
-        trace = self._recent.get(trace_id)
+        trace = await asyncio.to_thread(self.store.find, trace_id)  # the index, not a scan
         if trace is None:
-            trace = await asyncio.to_thread(self._lookup, trace_id)
+            raise NotFound(f"no trace with id {trace_id!r}",
+                           hint=f"use the {TRACE_HEADER} header of the response")
         meta = dict(trace.meta)
         if comment is not None:
             meta["feedback"] = comment
         updated = trace.with_(score=score, meta=meta)
         await asyncio.to_thread(self.store.append, updated)
-        self._remember(updated)
         self.metrics.feedback.inc()
         return updated
-
-    def _lookup(self, trace_id: str) -> Trace:
-        try:
-            trace = self.store.get(trace_id)
-        except NotFound:
-            trace = None
-        if trace is None or trace.id != trace_id:  # the store also matches id prefixes
-            raise NotFound(f"no trace with id {trace_id!r}",
-                           hint=f"use the {TRACE_HEADER} header of the response")
-        return trace

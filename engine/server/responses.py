@@ -1,7 +1,8 @@
 """The server's replies that are not answers: OpenAI-style errors, and reading request bodies.
 
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a fitting status, never
-a stack trace, and is counted in ``/metrics`` by its code.
+a stack trace nor an upstream's own text or address (a 5xx names the request id; the details
+are in the server log and the trace), and is counted in ``/metrics`` by its code.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from starlette.exceptions import HTTPException
 
 from engine.backends.openai_wire import error_to_openai
 from engine.errors import WhetstoneError
-from engine.server.guard import BodyTooLarge, read_body
+from engine.server.guard import REQUEST_ID_HEADER, BodyTooLarge, read_body
 from engine.server.metrics import Metrics
-from engine.server.service import error_message, error_status
+from engine.server.service import client_message, error_status
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -42,21 +43,25 @@ def error_reply(metrics: Metrics, status: int, message: str, kind: str,
 
 
 def whetstone_error_reply(metrics: Metrics, exc: WhetstoneError,
-                          headers: dict[str, str] | None = None) -> JSONResponse:
-    """The reply for an error raised while answering (400, 404, 502, 504 ...)."""
+                          headers: dict[str, str] | None = None, *,
+                          request_id: str = "") -> JSONResponse:
+    """The reply for an error raised while answering (400, 404, 502, 504 ...). A 5xx says
+    only what kind of failure it was and the request id; the details go to the log."""
     status, kind, code = error_status(exc)
     if status >= 500:
-        log.warning("request failed (%d): %s", status, exc.message)
-    return error_reply(metrics, status, error_message(exc), kind, code, headers=headers)
+        log.warning("request %s failed (%d): %s", request_id, status, exc.message)
+    return error_reply(metrics, status, client_message(exc, request_id), kind, code,
+                       headers=headers)
 
 
 def internal_error_reply(metrics: Metrics, exc: Exception, headers: dict[str, str]
                          ) -> JSONResponse:
     """A bug or a backend failure that is not a ``WhetstoneError`` (CUDA out of memory):
     logged once with its traceback, answered as a plain 500 without the details."""
-    log.error("request failed (500): %s", failure_text(exc), exc_info=exc)
-    return error_reply(metrics, 500, "internal server error (see the server log)",
-                       "server_error", "internal_error", headers=headers)
+    rid = headers.get(REQUEST_ID_HEADER, "")
+    log.error("request %s failed (500): %s", rid, failure_text(exc), exc_info=exc)
+    return error_reply(metrics, 500, f"internal server error (request {rid}; see the server "
+                       "log)", "server_error", "internal_error", headers=headers)
 
 
 def failure_text(exc: BaseException) -> str:

@@ -9,6 +9,7 @@
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
 # run time.
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,8 +25,9 @@ from engine.errors import ConfigError, NotFound, WhetstoneError
 from engine.runtime.agent import new_trace_id
 from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches
 from engine.server.exchange import chat_trace, check_feedback
-from engine.server.guard import REQUEST_ID_HEADER, TRACE_HEADER, VERSION_HEADER
+from engine.server.guard import REQUEST_ID_HEADER, TRACE_HEADER, VERSION_HEADER, key_matches
 from engine.server.metrics import CONTENT_TYPE, Metrics
+from engine.server.naming import public_spec
 from engine.server.pipeline import ChatPipeline
 from engine.server.recording import TraceWriter
 from engine.server.responses import (
@@ -38,8 +40,12 @@ from engine.server.responses import (
 )
 from engine.server.service import ChatService, OpenStream, ServerSettings, error_message
 from engine.types import Completion, Trace
+from library_store.paths import shown
 
 router = APIRouter()
+
+MAX_TRACE_ID_CHARS = 128
+_TRACE_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_TRACE_ID_CHARS}}}")
 
 
 @dataclass
@@ -54,6 +60,7 @@ class ServerState:
     writer: TraceWriter | None
     adapter: ChatAdapter | None
     started_at: int
+    api_keys: frozenset[str] = frozenset()
 
 
 def _state(request: Request) -> ServerState:
@@ -85,6 +92,7 @@ class EventStream(StreamingResponse):
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     started = time.time()
+    deadline = state.service.deadline()  # the queue wait and retrieval count against it too
     rid = request_id(request.headers.get(REQUEST_ID_HEADER))
     headers = {REQUEST_ID_HEADER: rid}
     body = await json_body(request, state.metrics, state.settings.max_body_bytes, headers)
@@ -102,7 +110,7 @@ async def chat_completions(request: Request) -> Response:
                            "requests are being answered or are waiting, the most it takes; "
                            "retry shortly", "requests", "rate_limit_exceeded",
                            headers={**headers, "Retry-After": "1"})
-    exchange = _Exchange(state, call, started, rid, headers)
+    exchange = _Exchange(state, call, started, rid, headers, deadline)
     try:
         adapted = await state.pipeline.adapt(call.request, switches)
         return await exchange.answer(adapted, switches)
@@ -115,9 +123,9 @@ class _Exchange:
     """One admitted chat call: answers it (JSON or a stream) and records it once."""
 
     def __init__(self, state: ServerState, call: ChatCall, started: float, rid: str,
-                 headers: dict[str, str]) -> None:
+                 headers: dict[str, str], deadline: float) -> None:
         self.state, self.call, self.started = state, call, started
-        self.request_id, self.headers = rid, headers
+        self.request_id, self.headers, self.deadline = rid, headers, deadline
         self.model = call.model or state.settings.model_name
         self.trace_id: str | None = None
         self.adapted: Adapted | None = None
@@ -137,7 +145,7 @@ class _Exchange:
         if self.call.stream:
             return await self._stream()
         try:
-            completion = await state.service.complete(self.call)
+            completion = await state.service.complete(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
             return self._failed(exc)
         return JSONResponse(completion_to_openai(completion, model=self.model),
@@ -147,7 +155,7 @@ class _Exchange:
     async def _stream(self) -> Response:
         state = self.state
         try:
-            stream = await state.service.open_stream(self.call)
+            stream = await state.service.open_stream(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
             return self._failed(exc)
 
@@ -157,7 +165,8 @@ class _Exchange:
 
         self.handed_off = True
         return EventStream(
-            stream, state.service.sse_events(self.call, self.model, stream, self._on_end),
+            stream, state.service.sse_events(self.call, self.model, stream, self._on_end,
+                                             self.request_id),
             on_close=on_close, media_type="text/event-stream",
             headers={**self.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -178,7 +187,8 @@ class _Exchange:
     def _failed(self, exc: Exception) -> JSONResponse:
         """The error reply, recording the exchange once it is sent."""
         if isinstance(exc, WhetstoneError):
-            out = whetstone_error_reply(self.state.metrics, exc, self.headers)
+            out = whetstone_error_reply(self.state.metrics, exc, self.headers,
+                                        request_id=self.request_id)
             reason = exc.message
         else:
             out = internal_error_reply(self.state.metrics, exc, self.headers)
@@ -216,6 +226,11 @@ async def feedback(request: Request) -> Response | dict[str, Any]:
         return error_reply(metrics, 400, "'trace_id' is required: the X-Whetstone-Trace-Id "
                            "header of the response being labelled", "invalid_request_error",
                            param="trace_id")
+    if not _TRACE_ID.fullmatch(trace_id.strip()):  # never echo what a client sent unchecked
+        return error_reply(metrics, 400, f"'trace_id' is not a trace id: at most "
+                           f"{MAX_TRACE_ID_CHARS} letters, digits and '-_.:' (the "
+                           f"{TRACE_HEADER} header of the response being labelled)",
+                           "invalid_request_error", param="trace_id")
     try:
         score, comment = check_feedback(body.get("score"), body.get("comment"))
     except ConfigError as exc:
@@ -248,7 +263,8 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def get_model(request: Request, model_id: str) -> Response | dict[str, Any]:
     state = _state(request)
     if model_id not in state.settings.served:
-        return error_reply(state.metrics, 404, f"the model {model_id!r} is not served here; "
+        return error_reply(state.metrics, 404, f"the model {shown(model_id, 80)!r} is not "
+                           "served here; "
                            "available: " + ", ".join(state.settings.served),
                            "invalid_request_error", "model_not_found", "model")
     return _model_card(state, model_id)
@@ -256,11 +272,16 @@ async def get_model(request: Request, model_id: str) -> Response | dict[str, Any
 
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
+    """Status, the served name and the upstream's kind; its address only to a client that
+    sends one of the server's API keys."""
     state = _state(request)
-    out: dict[str, Any] = {"status": "ok", "model": state.settings.model_name,
-                           "backend": state.backend.spec}
+    spec = state.backend.spec
+    if not (state.api_keys and key_matches(request.headers.get("authorization"),
+                                           state.api_keys)):
+        spec = public_spec(spec)
+    out: dict[str, Any] = {"status": "ok", "model": state.settings.model_name, "backend": spec}
     if state.adapter is not None or state.writer is not None:
-        out["upstream"] = state.backend.spec
+        out["upstream"] = spec
         out["recording"] = state.writer is not None
         try:
             out["library_version"] = state.pipeline.library_version()

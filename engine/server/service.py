@@ -3,6 +3,11 @@ deadlines, SSE formatting, and the mapping of errors to HTTP statuses.
 
 Kept apart from the HTTP routes (``routes.py``) so the pipeline can wrap it (adapt the request
 before, record the exchange after) without touching the transport.
+
+Every request has one deadline, set when it arrives: the wait for an upstream slot, the
+upstream call and the whole stream all count against it (``request_timeout_s``, default
+``DEFAULT_DEADLINE_S``). A stream that sends nothing for ``stream_idle_s`` is cut too, so an
+upstream trickling bytes or SSE keep-alive comments cannot hold a slot.
 """
 
 from __future__ import annotations
@@ -11,8 +16,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.backends.base import Backend, StreamChunk
@@ -34,7 +39,8 @@ from engine.errors import (
     WhetstoneError,
 )
 from engine.server.metrics import Metrics
-from engine.types import Completion
+from engine.types import Completion, Request
+from library_store.paths import shown
 
 log = logging.getLogger("whetstone.server")
 
@@ -42,6 +48,10 @@ log = logging.getLogger("whetstone.server")
 _DEADLINE_GRACE_S = 1.0
 # Big enough for a few images as data URLs; bigger bodies are refused before they are read.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_DEADLINE_S = 300.0  # a whole request, queue wait included, unless configured
+DEFAULT_STREAM_IDLE_S = 120.0  # the longest silence within a stream
+MAX_TOKENS_LIMIT = 1_000_000  # more than any model's context; larger asks are typos or probes
+_SEED_LIMIT = 2 ** 63
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,10 @@ class ServerSettings:
     model_name: str
     aliases: tuple[str, ...] = ()
     default_max_tokens: int = 512
-    request_timeout_s: float | None = None  # per request; None: the backend's own timeout
+    # The whole request, queue wait included; also passed to the backend as its timeout.
+    # None: DEFAULT_DEADLINE_S in all, the backend keeping its own per-call timeout.
+    request_timeout_s: float | None = None
+    stream_idle_s: float | None = DEFAULT_STREAM_IDLE_S  # None: no idle limit
     max_concurrency: int = 1  # backend calls in flight; the rest wait their turn
     max_queue: int | None = None  # requests waiting for a slot; past it: 429 (None: no limit)
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
@@ -59,6 +72,63 @@ class ServerSettings:
     @property
     def served(self) -> tuple[str, ...]:
         return (self.model_name, *self.aliases)
+
+    @property
+    def deadline_s(self) -> float:
+        """Seconds a request may take in all."""
+        return self.request_timeout_s or DEFAULT_DEADLINE_S
+
+
+class DeadlineExceeded(BackendTimeout):
+    """The server's own deadline passed (its message holds nothing from the upstream)."""
+
+
+def upstream_fault(exc: BaseException) -> bool:
+    """Whether an exception that is not a ``WhetstoneError`` came from what the upstream sent
+    (a malformed SSE line, a broken HTTP stream) rather than from a bug or a local model: the
+    first is a 502, the second a 500."""
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+        return True
+    if type(exc).__module__.split(".")[0] in ("httpx", "httpcore", "h11", "openai"):
+        return True
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    # Raised while reading an upstream's chunk (StreamAccumulator.feed).
+    return last is not None and last.tb_frame.f_globals.get("__name__") == (
+        "engine.backends.openai_wire")
+
+
+def _as_upstream_error(exc: Exception) -> Exception:
+    if isinstance(exc, WhetstoneError) or not upstream_fault(exc):
+        return exc
+    return BackendError(f"the upstream sent a reply that could not be read: "
+                        f"{type(exc).__name__}: {exc}", hint="check the upstream server")
+
+
+def _flag(body: Mapping[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"'{key}' must be true or false, got {shown(repr(value), 40)}")
+
+
+def check_ranges(body: Any) -> None:
+    """What the wire format leaves open: flags are booleans, token counts and seeds within
+    sane ranges (a 10**100 ``max_tokens`` is refused, not forwarded)."""
+    if not isinstance(body, Mapping):
+        return  # request_from_openai says what is wrong
+    _flag(body, "stream")
+    _flag(body, "logprobs")
+    options = body.get("stream_options")
+    if isinstance(options, Mapping):
+        _flag(options, "include_usage")
+    for key, lo, hi in (("max_tokens", 1, MAX_TOKENS_LIMIT),
+                        ("max_completion_tokens", 1, MAX_TOKENS_LIMIT),
+                        ("seed", -_SEED_LIMIT, _SEED_LIMIT - 1)):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+            shown_value = str(value) if abs(value) < 10 ** 30 else f"a {len(str(value))}-digit number"
+            raise ConfigError(f"'{key}' must be between {lo} and {hi}, got {shown_value}")
 
 
 def error_status(exc: WhetstoneError) -> tuple[int, str, str | None]:
@@ -79,35 +149,75 @@ def _sse(obj: Any) -> str:
 
 
 def error_message(exc: WhetstoneError) -> str:
-    """What a client is told about ``exc``: the message, and the hint in brackets."""
+    """``exc``'s message, and the hint in brackets (for errors about the client's request)."""
     return exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
+
+
+def client_message(exc: WhetstoneError, request_id: str) -> str:
+    """What a client is told about ``exc``. An error of its own request (4xx) says what is
+    wrong; an upstream or server failure says only what kind it was and the request id, so
+    no upstream text, address or traceback reaches a client (they are in the server log and
+    the exchange's trace)."""
+    status, _, _ = error_status(exc)
+    if status < 500:
+        return error_message(exc)
+    if isinstance(exc, DeadlineExceeded):
+        return f"{error_message(exc)} (request {request_id})"
+    what = {504: "the upstream model did not answer in time",
+            502: "the upstream model failed"}.get(status, "internal server error")
+    return f"{what} (request {request_id}; the details are in the server log)"
+
+
+def _check_not_empty(first: StreamChunk | None) -> None:
+    """An upstream that answered a stream with something else (an HTML error page) gives a
+    stream that ends at once with no text and no model name: that is a 502, not a 200 with
+    empty content."""
+    c = first.completion if first is not None else None
+    if first is None or (c is not None and not first.text and not c.text and not c.tool_calls
+                         and not c.model and not c.completion_tokens):
+        raise BackendError("the upstream's stream held no chat completion chunk",
+                           hint="check that the upstream speaks the OpenAI chat API")
 
 
 class OpenStream:
     """A backend stream in progress: ``first`` chunk already read, ``next()`` under the
-    request's deadline, ``close()`` (idempotent) closes the backend stream and frees the slot."""
+    request's deadline (``deadline``, on the monotonic clock) and the idle limit, ``close()``
+    (idempotent) closes the backend stream and frees the slot."""
 
-    def __init__(self, chunks: AsyncIterator[StreamChunk], deadline: float | None,
-                 timeout: float | None, slots: asyncio.Semaphore,
+    def __init__(self, chunks: AsyncIterator[StreamChunk], deadline: float, total_s: float,
+                 slots: asyncio.Semaphore, *, idle_s: float | None = None,
+                 idle_before_first: bool = True,
                  on_close: Callable[[OpenStream], None] | None = None) -> None:
         self.first: StreamChunk | None = None
         self._chunks = chunks
         self._deadline = deadline
-        self._timeout = timeout
+        self._total_s = total_s
+        self._idle_s = idle_s
+        # A backend that cannot stream answers all at once: no chunk comes before it is done.
+        self._idle_now = idle_before_first
         self._slots = slots
         self._on_close = on_close
         self.started = time.monotonic()
         self._closed = False
 
     async def next(self) -> StreamChunk | None:
-        """The next chunk, None at the end; ``BackendTimeout`` past the deadline."""
-        left = None if self._deadline is None else max(
-            0.0, self._deadline - (time.monotonic() - self.started))
+        """The next chunk, None at the end; ``BackendTimeout`` past the deadline or after
+        ``idle_s`` without a chunk; a reply the upstream garbled is a ``BackendError``."""
+        left = max(0.0, self._deadline - time.monotonic())
+        idle = self._idle_s if self._idle_now and self._idle_s is not None else None
+        wait = left if idle is None else min(left, idle)
         try:
-            return await asyncio.wait_for(anext(self._chunks, None), left)
+            chunk = await asyncio.wait_for(anext(self._chunks, None), wait)
         except asyncio.TimeoutError:
-            raise BackendTimeout(f"the model did not finish within {self._timeout:g} s",
-                                 hint="retry later, or ask for fewer tokens") from None
+            if idle is not None and idle < left:
+                raise DeadlineExceeded(f"the model sent nothing for {idle:g} s",
+                                       hint="retry later; the upstream may be stuck") from None
+            raise DeadlineExceeded(f"the model did not finish within {self._total_s:g} s",
+                                   hint="retry later, or ask for fewer tokens") from None
+        except Exception as exc:  # re-raised: a 502 when it is the upstream's doing
+            raise _as_upstream_error(exc) from exc
+        self._idle_now = True
+        return chunk
 
     async def close(self) -> None:
         if self._closed:
@@ -156,33 +266,57 @@ class ChatService:
 
     def parse(self, body: Any) -> ChatCall:
         """Validate a request body; raises ``ConfigError`` (400) or ``NotFound`` (404)."""
+        check_ranges(body)
         call = request_from_openai(body, default_max_tokens=self.settings.default_max_tokens,
                                    timeout=self.settings.request_timeout_s)
         if call.model is not None and call.model not in self.settings.served:
-            raise NotFound(f"the model {call.model!r} is not served here",
+            raise NotFound(f"the model {shown(call.model, 80)!r} is not served here",
                            hint="available: " + ", ".join(self.settings.served))
         return call
 
-    def _deadline(self, call: ChatCall) -> float | None:
-        t = call.request.timeout
-        return None if t is None else t + _DEADLINE_GRACE_S
+    def deadline(self) -> float:
+        """The deadline of a request arriving now, on the monotonic clock."""
+        return time.monotonic() + self.settings.deadline_s
 
-    async def complete(self, call: ChatCall) -> Completion:
-        """One completion, or ``BackendTimeout`` when the deadline passes."""
-        async with self._slots:
-            self.upstream_active += 1
-            start = time.perf_counter()
-            try:
-                completion = await asyncio.wait_for(self.backend.acomplete(call.request),
-                                                    self._deadline(call))
-            except asyncio.TimeoutError:
-                raise BackendTimeout(
-                    f"the model did not answer within {call.request.timeout:g} s",
-                    hint="retry later, or ask for fewer tokens") from None
-            finally:
-                self.upstream_active -= 1
-                self.metrics.upstream_latency.observe(time.perf_counter() - start,
-                                                      stream="false")
+    def _expired(self, message: str | None = None) -> DeadlineExceeded:
+        return DeadlineExceeded(message or f"the model did not answer within "
+                                f"{self.settings.deadline_s:g} s",
+                                hint="retry later, or ask for fewer tokens")
+
+    async def _take_slot(self, deadline: float) -> None:
+        """Wait for an upstream slot, no longer than the request's deadline."""
+        try:
+            await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise self._expired(f"the request waited for a free slot for all of its "
+                                f"{self.settings.deadline_s:g} s") from None
+
+    def _timed(self, request: Request, deadline: float) -> Request:
+        """``request`` with the time left as its timeout, when a timeout is configured."""
+        if self.settings.request_timeout_s is None:
+            return request
+        return replace(request, timeout=max(0.001, deadline - time.monotonic()))
+
+    async def complete(self, call: ChatCall, deadline: float | None = None) -> Completion:
+        """One completion, or ``DeadlineExceeded`` when the deadline passes (the wait for a
+        slot included)."""
+        deadline = self.deadline() if deadline is None else deadline
+        await self._take_slot(deadline)
+        self.upstream_active += 1
+        start = time.perf_counter()
+        try:
+            left = max(0.0, deadline - time.monotonic())
+            completion = await asyncio.wait_for(
+                self.backend.acomplete(self._timed(call.request, deadline)),
+                left + _DEADLINE_GRACE_S)
+        except asyncio.TimeoutError:
+            raise self._expired() from None
+        except Exception as exc:  # re-raised: a 502 when it is the upstream's doing
+            raise _as_upstream_error(exc) from exc
+        finally:
+            self._slots.release()
+            self.upstream_active -= 1
+            self.metrics.upstream_latency.observe(time.perf_counter() - start, stream="false")
         self._count_tokens(completion)
         return completion
 
@@ -190,18 +324,23 @@ class ChatService:
         self.metrics.tokens.inc(completion.prompt_tokens, kind="prompt")
         self.metrics.tokens.inc(completion.completion_tokens, kind="completion")
 
-    async def open_stream(self, call: ChatCall) -> OpenStream:
+    async def open_stream(self, call: ChatCall, deadline: float | None = None) -> OpenStream:
         """Start streaming and wait for the first chunk, so a backend that fails at once is
         answered with a proper HTTP error instead of a broken event stream.
 
         The returned stream holds a concurrency slot until it is closed.
         """
-        await self._slots.acquire()
+        deadline = self.deadline() if deadline is None else deadline
+        await self._take_slot(deadline)
         self.upstream_active += 1
-        stream = OpenStream(self.backend.astream(call.request), self._deadline(call),
-                            call.request.timeout, self._slots, on_close=self._stream_closed)
+        stream = OpenStream(self.backend.astream(self._timed(call.request, deadline)),
+                            deadline, self.settings.deadline_s, self._slots,
+                            idle_s=self.settings.stream_idle_s,
+                            idle_before_first=self.backend.capabilities.streaming,
+                            on_close=self._stream_closed)
         try:
             stream.first = await stream.next()
+            _check_not_empty(stream.first)
         except BaseException:
             await stream.close()
             raise
@@ -213,7 +352,7 @@ class ChatService:
 
     async def sse_events(self, call: ChatCall, model: str, stream: OpenStream,
                          on_end: Callable[[Completion | None, str | None, str], None]
-                         | None = None) -> AsyncIterator[str]:
+                         | None = None, request_id: str = "") -> AsyncIterator[str]:
         """``chat.completion.chunk`` events ending in ``data: [DONE]``; a failure mid-stream
         becomes an ``{"error": ...}`` event, which OpenAI clients raise as an error.
 
@@ -257,16 +396,17 @@ class ChatService:
                 final = last
             except WhetstoneError as exc:
                 status, kind, code = error_status(exc)
-                log.warning("stream failed (%d): %s", status, exc.message)
+                log.warning("request %s: stream failed (%d): %s", request_id, status,
+                            exc.message)
                 failure = exc.message
                 self.metrics.errors.inc(code=code or "server_error")
-                yield _sse(error_to_openai(error_message(exc), kind, code=code))
+                yield _sse(error_to_openai(client_message(exc, request_id), kind, code=code))
             except Exception as exc:
-                log.exception("stream failed")
+                log.exception("request %s: stream failed", request_id)
                 failure = f"{type(exc).__name__}: {exc}"  # for the trace, not the client
                 self.metrics.errors.inc(code="internal_error")
-                yield _sse(error_to_openai("internal server error (see the server log)",
-                                           "server_error"))
+                yield _sse(error_to_openai(f"internal server error (request {request_id}; "
+                                           "see the server log)", "server_error"))
             interrupted = False
         finally:
             await stream.close()
