@@ -18,13 +18,14 @@ from engine.backends.base import Backend
 from engine.backends.registry import BackendOptions, get_backend
 from engine.errors import ConfigError, NotFound
 from engine.evaluation.agent_solver import agent_solver
+from engine.evaluation.direct import direct_solver
 from engine.evaluation.runner import Solver
 from engine.methods.base import make_config
 from engine.methods.registry import MethodRegistry, default_registry
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
 from engine.runtime.plugins import MethodEnv
-from engine.runtime.skills_plugin import SkillsPlugin
+from engine.runtime.skills_plugin import SkillsConfig, SkillsPlugin
 from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from engine.server.client import WrappedClient, wrap_client
 from engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
@@ -44,6 +45,18 @@ if TYPE_CHECKING:
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
 MethodSpec = str | tuple[str, Mapping[str, Any]] | Plugin
+# How ``Engine.solver`` answers a task: through the agent loop, or one direct call.
+SOLVERS = ("agent", "direct")
+
+
+def check_solver(solver: str) -> str:
+    """``solver`` when it names a solver; ``ConfigError`` listing them otherwise."""
+    if solver not in SOLVERS:
+        raise ConfigError(f"unknown solver {solver!r}",
+                          hint=f"solvers: {', '.join(SOLVERS)} (agent: the agent loop; direct: "
+                               "one call with the model's chat template and the library's "
+                               "guidance)")
+    return solver
 
 
 class Engine:
@@ -54,7 +67,9 @@ class Engine:
     use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
     methods to use besides: registered names (``"co_react"``), ``(name, options)`` pairs, or
-    ``Plugin`` objects (see ``engine.methods.registry``).
+    ``Plugin`` objects (see ``engine.methods.registry``). ``solver`` is how ``solver()`` (so
+    ``whetstone eval`` and the evolve gate) answers a task: ``agent`` (the loop) or ``direct``
+    (one call, the library's guidance in the system message).
     """
 
     def __init__(
@@ -71,7 +86,9 @@ class Engine:
         backend_options: BackendOptions | None = None,
         checkpointing: bool = True,
         registry: MethodRegistry | None = None,
+        solver: str = "agent",
     ) -> None:
+        self.solver_kind = check_solver(solver)
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
         self.library = Library.open(self.library_path, create=True)
@@ -87,6 +104,7 @@ class Engine:
         self._tools = tools
         self._checkpointing = checkpointing
         self._agent: Agent | None = None
+        self._resources: list[Any] = []  # retrieval indexes the direct solvers opened
         self.traces: TraceStore = self.library.traces
 
     def _check_methods(self, methods: Sequence[MethodSpec]
@@ -161,9 +179,28 @@ class Engine:
             self._agent = self.build_agent(checkpoints=checkpoints)
         return self._agent
 
-    def solver(self, snapshot: Snapshot | None = None) -> Solver:
-        """What ``whetstone eval`` runs per task: the same agent, traces stored by the eval."""
-        return agent_solver(self.build_agent(snapshot=snapshot, store_traces=False))
+    def solver(self, snapshot: Snapshot | None = None, kind: str | None = None) -> Solver:
+        """What ``whetstone eval`` runs per task (traces are stored by the eval): the agent
+        loop, or with ``kind="direct"`` (default: the engine's ``solver``) one call with the
+        library's guidance (the skills the agent would be shown, the methods' guidance) in the
+        system message."""
+        if check_solver(kind or self.solver_kind) == "agent":
+            return agent_solver(self.build_agent(snapshot=snapshot, store_traces=False))
+        snap = snapshot or self.pinned_snapshot()
+        plugins: list[Plugin] = []
+        named = self._named("skills")
+        if self.skills or named is not None:
+            options = {"min_score": SkillsConfig().min_score, **dict(named or {})}
+            skills, resources = chat_skills_plugin(self.library, snap, **options)
+            self._resources += resources
+            plugins.append(skills)
+        plugins += self.runtime_methods(snap, skip=frozenset({"skills"}))
+        version = snap.id if snap is not None else None
+        return direct_solver(self.backend, model=self.backend.spec, library_version=version,
+                             plugins=plugins,
+                             guidance_budget_tokens=self.config.guidance_budget_tokens,
+                             max_tokens=self.config.max_tokens_per_call,
+                             temperature=self.config.temperature)
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""
@@ -190,7 +227,8 @@ class Engine:
                rule: str = "not_worse", seed: int = 0, concurrency: int = 1,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
-               registry: MethodRegistry | None = None, **options: Any) -> EvolveResult:
+               registry: MethodRegistry | None = None, solver: str | None = None,
+               **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
         object) and land the change through the regression gate.
 
@@ -201,6 +239,8 @@ class Engine:
         scores on ``gate_tasks`` (default: the traces' own tasks). ``options`` configure the
         method, e.g. ``skill="word-math", create=True, workers=4`` for trace2skill.
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
+        ``solver`` (default: the engine's) is how the gate and the collection runs answer:
+        ``agent`` or ``direct``.
         """
         from engine.evaluation.benchmarks import load_tasks
         from engine.methods.evolve import evolve
@@ -216,12 +256,13 @@ class Engine:
             evolver = method
         query = parse_trace_filter(trace_filter) if isinstance(trace_filter, str) or \
             trace_filter is None else dict(trace_filter)
+        kind = check_solver(solver or self.solver_kind)
         task_set = load_tasks(tasks) if isinstance(tasks, str) else tasks
         analyst_backend, own = self._analyst(analyst)
         try:
             return evolve(
                 evolver, self.library, analyst=analyst_backend,
-                make_solver=lambda snap: self.solver(snapshot=snap), traces=traces,
+                make_solver=lambda snap: self.solver(snapshot=snap, kind=kind), traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.spec,
@@ -319,6 +360,9 @@ class Engine:
     def close(self) -> None:
         if self._agent is not None:
             self._agent.close()
+        for resource in self._resources:
+            resource.close()
+        self._resources.clear()
         adapter = self.__dict__.pop("_chat_adapter", None)
         if adapter is not None:
             adapter.close()
@@ -333,18 +377,20 @@ class Engine:
 
 def solver_factory(*, methods: Sequence[MethodSpec] = (),
                    tools: Sequence[str] = ("calculator", "python"),
-                   config: RunConfig | None = None
+                   config: RunConfig | None = None, solver: str = "agent"
                    ) -> Callable[[str, Path | None, str | None], Solver]:
-    """``(model, library_path, version) -> solver`` for ``whetstone eval``: the agent of
-    ``Engine`` over that library version. One backend per model spec, so comparing two library
-    versions loads the model once."""
+    """``(model, library_path, version) -> solver`` for ``whetstone eval``: ``Engine.solver``
+    over that library version, the agent loop or (``solver="direct"``) one direct call. One
+    backend per model spec, so comparing two library versions loads the model once."""
+    check_solver(solver)
     backends: dict[str, Backend] = {}
 
     def factory(model: str, library_path: Path | None, version: str | None) -> Solver:
         if model not in backends:
             backends[model] = get_backend(model)
         engine = Engine(backends[model], library=library_path, version=version,
-                        methods=methods, tools=tools, config=config, checkpointing=False)
+                        methods=methods, tools=tools, config=config, checkpointing=False,
+                        solver=solver)
         return engine.solver()
 
     return factory

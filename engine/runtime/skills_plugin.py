@@ -39,14 +39,20 @@ READ_SKILL_SPEC = ToolSpec(
 )
 
 
+# The lowest cosine similarity (all-MiniLM-L6-v2) at which a skill counts as relevant. Measured:
+# related task/description pairs score 0.24-0.53, unrelated ones -0.05-0.13 ("Who wrote Hamlet?"
+# against six skills: at most 0.10); a run with nothing relevant is shown nothing (issue 19).
+RELEVANT_SCORE = 0.2
+
+
 @dataclass(frozen=True)
 class SkillsConfig:
     """How many skills a run is shown (``k``), how many with their whole body, and the lowest
-    retrieval score kept (None: the retriever's own)."""
+    retrieval score kept (None: keep the top ``k`` whatever their score)."""
 
     k: int = 5
     max_bodies: int = 2
-    min_score: float | None = None
+    min_score: float | None = RELEVANT_SCORE
 
 
 class SkillsPlugin(Plugin):
@@ -66,7 +72,7 @@ class SkillsPlugin(Plugin):
 
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
-                 max_bodies: int = 2, min_score: float | None = None) -> None:
+                 max_bodies: int = 2, min_score: float | None = RELEVANT_SCORE) -> None:
         from library_store.embeddings import query_embedder
         from skills.index import LibraryIndex
         from skills.retrieval import SkillRetriever
@@ -97,6 +103,11 @@ class SkillsPlugin(Plugin):
 
     def tools(self) -> list[Tool]:
         return [Tool(READ_SKILL_SPEC, self._read)]
+
+    def run_tools(self, shown: Mapping[str, Any]) -> list[str]:
+        """``read_skill`` only when a skill was listed: offered with nothing to open, the
+        embedded model called it instead of answering (issue 19)."""
+        return [READ_SKILL_SPEC.name] if shown.get("shown") else []
 
     def _read(self, args: Mapping[str, Any]) -> str:
         from skills.retrieval import read_skill
