@@ -30,10 +30,12 @@ from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from engine.server.client import WrappedClient, wrap_client
 from engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from engine.types import Message, Trace
+from library_store.corpus import Corpus
 from library_store.store import Library, Snapshot
 from library_store.traces import TraceStore
 from tools.base import Tool
 from tools.builtin import builtin_tools
+from tools.search import make_search_tool
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -67,9 +69,11 @@ class Engine:
     use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
     methods to use besides: registered names (``"co_react"``), ``(name, options)`` pairs, or
-    ``Plugin`` objects (see ``engine.methods.registry``). ``solver`` is how ``solver()`` (so
-    ``whetstone eval`` and the evolve gate) answers a task: ``agent`` (the loop) or ``direct``
-    (one call, the library's guidance in the system message).
+    ``Plugin`` objects (see ``engine.methods.registry``). ``tools`` names built-in tools, and
+    ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone corpus``).
+    ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate) answers a task:
+    ``agent`` (the loop) or ``direct`` (one call, the library's guidance in the system
+    message).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class Engine:
         backend_options: BackendOptions | None = None,
         checkpointing: bool = True,
         registry: MethodRegistry | None = None,
+        corpus: str = "default",
         solver: str = "agent",
     ) -> None:
         self.solver_kind = check_solver(solver)
@@ -103,6 +108,8 @@ class Engine:
         self.skills = skills
         self._tools = tools
         self._checkpointing = checkpointing
+        self.corpus_name = corpus
+        self._corpora: dict[str, Corpus] = {}
         self._agent: Agent | None = None
         self._resources: list[Any] = []  # retrieval indexes the direct solvers opened
         self.traces: TraceStore = self.library.traces
@@ -156,10 +163,24 @@ class Engine:
             return self.library.candidates.snapshot(self.version.split(":", 1)[1])
         return self.library.snapshot(self.version)
 
+    def corpus(self, name: str | None = None) -> Corpus:
+        """The library's evidence corpus ``name`` (default: ``corpus``), opened once."""
+        from library_store.embeddings import query_embedder
+
+        name = name or self.corpus_name
+        if name not in self._corpora:
+            self._corpora[name] = Corpus.of_library(self.library_path, name,
+                                                    query_embedder(threads=1))
+        return self._corpora[name]
+
     def _tool_list(self) -> list[Tool]:
         tools = self._tools
         if tools and isinstance(next(iter(tools)), str):
-            return builtin_tools(tuple(tools))  # type: ignore[arg-type]
+            names = tuple(tools)
+            out = builtin_tools(tuple(n for n in names if n != "search"))  # type: ignore
+            if "search" in names:  # the face injects the retriever; the tool never opens one
+                out.append(make_search_tool(self.corpus()))
+            return out
         return list(tools)  # type: ignore[arg-type]
 
     def build_agent(self, *, snapshot: Snapshot | None = None, store_traces: bool = True,
@@ -366,6 +387,8 @@ class Engine:
         adapter = self.__dict__.pop("_chat_adapter", None)
         if adapter is not None:
             adapter.close()
+        for corpus in self._corpora.values():
+            corpus.close()
         self.backend.close()
 
     def __enter__(self) -> Self:
@@ -377,7 +400,8 @@ class Engine:
 
 def solver_factory(*, methods: Sequence[MethodSpec] = (),
                    tools: Sequence[str] = ("calculator", "python"),
-                   config: RunConfig | None = None, solver: str = "agent"
+                   config: RunConfig | None = None, corpus: str = "default",
+                   solver: str = "agent"
                    ) -> Callable[[str, Path | None, str | None], Solver]:
     """``(model, library_path, version) -> solver`` for ``whetstone eval``: ``Engine.solver``
     over that library version, the agent loop or (``solver="direct"``) one direct call. One
@@ -390,7 +414,7 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
             backends[model] = get_backend(model)
         engine = Engine(backends[model], library=library_path, version=version,
                         methods=methods, tools=tools, config=config, checkpointing=False,
-                        solver=solver)
+                        corpus=corpus, solver=solver)
         return engine.solver()
 
     return factory
