@@ -25,7 +25,7 @@ from engine.methods.registry import MethodRegistry, default_registry
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
 from engine.runtime.plugins import MethodEnv
-from engine.runtime.skills_plugin import SkillsConfig, SkillsPlugin
+from engine.runtime.skills_plugin import SkillsPlugin
 from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from engine.server.client import WrappedClient, wrap_client
 from engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
@@ -211,8 +211,7 @@ class Engine:
         plugins: list[Plugin] = []
         named = self._named("skills")
         if self.skills or named is not None:
-            options = {"min_score": SkillsConfig().min_score, **dict(named or {})}
-            skills, resources = chat_skills_plugin(self.library, snap, **options)
+            skills, resources = chat_skills_plugin(self.library, snap, **dict(named or {}))
             self._resources += resources
             plugins.append(skills)
         plugins += self.runtime_methods(snap, skip=frozenset({"skills"}))

@@ -25,26 +25,26 @@ def acts(trace: Trace) -> list[Any]:
 # Each form as the model wrote it (observed on Qwen2.5-Coder-0.5B-Instruct, see
 # docs/results.md), and the tool it calls.
 FORMS = {
-    "tool_call tags": ('<tool_call>\n{"name": "calculator", "arguments": {"expression": '
-                       '"17 * 23"}}\n</tool_call>', "calculator"),
-    "tool_call tags, unclosed": ('I will compute it.\n<tool_call>\n{"name": "calculator", '
-                                 '"arguments": {"expression": "17 * 23"}}', "calculator"),
-    "bare JSON in prose": ('Let me use the calculator.\n{"name": "calculator", "arguments": '
-                           '{"expression": "17 * 23"}}\nThen I will answer.', "calculator"),
-    "json fence": ('To multiply:\n```json\n{"name": "calculator", "arguments": {"expression": '
-                   '"17 * 23"}}\n```', "calculator"),
+    "tool_call tags": (('<tool_call>\n{"name": "calculator", "arguments": {"expression": '
+                       '"17 * 23"}}\n</tool_call>'), "calculator"),
+    "tool_call tags, unclosed": (('I will compute it.\n<tool_call>\n{"name": "calculator", '
+                                 '"arguments": {"expression": "17 * 23"}}'), "calculator"),
+    "bare JSON in prose": (('Let me use the calculator.\n{"name": "calculator", "arguments": '
+                           '{"expression": "17 * 23"}}\nThen I will answer.'), "calculator"),
+    "json fence": (('To multiply:\n```json\n{"name": "calculator", "arguments": {"expression": '
+                   '"17 * 23"}}\n```'), "calculator"),
     "json list": ('[{"name": "calculator", "arguments": {"expression": "17 * 23"}}]',
                   "calculator"),
     "parameters key": ('{"name": "calculator", "parameters": {"expression": "17 * 23"}}',
                        "calculator"),
-    "final answer wrapping a call": ('Therefore, the final answer is: ```json {"name": '
-                                     '"calculator", "arguments": {"expression": "17 * 23"}}```',
+    "final answer wrapping a call": (('Therefore, the final answer is: ```json {"name": '
+                                     '"calculator", "arguments": {"expression": "17 * 23"}}```'),
                                      "calculator"),
     "Action line": ("Thought: multiply.\nAction: calculator[17 * 23]", "calculator"),
     "Action JSON": ('Action: {"name": "calculator", "arguments": {"expression": "17 * 23"}}',
                     "calculator"),
-    "python block then prose": ("Let's compute it in Python.\n```python\nprint(17 * 23)\n```\n"
-                                "The result is printed above.", "python"),
+    "python block then prose": (("Let's compute it in Python.\n```python\nprint(17 * 23)\n```\n"
+                                "The result is printed above."), "python"),
 }
 
 
@@ -181,8 +181,8 @@ def test_task_answer_tools_go_natively_and_builtin_tools_compactly() -> None:
         "name": "get_weather", "description": "Weather for a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                        "required": ["city"]}}}
-    backend = ScriptedBackend(['<tool_call>\n{"name": "get_weather", "arguments": '
-                               '{"city": "Paris"}}\n</tool_call>'], tool_calls=True)
+    backend = ScriptedBackend([('<tool_call>\n{"name": "get_weather", "arguments": '
+                               '{"city": "Paris"}}\n</tool_call>')], tool_calls=True)
     trace = Agent(backend).run("Weather in Paris?", answer_tools=[schema])
     assert json.loads(trace.answer or "") == {"name": "get_weather",
                                               "arguments": {"city": "Paris"}}

@@ -39,20 +39,20 @@ READ_SKILL_SPEC = ToolSpec(
 )
 
 
-# The lowest cosine similarity (all-MiniLM-L6-v2) at which a skill counts as relevant. Measured:
-# related task/description pairs score 0.24-0.53, unrelated ones -0.05-0.13 ("Who wrote Hamlet?"
-# against six skills: at most 0.10); a run with nothing relevant is shown nothing (issue 19).
-RELEVANT_SCORE = 0.2
-
-
 @dataclass(frozen=True)
 class SkillsConfig:
     """How many skills a run is shown (``k``), how many with their whole body, and the lowest
-    retrieval score kept (None: keep the top ``k`` whatever their score)."""
+    retrieval score kept (None: keep the top ``k`` whatever their score).
+
+    No floor by default: measured with all-MiniLM-L6-v2, GSM8K questions score 0.04-0.24
+    against an evolved ``word-math`` skill's draft description and unrelated questions up to
+    0.13 against any skill, so a floor that drops the unrelated ones also hides evolved skills
+    from most of the tasks they were learned on. With an empty library nothing is injected
+    and ``read_skill`` is not offered."""
 
     k: int = 5
     max_bodies: int = 2
-    min_score: float | None = RELEVANT_SCORE
+    min_score: float | None = None
 
 
 class SkillsPlugin(Plugin):
@@ -72,7 +72,7 @@ class SkillsPlugin(Plugin):
 
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
-                 max_bodies: int = 2, min_score: float | None = RELEVANT_SCORE) -> None:
+                 max_bodies: int = 2, min_score: float | None = None) -> None:
         from library_store.embeddings import query_embedder
         from skills.index import LibraryIndex
         from skills.retrieval import SkillRetriever
