@@ -18,6 +18,7 @@ from engine.backends.base import Backend
 from engine.backends.registry import BackendOptions, get_backend
 from engine.errors import ConfigError, NotFound
 from engine.evaluation.agent_solver import agent_solver
+from engine.evaluation.direct import direct_solver
 from engine.evaluation.runner import Solver
 from engine.methods.base import make_config
 from engine.methods.registry import MethodRegistry, default_registry
@@ -46,6 +47,18 @@ if TYPE_CHECKING:
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
 MethodSpec = str | tuple[str, Mapping[str, Any]] | Plugin
+# How ``Engine.solver`` answers a task: through the agent loop, or one direct call.
+SOLVERS = ("agent", "direct")
+
+
+def check_solver(solver: str) -> str:
+    """``solver`` when it names a solver; ``ConfigError`` listing them otherwise."""
+    if solver not in SOLVERS:
+        raise ConfigError(f"unknown solver {solver!r}",
+                          hint=f"solvers: {', '.join(SOLVERS)} (agent: the agent loop; direct: "
+                               "one call with the model's chat template and the library's "
+                               "guidance)")
+    return solver
 
 
 class Engine:
@@ -58,6 +71,9 @@ class Engine:
     methods to use besides: registered names (``"co_react"``), ``(name, options)`` pairs, or
     ``Plugin`` objects (see ``engine.methods.registry``). ``tools`` names built-in tools, and
     ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone corpus``).
+    ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate) answers a task:
+    ``agent`` (the loop) or ``direct`` (one call, the library's guidance in the system
+    message).
     """
 
     def __init__(
@@ -75,7 +91,9 @@ class Engine:
         checkpointing: bool = True,
         registry: MethodRegistry | None = None,
         corpus: str = "default",
+        solver: str = "agent",
     ) -> None:
+        self.solver_kind = check_solver(solver)
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
         self.library = Library.open(self.library_path, create=True)
@@ -93,6 +111,7 @@ class Engine:
         self.corpus_name = corpus
         self._corpora: dict[str, Corpus] = {}
         self._agent: Agent | None = None
+        self._resources: list[Any] = []  # retrieval indexes the direct solvers opened
         self.traces: TraceStore = self.library.traces
 
     def _check_methods(self, methods: Sequence[MethodSpec]
@@ -181,13 +200,31 @@ class Engine:
             self._agent = self.build_agent(checkpoints=checkpoints)
         return self._agent
 
-    def solver(self, snapshot: Snapshot | None = None) -> Solver:
-        """What ``whetstone eval`` runs per task: the same agent, traces stored by the eval."""
+    def solver(self, snapshot: Snapshot | None = None, kind: str | None = None) -> Solver:
+        """What ``whetstone eval`` runs per task (traces are stored by the eval): the agent
+        loop, or with ``kind="direct"`` (default: the engine's ``solver``) one call with the
+        library's guidance (the skills the agent would be shown, the methods' guidance) in the
+        system message. Tagged with the backend's batch for ``-j auto``."""
         from engine.backends import auto_concurrency
         from engine.evaluation.runner import with_concurrency
 
-        agent = self.build_agent(snapshot=snapshot, store_traces=False)
-        return with_concurrency(agent_solver(agent), auto_concurrency(self.backend))
+        n = auto_concurrency(self.backend)
+        if check_solver(kind or self.solver_kind) == "agent":
+            agent = self.build_agent(snapshot=snapshot, store_traces=False)
+            return with_concurrency(agent_solver(agent), n)
+        snap = snapshot or self.pinned_snapshot()
+        plugins: list[Plugin] = []
+        named = self._named("skills")
+        if self.skills or named is not None:
+            skills, resources = chat_skills_plugin(self.library, snap, **dict(named or {}))
+            self._resources += resources
+            plugins.append(skills)
+        plugins += self.runtime_methods(snap, skip=frozenset({"skills"}))
+        version = snap.id if snap is not None else None
+        return with_concurrency(direct_solver(
+            self.backend, model=self.backend.spec, library_version=version, plugins=plugins,
+            guidance_budget_tokens=self.config.guidance_budget_tokens,
+            max_tokens=self.config.max_tokens_per_call, temperature=self.config.temperature), n)
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""
@@ -214,7 +251,8 @@ class Engine:
                rule: str = "not_worse", seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
-               registry: MethodRegistry | None = None, **options: Any) -> EvolveResult:
+               registry: MethodRegistry | None = None, solver: str | None = None,
+               **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
         object) and land the change through the regression gate.
 
@@ -226,6 +264,8 @@ class Engine:
         method, e.g. ``skill="word-math", create=True, workers=4`` for trace2skill.
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
+        ``solver`` (default: the engine's) is how the gate and the collection runs answer:
+        ``agent`` or ``direct``.
         """
         from engine.backends import auto_concurrency
         from engine.evaluation.benchmarks import load_tasks
@@ -244,12 +284,13 @@ class Engine:
             evolver = method
         query = parse_trace_filter(trace_filter) if isinstance(trace_filter, str) or \
             trace_filter is None else dict(trace_filter)
+        kind = check_solver(solver or self.solver_kind)
         task_set = load_tasks(tasks) if isinstance(tasks, str) else tasks
         analyst_backend, own = self._analyst(analyst)
         try:
             return evolve(
                 evolver, self.library, analyst=analyst_backend,
-                make_solver=lambda snap: self.solver(snapshot=snap), traces=traces,
+                make_solver=lambda snap: self.solver(snapshot=snap, kind=kind), traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.spec,
@@ -347,6 +388,9 @@ class Engine:
     def close(self) -> None:
         if self._agent is not None:
             self._agent.close()
+        for resource in self._resources:
+            resource.close()
+        self._resources.clear()
         adapter = self.__dict__.pop("_chat_adapter", None)
         if adapter is not None:
             adapter.close()
@@ -363,11 +407,13 @@ class Engine:
 
 def solver_factory(*, methods: Sequence[MethodSpec] = (),
                    tools: Sequence[str] = ("calculator", "python"),
-                   config: RunConfig | None = None, corpus: str = "default"
+                   config: RunConfig | None = None, corpus: str = "default",
+                   solver: str = "agent"
                    ) -> Callable[[str, Path | None, str | None], Solver]:
-    """``(model, library_path, version) -> solver`` for ``whetstone eval``: the agent of
-    ``Engine`` over that library version. One backend per model spec, so comparing two library
-    versions loads the model once."""
+    """``(model, library_path, version) -> solver`` for ``whetstone eval``: ``Engine.solver``
+    over that library version, the agent loop or (``solver="direct"``) one direct call. One
+    backend per model spec, so comparing two library versions loads the model once."""
+    check_solver(solver)
     backends: dict[str, Backend] = {}
 
     def factory(model: str, library_path: Path | None, version: str | None) -> Solver:
@@ -375,7 +421,7 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
             backends[model] = get_backend(model)
         engine = Engine(backends[model], library=library_path, version=version,
                         methods=methods, tools=tools, config=config, checkpointing=False,
-                        corpus=corpus)
+                        corpus=corpus, solver=solver)
         return engine.solver()
 
     return factory

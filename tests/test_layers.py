@@ -15,6 +15,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/paths.py", 0),
     ("engine/prompts", 0),
     ("engine/replies.py", 0),
+    ("engine/answer_text.py", 0),
     ("engine/backends", 1),
     ("library_store", 1),
     ("skills", 2),

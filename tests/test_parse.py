@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.parse import Parsed, parse_reply
+from engine.runtime.parse import Parsed, ReplyRules, parse_reply
 from engine.types import Completion
 
 TOOLS = ["calculator", "python", "search"]
 
 
 def parse(text: str) -> Parsed:
-    return parse_reply(Completion(text=text), native=False, tool_names=TOOLS)
+    return parse_reply(Completion(text=text), ReplyRules(tool_names=TOOLS, plain_is_answer=False))
 
 
 def test_final_answer_mentioned_in_a_thought_does_not_swallow_the_action() -> None:

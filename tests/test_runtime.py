@@ -39,7 +39,7 @@ def test_text_mode_calculator_round_trip(tmp_path: Path) -> None:
     second = backend.requests[1]
     assert second.messages[-1].text == "Observation: 391"
     assert "Action: <tool name>[<input>]" in second.messages[0].text  # text-format instructions
-    assert second.stop == ("\nObservation:",)
+    assert second.stop == ("\nObservation:", "```output")  # an imagined result is not read
     # Every model call is in the trace with its completion, tokens and latency.
     think = trace.steps[1]
     assert think.input["messages"][1]["content"] == "What is 17 * 23?"
@@ -56,7 +56,8 @@ def test_native_tool_calls_use_tool_messages() -> None:
         {"text": "", "tool_calls": [{"name": "calculator", "arguments": {"expression": "17*23"}}]},
         "17 * 23 = 391.\nFinal Answer: 391",
     ], tool_calls=True)
-    trace = Agent(backend).run("What is 17 * 23? Use the calculator.")
+    trace = Agent(backend, config=RunConfig(tool_format="native")).run(
+        "What is 17 * 23? Use the calculator.")
     assert trace.answer == "391"
     first, second = backend.requests
     assert [t["function"]["name"] for t in first.tools] == ["calculator", "python"]
@@ -288,7 +289,7 @@ def test_repeated_calls_run_once_and_the_model_is_told() -> None:
         {"tool_calls": [same]},
         "Final Answer: 391",
     ], tool_calls=True)
-    trace = Agent(backend).run("17*23?")
+    trace = Agent(backend, config=RunConfig(tool_format="native")).run("17*23?")
     acts = [s for s in trace.steps if s.kind == "act"]
     assert len(acts) == 3  # 1 + 1 (29 duplicates dropped) + 1 repeat
     assert trace.steps[3].meta["duplicate_calls_dropped"] == 29

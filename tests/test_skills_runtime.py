@@ -51,7 +51,7 @@ def test_skills_are_retrieved_into_the_system_prompt_and_recorded(tmp_path: Path
     assert "# Skills" in system and "- unit-conversion: Convert between units" in system
     assert system.index("unit-conversion") < system.index("baking-recipes")  # ranked by task
     assert "## Skill: unit-conversion" in system  # the best match's body is included
-    assert "read_skill" in system  # text mode lists the tool
+    assert "read_skill" in system  # a skill was shown, so the tool is offered and listed
     # read_skill opened the reference file from the same version.
     assert backend.requests[1].messages[-1].text.strip() == "Observation: 1 h = 60 min"
     skills = trace.meta["skills"]
@@ -86,6 +86,22 @@ def test_empty_library_adds_no_skills_section(tmp_path: Path) -> None:
     trace = Engine(backend, library=tmp_path / "empty", checkpointing=False).run("2+2")
     assert "# Skills" not in backend.requests[0].messages[0].text
     assert trace.library_version == "v1" and trace.meta["skills"]["shown"] == []
+
+
+def test_unrelated_skills_are_not_shown_and_read_skill_is_not_offered(tmp_path: Path) -> None:
+    lib = library_with_skills(tmp_path / "lib")
+    backend = ScriptedBackend(['{"name": "read_skill", "arguments": {"name": "baking-recipes"}}',
+                               "Shakespeare."], tool_calls=True)
+    engine = Engine(backend, library=lib.root, checkpointing=False,
+                    methods=[("skills", {"min_score": 0.2})])  # a relevance floor
+    trace = engine.run("Who wrote Hamlet?")
+    system = backend.requests[0].messages[0].text
+    assert "# Skills" not in system and "read_skill" not in system
+    assert trace.meta["skills"]["shown"] == [] and trace.steps[0].output["tools"] == [
+        "calculator", "python"]
+    # A call to it anyway is an error the model sees, not an answer.
+    assert "unknown tool 'read_skill'" in trace.steps[2].error
+    assert trace.answer == "Shakespeare."
 
 
 def test_no_skills_switch(tmp_path: Path) -> None:

@@ -98,6 +98,16 @@ def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")(fn)
 
 
+def solver_option(fn: F) -> F:
+    """``--solver agent|direct``: answer each task through the agent loop, or with one call in
+    the model's chat template (the library's guidance in the system message)."""
+    return click.option(
+        "--solver", "solver", type=click.Choice(["agent", "direct"]), default="agent",
+        show_default=True,
+        help="agent: the agent loop; direct: one call with the model's chat template and the "
+             "library's guidance (the baseline the agent is read against).")(fn)
+
+
 def methods_option(fn: F) -> F:
     """``--methods a,b`` and ``--method-config NAME.KEY=VALUE``: runtime methods for the run
     (``whetstone methods`` lists them)."""

@@ -36,6 +36,7 @@ from engine.commands.common import (
     methods_option,
     model_option,
     parse_methods,
+    solver_option,
 )
 from engine.errors import ConfigError, EvalError
 from engine.evaluation.benchmarks import BENCHMARKS, load_tasks
@@ -50,16 +51,17 @@ from library_store.traces import TraceStore
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
 
 
-def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...]
+def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], solver: str
              ) -> SolverFactory:
-    """The injected factory (tests), else the agent of ``engine.api`` with ``--methods``."""
+    """The injected factory (tests), else ``engine.api``'s: the agent loop with
+    ``--methods``, or one direct call (``--solver direct``)."""
     obj = ctx.obj if isinstance(ctx.obj, dict) else {}
     factory = obj.get("solver_factory")
     if factory is not None:
         return factory
     from engine.api import solver_factory
 
-    return solver_factory(methods=parse_methods(methods, method_config))
+    return solver_factory(methods=parse_methods(methods, method_config), solver=solver)
 
 
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
@@ -178,14 +180,15 @@ Example, a HumanEval-style code task scored by running its tests
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="First N tasks only.")
 @click.option("--compare", "compare_versions", nargs=2, default=None, metavar="V1 V2",
               help="Run two library versions on the same tasks and compare them.")
+@solver_option
 @methods_option
 @json_option
 @click.pass_context
 @handle_errors
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
              version: str | None, concurrency: int | None, seed: int, scorer: str | None,
-             limit: int | None, compare_versions: tuple[str, str] | None, methods: str,
-             method_config: tuple[str, ...], as_json: bool) -> None:
+             limit: int | None, compare_versions: tuple[str, str] | None, solver: str,
+             methods: str, method_config: tuple[str, ...], as_json: bool) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task."""
     if ctx.invoked_subcommand is not None:
         return
@@ -194,7 +197,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     if compare_versions and version:
         raise ConfigError("--version and --compare cannot be combined",
                           hint="--compare V1 V2 names both versions")
-    factory = _factory(ctx, methods, method_config)
+    factory = _factory(ctx, methods, method_config, solver)
     tasks = load_tasks(tasks_spec, limit=limit)
     err = console(stderr=True)
     for problem in tasks.problems:
@@ -209,9 +212,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     versions = list(compare_versions) if compare_versions else [version]
     results: list[EvalResult] = []
     for v in versions:
-        solver = factory(model, library, v)
+        solve = factory(model, library, v)
         label = f"{tasks_spec} [{v}]" if v else tasks_spec
-        results.append(_run(tasks, solver, label=label, version=v, **common))
+        results.append(_run(tasks, solve, label=label, version=v, **common))
         if results[-1].partial:
             break
     comparison = compare(*results) if len(results) == 2 and not any(

@@ -37,6 +37,7 @@ from engine.commands.common import (
     json_option,
     library_option,
     model_option,
+    solver_option,
 )
 from engine.errors import ConfigError
 
@@ -64,6 +65,7 @@ def _shared_options() -> list[click.Option]:
                      help="Name for the candidate kept when the gate rejects the change."),
         click.option("--dry-run", is_flag=True,
                      help="Print the merged patch as a diff; write nothing."),
+        solver_option,
         library_option,
         json_option,
     ]
@@ -195,14 +197,14 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          trace_filter: str | None, limit: int | None, model: str, analyst: str | None,
          gate_tasks: str | None, gate_rule: str, concurrency: int | None, seed: int,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
-         as_json: bool) -> None:
+         solver: str, as_json: bool) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
     from engine.api import Engine
     from engine.evaluation.benchmarks import load_tasks
 
     err = console(stderr=True)
     with err.status(f"loading {model} …"):
-        engine = Engine(model, library=library_path, checkpointing=False)
+        engine = Engine(model, library=library_path, checkpointing=False, solver=solver)
     try:
         with _bar(err) as bar:
             bars: dict[str, Any] = {}

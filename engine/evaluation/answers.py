@@ -1,6 +1,8 @@
 """Reading answers out of model text: the final number, and SQuAD-style normalisation.
 
-Pure functions, no state; the scorers in ``engine.evaluation.scorers`` build on them.
+Pure functions, no state; the scorers in ``engine.evaluation.scorers`` build on them. Where the
+answer sits in a reply (boxes, "the answer is" cues, the final line) is ``engine.answer_text``,
+which the runtime reads too.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
+
+from engine.answer_text import ANSWER_CUE, boxed_contents
 
 # A number as people write it: optional sign, thousands commas ("1,234,567"), decimals, ".5",
 # and an exponent. The sign counts only when it does not follow a word or digit, so "3-5" reads
@@ -22,26 +26,9 @@ _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")  # \frac12: one-digit arg
 # "3/4" (not a date like 3/4/2024, not part of a path or a unit like km/h).
 _SLASH = re.compile(r"(?<![\w./])(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)(?![\w/]|\.\d)")
 _POWER = re.compile(r"(?<![\w.])(\d+)\s*\^\s*\{?\s*(\d{1,3})\s*\}?")
-_ANSWER_CUE = re.compile(
-    r"(?:final\s+answer|the\s+answer|answer)\s*(?:is|was|would\s+be|will\s+be|=|:)\s*:?",
-    re.IGNORECASE,
-)
 _GSM_CUE = re.compile(r"####")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation) | {"\u2018", "\u2019", "\u201c", "\u201d", "\u2013", "\u2014"}
-
-
-def boxed_contents(text: str) -> list[str]:
-    """The contents of every ``\\boxed{...}`` (and ``\\fbox{...}``), braces balanced, in order."""
-    out: list[str] = []
-    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[m.end():i - 1])
-    return out
 
 
 def _replace_fracs(text: str) -> str:
@@ -121,7 +108,7 @@ def extract_number(text: str | float | None) -> float | None:
         nums = numbers_in(box)
         if nums:
             return nums[-1] if len(nums) > 1 and "=" in box else nums[0]
-    for cue in (_GSM_CUE, _ANSWER_CUE):
+    for cue in (_GSM_CUE, ANSWER_CUE):
         value = _first_number_after(text, cue)
         if value is not None:
             return value

@@ -1,7 +1,10 @@
-"""``direct_solver``: one model call per task, no agent loop and no library.
+"""``direct_solver``: one model call per task, in the model's own chat template, no agent loop.
 
-The baseline a library is measured against, and a real solver for tests driven by the
-``scripted:`` backend. The agent's own solver (the runtime) is built by the CLI and API.
+The baseline every agent result is read against (``whetstone eval --solver direct``), and a real
+solver for tests driven by the ``scripted:`` backend. The library still acts: each plugin's
+``guidance`` (the skills the agent's ``SkillsPlugin`` would retrieve) goes in the system
+message; with an empty library there is no system message, so the template's own default
+applies. Task-given tools (BFCL) are offered natively and each call becomes an ``act`` step.
 """
 
 from __future__ import annotations
@@ -9,13 +12,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from engine.backends.base import Backend
 from engine.evaluation.runner import Solver
 from engine.evaluation.tasks import TaskRecord
 from engine.prompts import render_prompt
+from engine.runtime.plugins import Plugin, collect_guidance
+from engine.runtime.state import AgentContext
 from engine.types import Message, Request, Step, Trace
+from tools.base import Toolbox
 
 
 def task_messages(task: TaskRecord, system: str | None = None) -> list[Message]:
@@ -45,24 +52,36 @@ def _arguments(raw: str) -> Any:
 
 def direct_solver(backend: Backend, *, model: str | None = None,
                   library_version: str | None = None, system: str | None = None,
+                  plugins: Sequence[Plugin] = (), guidance_budget_tokens: int = 1_200,
                   max_tokens: int = 512, temperature: float = 0.0) -> Solver:
     """A solver that asks ``backend`` once per task and records a one-step trace (plus an
-    ``act`` step per native tool call, ``input={"tool": name, "arguments": {...}}``)."""
+    ``act`` step per native tool call, ``input={"tool": name, "arguments": {...}}``).
+
+    ``system`` is fixed system text; ``plugins`` add their guidance for each task after it
+    (``engine.runtime.plugins.collect_guidance``), and what they showed goes in the trace's ``meta``.
+    """
+    ctx = AgentContext(backend=backend, toolbox=Toolbox())
 
     def solve(task: TaskRecord, seed: int) -> Trace:
         started = time.time()
-        request = Request(messages=tuple(task_messages(task, system)), max_tokens=max_tokens,
+        extra, meta = collect_guidance(plugins, ctx, task.prompt, guidance_budget_tokens)
+        sys_text = "\n\n".join(p for p in (system, extra) if p) or None
+        request = Request(messages=tuple(task_messages(task, sys_text)), max_tokens=max_tokens,
                           temperature=temperature, seed=seed, tools=task.tools)
         c = backend.complete(request)
-        steps = [Step(kind="think", module="think", input=None, output=c.text,
-                      tokens=c.total_tokens, started=started, duration_s=c.latency_s,
-                      route="act" if c.tool_calls else "finish")]
+        steps = [Step(kind="think", module="think",
+                      input={"messages": [m.to_dict() for m in request.messages]},
+                      output=c.text, tokens=c.total_tokens, started=started,
+                      duration_s=c.latency_s, route="act" if c.tool_calls else "finish",
+                      meta={"prompt_tokens": c.prompt_tokens,
+                            "completion_tokens": c.completion_tokens})]
         steps += [Step(kind="act", module="act",
                        input={"tool": tc.name, "arguments": _arguments(tc.arguments)},
                        started=time.time()) for tc in c.tool_calls]
+        version = meta.pop("library_version", None) or library_version
         return Trace(id=uuid.uuid4().hex, task=task.prompt, steps=tuple(steps), answer=c.text,
-                     outcome="answered", library_version=library_version,
+                     outcome="answered", library_version=version,
                      model=model or backend.spec, started=started, ended=time.time(),
-                     total_tokens=c.total_tokens, meta={"solver": "direct"})
+                     total_tokens=c.total_tokens, meta={"solver": "direct", **meta})
 
     return solve

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.answer_text import answer_span
 from engine.errors import EvalError, WhetstoneError
 from engine.evaluation.answers import extract_number, normalise, tokens
 from engine.evaluation.bfcl import check_calls
@@ -185,10 +186,19 @@ def exact(prediction: Prediction, task: TaskRecord) -> float:
     return float(any(pred == alt.strip() for alt in _alternatives(task)))
 
 
+def _readings(prediction: Prediction) -> set[str]:
+    """The whole answer text, and the part of it that is the answer (``answer_span``: a box,
+    what "the answer is" gives, else the final line), so a direct reply and the agent's are
+    read alike."""
+    text = text_of(prediction)
+    return {text, answer_span(text)}
+
+
 def normalised_exact(prediction: Prediction, task: TaskRecord) -> float:
-    """1 when the answers match after SQuAD normalisation (case, punctuation, articles)."""
-    pred = normalise(text_of(prediction))
-    return float(any(pred == normalise(alt) for alt in _alternatives(task)))
+    """1 when the answer (or its answer span) matches after SQuAD normalisation (case,
+    punctuation, articles)."""
+    preds = {normalise(t) for t in _readings(prediction)}
+    return float(any(normalise(alt) in preds for alt in _alternatives(task)))
 
 
 def contains(prediction: Prediction, task: TaskRecord) -> float:
@@ -202,8 +212,11 @@ def contains(prediction: Prediction, task: TaskRecord) -> float:
 
 
 def token_f1(prediction: Prediction, task: TaskRecord) -> float:
-    """SQuAD token F1 between the answer and the best expected answer."""
-    pred = tokens(text_of(prediction))
+    """SQuAD token F1 between the answer (or its answer span) and the best expected answer."""
+    return max(_f1(tokens(t), task) for t in _readings(prediction))
+
+
+def _f1(pred: list[str], task: TaskRecord) -> float:
     best = 0.0
     for alt in _alternatives(task):
         gold = tokens(alt)

@@ -65,8 +65,8 @@ class Agent:
         library_version: str | None = None,
     ) -> None:
         all_tools = list(builtin_tools() if tools is None else tools)
-        for p in plugins:
-            all_tools += p.tools()
+        plugin_tools = [t for p in plugins for t in p.tools()]
+        all_tools += plugin_tools
         self.backend = backend
         self.config = config or RunConfig()
         self.plugins = tuple(plugins)
@@ -74,6 +74,7 @@ class Agent:
         self.checkpoints = checkpoints
         self.context = AgentContext(
             backend=backend, toolbox=Toolbox.of(all_tools), config=self.config,
+            plugin_tools=frozenset(t.name for t in plugin_tools),
             plugins=self.plugins, trace_store=trace_store, library_version=library_version,
         )
         call: ModelCall = backend.complete

@@ -10,11 +10,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from engine.errors import BackendError
 from engine.prompts import load_prompt, render_prompt
-from engine.runtime.parse import ParsedCall, parse_reply
+from engine.runtime.parse import Parsed, ParsedCall, ReplyRules, parse_reply
+from engine.runtime.prompting import (
+    answer_tool_names,
+    build_request,
+    build_system_prompt,
+    code_tool,
+    offered_tools,
+    results_message,
+    tool_format,
+)
 from engine.runtime.state import AgentContext, AgentState
 from engine.types import Completion, Request, Step, Trace
 
@@ -23,49 +33,17 @@ def _step(kind: str, module: str, **kw: Any) -> dict[str, Any]:
     return Step(kind=kind, module=module, **kw).to_dict()  # type: ignore[arg-type]
 
 
-def _tools_text(ctx: AgentContext, state: AgentState) -> str:
-    lines = []
-    for spec in ctx.toolbox.specs():
-        lines.append(f"- {spec.name}: {spec.description}")
-    for schema in state.get("answer_tools") or []:
-        fn = schema.get("function", schema)
-        params = json.dumps(fn.get("parameters", {}))
-        lines.append(f"- {fn['name']}: {fn.get('description', '')} Input: JSON matching {params}")
-    return "\n".join(lines) or "(none)"
-
-
-def build_system_prompt(state: AgentState, ctx: AgentContext) -> tuple[str, dict[str, Any]]:
-    """The system message: instructions, then guidance from plugins within the token budget."""
-    parts = [ctx.config.system_prompt or load_prompt("agent_system")]
-    if not ctx.native:
-        parts.append(render_prompt("agent_react_format", tools=_tools_text(ctx, state)))
-    meta: dict[str, Any] = {}
-    budget = ctx.config.guidance_budget_tokens
-    for plugin in ctx.plugins:
-        g = plugin.guidance(state["task"], ctx, max(0, budget))
-        if g is None:
-            continue
-        meta[plugin.name] = dict(g.meta)
-        if g.library_version is not None:
-            meta["library_version"] = g.library_version
-        text = g.text.strip()
-        if not text:
-            continue
-        parts.append(text if text.startswith("#") else f"# {g.title}\n{text}")
-        budget -= ctx.backend.count_tokens(text)
-    return "\n\n".join(p.strip("\n") for p in parts), meta
-
-
 def prepare(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """Build the system message (retrieving guidance) once per run."""
     start = time.time()
-    system, meta = build_system_prompt(state, ctx)
+    system, meta, tools = build_system_prompt(state, ctx)
     return {
         "system": system,
+        "tools": tools,
         "meta": {**(state.get("meta") or {}), **meta},
         "steps": [_step("prepare", "prepare", input={"task": state["task"]},
-                        output={"system": system, "guidance": meta}, started=start,
-                        duration_s=time.time() - start, route="think")],
+                        output={"system": system, "guidance": meta, "tools": tools},
+                        started=start, duration_s=time.time() - start, route="think")],
     }
 
 
@@ -78,26 +56,6 @@ def _over_budget(state: AgentState, ctx: AgentContext) -> tuple[str, str] | None
     if time.time() - ctx.clock_start >= cfg.timeout_s:
         return "timeout", f"ran past the wall-clock limit of {cfg.timeout_s:g} s"
     return None
-
-
-def _request(state: AgentState, ctx: AgentContext) -> Request:
-    cfg = ctx.config
-    messages = [{"role": "system", "content": state["system"]}, *state.get("messages", [])]
-    tools: list[Mapping[str, Any]] = []
-    if ctx.native and not state.get("force_answer"):
-        tools = [*ctx.toolbox.schemas(), *(state.get("answer_tools") or [])]
-    remaining_time = cfg.timeout_s - (time.time() - ctx.clock_start)
-    seed = None if cfg.seed is None else cfg.seed + state.get("n_calls", 0)
-    return Request(
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=cfg.max_tokens_per_call,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        stop=() if ctx.native else ("\nObservation:",),
-        seed=seed,
-        tools=tuple(tools),
-        timeout=max(1.0, remaining_time),
-    )
 
 
 MAX_CALLS_PER_STEP = 4
@@ -122,17 +80,23 @@ def _unique_calls(calls: tuple[ParsedCall, ...]) -> tuple[list[ParsedCall], int]
     return out, len(calls) - len(out)
 
 
-def _assistant_message(completion: Completion, calls: list[ParsedCall], native: bool
-                       ) -> dict[str, Any]:
+def _assistant_message(completion: Completion, calls: list[ParsedCall]) -> dict[str, Any]:
+    """The reply as history. Calls that came through the backend's native channel go in
+    ``tool_calls`` (only those we run, so every call has exactly one result); calls written
+    in the text stay in the text, as the model wrote them."""
     msg: dict[str, Any] = {"role": "assistant", "content": completion.text}
-    if native and calls:
-        # Only the calls we run go into the history, so every call has exactly one result.
+    native = [c for c in calls if c.native]
+    if native:
         msg["tool_calls"] = [
-            {"id": c.id or f"call_{i}", "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}}
-            for i, c in enumerate(calls)
-        ]
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in native]
     return msg
+
+
+def _rules(state: AgentState, ctx: AgentContext) -> ReplyRules:
+    return ReplyRules(tool_names=[*offered_tools(state, ctx), *answer_tool_names(state)],
+                      code_tool=code_tool(state, ctx),
+                      plain_is_answer=tool_format(ctx) != "react")
 
 
 def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
@@ -140,7 +104,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     stop = _over_budget(state, ctx)
     if stop:
         return {"outcome": stop[0], "reason": stop[1], "pending": []}
-    request = _request(state, ctx)
+    request = build_request(state, ctx)
     start = time.time()
     try:
         completion = ctx.call_model(request)
@@ -152,8 +116,8 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                             error=str(exc), started=start, duration_s=time.time() - start,
                             route="finish")],
         }
-    parsed = parse_reply(completion, native=ctx.native,
-                         tool_names=_all_tool_names(state, ctx))
+    rules = _rules(state, ctx)
+    parsed = parse_reply(completion, rules)
     update: dict[str, Any] = {
         "force_answer": False,
         "n_calls": state.get("n_calls", 0) + 1,
@@ -162,110 +126,157 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     }
     messages = list(state.get("messages", []))
     calls, dropped = _unique_calls(parsed.calls) if parsed.kind == "action" else ([], 0)
-    calls = [c if c.id else ParsedCall(c.name, c.arguments, f"call_{state.get('n_calls', 0)}_{i}",
-                                       c.native) for i, c in enumerate(calls)]
-    messages.append(_assistant_message(completion, calls, ctx.native))
+    calls = [c if c.id else replace(c, id=f"call_{state.get('n_calls', 0)}_{i}")
+             for i, c in enumerate(calls)]
+    messages.append(_assistant_message(completion, calls))
     route = "finish"
-    error = None
     if parsed.kind == "action":
         update["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments,
-                              "native": c.native} for c in calls]
+                              "native": c.native, "form": c.form,
+                              "final_program": parsed.ends_with_program and c is calls[-1]}
+                             for c in calls]
         route = "act"
     elif parsed.kind == "answer":
         update["answer"] = parsed.answer
     else:
-        error = parsed.error
         route = "think"
-        expected = (load_prompt("agent_expected_native") if ctx.native else render_prompt(
-            "agent_expected_react", tools=", ".join(_all_tool_names(state, ctx)))).strip()
-        messages.append({"role": "user",
-                         "content": render_prompt("agent_parse_error", error=parsed.error,
-                                                  expected=expected).strip()})
+        messages.append({"role": "user", "content": _retry_text(parsed, rules, ctx)})
     update["messages"] = messages
+    update["steps"] = _think_steps(request, completion, parsed, route, start, dropped,
+                                   messages[-1]["content"] if route == "think" else None)
+    return update
+
+
+def _retry_text(parsed: Parsed, rules: ReplyRules, ctx: AgentContext) -> str:
+    """What the model is told when its reply could not be used."""
+    if tool_format(ctx) == "react":
+        expected = render_prompt("agent_expected_react", tools=", ".join(rules.tool_names))
+    else:
+        expected = load_prompt("agent_expected_native")
+    return render_prompt("agent_parse_error", error=parsed.error,
+                         expected=expected.strip()).strip()
+
+
+def _think_steps(request: Request, completion: Completion, parsed: Parsed, route: str,
+                 start: float, dropped: int, retry: str | None) -> list[dict[str, Any]]:
+    """The think step (and an observe step when the reply could not be used)."""
     steps = [_step(
         "think", "think",
         input={"messages": [m.to_dict() for m in request.messages],
                "tools": [t["function"]["name"] for t in request.tools]},
         output={"completion": completion.to_dict(), "parsed": parsed.kind,
-                "thought": parsed.thought},
+                "thought": parsed.thought,
+                **({"call_forms": [c.form for c in parsed.calls]} if parsed.calls else {})},
         tokens=completion.total_tokens, started=start, duration_s=time.time() - start,
         error=None, route=route,
         meta={"latency_s": completion.latency_s, "prompt_tokens": completion.prompt_tokens,
               "completion_tokens": completion.completion_tokens,
               **({"duplicate_calls_dropped": dropped} if dropped else {})},
     )]
-    if error is not None:
+    if retry is not None:
         steps.append(_step("observe", "think", input={"raw": completion.text},
-                           output={"observation": messages[-1]["content"]},
-                           error=f"unparseable reply: {error}", route="think"))
-    update["steps"] = steps
-    return update
+                           output={"observation": retry},
+                           error=f"unparseable reply: {parsed.error}", route="think"))
+    return steps
 
 
-def _all_tool_names(state: AgentState, ctx: AgentContext) -> list[str]:
-    names = ctx.toolbox.names()
-    names += [s.get("function", s)["name"] for s in state.get("answer_tools") or []]
-    return names
+def _arguments(call: Mapping[str, Any], answer_tools: set[str]) -> tuple[Any, str | None]:
+    """The call's arguments (parsed when they are JSON) and why they are unusable, if so."""
+    name, raw = call["name"], call["arguments"]
+    must_be_json = bool(call.get("native")) or name in answer_tools
+    if not (raw.strip().startswith("{") or must_be_json):
+        return raw, None
+    try:
+        return (json.loads(raw) if raw.strip() else {}), None
+    except json.JSONDecodeError as exc:
+        if must_be_json:
+            return raw, f"the arguments are not valid JSON ({exc.msg}): {raw}"
+        return raw, None
 
 
-def _answer_tool_names(state: AgentState) -> set[str]:
-    return {s.get("function", s)["name"] for s in state.get("answer_tools") or []}
+def _run_one(call: Mapping[str, Any], args: Any, offered: set[str],
+             earlier: Mapping[str, str], ctx: AgentContext
+             ) -> tuple[str, str | None, bool, float, str]:
+    """Run one call: (observation, error, timed out, seconds, outcome) where outcome is
+    ``ran`` (output), ``empty``, ``failed`` or ``repeated``."""
+    name = call["name"]
+    if name not in offered:
+        err = f"unknown tool {name!r}; available tools: {', '.join(sorted(offered)) or '(none)'}"
+        return f"Error in {name}: {err}", err, False, 0.0, "failed"
+    key = _call_key(name, call["arguments"])
+    if key in earlier:
+        obs = render_prompt("agent_repeated_call", observation=earlier[key]).strip()
+        return obs, None, False, 0.0, "repeated"
+    result = ctx.toolbox.call(name, args)
+    outcome = "failed" if not result.ok else "ran" if result.output.strip() else "empty"
+    return (result.observation(name), result.error, result.timed_out, result.duration_s,
+            outcome)
 
 
 def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
-    """Run the pending tool calls; each result becomes an observation for the model."""
+    """Run the pending tool calls; each result becomes an observation for the model.
+
+    A call of a task-given answer tool is the answer. A python block that ended the reply and
+    ran with output is the answer too (``RunConfig.answer_with_program_output``)."""
     messages = list(state.get("messages", []))
     steps: list[dict[str, Any]] = []
-    answer_tools = _answer_tool_names(state)
+    answer_tools = set(answer_tool_names(state))
+    offered = set(offered_tools(state, ctx)) | answer_tools
     answer_calls: list[dict[str, Any]] = []
-    observations: list[str] = []
+    text_results: list[tuple[str, str]] = []
+    program_answer: str | None = None
     repeated = False
     earlier = _earlier_results(state)
     for call in state.get("pending") or []:
-        name, raw = call["name"], call["arguments"]
+        name = call["name"]
         start = time.time()
-        args: Any = raw
-        bad_json = None
-        if raw.strip().startswith("{") or call.get("native") or name in answer_tools:
-            try:
-                args = json.loads(raw) if raw.strip() else {}
-            except json.JSONDecodeError as exc:
-                if call.get("native") or name in answer_tools:
-                    bad_json = f"the arguments are not valid JSON ({exc.msg}): {raw}"
+        args, bad_json = _arguments(call, answer_tools)
         if name in answer_tools and bad_json is None:
             answer_calls.append({"name": name, "arguments": args})
             steps.append(_step("act", "act", input={"tool": name, "arguments": args},
                                output={"observation": None, "answer_call": True},
                                started=start, route="finish"))
             continue
-        key = _call_key(name, raw)
         if bad_json is not None:
-            obs, err, timed_out, dur = f"Error in {name}: {bad_json}", bad_json, False, 0.0
-        elif key in earlier:
-            repeated = True
-            obs = render_prompt("agent_repeated_call", observation=earlier[key]).strip()
-            err, timed_out, dur = None, False, 0.0
+            obs, err, timed_out, dur, outcome = (f"Error in {name}: {bad_json}", bad_json,
+                                                 False, 0.0, "failed")
         else:
-            result = ctx.toolbox.call(name, args)
-            obs, err, timed_out, dur = (result.observation(name), result.error,
-                                        result.timed_out, result.duration_s)
-        observations.append(obs)
-        if ctx.native:
+            obs, err, timed_out, dur, outcome = _run_one(call, args, offered, earlier, ctx)
+        repeated = repeated or outcome == "repeated"
+        if call.get("final_program") and outcome == "ran" \
+                and ctx.config.answer_with_program_output:
+            program_answer = obs.strip()
+        if call.get("native"):
             messages.append({"role": "tool", "tool_call_id": call["id"], "name": name,
                              "content": obs})
+        else:
+            text_results.append((call.get("form") or "", obs))
         steps.append(_step("act", "act", input={"tool": name, "arguments": args},
-                           output={"observation": obs, "timed_out": timed_out},
-                           error=err, started=start, duration_s=dur, route="think"))
-    if not ctx.native and observations:
-        messages.append({"role": "user", "content": "\n".join(
-            render_prompt("agent_observation", observation=o).rstrip("\n")
-            for o in observations)})
-    elif observations and ctx.config.after_tool_nudge:
+                           output={"observation": obs, "timed_out": timed_out,
+                                   **({"form": call["form"]} if call.get("form") else {})},
+                           error=err, started=start, duration_s=dur,
+                           route="finish" if program_answer is not None else "think"))
+    return _after_act(state, ctx, messages, steps, text_results, answer_calls, program_answer,
+                      repeated)
+
+
+def _after_act(state: AgentState, ctx: AgentContext, messages: list[dict[str, Any]],
+               steps: list[dict[str, Any]], text_results: list[tuple[str, str]],
+               answer_calls: list[dict[str, Any]], program_answer: str | None,
+               repeated: bool) -> dict[str, Any]:
+    """The state update after the calls ran: results into the conversation, or the answer."""
+    nudge = (ctx.config.after_tool_nudge and program_answer is None
+             and tool_format(ctx) != "react")  # ReAct has its own "Final Answer:" protocol
+    if text_results:
+        messages.append(results_message(text_results, ctx, nudge=nudge))
+    elif nudge and len(messages) > len(state.get("messages", [])):
         messages.append({"role": "user", "content": load_prompt("agent_after_tool").strip()})
     update: dict[str, Any] = {"messages": messages, "steps": steps, "pending": [],
                               "force_answer": repeated}
     if answer_calls:
         update["answer"] = json.dumps(answer_calls[0] if len(answer_calls) == 1 else answer_calls)
+    elif program_answer is not None:
+        update["answer"] = program_answer
     return update
 
 

@@ -1,15 +1,27 @@
-"""Read the model's reply leniently: native tool calls, ``Action: tool[input]``, ``<tool_call>``
-JSON blocks, or ``Final Answer:``. Never raises: an unusable reply is ``kind="invalid"`` with
-the reason, and the runtime shows that reason to the model as an observation."""
+"""Read the model's reply leniently: native tool calls, the call forms small models write as
+text (``engine.runtime.call_forms``: ``<tool_call>`` blocks, bare or fenced JSON call objects,
+``Action: tool[input]``, python blocks), or an answer (``Final Answer:``, an answer cue, or the
+plain reply). Never raises: an unusable reply is ``kind="invalid"`` with the reason, and the
+runtime shows that reason to the model. A reply that holds a call is never taken as the answer:
+the call runs, and the model answers once it has seen the result."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from engine.answer_text import has_answer
+from engine.runtime.call_forms import (
+    Found,
+    ParsedCall,
+    code_blocks,
+    json_calls,
+    ordered,
+    tool_call_blocks,
+)
 from engine.types import Completion
 
 # "Final Answer:" counts at the start of a line; mid-sentence ("to reach the final answer: I
@@ -19,22 +31,11 @@ _FINAL_LINE = re.compile(r"(?:^|\n)[^\w\n]*final\s+answer\s*\**\s*:\s*\**", re.I
 _ACTION = re.compile(r"(?:^|\n)\W*action\s*\**\s*:\s*\**\s*", re.IGNORECASE)
 _ACTION_INPUT = re.compile(r"\n\W*action\s+input\s*\**\s*:\s*", re.IGNORECASE)
 _OBSERVATION = re.compile(r"\n\W*observation\s*:", re.IGNORECASE)
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _NAME = re.compile(r"[A-Za-z_][\w.-]*")
 # "Action: Final Answer" + "Action Input: 42" (LangChain's convention) is an answer.
 _FINAL_TOOL = re.compile(r"final[\s_-]*answer\b", re.IGNORECASE)
 FINAL_TOOL = "final_answer"
 _CLOSERS = {"[": "]", "(": ")"}
-
-
-@dataclass(frozen=True)
-class ParsedCall:
-    """A tool call as the model wrote it. ``arguments`` is raw text (JSON or a plain input)."""
-
-    name: str
-    arguments: str
-    id: str = ""
-    native: bool = False  # came from the backend's native tool-call channel
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Parsed:
     thought: str = ""
     error: str | None = None
     raw: str = ""
+    # The last call is a python block with nothing after it: the model stopped at ```output,
+    # waiting for the program's result (RunConfig.answer_with_program_output).
+    ends_with_program: bool = False
 
 
 def _bracketed(text: str, open_at: int) -> tuple[str, bool]:
@@ -127,47 +131,6 @@ def parse_action(text: str) -> ParsedCall | None | str:
     return f"could not read the input of Action {name}"
 
 
-def parse_tool_call_blocks(text: str) -> list[ParsedCall] | str:
-    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks written as text."""
-    calls: list[ParsedCall] = []
-    for i, m in enumerate(_TOOL_CALL_BLOCK.finditer(text)):
-        body = m.group(1).strip()
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as exc:
-            return f"a <tool_call> block is not valid JSON ({exc.msg})"
-        if not isinstance(obj, dict) or not obj.get("name"):
-            return 'a <tool_call> block needs {"name": ..., "arguments": {...}}'
-        args = obj.get("arguments", {})
-        calls.append(ParsedCall(str(obj["name"]),
-                                args if isinstance(args, str) else json.dumps(args), f"call_{i}"))
-    return calls
-
-
-def parse_bare_json_call(text: str, tool_names: Collection[str]) -> list[ParsedCall]:
-    """A reply that is only ``{"name": <tool>, "arguments": {...}}`` (small models often drop
-    the ``<tool_call>`` tags), possibly fenced, or a list of such objects."""
-    body = text.strip()
-    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.DOTALL)
-    if fence:
-        body = fence.group(1)
-    if not body.startswith(("{", "[")):
-        return []
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return []
-    items = obj if isinstance(obj, list) else [obj]
-    calls = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or item.get("name") not in tool_names:
-            return []
-        args = item.get("arguments", item.get("parameters", {}))
-        calls.append(ParsedCall(str(item["name"]),
-                                args if isinstance(args, str) else json.dumps(args), f"call_{i}"))
-    return calls
-
-
 def _final_marks(text: str) -> list[re.Match[str]]:
     """Where "Final Answer:" markers are: at line starts, or anywhere when there is no Action."""
     marks = list(_FINAL_LINE.finditer(text))
@@ -198,56 +161,127 @@ def _thought(text: str, marks: list[re.Match[str]]) -> str:
     return re.sub(r"^\W*thought\s*:\s*", "", thought, flags=re.IGNORECASE)
 
 
-def parse_reply(completion: Completion, *, native: bool,
-                tool_names: Collection[str] = ()) -> Parsed:
-    """Decide what the model asked for.
 
-    ``native``: the backend delivers tool calls natively; then a reply with no call and no
-    ``Final Answer:`` marker is itself the answer (the model's own format). In text mode a reply
-    needs an ``Action:`` or a ``Final Answer:``.
+
+@dataclass(frozen=True)
+class ReplyRules:
+    """How a reply reads this turn.
+
+    ``tool_names``: the tools offered (a JSON object naming one is a call). ``code_tool``: the
+    tool a ```` ```python ```` block that prints something calls, with its code in
+    ``code_parameter`` (None: code blocks are plain text). ``plain_is_answer``: a reply with no
+    call and no marker is the answer (the model's own format); otherwise it needs a ``Final
+    Answer:`` or an answer cue ("the answer is ...", ``\\boxed{}``), else it is retried.
     """
-    text = completion.text or ""
-    marks = _final_marks(text)
-    thought = _thought(text, marks)
-    if completion.tool_calls:
-        calls = tuple(ParsedCall(c.name, c.arguments, c.id, native=True)
-                      for c in completion.tool_calls)
-        return Parsed("action", calls=calls, thought=text.strip(), raw=text)
-    if "<tool_call>" in text:
-        blocks = parse_tool_call_blocks(text)
-        if isinstance(blocks, str):
-            return Parsed("invalid", error=blocks, thought=thought, raw=text)
-        if blocks:
-            return Parsed("action", calls=tuple(blocks), thought=text.split("<tool_call>")[0]
-                          .strip(), raw=text)
-    bare = parse_bare_json_call(text, tool_names)
-    if bare:
-        return Parsed("action", calls=tuple(bare), raw=text)
+
+    tool_names: Collection[str] = ()
+    code_tool: str | None = None
+    code_parameter: str = "code"
+    plain_is_answer: bool = True
+
+
+def _action_found(text: str) -> Found | str | None:
+    """The ``Action:`` call with its span (to an imagined Observation, else the end)."""
     action = parse_action(text)
-    final = _final_answer(text, marks)
-    if isinstance(action, ParsedCall) and action.name == FINAL_TOOL \
-            and FINAL_TOOL not in tool_names:
+    if not isinstance(action, ParsedCall):
+        return action
+    m = _ACTION.search(text)
+    assert m is not None  # parse_action found it
+    obs = _OBSERVATION.search(text, m.end())
+    return Found(m.start(), obs.start() if obs else len(text), replace(action, form="action"))
+
+
+def find_calls(text: str, rules: ReplyRules) -> tuple[list[Found], str | None]:
+    """Every call written in ``text``, in order, and the first reason a meant call could not
+    be read (None when there is none)."""
+    groups: list[list[Found]] = []
+    error: str | None = None
+    for found in (tool_call_blocks(text), json_calls(text, rules.tool_names)):
+        if isinstance(found, str):
+            error = error or found
+        else:
+            groups.append(found)
+    action = _action_found(text)
+    if isinstance(action, Found) and not (action.call.name == FINAL_TOOL
+                                          and FINAL_TOOL not in rules.tool_names):
+        groups.append([action])
+    elif isinstance(action, str):
+        error = error or action
+    if rules.code_tool and rules.code_tool in rules.tool_names:
+        groups.append(code_blocks(text, rules.code_tool, rules.code_parameter))
+    return ordered(*groups), error
+
+
+def _final_region(text: str, marks: list[re.Match[str]]) -> tuple[int, int]:
+    """Where the text of the last "Final Answer:" runs (to a following Action/Observation)."""
+    start = marks[-1].end()
+    end = len(text)
+    for stop in (_ACTION, _OBSERVATION):
+        m = stop.search(text, start)
+        if m:
+            end = min(end, m.start())
+    return start, end
+
+
+def _calls_to_run(calls: list[Found], text: str, marks: list[re.Match[str]]) -> list[Found]:
+    """The calls this reply asks to run. Calls before a "Final Answer:" are run (the answer
+    waits for their results); a final answer that is itself a call is run; calls written
+    after the final answer are not (the model has answered)."""
+    if not marks:
+        return calls
+    before = [f for f in calls if f.start < marks[0].start()]
+    if before:
+        return before
+    lo, hi = _final_region(text, marks)
+    return [f for f in calls if lo <= f.start < hi]
+
+
+def _action_tool_answer(text: str, thought: str) -> Parsed | None:
+    """LangChain's convention: ``Action: Final Answer`` + ``Action Input: 42`` is an answer."""
+    action = parse_action(text)
+    if isinstance(action, ParsedCall) and action.name == FINAL_TOOL:
         if action.arguments.strip():
             return Parsed("answer", answer=action.arguments.strip(), thought=thought, raw=text)
         return Parsed("invalid", error="Action: Final Answer needs the answer as its input",
                       thought=thought, raw=text)
-    if isinstance(action, ParsedCall):
-        am = _ACTION.search(text)
-        if final is None or (am and marks and am.start() < marks[0].start()):
-            return Parsed("action", calls=(action,), thought=thought, raw=text)
+    return None
+
+
+def parse_reply(completion: Completion, rules: ReplyRules | None = None) -> Parsed:
+    """Decide what the model asked for: calls to run, an answer, or neither (with why)."""
+    rules = rules or ReplyRules()
+    text = completion.text or ""
+    marks = _final_marks(text)
+    thought = _thought(text, marks)
+    if completion.tool_calls:
+        calls = tuple(ParsedCall(c.name, c.arguments, c.id, native=True, form="native")
+                      for c in completion.tool_calls)
+        return Parsed("action", calls=calls, thought=text.strip(), raw=text)
+    found, error = find_calls(text, rules)
+    if error is not None:
+        return Parsed("invalid", error=error, thought=thought, raw=text)
+    to_run = _calls_to_run(found, text, marks)
+    if to_run:
+        cut, last = to_run[0].start, to_run[-1]
+        return Parsed("action", calls=tuple(f.call for f in to_run),
+                      thought=_thought(text[:cut], []) if cut else thought, raw=text,
+                      ends_with_program=last.call.form == "code" and not text[last.end:].strip())
+    if FINAL_TOOL not in rules.tool_names and (named := _action_tool_answer(text, thought)):
+        return named
+    final = _final_answer(text, marks)
     if final is not None:
-        wrapped = parse_bare_json_call(final, tool_names)  # "Final Answer: {tool call JSON}"
-        if wrapped:
-            return Parsed("action", calls=tuple(wrapped), thought=thought, raw=text)
         return Parsed("answer", answer=final, thought=thought, raw=text)
-    if isinstance(action, str):
-        return Parsed("invalid", error=action, thought=thought, raw=text)
+    return _plain(completion, text, thought, rules)
+
+
+def _plain(completion: Completion, text: str, thought: str, rules: ReplyRules) -> Parsed:
+    """A reply with no call and no "Final Answer:" marker."""
     if not text.strip():
         why = "the reply was empty"
         if completion.finish_reason == "length":
             why = "the reply was cut off before it said anything"
         return Parsed("invalid", error=why, raw=text)
-    if native:
+    if rules.plain_is_answer or has_answer(text):
         return Parsed("answer", answer=text.strip(), thought=thought, raw=text)
     if completion.finish_reason == "length":
         return Parsed("invalid", error="the reply was cut off before an Action or a Final Answer",

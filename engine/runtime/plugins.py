@@ -16,7 +16,7 @@ is built with ``build(config, env)``. Each run's trace lists the methods and the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -84,8 +84,13 @@ class Plugin:
         return {"name": self.name, "config": config_dict(self.config)}
 
     def tools(self) -> list[Tool]:
-        """Tools this plugin adds to every run."""
+        """Tools this plugin may add to a run (``run_tools`` says which, per run)."""
         return []
+
+    def run_tools(self, shown: Mapping[str, Any]) -> list[str]:
+        """Names of this plugin's tools to offer in a run whose guidance showed ``shown`` (this
+        plugin's guidance meta; empty when it gave none). Default: all of them."""
+        return [t.name for t in self.tools()]
 
     def guidance(self, task: str, ctx: AgentContext, budget_tokens: int) -> Guidance | None:
         """Text to put in the system message for ``task``, within ``budget_tokens``."""
@@ -112,3 +117,25 @@ class Plugin:
         """The model call the ``think`` node makes, wrapped (latent test-time scaling refines
         a white-box ``backend``'s decoding); wrappers nest in plugin order."""
         return call
+
+
+def collect_guidance(plugins: Sequence[Plugin], ctx: AgentContext, task: str,
+                     budget_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The plugins' guidance for ``task``, in plugin order, each within what the ones before it
+    left of ``budget_tokens``; and what each showed (``{plugin name: meta}``, plus
+    ``library_version`` when a plugin read the library). Empty text when none had any."""
+    parts: list[str] = []
+    meta: dict[str, Any] = {}
+    for plugin in plugins:
+        g = plugin.guidance(task, ctx, max(0, budget_tokens))
+        if g is None:
+            continue
+        meta[plugin.name] = dict(g.meta)
+        if g.library_version is not None:
+            meta["library_version"] = g.library_version
+        text = g.text.strip()
+        if not text:
+            continue
+        parts.append(text if text.startswith("#") else f"# {g.title}\n{text}")
+        budget_tokens -= ctx.backend.count_tokens(text)
+    return "\n\n".join(parts), meta

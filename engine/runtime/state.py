@@ -6,7 +6,7 @@ import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
@@ -32,6 +32,7 @@ class AgentState(TypedDict, total=False):
     pending: list[dict[str, Any]]  # tool calls the last think step asked for
     force_answer: bool  # the model repeated a call: next decision is offered no tools
     answer_tools: list[dict[str, Any]]  # task-given tools whose call *is* the answer (BFCL)
+    tools: list[str]  # the tools this run offers (prepare chooses them)
     answer: str | None
     outcome: str | None
     reason: str | None  # why the run stopped, in words
@@ -54,7 +55,18 @@ class RunConfig:
     top_p: float = 1.0
     seed: int | None = 0
     guidance_budget_tokens: int = 1_200  # skills, policy notes and rubrics in the system prompt
-    native_tools: bool | None = None  # None: use native tool calls when the backend offers them
+    # How tools are offered (engine.runtime.prompting): "tags" (one line per tool in the system
+    # message, calls in the template's <tool_call> format), "native" (the backend's template
+    # renders the tool schemas), "react" (Action:/Observation: text); "auto": tags when the
+    # backend has tool calls, else react.
+    tool_format: Literal["auto", "tags", "native", "react"] = "auto"
+    # A ```python block that prints something runs as a python call (the coder model's own
+    # way to compute); its output comes back as ```output.
+    code_blocks: bool = True
+    # When a reply ends with such a block and it ran cleanly, its output is the answer: the
+    # model stops at ```output to have it filled in, and asking it to restate the number
+    # would re-read the whole conversation (about twice the tokens on GSM8K; docs/results.md).
+    answer_with_program_output: bool = True
     # After tool results, remind the model it may answer now. Small models (the embedded
     # 0.5B) otherwise call tools again and again; measured in tests/test_embedded_agent.py.
     after_tool_nudge: bool = True
@@ -75,14 +87,11 @@ class AgentContext:
     clock_start: float = field(default_factory=time.time)
     # The backend's complete() as the plugins wrapped it (None: the backend's own).
     model_call: ModelCall | None = None
+    # Tools the plugins contributed: each plugin's run_tools() decides per run whether to offer.
+    plugin_tools: frozenset[str] = frozenset()
 
     def call_model(self, request: Request) -> Completion:
         """One model call, through the plugins' ``wrap_model`` wrappers."""
         call = self.model_call or self.backend.complete
         return call(request)
 
-    @property
-    def native(self) -> bool:
-        if self.config.native_tools is not None:
-            return self.config.native_tools
-        return self.backend.capabilities.tool_calls

@@ -1,0 +1,180 @@
+"""What the model is shown: the system message, the tools offered, each request, each result.
+
+Three ways to offer tools (``RunConfig.tool_format``):
+
+- ``tags`` (the default when the backend's chat template knows tool calls): the tools are
+  listed one line each in the system message, and the model calls them the way its template
+  taught it, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; results come back in
+  ``<tool_response>``. The template's own tools block (every JSON schema plus its preamble) is
+  ~300 tokens for the two built-in tools, more than a GSM8K question; this is ~50.
+- ``native``: the tools go to the backend as ``request.tools`` and its template renders them.
+- ``react``: ``Action: tool[input]`` / ``Observation:`` text, for models without tool calls.
+
+With the ``python`` tool offered and ``RunConfig.code_blocks`` on, a ```` ```python ```` block
+that prints something is a call too: a coder model's own way to compute (it writes the block,
+then ```` ```output ````, where generation stops and the real output goes). Task-given answer
+tools (BFCL) go through the backend's native channel when it has one, exactly as the direct
+solver offers them, so both solvers show the model the same function documents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from engine.prompts import load_prompt, render_prompt
+from engine.runtime.plugins import collect_guidance
+from engine.runtime.state import AgentContext, AgentState
+from engine.types import Request
+
+ToolFormat = Literal["native", "tags", "react"]
+CODE_OUTPUT_STOP = "```output"
+
+
+def tool_format(ctx: AgentContext) -> ToolFormat:
+    """The format this run offers tools in (``RunConfig.tool_format``; ``auto`` picks ``tags``
+    when the backend's template has tool calls, else ``react``)."""
+    fmt = ctx.config.tool_format
+    if fmt == "auto":
+        return "tags" if ctx.backend.capabilities.tool_calls else "react"
+    return fmt  # type: ignore[return-value]
+
+
+def answer_tool_names(state: Mapping[str, Any]) -> list[str]:
+    return [s.get("function", s)["name"] for s in state.get("answer_tools") or []]
+
+
+def offered_tools(state: Mapping[str, Any], ctx: AgentContext) -> list[str]:
+    """The tools of this run (chosen by ``prepare``; every tool of the toolbox before it ran)."""
+    names = state.get("tools")
+    return list(names) if names is not None else ctx.toolbox.names()
+
+
+def code_tool(state: Mapping[str, Any], ctx: AgentContext) -> str | None:
+    """The tool a printed ```` ```python ```` block calls this run, if any."""
+    if not ctx.config.code_blocks or tool_format(ctx) == "native":
+        return None
+    return "python" if "python" in offered_tools(state, ctx) else None
+
+
+def _signature(name: str, parameters: Mapping[str, Any]) -> str:
+    props = list((parameters.get("properties") or {}).keys())
+    required = set(parameters.get("required") or props)
+    return f"{name}({', '.join(p if p in required else p + '?' for p in props)})"
+
+
+_SENTENCE_END = re.compile(r"\.\s+(?=[A-Z])")  # "e.g. 17" does not end a sentence
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    m = _SENTENCE_END.search(text)
+    return text if m is None else text[:m.start() + 1]
+
+
+def tool_lines(state: Mapping[str, Any], ctx: AgentContext, *, full_answer_tools: bool
+               ) -> list[str]:
+    """One line per tool: ``- name(param, optional?): first sentence of its description``.
+    Answer tools keep their whole JSON schema when ``full_answer_tools`` (the model must see
+    every parameter's type and meaning to fill them, and no template shows them)."""
+    lines = []
+    skip = {code_tool(state, ctx)}  # the code block instruction covers it
+    for spec in ctx.toolbox.specs():
+        if spec.name in offered_tools(state, ctx) and spec.name not in skip:
+            lines.append(f"- {_signature(spec.name, spec.parameters)}: "
+                         f"{_first_sentence(spec.description)}")
+    if full_answer_tools:
+        for schema in state.get("answer_tools") or []:
+            fn = schema.get("function", schema)
+            lines.append(f"- {fn['name']}: {fn.get('description', '')} Arguments: JSON matching "
+                         f"{json.dumps(fn.get('parameters', {}))}")
+    return lines
+
+
+def _native_answer_tools(ctx: AgentContext) -> bool:
+    return ctx.backend.capabilities.tool_calls and tool_format(ctx) != "react"
+
+
+def tools_text(state: Mapping[str, Any], ctx: AgentContext) -> str:
+    """The tool instructions of the system message ('' when there is nothing to say)."""
+    fmt = tool_format(ctx)
+    if fmt == "native":
+        return ""
+    lines = tool_lines(state, ctx, full_answer_tools=not _native_answer_tools(ctx))
+    parts = []
+    if code_tool(state, ctx):
+        parts.append(load_prompt("agent_tools_code").strip())
+    if fmt == "react":
+        parts.append(render_prompt("agent_react_format", tools="\n".join(lines) or "(none)"))
+    elif lines:
+        parts.append(render_prompt("agent_tools_tags", tools="\n".join(lines)).strip())
+    return "\n".join(parts)
+
+
+def choose_tools(ctx: AgentContext, meta: Mapping[str, Any]) -> list[str]:
+    """The tools a run offers: the agent's own, and each plugin's for what its guidance showed
+    (``read_skill`` only when a skill was listed)."""
+    names = [n for n in ctx.toolbox.names() if n not in ctx.plugin_tools]
+    for plugin in ctx.plugins:
+        names += plugin.run_tools(meta.get(plugin.name) or {})
+    return list(dict.fromkeys(names))
+
+
+def build_system_prompt(state: AgentState, ctx: AgentContext
+                        ) -> tuple[str, dict[str, Any], list[str]]:
+    """The system message (instructions, the tools, then the plugins' guidance within the
+    token budget), what the guidance showed, and the tools offered."""
+    guidance, meta = collect_guidance(ctx.plugins, ctx, state["task"],
+                                      ctx.config.guidance_budget_tokens)
+    tools = choose_tools(ctx, meta)
+    with_tools: dict[str, Any] = {**state, "tools": tools}
+    parts = [ctx.config.system_prompt or load_prompt("agent_system"),
+             tools_text(with_tools, ctx), guidance]
+    return "\n\n".join(p.strip("\n") for p in parts if p.strip()), meta, tools
+
+
+def build_request(state: AgentState, ctx: AgentContext) -> Request:
+    """The next model call: the system message, the conversation, the tools, the stops."""
+    cfg = ctx.config
+    fmt = tool_format(ctx)
+    messages = [{"role": "system", "content": state["system"]}, *state.get("messages", [])]
+    tools: list[Mapping[str, Any]] = []
+    if not state.get("force_answer"):
+        if fmt == "native":
+            tools = [s for s in ctx.toolbox.schemas()
+                     if s["function"]["name"] in offered_tools(state, ctx)]
+        if _native_answer_tools(ctx):
+            tools += list(state.get("answer_tools") or [])
+    stops: tuple[str, ...] = {"react": ("\nObservation:",), "tags": ("<tool_response>",),
+                              "native": ()}[fmt]
+    if code_tool(state, ctx):
+        stops += (CODE_OUTPUT_STOP,)
+    remaining_time = cfg.timeout_s - (time.time() - ctx.clock_start)
+    seed = None if cfg.seed is None else cfg.seed + state.get("n_calls", 0)
+    return Request(
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=cfg.max_tokens_per_call, temperature=cfg.temperature, top_p=cfg.top_p,
+        stop=stops, seed=seed, tools=tuple(tools), timeout=max(1.0, remaining_time),
+    )
+
+
+def results_message(results: Sequence[tuple[str, str]], ctx: AgentContext, *,
+                    nudge: bool = False) -> dict[str, Any]:
+    """One user message with the results of calls read from the reply's text, each shown the
+    way the model's format shows results: ``(form, observation)`` pairs in call order (a
+    python block's output as ```` ```output ````), then the reminder that the model may
+    answer now when ``nudge``."""
+    fmt = tool_format(ctx)
+    pieces = []
+    for form, observation in results:
+        if form == "code":
+            prompt = "agent_code_output"
+        else:
+            prompt = "agent_observation" if fmt == "react" else "agent_tool_response"
+        pieces.append(render_prompt(prompt, observation=observation).rstrip("\n"))
+    if nudge:
+        pieces.append(load_prompt("agent_after_tool").strip())
+    return {"role": "user", "content": "\n".join(pieces)}

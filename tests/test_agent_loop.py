@@ -1,0 +1,209 @@
+"""The agent loop a small model can live in (issue 19): every tool-call form the embedded 0.5B
+model writes is executed as a call and never returned as the answer; the system prompt stays
+short; the loop stops when the model has answered."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from engine.backends.scripted import ScriptedBackend
+from engine.runtime import Agent, RunConfig
+from engine.types import Trace
+
+TASK = "What is 17 * 23?"
+ANSWER = "17 * 23 = 391, so the answer is 391."
+CALC = {"name": "calculator", "arguments": {"expression": "17 * 23"}}
+
+
+def acts(trace: Trace) -> list[Any]:
+    return [s for s in trace.steps if s.kind == "act"]
+
+
+# Each form as the model wrote it (observed on Qwen2.5-Coder-0.5B-Instruct, see
+# docs/results.md), and the tool it calls.
+FORMS = {
+    "tool_call tags": (('<tool_call>\n{"name": "calculator", "arguments": {"expression": '
+                       '"17 * 23"}}\n</tool_call>'), "calculator"),
+    "tool_call tags, unclosed": (('I will compute it.\n<tool_call>\n{"name": "calculator", '
+                                 '"arguments": {"expression": "17 * 23"}}'), "calculator"),
+    "bare JSON in prose": (('Let me use the calculator.\n{"name": "calculator", "arguments": '
+                           '{"expression": "17 * 23"}}\nThen I will answer.'), "calculator"),
+    "json fence": (('To multiply:\n```json\n{"name": "calculator", "arguments": {"expression": '
+                   '"17 * 23"}}\n```'), "calculator"),
+    "json list": ('[{"name": "calculator", "arguments": {"expression": "17 * 23"}}]',
+                  "calculator"),
+    "parameters key": ('{"name": "calculator", "parameters": {"expression": "17 * 23"}}',
+                       "calculator"),
+    "final answer wrapping a call": (('Therefore, the final answer is: ```json {"name": '
+                                     '"calculator", "arguments": {"expression": "17 * 23"}}```'),
+                                     "calculator"),
+    "Action line": ("Thought: multiply.\nAction: calculator[17 * 23]", "calculator"),
+    "Action JSON": ('Action: {"name": "calculator", "arguments": {"expression": "17 * 23"}}',
+                    "calculator"),
+    "python block then prose": (("Let's compute it in Python.\n```python\nprint(17 * 23)\n```\n"
+                                "The result is printed above."), "python"),
+}
+
+
+@pytest.mark.parametrize("tool_format", ["tags", "react"])
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_every_call_form_runs_as_a_call_and_is_never_the_answer(form: str,
+                                                               tool_format: str) -> None:
+    reply, tool = FORMS[form]
+    backend = ScriptedBackend([reply, ANSWER], tool_calls=tool_format == "tags")
+    trace = Agent(backend, config=RunConfig(tool_format=tool_format)).run(TASK)
+    [act] = acts(trace)
+    assert act.input["tool"] == tool and act.error is None
+    assert act.output["observation"].strip() == "391"
+    # The model saw the real result, then answered; the call itself never became the answer.
+    second = backend.requests[1].messages[-1].text
+    assert "391" in second
+    assert trace.answer == ANSWER and trace.outcome == "answered"
+    assert "calculator" not in (trace.answer or "") and "print(" not in (trace.answer or "")
+
+
+def test_native_tool_calls_from_the_backend_run_and_are_not_the_answer() -> None:
+    backend = ScriptedBackend([{"text": "", "tool_calls": [CALC]}, ANSWER], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    assert acts(trace)[0].output["observation"] == "391"
+    assert backend.requests[1].messages[-2].role == "tool"
+    assert trace.answer == ANSWER
+
+
+def test_a_call_to_a_tool_that_is_not_offered_is_an_error_the_model_sees() -> None:
+    # Observed: with an empty library the model "called" read_skill as its final answer.
+    reply = ('4. Formulate the JSON Object: The function name is read_skill.\nTherefore, the '
+             'final answer is: ```json {"name": "read_skill", "arguments": {"name": "all"}}```')
+    backend = ScriptedBackend([reply, ANSWER], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    [act] = acts(trace)
+    assert act.input["tool"] == "read_skill" and "unknown tool 'read_skill'" in act.error
+    assert "calculator, python" in backend.requests[1].messages[-1].text
+    assert trace.answer == ANSWER
+
+
+def test_a_call_that_is_not_valid_json_is_retried_not_answered() -> None:
+    broken = '{"name": "calculator", "arguments": {"expression": "17 * 23" +}'
+    backend = ScriptedBackend([broken, ANSWER], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    observe = next(s for s in trace.steps if s.kind == "observe")
+    assert "not valid JSON" in observe.error and observe.input["raw"] == broken
+    assert "not valid JSON" in backend.requests[1].messages[-1].text
+    assert trace.answer == ANSWER
+
+
+def test_a_program_that_ends_the_reply_answers_with_its_output_in_one_call() -> None:
+    # The model writes the block and stops at ```output; the real output is the answer.
+    reply = ("Charleston has 4 * 20 sheep and Toulouse twice that.\n```python\nseattle = 20\n"
+             "charleston = 4 * seattle\ntoulouse = 2 * charleston\n"
+             "print(seattle + charleston + toulouse)\n```")
+    backend = ScriptedBackend([reply], tool_calls=True)
+    trace = Agent(backend).run("How many sheep do they have together?")
+    assert trace.answer == "260" and trace.outcome == "answered"
+    assert len(backend.requests) == 1
+    [act] = acts(trace)
+    assert act.output["form"] == "code" and act.route == "finish"
+    assert "```output" in backend.requests[0].stop
+
+
+def test_a_program_that_fails_is_shown_to_the_model_which_answers_after() -> None:
+    reply = "```python\ntotal = 2 * Charleston\nprint(total)\n```"
+    backend = ScriptedBackend([reply, "The answer is 160."], tool_calls=True)
+    trace = Agent(backend).run("How many?")
+    shown = backend.requests[1].messages[-1].text
+    assert shown.startswith("```output\n") and "NameError" in shown
+    assert trace.answer == "The answer is 160."
+
+
+def test_the_program_output_is_not_the_answer_when_that_is_switched_off() -> None:
+    reply = "```python\nprint(17 * 23)\n```"
+    backend = ScriptedBackend([reply, ANSWER], tool_calls=True)
+    trace = Agent(backend, config=RunConfig(answer_with_program_output=False)).run(TASK)
+    assert trace.answer == ANSWER and len(backend.requests) == 2
+
+
+def test_code_that_only_defines_a_function_is_the_answer_not_a_call() -> None:
+    code = "```python\ndef add(a, b):\n    return a + b\n```"
+    backend = ScriptedBackend([code], tool_calls=True)
+    trace = Agent(backend).run("Write a Python function that adds two numbers.")
+    assert trace.answer == code and not acts(trace)
+
+
+def test_several_blocks_in_one_reply_run_as_one_program() -> None:
+    reply = "First the data:\n```python\nx = 6\n```\nThen:\n```python\nprint(x * 7)\n```"
+    backend = ScriptedBackend([reply], tool_calls=True)
+    trace = Agent(backend).run("6 * 7?")
+    assert trace.answer == "42" and len(acts(trace)) == 1
+
+
+def test_code_blocks_are_text_when_python_is_not_offered() -> None:
+    reply = "```python\nprint(17 * 23)\n```\nThe answer is 391."
+    backend = ScriptedBackend([reply], tool_calls=True)
+    from tools.builtin import builtin_tools
+    trace = Agent(backend, tools=builtin_tools(("calculator",))).run(TASK)
+    assert trace.answer == reply and not acts(trace)
+
+
+def test_a_final_answer_before_a_call_wins_and_a_call_before_it_runs() -> None:
+    answered = ScriptedBackend(["Final Answer: 391\nAction: calculator[1+1]"])
+    assert Agent(answered).run(TASK).answer == "391"
+    call_first = ScriptedBackend(["Action: calculator[17*23]\nFinal Answer: 400", ANSWER])
+    trace = Agent(call_first).run(TASK)
+    assert acts(trace) and trace.answer == ANSWER
+
+
+def test_react_mode_accepts_an_answer_stated_without_the_marker() -> None:
+    # "stop when the model has answered": no retry for "the answer is" or a box.
+    for reply in ("So the answer is 391.", r"Thus \boxed{391}."):
+        backend = ScriptedBackend([reply])
+        trace = Agent(backend).run(TASK)
+        assert trace.answer == reply and len(backend.requests) == 1
+
+
+def test_the_system_prompt_is_short_and_offers_no_read_skill_without_skills() -> None:
+    backend = ScriptedBackend([ANSWER], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    system = backend.requests[0].messages[0].text
+    assert backend.count_tokens(system) < 120, system
+    assert "read_skill" not in system and "Skills" not in system
+    assert "- calculator(expression): Evaluate an arithmetic expression exactly, e.g. 17 * 23 " \
+           "or (1200 - 350) / 5." in system
+    assert "```python" in system and "python(code)" not in system  # the block covers it
+    assert trace.steps[0].output["tools"] == ["calculator", "python"]
+    assert backend.requests[0].tools == ()  # no template tools block (~300 tokens)
+
+
+def test_task_answer_tools_go_natively_and_builtin_tools_compactly() -> None:
+    schema = {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    backend = ScriptedBackend([('<tool_call>\n{"name": "get_weather", "arguments": '
+                               '{"city": "Paris"}}\n</tool_call>')], tool_calls=True)
+    trace = Agent(backend).run("Weather in Paris?", answer_tools=[schema])
+    assert json.loads(trace.answer or "") == {"name": "get_weather",
+                                              "arguments": {"city": "Paris"}}
+    assert [t["function"]["name"] for t in backend.requests[0].tools] == ["get_weather"]
+    assert "get_weather" not in backend.requests[0].messages[0].text
+    # Without a native channel the answer tool is described in full in the system message.
+    text_backend = ScriptedBackend(['Action: get_weather[{"city": "Paris"}]'])
+    trace = Agent(text_backend).run("Weather in Paris?", answer_tools=[schema])
+    assert '"city": {"type": "string"}' in text_backend.requests[0].messages[0].text
+    assert json.loads(trace.answer or "")["arguments"] == {"city": "Paris"}
+
+
+def test_native_format_passes_the_tool_schemas_to_the_backend() -> None:
+    backend = ScriptedBackend([ANSWER], tool_calls=True)
+    Agent(backend, config=RunConfig(tool_format="native")).run(TASK)
+    first = backend.requests[0]
+    assert [t["function"]["name"] for t in first.tools] == ["calculator", "python"]
+    assert "calculator(" not in first.messages[0].text and first.stop == ()
+
+
+def test_an_imagined_tool_response_is_cut_by_the_stop() -> None:
+    backend = ScriptedBackend([ANSWER], tool_calls=True)
+    Agent(backend).run(TASK)
+    assert "<tool_response>" in backend.requests[0].stop
