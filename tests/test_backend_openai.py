@@ -418,7 +418,8 @@ def test_a_wrong_model_name_is_a_404_with_a_hint(servers: Servers) -> None:
 def test_an_upstream_failure_reaches_the_caller_as_a_backend_error(
         upstream: Callable[..., Any]) -> None:
     _, backend = upstream(ScriptedBackend([]), max_retries=1, extra=FAST_RETRY)
-    with pytest.raises(BackendError, match="ran out of replies"):
+    # The server keeps the upstream's own error text in its log; the caller gets the request id.
+    with pytest.raises(BackendError, match=r"upstream model failed \(request req_"):
         backend.complete(ASK)
 
 
