@@ -282,14 +282,11 @@ class Runner:
                       checkpointing=False, registry=self.registry, home=self.work_dir)
 
     def solver(self, engine: Any, row: RowPlan) -> Solver:
-        if row.solver == "agent":
-            return engine.solver()
-        if row.solver == "direct":
-            from engine.evaluation.direct import direct_solver
-
-            return direct_solver(engine.backend)
-        raise ConfigError(f"row {row.id}: unknown solver {row.solver!r}",
-                          hint="solvers: agent, direct")
+        """``Engine.solver``: the agent loop, or one direct call with the library's guidance."""
+        if row.solver not in ("agent", "direct"):
+            raise ConfigError(f"row {row.id}: unknown solver {row.solver!r}",
+                              hint="solvers: agent, direct")
+        return engine.solver(kind=row.solver)
 
     def tasks(self, spec: str) -> TaskSet:
         from engine.evaluation.benchmarks import load_tasks
@@ -351,7 +348,7 @@ class Runner:
             row.evolve.method, traces=traces, tasks=self.tasks(s.train),
             gate_tasks=self.tasks(s.dev), analyst=self.analyst, rule=row.evolve.rule,
             seed=self.plan.seed, concurrency=self.concurrency,
-            max_agent_runs=row.evolve.max_agent_runs,
+            max_agent_runs=row.evolve.max_agent_runs, solver=row.solver,
             on_progress=lambda phase, d, n: self.on_progress(f"{row.id} {phase}", d, n),
             **dict(row.evolve.options))
         info = {
