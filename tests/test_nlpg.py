@@ -218,6 +218,15 @@ def test_a_library_over_budget_is_trimmed_lowest_value_first() -> None:
     assert [o.id for o in rep.applied] == ["n3", "n2"] and [n.id for n in kept] == ["n1"]
 
 
+def test_a_module_far_over_budget_is_trimmed_past_the_bound_and_says_so() -> None:
+    notes = [note(i) for i in range(8)]
+    kept, rep = apply_ops("think", notes, [Op("ADD", text=distinct(50))], max_ops=4,
+                          budget=25, count=estimate_tokens)
+    assert note_tokens(kept, estimate_tokens) <= 25  # the budget wins over the bound
+    assert len(rep.applied) == 4 and rep.refused["trim_past_bound"] == 2
+    assert rep.refused["over_ops"] == 1  # nothing else lands in that step
+
+
 def test_a_harmful_note_is_retired() -> None:
     notes = [note(1), note(2), note(3, helpful=2)]
     counted = count_uses({"think": notes}, Counter({("think", "n3"): 1}),

@@ -269,7 +269,10 @@ class NLPG:
         changes = memory_changes(start, state.memory)
         if not changes and step == 1:  # runs over the start version already made
             for t in given:
-                if t.library_version == start_id and t.meta.get("task_id") in wanted:
+                # With notes to show, only runs that showed them (the nlpg method was on).
+                shown_ok = not start or "nlpg" in t.meta
+                if t.library_version == start_id and t.meta.get("task_id") in wanted \
+                        and shown_ok:
                     have[str(t.meta["task_id"])] = t
         for t in context.store.query():
             if t.meta.get("nlpg_run") == checkpoint.key and t.meta.get("nlpg_step") == step \
