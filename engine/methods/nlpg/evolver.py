@@ -38,9 +38,17 @@ from engine.backends.base import Backend
 from engine.errors import ConfigError
 from engine.methods.analyst import AnalystStats
 from engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from engine.methods.nlpg.backward import Walk, WalkSettings, aggregate, shown_notes, walk_trace
+from engine.methods.nlpg.backward import (
+    CorrectionGroup,
+    Walk,
+    WalkSettings,
+    aggregate,
+    shown_notes,
+    walk_trace,
+)
 from engine.methods.nlpg.curator import curate
 from engine.methods.nlpg.memory import (
+    ApplyReport,
     Memory,
     apply_ops,
     count_uses,
@@ -306,18 +314,15 @@ class NLPG:
     async def _step(self, step: int, runs: Sequence[Trace], state: _State, analyst: Backend,
                     labels: Mapping[str, str] | None, context: EvolveContext,
                     checkpoint: _Checkpoint) -> None:
-        cfg = self.config
         if state.pending is None or state.pending.get("step") != step:
             state.pending = {"step": step, "walks": {}}
         walks = await self._walk_all(step, runs, state, analyst, labels, context, checkpoint)
         helpful: Counter[tuple[str, str]] = Counter()
-        harmful: Counter[tuple[str, str]] = Counter()
         for t in runs:
             if self._success(t):
                 for module, ids in shown_notes(t).items():
                     helpful.update((module, i) for i in ids)
-        for w in walks:
-            harmful.update(w.misleading)
+        harmful = Counter(m for w in walks for m in w.misleading)
         memory = count_uses(state.memory, helpful, harmful)
         groups = aggregate([c for w in walks for c in w.corrections])
         report: dict[str, Any] = {
@@ -330,31 +335,37 @@ class NLPG:
         for w in walks:
             state.stats.add(w.stats)
             state.counts["repairs"] += w.repairs
+        state.counts["unscored"] += sum(self._success(t) is None for t in runs)
         for module in sorted(set(memory) | set(groups)):
-            notes = memory.get(module, [])
-            retire = retire_ops(notes)[:cfg.max_ops]
-            gone = {o.id for o in retire}
-            ops = list(retire)
-            if groups.get(module) and len(ops) < cfg.max_ops:
-                cur = await curate(
-                    module, [n for n in notes if n.id not in gone], groups[module],
-                    analyst=analyst if cfg.curator == "analyst" else None,
-                    max_ops=cfg.max_ops - len(ops), budget=cfg.budget_tokens,
-                    count=analyst.count_tokens, temperature=cfg.temperature,
-                    max_tokens=cfg.max_tokens, seed=cfg.seed + 7919 * step)
-                state.stats.add(cur.stats)
-                state.counts["curator_repairs"] += cur.repairs
-                state.counts["curator_ops_dropped"] += cur.dropped_ops
-                state.counts["curator_fallbacks"] += int(cur.fallback)
-                ops += cur.ops
-            kept, applied = apply_ops(module, notes, ops, max_ops=cfg.max_ops,
-                                      budget=cfg.budget_tokens, count=analyst.count_tokens)
+            memory[module], applied = await self._update_module(
+                module, memory.get(module, []), groups.get(module, []), state, analyst, step)
             report["modules"][module] = applied.to_dict()
-            memory[module] = kept
         state.memory = {m: notes for m, notes in memory.items() if notes}
         state.reports.append(report)
         state.done, state.pending = step, None
         checkpoint.save(state)
+
+    async def _update_module(self, module: str, notes: list[PolicyNote],
+                             groups: Sequence[CorrectionGroup], state: _State,
+                             analyst: Backend, step: int) -> tuple[list[PolicyNote], ApplyReport]:
+        """One module's bounded update: retire, ask the curator, apply within the bound."""
+        cfg = self.config
+        ops = retire_ops(notes)[:cfg.max_ops]
+        gone = {o.id for o in ops}
+        if groups and len(ops) < cfg.max_ops:
+            cur = await curate(
+                module, [n for n in notes if n.id not in gone], groups,
+                analyst=analyst if cfg.curator == "analyst" else None,
+                max_ops=cfg.max_ops - len(ops), budget=cfg.budget_tokens,
+                count=analyst.count_tokens, temperature=cfg.temperature,
+                max_tokens=cfg.max_tokens, seed=cfg.seed + 7919 * step)
+            state.stats.add(cur.stats)
+            state.counts["curator_repairs"] += cur.repairs
+            state.counts["curator_ops_dropped"] += cur.dropped_ops
+            state.counts["curator_fallbacks"] += int(cur.fallback)
+            ops += cur.ops
+        return apply_ops(module, notes, ops, max_ops=cfg.max_ops, budget=cfg.budget_tokens,
+                         count=analyst.count_tokens)
 
     async def _walk_all(self, step: int, runs: Sequence[Trace], state: _State,
                         analyst: Backend, labels: Mapping[str, str] | None,
@@ -362,7 +373,6 @@ class NLPG:
         cfg = self.config
         todo = [t for t in runs if self._success(t) is False
                 or (cfg.learn_from_success and self._success(t))]
-        state.counts["unscored"] += sum(self._success(t) is None for t in runs)
         settings = WalkSettings(max_visits=cfg.max_visits, min_weight=cfg.min_weight,
                                 temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                 modules=cfg.module_set())
