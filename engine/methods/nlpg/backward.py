@@ -126,12 +126,11 @@ def visits_of(trace: Trace, modules: Collection[str] | None = None) -> list[Visi
     shown = shown_notes(trace)
     marks = [i for i, s in enumerate(trace.steps) if _learnable(s, modules)]
     out = []
-    for n, i in enumerate(marks):
+    for n, i in enumerate(marks):  # n: the visit's place, i: its step's
         step = trace.steps[i]
         end = marks[n + 1] if n + 1 < len(marks) else len(trace.steps)
+        # (The last visit's feedback is the outcome, which already holds the answer.)
         after = [line for s in trace.steps[i + 1:end] if (line := _line_after(s))]
-        if n + 1 == len(marks) and trace.answer is not None:
-            after.append(_piece("answer", answer=_clip(trace.answer, 300)))
         if step.kind == "think":
             seen, made = _think_input(step), _think_output(step)
         else:
