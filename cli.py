@@ -18,6 +18,7 @@ from engine.commands.evolve import evolve_group
 from engine.commands.library import library_group, skill_group
 from engine.commands.methods import methods_cmd
 from engine.commands.models import models
+from engine.commands.policies import policies_group
 from engine.commands.run import run
 from engine.commands.serve import serve
 from engine.commands.traces import traces_group
@@ -31,7 +32,7 @@ def cli() -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd, corpus_group):
+                 evolve_group, methods_cmd, corpus_group, policies_group):
     cli.add_command(_command)
 
 

@@ -10,6 +10,7 @@ reads configuration and builds objects.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -287,10 +288,13 @@ class Engine:
         kind = check_solver(solver or self.solver_kind)
         task_set = load_tasks(tasks) if isinstance(tasks, str) else tasks
         analyst_backend, own = self._analyst(analyst)
+        # Runs and the gate read the library through the runtime methods the evolver's
+        # changes need (NLPG's notes reach a prompt only through the nlpg method).
+        runner = self._with_methods(getattr(evolver, "runtime_methods", ()))
         try:
             return evolve(
                 evolver, self.library, analyst=analyst_backend,
-                make_solver=lambda snap: self.solver(snapshot=snap, kind=kind), traces=traces,
+                make_solver=lambda snap: runner.solver(snapshot=snap, kind=kind), traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.spec,
@@ -298,6 +302,19 @@ class Engine:
         finally:
             if own:
                 analyst_backend.close()
+
+    def _with_methods(self, names: Sequence[str]) -> Engine:
+        """This engine, or a copy sharing its backend and library whose runs also use the
+        registered runtime methods ``names`` it does not use yet (with their defaults)."""
+        have = {m.name if isinstance(m, Plugin) else m[0] for m in self.methods}
+        extra = [n for n in names if n not in have]
+        if not extra:
+            return self
+        clone = copy.copy(self)
+        clone.methods = self.methods + self._check_methods(extra)
+        clone._agent = None
+        clone.__dict__.pop("_chat_adapter", None)
+        return clone
 
     def _analyst(self, analyst: Backend | str | None) -> tuple[Backend, bool]:
         """The analyst backend, and whether this call built it (and so closes it): the

@@ -14,6 +14,7 @@ from engine.errors import NotFound, ValidationError
 from engine.types import Skill
 from library_store.store import Snapshot, rejection
 from skills.format import SKILL_FILE, check_skill_files, render_skill_md
+from skills.policies import validate_policies
 
 SKILLS_DIR = "skills"  # the library folder that holds one folder per skill
 
@@ -100,15 +101,16 @@ def _loose_file(path: str) -> ValidationError:
 
 def validate_snapshot(snapshot: Snapshot, changed: Sequence[str] | None = None
                       ) -> list[ValidationError]:
-    """Problems of the skills a change touched (every skill when ``changed`` is None).
+    """Problems of the skills and policy files a change touched (every one when ``changed``
+    is None).
 
     This is the validator ``Library.commit`` takes: only touched skills are parsed, so a
     commit to a library of 100,000 skills costs what the change costs.
     """
+    problems: list[ValidationError] = validate_policies(snapshot, changed)
     if changed is None:
         changed = list(snapshot.files(f"{SKILLS_DIR}/"))
     names: set[str] = set()
-    problems: list[ValidationError] = []
     for path in changed:
         parts = path.split("/")
         if parts[0] != SKILLS_DIR:

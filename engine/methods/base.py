@@ -126,7 +126,10 @@ class EvolveContext:
 
 @runtime_checkable
 class Evolver(Protocol):
-    """An evolver (see the module docstring). ``config_class`` is a frozen dataclass."""
+    """An evolver (see the module docstring). ``config_class`` is a frozen dataclass. An
+    evolver whose changes act only through runtime methods (NLPG's notes through ``nlpg``)
+    names them in an optional ``runtime_methods`` tuple: ``Engine.evolve`` then runs its
+    rollouts and the gate with those methods on."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]
