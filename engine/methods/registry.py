@@ -59,6 +59,8 @@ class MethodEntry:
 _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("trace2skill", "evolver", "engine.methods.trace2skill:Trace2Skill"),
     MethodEntry("skills", "runtime", "engine.runtime.skills_plugin:SkillsPlugin"),
+    MethodEntry("co_react", "runtime", "engine.methods.co_react:CoReAct"),
+    MethodEntry("horizon", "runtime", "engine.methods.horizon:ElasticHorizon"),
 )
 
 

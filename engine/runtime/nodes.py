@@ -80,9 +80,25 @@ def _over_budget(state: AgentState, ctx: AgentContext) -> tuple[str, str] | None
     return None
 
 
+def _with_step_guidance(messages: list[dict[str, Any]], state: AgentState
+                        ) -> list[dict[str, Any]]:
+    """The before-think nodes' text for this decision at the end of the conversation, for this
+    call only (never kept in ``messages``): joined to a trailing user turn (some chat templates
+    refuse two user turns in a row), else as a new user turn."""
+    notes = [t.strip() for t in (state.get("step_guidance") or {}).values() if t.strip()]
+    if not notes:
+        return messages
+    text = "\n\n".join(notes)
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "user" and isinstance(last.get("content"), str):
+        return [*messages[:-1], {**last, "content": last["content"].rstrip() + "\n\n" + text}]
+    return [*messages, {"role": "user", "content": text}]
+
+
 def _request(state: AgentState, ctx: AgentContext) -> Request:
     cfg = ctx.config
-    messages = [{"role": "system", "content": state["system"]}, *state.get("messages", [])]
+    messages = _with_step_guidance(
+        [{"role": "system", "content": state["system"]}, *state.get("messages", [])], state)
     tools: list[Mapping[str, Any]] = []
     if ctx.native and not state.get("force_answer"):
         tools = [*ctx.toolbox.schemas(), *(state.get("answer_tools") or [])]
@@ -156,6 +172,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                          tool_names=_all_tool_names(state, ctx))
     update: dict[str, Any] = {
         "force_answer": False,
+        "step_guidance": {},  # used by this call; the next decision gets fresh guidance
         "n_calls": state.get("n_calls", 0) + 1,
         "tokens": state.get("tokens", 0) + completion.total_tokens,
         "pending": [],
