@@ -296,3 +296,15 @@ def test_the_horizon_is_selectable_by_name_and_recorded(tmp_path: Path) -> None:
     assert described["horizon"]["max_steps"] == 12 and described["horizon"]["family"] == "gsm8k"
     assert trace.meta["horizon"]["reason"] == "cold start"
     assert json.loads(json.dumps(trace.meta["horizon"])) == trace.meta["horizon"]
+
+
+def test_splits_keep_a_test_run_from_learning_from_test_labels(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path / "traces")
+    for i, n in enumerate([2] * 30):
+        store.append(Trace.from_dict(trace_dict(i, n, task_set="gsm8k@train:0:30")))
+    for i, n in enumerate([6] * 30, start=100):
+        store.append(Trace.from_dict(trace_dict(i, n, task_set="gsm8k@test:0:30")))
+    only_train = ElasticHorizon(store, HorizonConfig(family="gsm8k", gain=1.0, splits="train"))
+    every = ElasticHorizon(store, HorizonConfig(family="gsm8k", gain=1.0))
+    assert only_train.adjust_config("x", RunConfig(max_steps=8)).max_steps == 2
+    assert every.adjust_config("x", RunConfig(max_steps=8)).max_steps == 6

@@ -13,7 +13,8 @@ cosine is at least ``min_similarity``; else it keeps the configured budget. The 
 separates task kinds well (GSM8K word problems, HaluEval questions, BFCL calls: a task is far
 closer to its own family's centroid) while two tasks of one kind are often far apart, so
 families, not nearest traces, decide what "similar" means. ``horizon.family=NAME`` names the
-family and skips the embedding.
+family and skips the embedding; ``horizon.splits=train,dev`` learns only from those splits'
+eval traces, so an evaluation on a test split never adapts to its own labels.
 
 Each trace records the decision in ``meta["horizon"]``: the budget and why, the estimate behind
 it, the configured budget it replaced and, for a run cut off at a budget tighter than the
@@ -68,6 +69,9 @@ class HorizonConfig:
                                          "e.g. gsm8k); default: the nearest by embedding")
     min_similarity: float = knob(0.2, help="cosine to the nearest family's centroid below "
                                            "which a task keeps the configured budget")
+    splits: str | None = knob(None, help="learn only from eval traces of these splits, comma-"
+                                         "separated (e.g. train,dev: a test run then never "
+                                         "learns from test labels); default: every trace")
 
 
 class ElasticHorizon(Plugin):
@@ -97,6 +101,8 @@ class ElasticHorizon(Plugin):
         self._centroids: dict[str, np.ndarray] = {}
         self._decisions: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._splits = (frozenset(p.strip() for p in cfg.splits.split(",") if p.strip())
+                        if cfg.splits else None)
 
     # -- the budget ------------------------------------------------------------------------
 
@@ -127,6 +133,9 @@ class ElasticHorizon(Plugin):
         """Take in the traces written since the last run (the latest record of an id wins)."""
         for d in self.feed.poll():
             record = record_from_trace(d, min_score=self.config.min_score)
+            if record is not None and self._splits is not None \
+                    and record.split not in self._splits:
+                record = None
             if record is not None:
                 self._records[record.id] = record
             elif d.get("id") in self._records and d.get("outcome") == "running":

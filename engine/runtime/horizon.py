@@ -60,6 +60,13 @@ class RunRecord:
     budget: int | None
     family: str
     started: float
+    split: str = ""  # the eval's split (train, dev, test), "" when none
+
+
+def task_split(task_set: str | None) -> str:
+    """``gsm8k@train:0:50`` -> ``train``; no split -> ""."""
+    m = re.search(r"@(\w+)", task_set or "")
+    return m.group(1) if m else ""
 
 
 def task_family(task_set: str | None) -> str:
@@ -91,7 +98,8 @@ def record_from_trace(d: Mapping[str, Any], *, min_score: float = 1.0) -> RunRec
         id=str(d.get("id")), task=str(d.get("task") or ""), length=length,
         success=bool(success) and outcome == "answered", censored=outcome in LIMIT_OUTCOMES,
         budget=int(budget) if budget is not None else None,
-        family=task_family(meta.get("task_set")), started=float(d.get("started") or 0.0))
+        family=task_family(meta.get("task_set")), started=float(d.get("started") or 0.0),
+        split=task_split(meta.get("task_set")))
 
 
 @dataclass(frozen=True)
