@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import BackendError, ConfigError
 from engine.methods.base import knob
 from engine.methods.rubric import (
+    STOP_AFTER_LINES,
     ActionCheck,
     ParsedRubric,
     ask,
@@ -202,16 +203,17 @@ class CoReAct(Plugin):
         prompt = render_prompt(
             "co_react_rubric", task=state["task"], tools=", ".join(self._tool_names(state, ctx)),
             history=render_history(state.get("messages") or [], cfg.history),
-            tried="\n".join(render_prompt("co_react.yaml#tried_call", name=n, arguments=a)
-                            for n, a in (_call_text(n, a) for n, a in calls))
-            or load_prompt("co_react.yaml#tried_none"),
+            tried=render_prompt("co_react.yaml#tried_block", calls="\n".join(
+                render_prompt("co_react.yaml#tried_call", name=n, arguments=a)
+                for n, a in (_call_text(n, a) for n, a in calls))) if calls else "",
             steps_used=used, horizon=horizon, phase=phase,
             phase_hint=load_prompt(f"co_react.yaml#phase_{phase}"))
         queries = tried_queries(calls)
         seed = None if ctx.config.seed is None else ctx.config.seed + 1000 * (used + 1)
         parsed, stats, raw = ask(
             self.generator, prompt, lambda text: parse_rubric(text, phase=phase, tried=queries),
-            max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed)
+            max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed,
+            stop=STOP_AFTER_LINES)
         guidance = dict(state.get("step_guidance") or {})
         if parsed is not None:
             guidance[NODE] = render_rubric(parsed.rubric)

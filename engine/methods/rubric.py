@@ -29,6 +29,8 @@ Phase = Literal["early", "mid", "late"]
 
 MAX_LINES = 5
 MIN_LINES = 3
+# Small models run on past the fifth line, repeating it: stop them there.
+STOP_AFTER_LINES = ("\n6.", "\n6)")
 _WEIGHTED = re.compile(
     r"^\s*(?:\d+\s*[.):]|[-*\u2022])?\s*\**\s*[\[(]\s*(\d*\.?\d+)\s*(%?)\s*[\])]\s*\**\s*"
     r"[:.\-\u2013]?\s*(.*\S)\s*$")
@@ -228,7 +230,8 @@ def parse_check(text: str, rubric: Rubric, threshold: float) -> ActionCheck:
 
 
 def ask(backend: Backend, prompt: str, parse: Callable[[str], T], *, max_tokens: int,
-        temperature: float, seed: int | None) -> tuple[T | None, AnalystStats, str]:
+        temperature: float, seed: int | None, stop: tuple[str, ...] = ()
+        ) -> tuple[T | None, AnalystStats, str]:
     """Ask ``backend`` (synchronously: graph nodes are plain functions), parse the reply;
     once more showing the error, then give up and count the drop. Never raises for a bad
     reply or a failed call: (value or None, costs, last raw reply)."""
@@ -241,7 +244,7 @@ def ask(backend: Backend, prompt: str, parse: Callable[[str], T], *, max_tokens:
         try:
             completion = backend.complete(Request(
                 messages=convo, max_tokens=max_tokens, temperature=temperature,  # type: ignore
-                seed=None if seed is None else seed + attempt))
+                seed=None if seed is None else seed + attempt, stop=stop))
         except BackendError as exc:
             stats.seconds += time.perf_counter() - start
             stats.dropped += 1
