@@ -149,6 +149,16 @@ def test_halueval_loader_puts_knowledge_in_evidence() -> None:
     assert t.metadata["hallucinated_answer"] == "First for Women was started first."
 
 
+def test_halueval_search_has_the_questions_without_their_knowledge() -> None:
+    from engine.evaluation.agent_solver import agent_messages
+
+    ts, full = load_benchmark("halueval-search"), load_benchmark("halueval")
+    assert len(ts) == len(full) and ts[0].id == full[0].id and ts[0].expected == full[0].expected
+    assert ts[0].evidence is None and ts.scorer == "contains"
+    text = " ".join(str(m["content"]) for m in agent_messages(ts[0]))
+    assert "Arthur's Magazine (1844" not in text  # the agent has to search for it
+
+
 def test_bfcl_loaders_give_chat_messages_legal_tools_and_ground_truth() -> None:
     simple = load_benchmark("bfcl-simple")
     multiple = load_benchmark("bfcl_multiple")  # alias

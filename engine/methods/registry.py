@@ -61,6 +61,8 @@ _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("skills", "runtime", "engine.runtime.skills_plugin:SkillsPlugin"),
     MethodEntry("nlpg", "evolver", "engine.methods.nlpg:NLPG"),
     MethodEntry("nlpg", "runtime", "engine.methods.nlpg:NLPGPlugin"),
+    MethodEntry("co_react", "runtime", "engine.methods.co_react:CoReAct"),
+    MethodEntry("horizon", "runtime", "engine.methods.horizon:ElasticHorizon"),
 )
 
 

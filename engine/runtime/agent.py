@@ -114,6 +114,7 @@ class Agent:
         """
         tid = trace_id or new_trace_id()
         now = time.time()
+        ctx = self._run_context(task, now, seed)
         state: AgentState = {
             "trace_id": tid, "task": task, "label": label, "system": "",
             "messages": [dict(m) for m in messages] if messages else
@@ -121,9 +122,13 @@ class Agent:
             "steps": [], "pending": [], "answer_tools": [dict(t) for t in answer_tools],
             "answer": None, "outcome": None, "reason": None, "n_calls": 0, "tokens": 0,
             "started": now,
-            "meta": {**dict(meta or {}), "methods": [p.describe() for p in self.plugins]},
+            "meta": {**dict(meta or {}), "methods": [p.describe() for p in self.plugins],
+                     # The limits this run had after the plugins' adjust_config (what a
+                     # horizon controller reads back: a run stopped at its horizon is cut
+                     # short, not finished).
+                     "budgets": {"max_steps": ctx.config.max_steps,
+                                 "max_total_tokens": ctx.config.max_total_tokens}},
         }
-        ctx = self._run_context(task, now, seed)
         if self.trace_store is not None:
             self.trace_store.append(build_trace(state, ctx, outcome="running"))
         if self.checkpoints is not None:
@@ -139,6 +144,11 @@ class Agent:
         self.checkpoints.require_resumable(trace_id)
         values = self.graph.get_state(self._config(trace_id, self.config)).values
         ctx = self._run_context(values.get("task", ""), time.time())
+        budgets = (values.get("meta") or {}).get("budgets") or {}
+        if budgets:  # the limits it started with, not what adjust_config would pick now
+            ctx = dataclasses.replace(ctx, config=dataclasses.replace(
+                ctx.config, max_steps=budgets.get("max_steps", ctx.config.max_steps),
+                max_total_tokens=budgets.get("max_total_tokens", ctx.config.max_total_tokens)))
         yield from self._drive(None, trace_id, ctx, seen=len(values.get("steps") or []),
                                last=values)
 

@@ -120,6 +120,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     parsed = parse_reply(completion, rules)
     update: dict[str, Any] = {
         "force_answer": False,
+        "step_guidance": {},  # used by this call; the next decision gets fresh guidance
         "n_calls": state.get("n_calls", 0) + 1,
         "tokens": state.get("tokens", 0) + completion.total_tokens,
         "pending": [],

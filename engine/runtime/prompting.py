@@ -136,11 +136,28 @@ def build_system_prompt(state: AgentState, ctx: AgentContext
     return "\n\n".join(p.strip("\n") for p in parts if p.strip()), meta, tools
 
 
+def with_step_guidance(messages: list[dict[str, Any]], state: AgentState
+                       ) -> list[dict[str, Any]]:
+    """The before-think nodes' text for this decision at the end of the conversation, for this
+    call only (never kept in ``messages``): joined to a trailing user turn (some chat templates
+    refuse two user turns in a row), else as a new user turn."""
+    notes = [t.strip() for t in (state.get("step_guidance") or {}).values() if t.strip()]
+    if not notes:
+        return messages
+    text = "\n\n".join(notes)
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "user" and isinstance(last.get("content"), str):
+        return [*messages[:-1], {**last, "content": last["content"].rstrip() + "\n\n" + text}]
+    return [*messages, {"role": "user", "content": text}]
+
+
 def build_request(state: AgentState, ctx: AgentContext) -> Request:
-    """The next model call: the system message, the conversation, the tools, the stops."""
+    """The next model call: the system message, the conversation (with this decision's step
+    guidance), the tools, the stops."""
     cfg = ctx.config
     fmt = tool_format(ctx)
-    messages = [{"role": "system", "content": state["system"]}, *state.get("messages", [])]
+    messages = with_step_guidance(
+        [{"role": "system", "content": state["system"]}, *state.get("messages", [])], state)
     tools: list[Mapping[str, Any]] = []
     if not state.get("force_answer"):
         if fmt == "native":
