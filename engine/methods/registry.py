@@ -59,6 +59,7 @@ class MethodEntry:
 _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("trace2skill", "evolver", "engine.methods.trace2skill:Trace2Skill"),
     MethodEntry("skills", "runtime", "engine.runtime.skills_plugin:SkillsPlugin"),
+    MethodEntry("march", "runtime", "engine.methods.march:March"),
 )
 
 

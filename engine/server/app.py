@@ -21,7 +21,7 @@ from engine.errors import ConfigError
 from engine.server.adapter import ChatAdapter
 from engine.server.guard import Guard
 from engine.server.metrics import Metrics
-from engine.server.pipeline import ChatPipeline
+from engine.server.pipeline import ChatPipeline, Verifier
 from engine.server.recording import TraceWriter
 from engine.server.responses import install_error_handlers
 from engine.server.routes import ServerState, router
@@ -65,6 +65,7 @@ def create_app(
     adapter: ChatAdapter | None = None,
     traces: TraceStore | None = None,
     retrieval_workers: int = 4,
+    verifier: Verifier | None = None,
 ) -> FastAPI:
     """Build the app serving ``backend`` as ``model_name`` (default: the backend's spec).
 
@@ -72,7 +73,8 @@ def create_app(
     calls in flight (default: ``backend.capabilities.max_concurrency``) and ``max_queue`` how
     many more may wait (429 past it; None: no limit); ``max_body_bytes`` refuses bigger bodies
     (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
-    ``adapter`` applies the library to each request; ``traces`` records every exchange.
+    ``adapter`` applies the library to each request; ``traces`` records every exchange;
+    ``verifier`` answers ``{"whetstone": {"verify": true}}`` (MARCH's report on the reply).
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,
                          default_max_tokens=default_max_tokens,
@@ -84,7 +86,8 @@ def create_app(
                       traces_pending=lambda: writer.pending if writer is not None else 0)
     service = ChatService(backend, settings, metrics)
     writer = TraceWriter(traces, metrics) if traces is not None else None
-    pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers)
+    pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers,
+                            verifier=verifier)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
