@@ -4,9 +4,22 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install sandbox demo test test-fast bench lint clean
 
-install: $(STAMP)
+install: $(STAMP) sandbox
+
+# The tool sandbox runs code under bubblewrap. Best effort: installed where we are root and apt
+# exists; elsewhere a note says how. Without it tools run in a weaker mode that every tool
+# result reports, and the tests that need it are skipped with the reason.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap \
+	      >/dev/null) || echo "bubblewrap could not be installed: tool code will run unisolated"; \
+	  else \
+	    echo "bubblewrap (bwrap) is missing: install it (sudo apt-get install bubblewrap)" \
+	      "or tool code runs unisolated"; \
+	  fi; }
 
 # torch first and pinned: it takes the CPU build from this machine's disk instead of a CUDA build.
 $(STAMP): pyproject.toml requirements-nodeps.txt
@@ -17,14 +30,14 @@ $(STAMP): pyproject.toml requirements-nodeps.txt
 	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) sandbox
 	$(VENV)/bin/whetstone run "What is 17 * 23? Use the calculator."
 
-test: $(STAMP)
+test: $(STAMP) sandbox
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Unit tests only: no real model weights.
-test-fast: $(STAMP)
+test-fast: $(STAMP) sandbox
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.errors import ToolError
@@ -27,6 +27,9 @@ class ToolResult:
     error: str | None = None
     duration_s: float = 0.0
     timed_out: bool = False
+    # Not shown to the model: how the call ran (the sandbox's mode and warnings, images it
+    # produced). JSON-safe, for traces and ``whetstone``.
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -132,6 +135,6 @@ class Toolbox:
             return ToolResult(error=f"{type(exc).__name__}: {exc}",
                               duration_s=time.perf_counter() - start)
         if isinstance(result, ToolResult):
-            return ToolResult(_truncate(result.output), result.error,
-                              result.duration_s or time.perf_counter() - start, result.timed_out)
+            return replace(result, output=_truncate(result.output),
+                           duration_s=result.duration_s or time.perf_counter() - start)
         return ToolResult(output=_truncate(str(result)), duration_s=time.perf_counter() - start)

@@ -1,5 +1,5 @@
 """Built-in tools: ``calculator`` (safe AST arithmetic, no ``eval``) and ``python`` (a script
-in a subprocess with a timeout and a memory limit)."""
+run in the sandbox of ``tools/sandbox.py``: its own namespaces, whole-call limits, a timeout)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from engine.errors import ToolError
 from engine.types import ToolSpec
 from tools.base import Tool, ToolResult
 from tools.sandbox import (
+    DEFAULT_MAX_TASKS,
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,
-    HARD_OUTPUT_BYTES,
+    Sandbox,
+    default_sandbox,
     echo_last_expression,
-    run_python,
 )
 
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
@@ -156,28 +157,22 @@ def make_calculator() -> Tool:
     return Tool(CALCULATOR_SPEC, _calculator_fn)
 
 
-def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB) -> Tool:
-    """The ``python`` tool with its limits."""
+def make_python(timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB, *,
+                max_tasks: int = DEFAULT_MAX_TASKS, sandbox: Sandbox | None = None) -> Tool:
+    """The ``python`` tool with its limits. Without ``sandbox`` it uses the machine's default,
+    probed at the first call."""
 
     def run(args: Mapping[str, Any]) -> ToolResult:
         code = args.get("code")
         if not isinstance(code, str) or not code.strip():
             raise ToolError("missing 'code'", hint='call python with {"code": "print(1+1)"}')
-        res = run_python(echo_last_expression(code), timeout_s=timeout_s, memory_mb=memory_mb)
+        box = sandbox or default_sandbox()
+        res = box.run_python(echo_last_expression(code), timeout_s=timeout_s,
+                             memory_mb=memory_mb, max_tasks=max_tasks)
         output = res.stdout + (("\n" if res.stdout else "") + res.stderr if res.stderr else "")
-        if res.timed_out:
-            return ToolResult(output, f"timed out after {timeout_s:g} s and was killed",
-                              res.duration_s, timed_out=True)
-        if res.output_exceeded:
-            return ToolResult(output, f"printed more than {HARD_OUTPUT_BYTES} bytes and was "
-                              "killed; print a summary instead", res.duration_s)
-        if res.memory_exceeded:
-            return ToolResult(output, f"exceeded the {memory_mb} MB memory limit", res.duration_s)
-        if res.returncode != 0:
-            last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
-            return ToolResult(output, f"exit code {res.returncode}: {last}".rstrip(": "),
-                              res.duration_s)
-        return ToolResult(output, None, res.duration_s)
+        error = res.failure(timeout_s=timeout_s, memory_mb=memory_mb, max_tasks=max_tasks)
+        return ToolResult(output, error, res.duration_s, timed_out=res.timed_out,
+                          metadata=res.metadata())
 
     return Tool(replace(PYTHON_SPEC, timeout_s=timeout_s), run)
 

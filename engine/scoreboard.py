@@ -1,0 +1,504 @@
+"""The scoreboard: every method on the same tasks, one table in ``docs/results.md``.
+
+A plan (``benchmarks/scoreboard.yaml``) names task sets with their ``train`` / ``dev`` /
+``test`` slices, the rows to score on each set, and extra sections (tables of their own, e.g.
+a hallucination detector's precision and recall). For each row::
+
+    [evolve on train -> gate on dev -> commit or keep a candidate]  ->  evaluate on test
+
+Every row of a set is paired task by task with the set's baseline row (the agent with an empty
+library): the difference with its paired 95% bootstrap interval and McNemar's p. Each row's
+result is saved under ``benchmarks/results/`` with a key of everything it depends on (plan
+entry, slices, model, seed); a saved result whose key still matches is reused, so adding one
+row reruns only that row, and ``--render`` rebuilds the page from the saved results alone.
+``@test`` is only ever evaluated: nothing is evolved, gated or tuned on it.
+
+    python benchmarks/scoreboard.py                      # run what is missing, then render
+    python benchmarks/scoreboard.py --only gsm8k/nlpg --rerun
+    python benchmarks/scoreboard.py --render
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+from engine.evaluation.compare import compare
+from engine.evaluation.results import EvalResult
+from engine.evaluation.runner import Solver, evaluate
+from engine.evaluation.tasks import TaskSet
+from engine.types import Trace
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass(frozen=True)
+class EvolvePlan:
+    """How a row's library is evolved: the evolver, its options, and who analyses."""
+
+    method: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    analyst: str | None = None  # None: the plan's analyst
+    rule: str = "not_worse"
+    max_agent_runs: int | None = None
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """One row: a solver and runtime methods over a library (empty, or evolved first)."""
+
+    set: str
+    name: str
+    solver: str = "agent"
+    methods: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    evolve: EvolvePlan | None = None
+    tools: tuple[str, ...] = ("calculator", "python")
+    candidate_on_test: bool = False  # also score a rejected candidate on test (marked)
+    note: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.set}/{self.name}"
+
+
+@dataclass(frozen=True)
+class SetPlan:
+    """A task family: its three slices and the row every other row is paired with."""
+
+    name: str
+    train: str
+    dev: str
+    test: str
+    baseline: str = "agent"
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class SectionPlan:
+    """A table of its own, made by ``command``, which writes ``result``: a JSON object with a
+    ``markdown`` field (and anything else it wants to keep)."""
+
+    name: str
+    title: str
+    command: str
+    result: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    analyst: str | None
+    seed: int
+    concurrency: int | str
+    sets: tuple[SetPlan, ...]
+    rows: tuple[RowPlan, ...]
+    sections: tuple[SectionPlan, ...] = ()
+
+    def set(self, name: str) -> SetPlan:
+        for s in self.sets:
+            if s.name == name:
+                return s
+        raise ConfigError(f"no task set {name!r} in the plan",
+                          hint="sets: " + ", ".join(s.name for s in self.sets))
+
+
+def _only(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}",
+                          hint="allowed: " + ", ".join(sorted(allowed)))
+
+
+def _methods(raw: Any, where: str) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+    out = []
+    for m in raw or ():
+        if isinstance(m, str):
+            out.append((m, {}))
+        elif isinstance(m, Mapping) and len(m) == 1:
+            name, opts = next(iter(m.items()))
+            out.append((str(name), dict(opts or {})))
+        else:
+            raise ConfigError(f"{where}: a method is a name or {{name: {{option: value}}}}, "
+                              f"got {m!r}")
+    return tuple(out)
+
+
+def parse_plan(data: Mapping[str, Any]) -> Plan:
+    """A ``Plan`` from the YAML's data, with errors that name the bad entry."""
+    _only(data, {"model", "analyst", "seed", "concurrency", "sets", "rows", "sections"}, "plan")
+    sets = []
+    for name, s in (data.get("sets") or {}).items():
+        _only(s, {"train", "dev", "test", "baseline", "title"}, f"set {name}")
+        missing = [k for k in ("train", "dev", "test") if k not in s]
+        if missing:
+            raise ConfigError(f"set {name}: needs {', '.join(missing)}",
+                              hint="give each set train, dev and test slices, e.g. "
+                                   "gsm8k@test:0:120")
+        sets.append(SetPlan(name=name, **s))
+    known_sets = {s.name for s in sets}
+    rows = []
+    for i, r in enumerate(data.get("rows") or ()):
+        where = f"row {i + 1} ({r.get('set')}/{r.get('name')})"
+        _only(r, {"set", "name", "solver", "methods", "evolve", "tools", "candidate_on_test",
+                  "note"}, where)
+        if r.get("set") not in known_sets or not r.get("name"):
+            raise ConfigError(f"{where}: needs a known `set` and a `name`",
+                              hint="sets: " + ", ".join(sorted(known_sets)))
+        evolve = None
+        if r.get("evolve"):
+            e = dict(r["evolve"])
+            _only(e, {"method", "options", "analyst", "rule", "max_agent_runs"}, where + " evolve")
+            evolve = EvolvePlan(method=e["method"], options=dict(e.get("options") or {}),
+                                analyst=e.get("analyst"), rule=e.get("rule", "not_worse"),
+                                max_agent_runs=e.get("max_agent_runs"))
+        kw = {k: r[k] for k in ("solver", "candidate_on_test", "note") if k in r}
+        if "tools" in r:
+            kw["tools"] = tuple(r["tools"] or ())
+        rows.append(RowPlan(set=r["set"], name=str(r["name"]), evolve=evolve,
+                            methods=_methods(r.get("methods"), where), **kw))
+    ids = [r.id for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("two rows share a set/name", hint="give every row its own name")
+    for s in sets:
+        if s.baseline not in {r.name for r in rows if r.set == s.name}:
+            raise ConfigError(f"set {s.name}: its baseline row {s.baseline!r} is missing",
+                              hint="add a row with that name (the agent, empty library)")
+    sections = []
+    for name, sec in (data.get("sections") or {}).items():
+        _only(sec, {"title", "command", "result"}, f"section {name}")
+        sections.append(SectionPlan(name=name, **sec))
+    return Plan(model=data.get("model", "embedded"), analyst=data.get("analyst"),
+                seed=int(data.get("seed", 0)), concurrency=data.get("concurrency", "auto"),
+                sets=tuple(sets), rows=tuple(rows), sections=tuple(sections))
+
+
+def load_plan(path: Path | str) -> Plan:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the scoreboard plan {path}: {exc}",
+                          hint="see benchmarks/scoreboard.yaml for the format") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"the scoreboard plan {path} is not a mapping")
+    return parse_plan(data)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "row"
+
+
+def row_key(plan: Plan, row: RowPlan) -> str:
+    """Everything a row's result depends on; a saved result with another key is stale."""
+    s = plan.set(row.set)
+    data = {"row": asdict(row), "test": s.test, "model": plan.model, "seed": plan.seed}
+    if row.evolve is not None:
+        data.update(train=s.train, dev=s.dev, analyst=row.evolve.analyst or plan.analyst)
+    blob = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class RowOutcome:
+    """A row's saved result: the test evaluation and, for evolved rows, what the evolve did."""
+
+    row: str
+    key: str
+    result: EvalResult
+    evolve: dict[str, Any] | None = None
+    candidate_result: EvalResult | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "key": self.key, "result": self.result.to_dict(),
+                "evolve": self.evolve, "seconds": self.seconds,
+                "candidate_result": self.candidate_result.to_dict()
+                if self.candidate_result else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RowOutcome:
+        cand = d.get("candidate_result")
+        return cls(row=d["row"], key=d["key"], result=EvalResult.from_dict(d["result"]),
+                   evolve=d.get("evolve"), seconds=float(d.get("seconds") or 0.0),
+                   candidate_result=EvalResult.from_dict(cand) if cand else None)
+
+
+def result_path(results_dir: Path, row: RowPlan) -> Path:
+    return Path(results_dir) / slug(row.set) / f"{slug(row.name)}.json"
+
+
+def load_outcome(results_dir: Path, row: RowPlan) -> RowOutcome | None:
+    path = result_path(results_dir, row)
+    try:
+        return RowOutcome.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def save_outcome(results_dir: Path, row: RowPlan, outcome: RowOutcome) -> Path:
+    path = result_path(results_dir, row)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(outcome.to_dict(), indent=1, ensure_ascii=False, default=str),
+                   encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+# -- running -------------------------------------------------------------------------------
+
+
+@dataclass
+class Runner:
+    """Runs rows. ``backend``/``analyst`` are ready backends shared by every row (the model
+    loads once); ``work_dir`` holds each row's library and the collected training traces."""
+
+    plan: Plan
+    backend: Any
+    analyst: Any
+    work_dir: Path
+    concurrency: int = 1
+    registry: Any = None
+    on_progress: Progress = lambda what, done, total: None
+    _train_traces: dict[str, list[Trace]] = field(default_factory=dict)
+
+    def engine(self, library: Path, row: RowPlan | None = None, version: str | None = None
+               ) -> Any:
+        from engine.api import Engine
+
+        return Engine(self.backend, library=library, version=version,
+                      methods=row.methods if row else (),
+                      tools=row.tools if row else ("calculator", "python"),
+                      checkpointing=False, registry=self.registry, home=self.work_dir)
+
+    def solver(self, engine: Any, row: RowPlan) -> Solver:
+        if row.solver == "agent":
+            return engine.solver()
+        if row.solver == "direct":
+            from engine.evaluation.direct import direct_solver
+
+            return direct_solver(engine.backend)
+        raise ConfigError(f"row {row.id}: unknown solver {row.solver!r}",
+                          hint="solvers: agent, direct")
+
+    def tasks(self, spec: str) -> TaskSet:
+        from engine.evaluation.benchmarks import load_tasks
+
+        return load_tasks(spec)
+
+    def train_traces(self, s: SetPlan) -> list[Trace]:
+        """The agent's runs on the train slice with an empty library, run once per set and
+        reused by every evolved row of the set (stored in ``work_dir/<set>/collect``)."""
+        if s.name not in self._train_traces:
+            from engine.methods.evolve import training_traces
+
+            folder = self.work_dir / slug(s.name) / "collect"
+            engine = self.engine(folder)
+            tasks = self.tasks(s.train)
+            stored = [t for t in engine.traces.query() if t.meta.get("task_set") == tasks.name]
+            if len({t.meta.get("task_id") for t in stored}) < len(tasks):
+                shutil.rmtree(folder, ignore_errors=True)
+                engine = self.engine(folder)
+                evaluate(tasks, engine.solver(), concurrency=self.concurrency,
+                         seed=self.plan.seed, store=engine.traces, model=self.backend.spec,
+                         on_progress=lambda d, n, r: self.on_progress(f"{s.name} train", d, n))
+                stored = list(engine.traces.query())
+            self._train_traces[s.name] = training_traces(stored)
+        return self._train_traces[s.name]
+
+    def evaluate(self, engine: Any, row: RowPlan, spec: str, label: str) -> EvalResult:
+        tasks = self.tasks(spec)
+        return evaluate(tasks, self.solver(engine, row), concurrency=self.concurrency,
+                        seed=self.plan.seed, store=engine.traces, model=self.backend.spec,
+                        label=label, task_set=spec,
+                        on_progress=lambda d, n, r: self.on_progress(label, d, n))
+
+    def run(self, row: RowPlan) -> RowOutcome:
+        start = time.time()
+        s = self.plan.set(row.set)
+        folder = self.work_dir / slug(row.set) / slug(row.name)
+        shutil.rmtree(folder, ignore_errors=True)
+        evolve_info, candidate = None, None
+        if row.evolve is not None:
+            evolve_info, candidate = self._evolve(row, s, folder)
+        engine = self.engine(folder, row)
+        result = self.evaluate(engine, row, s.test, row.id)
+        cand_result = None
+        if candidate and row.candidate_on_test:
+            cand_engine = self.engine(folder, row, version=f"candidate:{candidate}")
+            cand_result = self.evaluate(cand_engine, row, s.test, f"{row.id} (candidate)")
+        return RowOutcome(row=row.id, key=row_key(self.plan, row), result=result,
+                          evolve=evolve_info, candidate_result=cand_result,
+                          seconds=round(time.time() - start, 1))
+
+    def _evolve(self, row: RowPlan, s: SetPlan, folder: Path
+                ) -> tuple[dict[str, Any], str | None]:
+        assert row.evolve is not None
+        traces = self.train_traces(s)
+        engine = self.engine(folder, row)
+        t0 = time.time()
+        res = engine.evolve(
+            row.evolve.method, traces=traces, tasks=self.tasks(s.train),
+            gate_tasks=self.tasks(s.dev), analyst=self.analyst, rule=row.evolve.rule,
+            seed=self.plan.seed, concurrency=self.concurrency,
+            max_agent_runs=row.evolve.max_agent_runs,
+            on_progress=lambda phase, d, n: self.on_progress(f"{row.id} {phase}", d, n),
+            **dict(row.evolve.options))
+        info = {
+            "method": row.evolve.method, "options": dict(row.evolve.options),
+            "traces": res.traces, "seconds": round(time.time() - t0, 1),
+            "costs": dict(res.patch.costs), "note": res.note,
+            "decision": res.decision.to_dict() if res.decision else None,
+            "accepted": bool(res.version), "version": res.version.id if res.version else None,
+            "candidate": res.candidate, "changed": sorted(res.patch.changes),
+            "details": _jsonable(dict(res.patch.details)),
+        }
+        return info, res.candidate
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def run_plan(runner: Runner, results_dir: Path, *, only: Sequence[str] = (),
+             rerun: bool = False, say: Callable[[str], None] = print) -> dict[str, RowOutcome]:
+    """Run every selected row whose saved result is missing or stale (all with ``rerun``);
+    returns the outcomes of every row that has one."""
+    plan = runner.plan
+    outcomes: dict[str, RowOutcome] = {}
+    for row in plan.rows:
+        chosen = not only or row.id in only or row.set in only
+        saved = load_outcome(results_dir, row)
+        fresh = saved is not None and saved.key == row_key(plan, row)
+        if chosen and (rerun or not fresh):
+            say(f"running {row.id}")
+            outcome = runner.run(row)
+            save_outcome(results_dir, row, outcome)
+            say(f"  {row.id}: accuracy {outcome.result.accuracy:.3f} on {outcome.result.n} "
+                f"tasks ({outcome.seconds:.0f} s)")
+            outcomes[row.id] = outcome
+        elif saved is not None:
+            outcomes[row.id] = saved
+    return outcomes
+
+
+def run_sections(plan: Plan, repo: Path, *, only: Sequence[str] = (), rerun: bool = False,
+                 say: Callable[[str], None] = print) -> None:
+    """Run each selected section's command whose result file is missing (all with
+    ``rerun``); a failing command is reported, and the page says the section is missing."""
+    for sec in plan.sections:
+        if only and sec.name not in only:
+            continue
+        if (repo / sec.result).exists() and not rerun:
+            continue
+        say(f"running section {sec.name}: {sec.command}")
+        done = subprocess.run(sec.command, shell=True, cwd=repo, check=False)
+        if done.returncode != 0:
+            say(f"  section {sec.name} failed with exit code {done.returncode}")
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+
+def _cost(evolve: Mapping[str, Any] | None) -> str:
+    if not evolve:
+        return "–"
+    costs = evolve.get("costs") or {}
+    calls = costs.get("analyst_calls")
+    parts = [f"{calls} analyst calls" if calls is not None else None,
+             f"{evolve.get('seconds', 0) / 60:.0f} min"]
+    return ", ".join(p for p in parts if p)
+
+
+def _gate(evolve: Mapping[str, Any] | None) -> str:
+    if not evolve:
+        return "–"
+    d = evolve.get("decision")
+    if not d:
+        return evolve.get("note") or "no gate"
+    verdict = "accepted" if evolve.get("accepted") else "rejected"
+    return f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
+
+
+_HEADER = ("| row | solver | methods | accuracy (n) | Δ vs baseline [95% CI] | McNemar p "
+           "| tokens/task | evolve cost | gate (dev) |")
+_EXPLAIN = ("Evolved on `train`, gated on `dev`, reported on `test` (never tuned on it). "
+            "Δ: paired difference with the set's baseline on the same test tasks, 95% paired "
+            "bootstrap interval; McNemar's exact p on the discordant pairs; tokens/task: "
+            "prompt + completion tokens over every model call of a task.")
+
+
+def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:
+    rows = [r for r in plan.rows if r.set == s.name]
+    base = outcomes.get(f"{s.name}/{s.baseline}")
+    lines = [f"### {s.title or s.name}", "",
+             f"train `{s.train}` · dev `{s.dev}` · test `{s.test}` · baseline: `{s.baseline}`",
+             "", _HEADER,
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o = outcomes.get(r.id)
+        methods = ", ".join(m for m, _ in r.methods) or "–"
+        if o is None:
+            lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
+            continue
+        res = o.result
+        delta, p = "–", "–"
+        if base is not None and r.name != s.baseline:
+            c = compare(base.result, res)
+            delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
+            p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
+        n_ok = sum(t.score for t in res.results)
+        lines.append(f"| {r.name} | {r.solver} | {methods} | {res.accuracy:.3f} "
+                     f"({n_ok:g}/{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} | "
+                     f"{_cost(o.evolve)} | {_gate(o.evolve)} |")
+        if o.candidate_result is not None and base is not None:
+            c = compare(base.result, o.candidate_result)
+            cr = o.candidate_result
+            lines.append(f"| {r.name} (rejected candidate) | {r.solver} | {methods} | "
+                         f"{cr.accuracy:.3f} ({sum(t.score for t in cr.results):g}/{cr.n}) | "
+                         f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | "
+                         f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} | "
+                         f"{cr.mean_tokens:.0f} | | not committed |")
+    notes = [f"- **{r.name}**: {r.note}" for r in rows if r.note]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def render_section(sec: SectionPlan, repo: Path) -> str:
+    path = repo / sec.result
+    head = [f"### {sec.title}", "", f"`{sec.command}`", ""]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        body = str(data["markdown"]).strip()
+    except (OSError, ValueError, KeyError):
+        body = f"(not run yet: `{sec.command}` writes `{sec.result}`)"
+    return "\n".join(head + [body])
+
+
+def render(plan: Plan, outcomes: Mapping[str, RowOutcome], repo: Path, *, command: str,
+           preamble: str = "") -> str:
+    """The whole results page."""
+    parts = ["# Results", "",
+             "Generated by one command; do not edit by hand:", "", "```bash", command, "```", ""]
+    if preamble:
+        parts += [preamble.strip(), ""]
+    parts += [(f"Model `{plan.model}`, analyst `{plan.analyst or plan.model}`, seed "
+              f"{plan.seed}. {_EXPLAIN}"), ""]
+    for s in plan.sets:
+        parts += [render_set(plan, s, outcomes), ""]
+    for sec in plan.sections:
+        parts += [render_section(sec, repo), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+__all__ = ["EvolvePlan", "Plan", "RowOutcome", "RowPlan", "Runner", "SectionPlan", "SetPlan",
+           "load_plan", "parse_plan", "render", "row_key", "run_plan", "run_sections"]

@@ -1,0 +1,125 @@
+"""The scoreboard (engine/scoreboard.py): plan checks, rows run once and reused while fresh,
+evolved rows gated on dev, the page pairs every row with the set's baseline."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.backends.scripted import ScriptedBackend
+from engine.errors import ConfigError
+from engine.evaluation.tasks import TaskRecord, write_jsonl
+from engine.methods.registry import MethodEntry, MethodRegistry
+from engine.scoreboard import Runner, load_outcome, parse_plan, render, row_key, run_plan
+from engine.types import Request
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "toy_methods"))
+
+
+def _tasks(folder: Path) -> str:
+    tasks = [TaskRecord(id=f"t{i}", question=f"What is {i} + {i}?", expected=str(2 * i),
+                        scorer="numeric") for i in range(12)]
+    return str(write_jsonl(tasks, folder / "tasks.jsonl"))
+
+
+def _answer_with_skill(request: Request) -> str:
+    """Right on even numbers; with the toy skill in its prompt, right on every task."""
+    system = request.messages[0].text if request.messages[0].role == "system" else ""
+    question = next(m.text for m in request.messages if "What is " in m.text)
+    n = int(question.split("What is ")[1].split(" ")[0])
+    right = n % 2 == 0 or "toy" in system.lower()
+    return f"Final Answer: {2 * n if right else 2 * n + 1}"
+
+
+def _plan(path: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "scripted", "seed": 0, "concurrency": 1,
+            "sets": {"toy": {"train": f"{path}:0:4", "dev": f"{path}:4:8",
+                             "test": f"{path}:8:12"}},
+            "rows": [{"set": "toy", "name": "agent"},
+                     {"set": "toy", "name": "direct", "solver": "direct"},
+                     {"set": "toy", "name": "toy-evolved",
+                      "evolve": {"method": "toy", "options": {"note": "add twice"}}},
+                     *extra.get("rows", [])]}
+
+
+def _runner(plan: Any, tmp_path: Path) -> Runner:
+    backend = ScriptedBackend(responder=_answer_with_skill)
+    registry = MethodRegistry((MethodEntry("toy", "evolver", "toy_methods:ToyEvolver"),
+                               MethodEntry("skills", "runtime",
+                                           "engine.runtime.skills_plugin:SkillsPlugin")))
+    return Runner(plan, backend, backend, tmp_path / "work", registry=registry)
+
+
+def test_a_plan_names_its_mistakes() -> None:
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_plan({"sets": {}, "rows": [], "colour": "red"})
+    with pytest.raises(ConfigError, match="baseline row 'agent' is missing"):
+        parse_plan({"sets": {"s": {"train": "a", "dev": "b", "test": "c"}},
+                    "rows": [{"set": "s", "name": "direct"}]})
+    with pytest.raises(ConfigError, match="needs test"):
+        parse_plan({"sets": {"s": {"train": "a", "dev": "b"}}, "rows": []})
+    with pytest.raises(ConfigError, match="known `set`"):
+        parse_plan({"sets": {"s": {"train": "a", "dev": "b", "test": "c"}},
+                    "rows": [{"set": "other", "name": "agent"}]})
+
+
+def test_rows_run_once_then_are_reused_until_their_plan_changes(tmp_path: Path) -> None:
+    path = _tasks(tmp_path)
+    plan = parse_plan(_plan(path))
+    results = tmp_path / "results"
+    said: list[str] = []
+    outcomes = run_plan(_runner(plan, tmp_path), results, say=said.append)
+    assert set(outcomes) == {"toy/agent", "toy/direct", "toy/toy-evolved"}
+    assert outcomes["toy/agent"].result.accuracy == 0.5  # tasks 8..11: right on 8 and 10
+    evolved = outcomes["toy/toy-evolved"]
+    assert evolved.evolve is not None and evolved.evolve["accepted"]
+    assert evolved.evolve["traces"] == 4  # the train slice's runs, collected once
+    assert evolved.evolve["decision"]["candidate_score"] == 1.0  # gated on dev (tasks 4..7)
+    assert evolved.result.accuracy == 1.0
+    # the test slice is only evaluated: no evolve run ever saw tasks 8..11
+    collect = list((tmp_path / "work" / "toy" / "collect").rglob("*.jsonl"))
+    seen = "".join(p.read_text() for p in collect)
+    assert "What is 9 + 9" not in seen and "What is 3 + 3" in seen
+
+    said.clear()
+    run_plan(_runner(plan, tmp_path), results, say=said.append)
+    assert not any(s.startswith("running") for s in said)  # all fresh
+
+    changed = parse_plan(_plan(path, rows=[{"set": "toy", "name": "agent-no-tools",
+                                            "tools": []}]))
+    assert row_key(changed, changed.rows[0]) == row_key(plan, plan.rows[0])
+    said.clear()
+    run_plan(_runner(changed, tmp_path), results, say=said.append)
+    assert [s for s in said if s.startswith("running")] == ["running toy/agent-no-tools"]
+
+
+def test_the_page_pairs_rows_with_the_baseline(tmp_path: Path) -> None:
+    path = _tasks(tmp_path)
+    plan = parse_plan(_plan(path))
+    results = tmp_path / "results"
+    run_plan(_runner(plan, tmp_path), results, say=lambda s: None)
+    outcomes = {r.id: load_outcome(results, r) for r in plan.rows}
+    page = render(plan, outcomes, tmp_path, command="python benchmarks/scoreboard.py")
+    assert "python benchmarks/scoreboard.py" in page
+    evolved_line = next(line for line in page.splitlines() if line.startswith("| toy-evolved"))
+    assert "1.000 (4/4)" in evolved_line and "+0.500" in evolved_line
+    assert "accepted (1.00 vs 0.50)" in evolved_line
+    saved = json.loads((results / "toy" / "toy-evolved.json").read_text())
+    assert saved["evolve"]["method"] == "toy"
+
+
+def test_a_missing_section_says_how_to_make_it(tmp_path: Path) -> None:
+    path = _tasks(tmp_path)
+    data = _plan(path)
+    data["sections"] = {"detector": {"title": "Detector", "command": "python make.py",
+                                     "result": "out/detector.json"}}
+    plan = parse_plan(data)
+    page = render(plan, {}, tmp_path, command="x")
+    assert "(not run yet: `python make.py` writes `out/detector.json`)" in page
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "detector.json").write_text(json.dumps({"markdown": "| p | r |"}))
+    assert "| p | r |" in render(plan, {}, tmp_path, command="x")
