@@ -3,7 +3,7 @@ each command there is a thin call into ``engine.api`` (see docs/architecture.md)
 
 Exit codes (``engine.commands.common``): 0 answered / ok; 1 failure; 2 usage or config;
 3 model missing; 4 backend failed; 5 library; 6 not found; 7 eval; 8 the run stopped without
-an answer (horizon, budget, time); 130 interrupted.
+an answer (horizon, budget, time); 9 ``verify`` flagged a hallucination; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from engine.commands.policies import policies_group
 from engine.commands.run import run
 from engine.commands.serve import serve
 from engine.commands.traces import traces_group
+from engine.commands.verify import verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,7 +33,7 @@ def cli() -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd, corpus_group, policies_group):
+                 evolve_group, methods_cmd, corpus_group, policies_group, verify):
     cli.add_command(_command)
 
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from engine.evaluation.tasks import TaskSet
     from engine.methods.base import Evolver
     from engine.methods.evolve import EvolveResult
+    from engine.methods.march import MarchResult
 
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
@@ -328,6 +329,41 @@ class Engine:
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)
 
+    # -- verification (MARCH) ---------------------------------------------------------------
+
+    def verify(self, question: str, answer: str | None = None, *,
+               evidence: Sequence[str] | None = None, analyst: Backend | str | None = None,
+               record: bool = True, **options: Any) -> MarchResult:
+        """Check ``answer`` to ``question`` with MARCH against ``evidence`` (default: the top
+        passages of the corpus ``options["corpus"]`` or ``corpus``); with no ``answer`` the
+        solver answers from the evidence first. ``options`` are ``MarchConfig`` knobs over
+        those ``methods`` gives ``march`` (``policy="revise"``, ``rounds=2``, ``k=4`` ...).
+        The check is stored as a trace (``meta.source == "verify"``) unless ``record=False``.
+        """
+        from engine.methods.march import MarchConfig, MarchVerifier, result_trace
+        from engine.runtime.agent import new_trace_id
+
+        options = {**dict(self._named("march") or {}), **options}
+        options.setdefault("corpus", self.corpus_name)
+        config = make_config(MarchConfig, options, method="march")
+        analyst_backend, own = self._analyst(analyst or config.analyst)
+        verifier = MarchVerifier(self.backend, proposer=analyst_backend, config=config,
+                                 retriever=None if evidence else self.corpus(config.corpus))
+        try:
+            result = verifier.verify(question, answer, evidence) if answer is not None \
+                else verifier.solve(question, evidence)
+        finally:
+            if own:
+                analyst_backend.close()
+        if record:
+            self.traces.append(result_trace(result, new_trace_id(), model=self.backend.spec))
+        return result
+
+    def verify_report(self, question: str, answer: str) -> dict[str, Any]:
+        """The hallucination report of one answer (what the server's ``{"whetstone":
+        {"verify": true}}`` returns); not stored as a trace of its own."""
+        return self.verify(question, answer, record=False).report()
+
     # -- chat mode ------------------------------------------------------------------------
     # One adapted completion per call, no agent loop; the logic lives in engine/server/
     # (adapter, exchange, client), these methods only wire this engine's objects into it.
@@ -398,6 +434,7 @@ class Engine:
 
         server_options.setdefault("adapter", self.chat_adapter())
         server_options.setdefault("traces", self.traces)
+        server_options.setdefault("verifier", self.verify_report)
         return create_app(self.backend, **server_options)
 
     # -- end of chat mode -----------------------------------------------------------------------

@@ -395,8 +395,15 @@ class Corpus:
             if self._client is not None and state.get("token") != self._token:
                 self.close()  # another process re-synced: our in-memory graph is stale
             return
-        lock = self._locked()
+        lock = self._lock()
         try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            # A writer is at work (a long add): read what is indexed now rather than wait.
+            self.close()
+            return
+        try:
+            clean_dir(self.path / ".tmp")
             self._sync_locked()
         finally:
             lock.release()
@@ -420,11 +427,13 @@ class Corpus:
         if not query.strip():
             raise ConfigError("the search query is empty", hint="ask about something")
         self.ensure()
-        count = int(self.state().get("chunks", 0)) if self.exists() else 0
+        count = self._open().count() if self.exists() else 0
         if count == 0:
-            raise EmptyCorpus(f"the corpus {self.name!r} is empty ({self.path})",
+            busy = " and is being filled by another process" if self.state().get("pending") \
+                else ""
+            raise EmptyCorpus(f"the corpus {self.name!r} is empty{busy} ({self.path})",
                               hint=f"add documents: whetstone corpus add PATH --corpus "
-                                   f"{self.name}")
+                                   f"{self.name}" if not busy else "try again when it is done")
         if k <= 0:
             return []
         got = self._open().query(query_embeddings=[self.embedder.embed([query])[0]],

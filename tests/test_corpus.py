@@ -213,6 +213,17 @@ def test_a_writer_killed_half_way_is_repaired_by_the_next_reader(corpus: Corpus,
         other.close()
 
 
+def test_readers_do_not_wait_for_a_writer_at_work(corpus: Corpus) -> None:
+    from filelock import FileLock
+
+    corpus.add(docs_of(*FACTS[:2]))
+    corpus._write_state(**{**corpus.state(), "pending": True})  # a long add in progress
+    with FileLock(str(corpus.path / ".lock"), timeout=1):
+        assert corpus.search("Everest", k=1)[0].text == FACTS[1]  # what is indexed now
+    assert corpus.search("Everest", k=1)[0].text == FACTS[1]
+    assert corpus.state()["pending"] is False  # the next reader with the lock free repairs
+
+
 def test_reindex_rebuilds_a_lost_collection(corpus: Corpus) -> None:
     import shutil
 

@@ -52,6 +52,10 @@ def fail(exc: WhetstoneError) -> None:
     err = console(stderr=True)
     # Escape: messages hold "[rule]" tags and raw model output that rich must not eat.
     err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
+    raw = getattr(exc, "raw", None)  # a ParseError: the model output that could not be read
+    if isinstance(raw, str):
+        cut = raw if len(raw) <= 2000 else raw[:2000] + " …"
+        err.print(f"[dim]model output:[/] {escape(cut)}", markup=True, soft_wrap=True)
     if exc.hint:
         err.print(f"[yellow]hint:[/] {escape(exc.hint)}", markup=True, soft_wrap=True)
     sys.exit(exc.exit_code)

@@ -20,6 +20,9 @@ from engine.commands.common import console, handle_errors, library_option
 @click.option("--no-library", is_flag=True,
               help="Do not inject the library (a plain proxy that still records traces).")
 @click.option("--no-record", is_flag=True, help="Do not store exchanges as traces.")
+@click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
+              show_default=True, help='The evidence corpus {"whetstone": {"verify": true}} '
+                                      "checks replies against (MARCH).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--served-name", default=None,
@@ -54,7 +57,8 @@ from engine.commands.common import console, handle_errors, library_option
               help="uvicorn's log level ('warning' drops the per-request access log).")
 @handle_errors
 def serve(upstream: str, library_path: Path | None, library_version: str | None,
-          no_library: bool, no_record: bool, host: str, port: int, served_name: str | None,
+          no_library: bool, no_record: bool, corpus_name: str, host: str, port: int,
+          served_name: str | None,
           api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
           max_body_bytes: int, max_concurrency: int | None, max_queue: int,
           upstream_timeout: float | None, stream_idle_timeout: float,
@@ -72,7 +76,8 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
         {"timeout_s": upstream_timeout} if upstream_timeout is not None else {}))
     with out.status(f"loading {upstream} …", spinner="dots"):
         engine = Engine(get_backend(upstream, options), library=library_path,
-                        version=library_version, skills=not no_library, checkpointing=False)
+                        version=library_version, skills=not no_library, checkpointing=False,
+                        corpus=corpus_name)
         adapter = None if no_library else engine.chat_adapter()
         if adapter is not None:
             adapter.warm_up()  # load the embedder and sync the index before the first request
@@ -86,6 +91,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     try:
         run_server(engine.backend, host=host, port=port, log_level=log_level,
                    model_name=served_name, adapter=adapter, traces=traces,
+                   verifier=engine.verify_report,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
                    max_queue=max_queue, request_timeout_s=upstream_timeout,
                    stream_idle_s=stream_idle_timeout)

@@ -63,6 +63,7 @@ _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("nlpg", "runtime", "engine.methods.nlpg:NLPGPlugin"),
     MethodEntry("co_react", "runtime", "engine.methods.co_react:CoReAct"),
     MethodEntry("horizon", "runtime", "engine.methods.horizon:ElasticHorizon"),
+    MethodEntry("march", "runtime", "engine.methods.march:March"),
 )
 
 

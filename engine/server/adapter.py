@@ -53,12 +53,14 @@ class ChatSwitches:
     """What one request asks of Whetstone (``extra_body={"whetstone": {...}}``).
 
     ``library``: inject guidance (default on); ``record``: store the exchange as a trace;
-    ``budget_tokens``: the guidance budget for this request (default: the adapter's).
+    ``budget_tokens``: the guidance budget for this request (default: the adapter's);
+    ``verify``: check the reply for hallucination with MARCH and return the report.
     """
 
     library: bool = True
     record: bool = True
     budget_tokens: int | None = None
+    verify: bool = False
 
     @classmethod
     def from_body(cls, value: Any) -> ChatSwitches:
@@ -68,15 +70,15 @@ class ChatSwitches:
         """
         if value is None:
             return cls()
-        known = "library (bool), record (bool), budget_tokens (int)"
+        known = "library (bool), record (bool), budget_tokens (int), verify (bool)"
         if not isinstance(value, Mapping):
             raise ConfigError(f"'whetstone' must be an object, got {type(value).__name__}",
                               hint=f'e.g. {{"whetstone": {{"library": false}}}}; keys: {known}')
-        unknown = sorted(set(value) - {"library", "record", "budget_tokens"})
+        unknown = sorted(set(value) - {"library", "record", "budget_tokens", "verify"})
         if unknown:
             raise ConfigError(f"unknown 'whetstone' option(s): {', '.join(map(repr, unknown))}",
                               hint=f"known: {known}")
-        for key in ("library", "record"):
+        for key in ("library", "record", "verify"):
             if key in value and not isinstance(value[key], bool):
                 raise ConfigError(f"'whetstone.{key}' must be true or false, "
                                   f"got {value[key]!r}")
@@ -86,7 +88,7 @@ class ChatSwitches:
             raise ConfigError(f"'whetstone.budget_tokens' must be an integer from 0 to "
                               f"{MAX_BUDGET_TOKENS}, got {budget!r}")
         return cls(library=value.get("library", True), record=value.get("record", True),
-                   budget_tokens=budget)
+                   budget_tokens=budget, verify=value.get("verify", False))
 
 
 # --- the conversation ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from engine.server.adapter import ChatAdapter
 from engine.server.guard import Guard
 from engine.server.metrics import Metrics
 from engine.server.naming import upstream_model_name
-from engine.server.pipeline import ChatPipeline
+from engine.server.pipeline import ChatPipeline, Verifier
 from engine.server.recording import TraceWriter
 from engine.server.responses import install_error_handlers
 from engine.server.routes import ServerState, router
@@ -78,6 +78,7 @@ def create_app(
     adapter: ChatAdapter | None = None,
     traces: TraceStore | None = None,
     retrieval_workers: int = 4,
+    verifier: Verifier | None = None,
 ) -> FastAPI:
     """Build the app serving ``backend`` as ``model_name`` (default: the upstream's own model
     name, ``naming.upstream_model_name``: never its address).
@@ -88,7 +89,8 @@ def create_app(
     calls in flight (default: ``backend.capabilities.max_concurrency``) and ``max_queue`` how
     many more may wait (429 past it; None: no limit); ``max_body_bytes`` refuses bigger bodies
     (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
-    ``adapter`` applies the library to each request; ``traces`` records every exchange.
+    ``adapter`` applies the library to each request; ``traces`` records every exchange;
+    ``verifier`` answers ``{"whetstone": {"verify": true}}`` (MARCH's report on the reply).
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,
                          default_max_tokens=default_max_tokens,
@@ -102,7 +104,8 @@ def create_app(
                       traces_pending=lambda: writer.pending if writer is not None else 0)
     service = ChatService(backend, settings, metrics)
     writer = TraceWriter(traces, metrics) if traces is not None else None
-    pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers)
+    pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers,
+                            verifier=verifier)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from engine.backends.openai_wire import StreamAccumulator, completion_from_openai
+from engine.errors import ConfigError
 from engine.server.adapter import (
     Adapted,
     ChatAdapter,
@@ -75,6 +76,10 @@ class _Exchange:
             rest = {k: v for k, v in extra.items() if k != "whetstone"}
             kwargs["extra_body"] = rest or None  # never sent to the upstream
         self.switches = ChatSwitches.from_body(switches)
+        if self.switches.verify:  # refused, not ignored: the app would think it was checked
+            raise ConfigError("'whetstone.verify' is answered by the Whetstone server, not by "
+                              "a wrapped client",
+                              hint="check the reply with engine.verify(question, answer)")
         self.kwargs = kwargs
         self.request: Request | None = None
         self.adapted: Adapted | None = None

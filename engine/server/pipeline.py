@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+from engine.errors import ConfigError
 from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from engine.server.metrics import Metrics
 from engine.server.recording import TraceWriter
 from engine.types import Request, Trace
 
 log = logging.getLogger("whetstone.server")
+
+# (question, answer) -> a hallucination report (MARCH: ``Engine.verify_report``).
+Verifier = Callable[[str, str], Mapping[str, Any]]
 
 
 class ChatPipeline:
@@ -30,10 +36,12 @@ class ChatPipeline:
     """
 
     def __init__(self, adapter: ChatAdapter | None, traces: TraceWriter | None,
-                 metrics: Metrics, *, workers: int = 4) -> None:
+                 metrics: Metrics, *, workers: int = 4, verifier: Verifier | None = None
+                 ) -> None:
         self.adapter = adapter
         self.traces = traces
         self.metrics = metrics
+        self.verifier = verifier
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers),
                                             thread_name_prefix="whetstone-retrieval")
 
@@ -62,6 +70,31 @@ class ChatPipeline:
         self.metrics.retrieval_latency.observe(adapted.duration_s)
         self.metrics.library.inc(applied="true")
         return adapted
+
+    def check_verify(self, switches: ChatSwitches, stream: bool) -> None:
+        """Refuse ``verify`` where it cannot be done (a 400 before any work)."""
+        if not switches.verify:
+            return
+        if self.verifier is None:
+            raise ConfigError("this server does not verify answers",
+                              hint="serve with `whetstone serve` or Engine(...).app(), or "
+                                   "pass verifier= to create_app")
+        if stream:
+            raise ConfigError("'whetstone.verify' needs the whole reply: it cannot be "
+                              "combined with stream", hint="send stream: false to verify")
+
+    async def verify(self, question: str, answer: str) -> dict[str, Any]:
+        """MARCH's report on one reply, computed off the event loop. A failed check (an
+        empty corpus, an unreadable proposer reply) is reported, and the reply still sent."""
+        assert self.verifier is not None
+        loop = asyncio.get_running_loop()
+        try:
+            return dict(await loop.run_in_executor(self._executor, self.verifier, question,
+                                                   answer))
+        except Exception as exc:  # noqa: BLE001 - the answer matters more than its check
+            log.warning("verification failed: %s", getattr(exc, "message", None) or repr(exc))
+            self.metrics.errors.inc(code="verify_failed")
+            return {"error": getattr(exc, "message", None) or repr(exc)}
 
     def record(self, trace: Trace) -> None:
         if self.traces is not None:

@@ -23,7 +23,7 @@ from engine.backends.base import Backend
 from engine.backends.openai_wire import ChatCall, completion_to_openai
 from engine.errors import ConfigError, NotFound, WhetstoneError
 from engine.runtime.agent import new_trace_id
-from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches
+from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
 from engine.server.exchange import chat_trace, check_feedback
 from engine.server.guard import REQUEST_ID_HEADER, TRACE_HEADER, VERSION_HEADER, key_matches
 from engine.server.metrics import CONTENT_TYPE, Metrics
@@ -101,6 +101,7 @@ async def chat_completions(request: Request) -> Response:
     try:
         call = state.service.parse(body)
         switches = ChatSwitches.from_body(body.get("whetstone"))
+        state.pipeline.check_verify(switches, call.stream)
     except WhetstoneError as exc:
         return whetstone_error_reply(state.metrics, exc, headers)
     except Exception as exc:  # noqa: BLE001 - a validation bug: still a proper 500
@@ -148,9 +149,14 @@ class _Exchange:
             completion = await state.service.complete(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
             return self._failed(exc)
-        return JSONResponse(completion_to_openai(completion, model=self.model),
-                            headers=self.headers,
-                            background=BackgroundTask(self._record_after, completion, None))
+        body, meta = completion_to_openai(completion, model=self.model), {}
+        if switches.verify:
+            meta["verification"] = await state.pipeline.verify(
+                last_user_text(self.call.request.messages), completion.text)
+            body["whetstone"] = dict(meta)
+        return JSONResponse(body, headers=self.headers,
+                            background=BackgroundTask(self._record_after, completion, None,
+                                                      meta))
 
     async def _stream(self) -> Response:
         state = self.state
@@ -179,10 +185,11 @@ class _Exchange:
             completion=completion, error=failure, outcome=outcome, request_id=self.request_id,
             meta={"served_as": self.model, "stream": self.call.stream, **meta}))
 
-    async def _record_after(self, completion: Completion | None, failure: str | None) -> None:
+    async def _record_after(self, completion: Completion | None, failure: str | None,
+                            meta: dict[str, Any] | None = None) -> None:
         # A coroutine, so Starlette runs it on the loop once the reply is sent (a plain
         # function would go to a worker thread, and the trace queue is the loop's).
-        self._record(completion, failure)
+        self._record(completion, failure, **(meta or {}))
 
     def _failed(self, exc: Exception) -> JSONResponse:
         """The error reply, recording the exchange once it is sent."""
