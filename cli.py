@@ -19,6 +19,7 @@ from engine.commands.methods import methods_cmd
 from engine.commands.models import models
 from engine.commands.run import run
 from engine.commands.serve import serve
+from engine.commands.tools import tools_group
 from engine.commands.traces import traces_group
 
 
@@ -30,7 +31,7 @@ def cli() -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd):
+                 evolve_group, methods_cmd, tools_group):
     cli.add_command(_command)
 
 

@@ -8,6 +8,7 @@ bytes, so exporting what was imported gives the same bytes back.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from engine.errors import ConfigError, ValidationError
 from engine.prompts import render_prompt
 from engine.types import LibraryVersion, Skill
 from library_store.fsutil import sha256_bytes
-from library_store.store import Library, rejection
+from library_store.store import Library, Validator, rejection
 from library_store.transfer import read_folder
 from skills.format import SKILL_FILE, check_name, check_skill_files, render_skill_md
 from skills.loader import skill_path, validate_snapshot
@@ -56,11 +57,18 @@ def _group(src: Path, files: dict[str, bytes]) -> tuple[dict[str, dict[str, byte
     return skills, loose
 
 
+# More checks for one imported skill folder: (name, files, base) -> problems. The tool
+# admission check comes in this way (tools/ is a sibling this layer does not import).
+UnitCheck = Callable[[str, Mapping[str, bytes], str], list[ValidationError]]
+
+
 def import_skills(library: Library, src: Path | str, *, strict: bool = False,
-                  message: str = "", method: str = "import") -> ImportReport:
+                  message: str = "", method: str = "import", check_unit: UnitCheck | None = None,
+                  validate: Validator = validate_snapshot) -> ImportReport:
     """Import the skills under ``src``; each replaces the library's skill of the same name.
 
-    Malformed skills are skipped and reported (``strict``: the whole import is rejected).
+    Malformed skills are skipped and reported (``strict``: the whole import is rejected);
+    ``check_unit`` adds checks per skill folder, ``validate`` checks the new version.
     """
     # Resolved, so "." or "demo/.." still name the skill folder (Path(".").name is "").
     src = Path(src).expanduser().resolve()
@@ -77,6 +85,8 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
         base = src.as_posix() if single else (src / name).as_posix()
         problems = check_name(name, path=f"{base}/", line=None, folder=None) or \
             check_skill_files(name, unit, base=base)[1]
+        if not problems and check_unit is not None:
+            problems = check_unit(name, unit, base)
         if problems:
             skipped.extend(problems)
             continue
@@ -93,7 +103,7 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
     version = None
     if changes:
         version = library.commit(
-            changes, method=method, validate=validate_snapshot,
+            changes, method=method, validate=validate,
             message=message or f"import {len(imported)} skill(s) from {src}")
     return ImportReport(version, tuple(imported), tuple(unchanged), tuple(skipped), tuple(loose))
 

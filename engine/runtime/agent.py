@@ -64,16 +64,14 @@ class Agent:
         checkpoints: Checkpoints | None = None,
         library_version: str | None = None,
     ) -> None:
-        all_tools = list(builtin_tools() if tools is None else tools)
-        for p in plugins:
-            all_tools += p.tools()
+        self._base_tools = list(builtin_tools() if tools is None else tools)
         self.backend = backend
         self.config = config or RunConfig()
         self.plugins = tuple(plugins)
         self.trace_store = trace_store
         self.checkpoints = checkpoints
         self.context = AgentContext(
-            backend=backend, toolbox=Toolbox.of(all_tools), config=self.config,
+            backend=backend, toolbox=self._toolbox(), config=self.config,
             plugins=self.plugins, trace_store=trace_store, library_version=library_version,
         )
         call: ModelCall = backend.complete
@@ -84,13 +82,19 @@ class Agent:
         saver = checkpoints.saver if checkpoints is not None else None
         self.graph = build_graph(self.plugins).compile(checkpointer=saver)
 
+    def _toolbox(self) -> Toolbox:
+        """The given tools plus the plugins' (asked again per run: the library's learned
+        tools follow its current version)."""
+        return Toolbox.of([*self._base_tools, *(t for p in self.plugins for t in p.tools())])
+
     def _run_context(self, task: str, start: float, seed: int | None = None) -> AgentContext:
-        """The context of one run: a fresh wall clock, and the config the plugins chose for
-        ``task`` (after ``seed`` overrides the configured one)."""
+        """The context of one run: a fresh wall clock, the tools of now, and the config the
+        plugins chose for ``task`` (after ``seed`` overrides the configured one)."""
         config = self.config if seed is None else dataclasses.replace(self.config, seed=seed)
         for p in self.plugins:
             config = p.adjust_config(task, config)
-        return dataclasses.replace(self.context, clock_start=start, config=config)
+        return dataclasses.replace(self.context, clock_start=start, config=config,
+                                   toolbox=self._toolbox())
 
     # -- running ---------------------------------------------------------------------------
 

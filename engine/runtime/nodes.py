@@ -239,6 +239,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                                started=start, route="finish"))
             continue
         key = _call_key(name, raw)
+        tool_meta: dict[str, Any] = {}
         if bad_json is not None:
             obs, err, timed_out, dur = f"Error in {name}: {bad_json}", bad_json, False, 0.0
         elif key in earlier:
@@ -249,13 +250,15 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             result = ctx.toolbox.call(name, args)
             obs, err, timed_out, dur = (result.observation(name), result.error,
                                         result.timed_out, result.duration_s)
+            tool_meta = dict(result.metadata)  # how it ran: sandbox mode, warnings, images
         observations.append(obs)
         if ctx.native:
             messages.append({"role": "tool", "tool_call_id": call["id"], "name": name,
                              "content": obs})
         steps.append(_step("act", "act", input={"tool": name, "arguments": args},
                            output={"observation": obs, "timed_out": timed_out},
-                           error=err, started=start, duration_s=dur, route="think"))
+                           error=err, started=start, duration_s=dur, route="think",
+                           meta={"tool": tool_meta} if tool_meta else {}))
     if not ctx.native and observations:
         messages.append({"role": "user", "content": "\n".join(
             render_prompt("agent_observation", observation=o).rstrip("\n")
