@@ -61,12 +61,13 @@ def collected(library: Path) -> Engine:
 
 def test_installed_methods_are_found_by_name(toy_installed: None) -> None:
     registry = default_registry()
-    assert registry.names("evolver") == ["trace2skill", "toy"]
+    assert registry.names("evolver")[0] == "trace2skill"  # built-ins first, then plugins
+    assert registry.names("evolver")[-1] == "toy" and "dynamo" in registry.names("evolver")
     assert {"skills", "toy-horizon"} <= set(registry.names("runtime"))
     assert registry.entry("evolver", "toy").summary().startswith("Write one line")
     with pytest.raises(ConfigError, match="unknown evolver 'nlpg'") as err:
         registry.entry("evolver", "nlpg")
-    assert "trace2skill, toy" in (err.value.hint or "")
+    assert "trace2skill, dynamo" in (err.value.hint or "") and "toy" in (err.value.hint or "")
 
 
 def test_whetstone_evolve_help_lists_every_registered_evolver(toy_installed: None) -> None:
@@ -116,7 +117,8 @@ def test_a_runtime_method_is_chosen_by_name_and_recorded_in_the_trace(
     assert trace["outcome"] == "horizon" and "2 model calls" in trace["meta"]["reason"]
     methods = {m["name"]: m["config"] for m in trace["meta"]["methods"]}
     assert methods["toy-horizon"] == {"max_steps": 2, "tag": "kiwi"}
-    assert methods["skills"] == {"k": 5, "max_bodies": 2, "min_score": None}
+    assert methods["skills"] == {"k": 5, "max_bodies": 2, "min_score": None,
+                                 "learned_tools": True}
     assert trace["meta"]["toy-horizon"]["calls"] == 2  # every model call went through it
     assert "Remember the kiwi." in trace["steps"][0]["output"]["system"]
     engine = Engine(ScriptedBackend(["Final Answer: 4"]), library=tmp_path / "lib",
