@@ -22,6 +22,7 @@ from filelock import FileLock
 
 from engine.errors import ConfigError, NotFound
 from engine.types import Trace
+from library_store.images import ImageStore
 
 
 @dataclass
@@ -125,6 +126,19 @@ class TraceStore:
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self._thread_lock = threading.Lock()
+        # Images in traces are kept once by content hash (see library_store/images.py).
+        self.images = ImageStore(self.root / "images")
+
+    def _line(self, trace: Trace) -> str:
+        text = trace.to_json()
+        if '"image' not in text:  # the common case: nothing to look for
+            return text + "\n"
+        return json.dumps(self.images.externalize(trace.to_dict()), ensure_ascii=False,
+                          default=str) + "\n"
+
+    def resolve_images(self, trace: Trace) -> Trace:
+        """``trace`` with its stored image references back as inline data-URL parts."""
+        return Trace.from_dict(self.images.inline(trace.to_dict()))
 
     def _lock(self) -> FileLock:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -145,7 +159,7 @@ class TraceStore:
         line, which readers report and skip; the next append starts a fresh line after it."""
         by_file: dict[Path, list[str]] = {}
         for t in traces:
-            by_file.setdefault(self._day_file(t.started), []).append(t.to_json() + "\n")
+            by_file.setdefault(self._day_file(t.started), []).append(self._line(t))
         if not by_file:
             return
         with self._thread_lock, self._lock():
