@@ -12,6 +12,7 @@ import os
 
 import click
 
+from engine.commands.corpus import corpus_group
 from engine.commands.eval import eval_cmd
 from engine.commands.evolve import evolve_group
 from engine.commands.library import library_group, skill_group
@@ -31,7 +32,7 @@ def cli() -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd, tools_group):
+                 evolve_group, methods_cmd, corpus_group, tools_group):
     cli.add_command(_command)
 
 

@@ -29,10 +29,12 @@ from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from engine.server.client import WrappedClient, wrap_client
 from engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from engine.types import Message, Trace
+from library_store.corpus import Corpus
 from library_store.store import Library, Snapshot
 from library_store.traces import TraceStore
 from tools.base import Tool
 from tools.builtin import builtin_tools
+from tools.search import make_search_tool
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -54,7 +56,8 @@ class Engine:
     use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
     methods to use besides: registered names (``"co_react"``), ``(name, options)`` pairs, or
-    ``Plugin`` objects (see ``engine.methods.registry``).
+    ``Plugin`` objects (see ``engine.methods.registry``). ``tools`` names built-in tools, and
+    ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone corpus``).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Engine:
         backend_options: BackendOptions | None = None,
         checkpointing: bool = True,
         registry: MethodRegistry | None = None,
+        corpus: str = "default",
     ) -> None:
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
@@ -86,6 +90,8 @@ class Engine:
         self.skills = skills
         self._tools = tools
         self._checkpointing = checkpointing
+        self.corpus_name = corpus
+        self._corpora: dict[str, Corpus] = {}
         self._agent: Agent | None = None
         self.traces: TraceStore = self.library.traces
 
@@ -138,10 +144,24 @@ class Engine:
             return self.library.candidates.snapshot(self.version.split(":", 1)[1])
         return self.library.snapshot(self.version)
 
+    def corpus(self, name: str | None = None) -> Corpus:
+        """The library's evidence corpus ``name`` (default: ``corpus``), opened once."""
+        from library_store.embeddings import query_embedder
+
+        name = name or self.corpus_name
+        if name not in self._corpora:
+            self._corpora[name] = Corpus.of_library(self.library_path, name,
+                                                    query_embedder(threads=1))
+        return self._corpora[name]
+
     def _tool_list(self) -> list[Tool]:
         tools = self._tools
         if tools and isinstance(next(iter(tools)), str):
-            return builtin_tools(tuple(tools))  # type: ignore[arg-type]
+            names = tuple(tools)
+            out = builtin_tools(tuple(n for n in names if n != "search"))  # type: ignore
+            if "search" in names:  # the face injects the retriever; the tool never opens one
+                out.append(make_search_tool(self.corpus()))
+            return out
         return list(tools)  # type: ignore[arg-type]
 
     def build_agent(self, *, snapshot: Snapshot | None = None, store_traces: bool = True,
@@ -322,6 +342,8 @@ class Engine:
         adapter = self.__dict__.pop("_chat_adapter", None)
         if adapter is not None:
             adapter.close()
+        for corpus in self._corpora.values():
+            corpus.close()
         self.backend.close()
 
     def __enter__(self) -> Self:
@@ -333,7 +355,7 @@ class Engine:
 
 def solver_factory(*, methods: Sequence[MethodSpec] = (),
                    tools: Sequence[str] = ("calculator", "python"),
-                   config: RunConfig | None = None
+                   config: RunConfig | None = None, corpus: str = "default"
                    ) -> Callable[[str, Path | None, str | None], Solver]:
     """``(model, library_path, version) -> solver`` for ``whetstone eval``: the agent of
     ``Engine`` over that library version. One backend per model spec, so comparing two library
@@ -344,7 +366,8 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
         if model not in backends:
             backends[model] = get_backend(model)
         engine = Engine(backends[model], library=library_path, version=version,
-                        methods=methods, tools=tools, config=config, checkpointing=False)
+                        methods=methods, tools=tools, config=config, checkpointing=False,
+                        corpus=corpus)
         return engine.solver()
 
     return factory

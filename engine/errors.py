@@ -89,6 +89,10 @@ class ValidationError(LibraryError):
         super().__init__(f"{where}: [{rule}] {detail}", hint)
 
 
+class EmptyCorpus(LibraryError):
+    """An evidence corpus was asked for passages but holds no document."""
+
+
 class NotFound(WhetstoneError):
     """A named thing (trace, version, skill, task set) does not exist."""
 

@@ -382,8 +382,27 @@ class Rubric(_Simple):
 
 
 @dataclass(frozen=True)
+class Passage(_Simple):
+    """A piece of evidence: a chunk of a corpus document (or text given by hand).
+
+    ``source`` says where it came from (a file, ``file#line``, ``halueval:<id>``); ``score`` is
+    the retrieval similarity (cosine, higher is closer; None when not retrieved); ``id`` is the
+    chunk's id in its corpus.
+    """
+
+    text: str
+    source: str = ""
+    score: float | None = None
+    id: str = ""
+
+
+@dataclass(frozen=True)
 class Claim(_Simple):
-    """A MARCH atomic claim, phrased as a checkable question with the answer's version."""
+    """A MARCH atomic claim, phrased as a checkable question with the answer's version.
+
+    ``answer_claimed`` is what the checked answer implies; ``checked_answers`` are the
+    checker's answers to ``question`` (one per sample; "" when it could not answer).
+    """
 
     question: str
     answer_claimed: str
@@ -391,13 +410,41 @@ class Claim(_Simple):
 
 
 @dataclass(frozen=True)
+class CheckRequest(_Simple):
+    """Everything MARCH's checker may see: the evidence and the claims' questions.
+
+    There is deliberately no field for the answer being checked nor for any claimed answer:
+    the checker's prompt is built from this record alone, so the answer cannot leak into it
+    (information asymmetry; see engine/methods/march.py).
+    """
+
+    questions: tuple[str, ...]
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Verdict(_Simple):
-    """The outcome of checking one claim."""
+    """The outcome of checking one claim.
+
+    ``claim`` is the claim's question; ``supported`` True when the checker's majority answer
+    agrees with ``claimed``, False when it disagrees, None when the evidence could not settle
+    it (the majority could not answer, or the votes split). ``votes`` holds each sample's
+    vote (agree | disagree | cannot | missing), ``checked`` the majority's answer and
+    ``evidence`` the evidence the checker quoted for it.
+    """
 
     claim: str
     supported: bool | None  # None: the checker could not tell from the evidence
     votes: tuple[str, ...] = ()
     note: str = ""
+    claimed: str = ""
+    checked: str = ""
+    evidence: str = ""
+
+    @property
+    def flagged(self) -> bool:
+        """A claim is flagged unless the evidence supports it."""
+        return self.supported is not True
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,9 @@ from engine.commands.traces import trace_store
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--tools", default="calculator,python", show_default=True,
-              help="Comma-separated built-in tools ('' for none).")
+              help="Comma-separated built-in tools ('' for none); 'search' reads --corpus.")
+@click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
+              show_default=True, help="The evidence corpus 'search' reads (whetstone corpus).")
 @click.option("--resume", "resume_id", default=None, help="Continue an interrupted run by id.")
 @click.option("--version", "library_version", default=None,
               help="Library version to use (default: the current one).")
@@ -50,7 +52,8 @@ from engine.commands.traces import trace_store
 @handle_errors
 def run(ctx: click.Context, task: str | None, model: str, library_path: Path | None, max_steps: int,
         max_tokens: int, token_budget: int, timeout: float, temperature: float, seed: int,
-        tools: str, resume_id: str | None, library_version: str | None, no_skills: bool,
+        tools: str, corpus_name: str, resume_id: str | None, library_version: str | None,
+        no_skills: bool,
         api_key: str | None, methods: str, method_config: tuple[str, ...],
         as_json: bool) -> None:
     """Run an agent on TASK and stream its steps; the trace is stored."""
@@ -71,8 +74,8 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
     with out.status(f"loading {model} …", spinner="dots"):
         engine = Engine(model, library=library_path, config=config, version=library_version,
                         skills=not no_skills, methods=chosen,
-                        tools=tuple(t for t in tools.split(",") if t.strip()),
-                        backend_options=BackendOptions(api_key=api_key))
+                        tools=tuple(t.strip() for t in tools.split(",") if t.strip()),
+                        backend_options=BackendOptions(api_key=api_key), corpus=corpus_name)
         engine.agent  # noqa: B018 - build it (and open its checkpoints) under the spinner
     trace = _stream(engine, out, task, resume_id, show_steps=not as_json)
     if as_json:

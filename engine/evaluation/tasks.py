@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from engine.errors import EvalError
 from engine.types import Message, Trace, messages_from
+from library_store.chunking import SourceDoc
 
 log = logging.getLogger(__name__)
 
@@ -290,3 +291,11 @@ def tasks_from_traces(traces: Sequence[Trace], scorer: str = "normalised",
             continue
         seen.add(task_id)
     return TaskSet(name=name, tasks=tuple(tasks), problems=tuple(problems))
+
+
+def evidence_documents(tasks: Sequence[TaskRecord]) -> list[SourceDoc]:
+    """Each task's evidence as a corpus document, its source ``task:<id>``: how a corpus is
+    built from a task set's knowledge (``whetstone corpus add --tasks halueval``). Tasks
+    without evidence give none."""
+    return [SourceDoc(t.evidence, f"task:{t.id}") for t in tasks
+            if isinstance(t.evidence, str) and t.evidence.strip()]
