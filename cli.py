@@ -21,6 +21,7 @@ from engine.commands.models import models
 from engine.commands.policies import policies_group
 from engine.commands.run import run
 from engine.commands.serve import serve
+from engine.commands.tools import tools_group
 from engine.commands.traces import traces_group
 from engine.commands.verify import verify
 
@@ -33,7 +34,7 @@ def cli() -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd, corpus_group, policies_group, verify):
+                 evolve_group, methods_cmd, corpus_group, policies_group, verify, tools_group):
     cli.add_command(_command)
 
 

@@ -71,8 +71,10 @@ class ToolCall:
 class Message:
     """One chat message. ``content`` is text or a tuple of OpenAI content parts.
 
-    An image part is ``{"type": "image_url", "image_url": {"url": ...}}`` or
-    ``{"type": "image", "image": <PIL image or path>}``.
+    An image part is ``{"type": "image_url", "image_url": {"url": ...}}``,
+    ``{"type": "image", "image": <PIL image or path>}``, or, in a stored trace,
+    ``{"type": "image_ref", "sha256": ..., "media_type": ...}``: the image kept once by its
+    content hash (``TraceStore.resolve_images`` turns it back into a data URL).
     """
 
     role: Role
@@ -99,6 +101,8 @@ class Message:
                 out.append(p.get("image"))
             elif p.get("type") == "image_url":
                 out.append(p["image_url"]["url"])
+            elif p.get("type") == "image_ref":
+                out.append(dict(p))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from filelock import FileLock
 
 from engine.errors import ConfigError, NotFound
 from engine.types import Trace
+from library_store.images import ImageStore
 from library_store.paths import shown
 from library_store.trace_index import TraceIndex
 from library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_trace
@@ -157,6 +158,12 @@ class TraceStore:
         self._thread_lock = threading.Lock()
         self.index = TraceIndex(self.root)
         self._total: int | None = None  # bytes of data files, as this process last saw them
+        # Images in traces are kept once by content hash (see library_store/images.py).
+        self.images = ImageStore(self.root / "images")
+
+    def resolve_images(self, trace: Trace) -> Trace:
+        """``trace`` with its stored image references back as inline data-URL parts."""
+        return Trace.from_dict(self.images.inline(trace.to_dict()))
 
     def _lock(self) -> FileLock:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -190,7 +197,12 @@ class TraceStore:
         return self.root / f"{day}_{seq:03d}.jsonl"
 
     def encode(self, trace: Trace) -> Record:
-        """``trace`` as the bounded line it is stored as (cheap to keep in a queue)."""
+        """``trace`` as the bounded line it is stored as (cheap to keep in a queue); inline
+        images go to the image store first and the line keeps their references."""
+        data = trace.to_dict()
+        external = self.images.externalize(data)
+        if external != data:
+            trace = Trace.from_dict(external)
         return encode_trace(trace, self._record_cap())
 
     def _record_cap(self) -> int:

@@ -9,7 +9,7 @@ bytes, so exporting what was imported gives the same bytes back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from engine.prompts import render_prompt
 from engine.types import LibraryVersion, Skill
 from library_store.fsutil import sha256_bytes
 from library_store.paths import check_path, shown
-from library_store.store import Library, rejection
+from library_store.store import Library, Validator, rejection
 from library_store.transfer import Refused, read_folder
 from skills.format import SKILL_FILE, check_name, check_skill_files, render_skill_md
 from skills.loader import skill_path, validate_snapshot
@@ -113,13 +113,20 @@ def _check_unit(name: str, unit: Mapping[str, bytes], base: str,
     return problems
 
 
+# More checks for one imported skill folder: (name, files, base) -> problems. The tool
+# admission check comes in this way (tools/ is a sibling this layer does not import).
+UnitCheck = Callable[[str, Mapping[str, bytes], str], list[ValidationError]]
+
+
 def import_skills(library: Library, src: Path | str, *, strict: bool = False,
-                  message: str = "", method: str = "import") -> ImportReport:
+                  message: str = "", method: str = "import", check_unit: UnitCheck | None = None,
+                  validate: Validator = validate_snapshot) -> ImportReport:
     """Import the skills under ``src``; each replaces the library's skill of the same name.
 
     Every file is checked before anything is committed: malformed skills (and links, special
     files or oversized files in them) are skipped and reported, the rest are committed as one
-    version (``strict``: the whole import is rejected instead).
+    version (``strict``: the whole import is rejected instead). ``check_unit`` adds checks per
+    skill folder, ``validate`` checks the new version.
     """
     # Resolved, so "." or "demo/.." still name the skill folder (Path(".").name is "").
     src = Path(src).expanduser().resolve()
@@ -139,6 +146,8 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
     for name, unit in sorted(groups.items()):
         base = src.as_posix() if single else f"{src.as_posix()}/{shown(name, 200)}"
         problems = _check_unit(name, unit, base, refused.get(name, []))
+        if not problems and check_unit is not None:
+            problems = check_unit(name, unit, base)
         if problems:
             skipped.extend(problems)
             skipped_names.append(name)
@@ -156,7 +165,7 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
     version = None
     if changes:
         version = library.commit(
-            changes, method=method, validate=validate_snapshot,
+            changes, method=method, validate=validate,
             message=message or f"import {len(imported)} skill(s) from {src}")
     # Names as a terminal can print them (a folder name need not be UTF-8).
     return ImportReport(version, tuple(imported), tuple(unchanged), tuple(skipped),

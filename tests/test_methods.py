@@ -63,7 +63,7 @@ def test_installed_methods_are_found_by_name(toy_installed: None) -> None:
     registry = default_registry()
     # Built-ins first, in registration order, then installed plugins.
     names = registry.names("evolver")
-    assert names[0] == "trace2skill" and names[-1] == "toy"
+    assert names[0] == "trace2skill" and names[-1] == "toy" and "dynamo" in names
     assert {"skills", "toy-horizon"} <= set(registry.names("runtime"))
     assert registry.entry("evolver", "toy").summary().startswith("Write one line")
     with pytest.raises(ConfigError, match="unknown evolver 'no-such-method'") as err:
@@ -118,7 +118,8 @@ def test_a_runtime_method_is_chosen_by_name_and_recorded_in_the_trace(
     assert trace["outcome"] == "horizon" and "2 model calls" in trace["meta"]["reason"]
     methods = {m["name"]: m["config"] for m in trace["meta"]["methods"]}
     assert methods["toy-horizon"] == {"max_steps": 2, "tag": "kiwi"}
-    assert methods["skills"] == {"k": 5, "max_bodies": 2, "min_score": None}
+    assert methods["skills"] == {"k": 5, "max_bodies": 2, "min_score": None,
+                                 "learned_tools": True}
     assert trace["meta"]["toy-horizon"]["calls"] == 2  # every model call went through it
     assert "Remember the kiwi." in trace["steps"][0]["output"]["system"]
     engine = Engine(ScriptedBackend(["Final Answer: 4"]), library=tmp_path / "lib",

@@ -54,6 +54,10 @@ def _image_path_to_url(part: Mapping[str, Any]) -> dict[str, Any]:
 def message_to_openai(message: Message) -> dict[str, Any]:
     """``Message.to_dict()``, with image paths inlined so a remote server can see them."""
     d = message.to_dict()
+    if isinstance(d["content"], list) and any(p.get("type") == "image_ref" for p in d["content"]):
+        raise ConfigError("a message holds a stored image reference (image_ref), which a "
+                          "server cannot read", hint="resolve it first: "
+                          "TraceStore.resolve_images(trace) gives the image back as a data URL")
     if isinstance(d["content"], list):
         d["content"] = [
             _image_path_to_url(p) if p.get("type") == "image" and isinstance(p.get("image"), str)

@@ -23,8 +23,9 @@ from engine.commands.common import (
     library_option,
 )
 from engine.errors import LibraryError, NotFound, ValidationError
+from engine.runtime.library_tools import import_check, validate_library
 from library_store.store import Library, Manifest
-from skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path, validate_snapshot
+from skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
 from skills.retrieval import read_skill
 from skills.transfer import export_skills, import_skills, new_skill_changes, scaffold_skill
 
@@ -215,7 +216,7 @@ def diff_cmd(v1: str, v2: str, library_path: Path | None, as_json: bool) -> None
 def rollback_cmd(version: str, message: str, library_path: Path | None, as_json: bool) -> None:
     """Make a new version whose files equal VERSION's (history is kept)."""
     lib = _open(library_path)
-    v = lib.rollback(version, validate=validate_snapshot, message=message)
+    v = lib.rollback(version, validate=validate_library, message=message)
     if as_json:
         emit_json({"version": v.id, "parent": v.parent, "rolled_back_to": lib.resolve(version)})
         return
@@ -259,7 +260,8 @@ def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None
                as_json: bool) -> None:
     """Import a folder (or .tar.gz) of SKILL.md skills as one new version."""
     lib = _open(library_path)
-    report = import_skills(lib, path, strict=strict, message=message)
+    report = import_skills(lib, path, strict=strict, message=message,
+                           check_unit=import_check(lib.snapshot()), validate=validate_library)
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -282,10 +284,11 @@ def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None
 @json_option
 @handle_errors
 def validate_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
-    """Check every skill against the Agent Skills rules and every file against its hash."""
+    """Check every skill against the Agent Skills rules, every learned tool against the
+    admission check, and every file against its hash."""
     lib = _open(library_path)
     snap = lib.snapshot(version)
-    problems = validate_snapshot(snap)
+    problems = validate_library(snap)
     integrity = lib.verify(snap.id)
     if as_json:
         emit_json({"version": snap.id, "ok": not problems and not integrity,
@@ -375,7 +378,7 @@ def status_cmd(library_path: Path | None, as_json: bool) -> None:
 def commit_cmd(message: str, library_path: Path | None, as_json: bool) -> None:
     """Make a version from hand edits under skills/ and policies/ (validated first)."""
     lib = _open(library_path)
-    v = lib.commit_view(message=message, validate=validate_snapshot)
+    v = lib.commit_view(message=message, validate=validate_library)
     if as_json:
         emit_json({"version": v.id, "parent": v.parent})
         return
@@ -445,7 +448,7 @@ def candidates_show(name: str, library_path: Path | None, as_json: bool) -> None
 @handle_errors
 def candidates_apply(name: str, force: bool, library_path: Path | None, as_json: bool) -> None:
     """Commit a candidate as a new version (validated like any commit)."""
-    v = _open(library_path).candidates.apply(name, validate=validate_snapshot, force=force)
+    v = _open(library_path).candidates.apply(name, validate=validate_library, force=force)
     if as_json:
         emit_json({"version": v.id, "parent": v.parent, "candidate": name})
         return
@@ -490,7 +493,7 @@ def skill_new(name: str, description: str | None, library_path: Path | None,
                                 "`whetstone library commit -m ...`")
     skill = scaffold_skill(name, description)
     v = lib.commit(new_skill_changes(skill), method="skill new", message=f"new skill {name}",
-                   validate=validate_snapshot)
+                   validate=validate_library)
     target = lib.root / skill_path(name)
     if as_json:
         emit_json({"version": v.id, "skill": name, "path": str(target)})

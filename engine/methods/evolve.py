@@ -26,10 +26,10 @@ from engine.evaluation.gate import Decision, run_gate
 from engine.evaluation.runner import ProgressFn, Solver, evaluate
 from engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
 from engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
+from engine.runtime.library_tools import validate_library
 from engine.types import LibraryVersion, Trace
 from library_store.store import Library, Snapshot
 from library_store.traces import TraceQuery
-from skills.loader import validate_snapshot
 
 
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:
@@ -137,7 +137,7 @@ def gate_and_apply(
         result.note = "dry run: nothing scored or written"
         return result
     preview = library.preview(patch.changes, label=patch.method, method=patch.method)
-    problems = validate_snapshot(preview, sorted(patch.changes))
+    problems = validate_library(preview, sorted(patch.changes))
     if problems:
         result.note = "the change breaks the library's rules: " + "; ".join(
             str(p) for p in problems[:5])
@@ -157,7 +157,7 @@ def gate_and_apply(
         say("commit")
         result.version = library.commit(
             patch.changes, method=patch.method, message=patch.message, scores=scores,
-            costs=costs, validate=validate_snapshot, expect_parent=current.id)
+            costs=costs, validate=validate_library, expect_parent=current.id)
     else:
         result.candidate = _save_candidate(library, patch, candidate_name, decision, "")
     return result

@@ -58,6 +58,7 @@ class MethodEntry:
 
 _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("trace2skill", "evolver", "engine.methods.trace2skill:Trace2Skill"),
+    MethodEntry("dynamo", "evolver", "engine.methods.dynamo:Dynamo"),
     MethodEntry("skills", "runtime", "engine.runtime.skills_plugin:SkillsPlugin"),
     MethodEntry("nlpg", "evolver", "engine.methods.nlpg:NLPG"),
     MethodEntry("nlpg", "runtime", "engine.methods.nlpg:NLPGPlugin"),

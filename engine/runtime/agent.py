@@ -64,17 +64,15 @@ class Agent:
         checkpoints: Checkpoints | None = None,
         library_version: str | None = None,
     ) -> None:
-        all_tools = list(builtin_tools() if tools is None else tools)
-        plugin_tools = [t for p in plugins for t in p.tools()]
-        all_tools += plugin_tools
+        self._base_tools = list(builtin_tools() if tools is None else tools)
         self.backend = backend
         self.config = config or RunConfig()
         self.plugins = tuple(plugins)
         self.trace_store = trace_store
         self.checkpoints = checkpoints
+        toolbox, plugin_tools = self._toolbox()
         self.context = AgentContext(
-            backend=backend, toolbox=Toolbox.of(all_tools), config=self.config,
-            plugin_tools=frozenset(t.name for t in plugin_tools),
+            backend=backend, toolbox=toolbox, config=self.config, plugin_tools=plugin_tools,
             plugins=self.plugins, trace_store=trace_store, library_version=library_version,
         )
         call: ModelCall = backend.complete
@@ -85,13 +83,22 @@ class Agent:
         saver = checkpoints.saver if checkpoints is not None else None
         self.graph = build_graph(self.plugins).compile(checkpointer=saver)
 
+    def _toolbox(self) -> tuple[Toolbox, frozenset[str]]:
+        """The given tools plus the plugins' (asked again per run: the library's learned
+        tools follow its current version), and the plugins' tool names."""
+        plugin_tools = [t for p in self.plugins for t in p.tools()]
+        return (Toolbox.of([*self._base_tools, *plugin_tools]),
+                frozenset(t.name for t in plugin_tools))
+
     def _run_context(self, task: str, start: float, seed: int | None = None) -> AgentContext:
-        """The context of one run: a fresh wall clock, and the config the plugins chose for
-        ``task`` (after ``seed`` overrides the configured one)."""
+        """The context of one run: a fresh wall clock, the tools of now, and the config the
+        plugins chose for ``task`` (after ``seed`` overrides the configured one)."""
         config = self.config if seed is None else dataclasses.replace(self.config, seed=seed)
         for p in self.plugins:
             config = p.adjust_config(task, config)
-        return dataclasses.replace(self.context, clock_start=start, config=config)
+        toolbox, plugin_tools = self._toolbox()
+        return dataclasses.replace(self.context, clock_start=start, config=config,
+                                   toolbox=toolbox, plugin_tools=plugin_tools)
 
     # -- running ---------------------------------------------------------------------------
 

@@ -197,21 +197,22 @@ def _arguments(call: Mapping[str, Any], answer_tools: set[str]) -> tuple[Any, st
 
 def _run_one(call: Mapping[str, Any], args: Any, offered: set[str],
              earlier: Mapping[str, str], ctx: AgentContext
-             ) -> tuple[str, str | None, bool, float, str]:
-    """Run one call: (observation, error, timed out, seconds, outcome) where outcome is
-    ``ran`` (output), ``empty``, ``failed`` or ``repeated``."""
+             ) -> tuple[str, str | None, bool, float, str, dict[str, Any]]:
+    """Run one call: (observation, error, timed out, seconds, outcome, how it ran) where
+    outcome is ``ran`` (output), ``empty``, ``failed`` or ``repeated`` and how it ran is the
+    tool's metadata (sandbox mode, warnings, images)."""
     name = call["name"]
     if name not in offered:
         err = f"unknown tool {name!r}; available tools: {', '.join(sorted(offered)) or '(none)'}"
-        return f"Error in {name}: {err}", err, False, 0.0, "failed"
+        return f"Error in {name}: {err}", err, False, 0.0, "failed", {}
     key = _call_key(name, call["arguments"])
     if key in earlier:
         obs = render_prompt("agent_repeated_call", observation=earlier[key]).strip()
-        return obs, None, False, 0.0, "repeated"
+        return obs, None, False, 0.0, "repeated", {}
     result = ctx.toolbox.call(name, args)
     outcome = "failed" if not result.ok else "ran" if result.output.strip() else "empty"
     return (result.observation(name), result.error, result.timed_out, result.duration_s,
-            outcome)
+            outcome, dict(result.metadata))
 
 
 def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
@@ -238,11 +239,13 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                                output={"observation": None, "answer_call": True},
                                started=start, route="finish"))
             continue
+        tool_meta: dict[str, Any] = {}
         if bad_json is not None:
             obs, err, timed_out, dur, outcome = (f"Error in {name}: {bad_json}", bad_json,
                                                  False, 0.0, "failed")
         else:
-            obs, err, timed_out, dur, outcome = _run_one(call, args, offered, earlier, ctx)
+            obs, err, timed_out, dur, outcome, tool_meta = _run_one(call, args, offered,
+                                                                    earlier, ctx)
         repeated = repeated or outcome == "repeated"
         if call.get("final_program") and outcome == "ran" \
                 and ctx.config.answer_with_program_output:
@@ -256,7 +259,8 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                            output={"observation": obs, "timed_out": timed_out,
                                    **({"form": call["form"]} if call.get("form") else {})},
                            error=err, started=start, duration_s=dur,
-                           route="finish" if program_answer is not None else "think"))
+                           route="finish" if program_answer is not None else "think",
+                           meta={"tool": tool_meta} if tool_meta else {}))
     return _after_act(state, ctx, messages, steps, text_results, answer_calls, program_answer,
                       repeated)
 

@@ -1,9 +1,12 @@
-"""Skills in the runtime: retrieve them into the system prompt and give the agent ``read_skill``.
+"""Skills in the runtime: retrieve them into the system prompt, give the agent ``read_skill``
+and the library's learned tools (each beside the skill that says when to call it; they run
+only in the sandbox, see ``engine.runtime.library_tools``).
 
 The plugin reads one library snapshot per run: a pinned version (``version=``, an eval of an
 old version or of an uncommitted candidate) or the current version, re-resolved when the
 library moves, so a long-lived server follows new versions. Each trace records the version, the
-skills shown (and those shown with their body) and the skills the agent opened.
+skills shown (and those shown with their body), the skills the agent opened and the learned
+tools offered.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from engine.types import ToolSpec
 from tools.base import Tool
 
 if TYPE_CHECKING:
+    from engine.runtime.library_tools import LibraryTools
     from engine.runtime.state import AgentContext, AgentState
     from library_store.store import Library, Snapshot
     from skills.retrieval import SkillRetriever
+    from tools.images import ImageFiles
+    from tools.sandbox import Sandbox
 
 READ_SKILL_SPEC = ToolSpec(
     name="read_skill",
@@ -41,8 +47,9 @@ READ_SKILL_SPEC = ToolSpec(
 
 @dataclass(frozen=True)
 class SkillsConfig:
-    """How many skills a run is shown (``k``), how many with their whole body, and the lowest
-    retrieval score kept (None: keep the top ``k`` whatever their score).
+    """How many skills a run is shown (``k``), how many with their whole body, the lowest
+    retrieval score kept (None: keep the top ``k`` whatever their score), and whether the
+    library's learned tools are offered (with the skills that hold them).
 
     No floor by default: measured with all-MiniLM-L6-v2, GSM8K questions score 0.04-0.24
     against an evolved ``word-math`` skill's draft description and unrelated questions up to
@@ -53,6 +60,7 @@ class SkillsConfig:
     k: int = 5
     max_bodies: int = 2
     min_score: float | None = None
+    learned_tools: bool = True
 
 
 class SkillsPlugin(Plugin):
@@ -68,18 +76,25 @@ class SkillsPlugin(Plugin):
                               hint="build it through Engine, which opens the library")
         cfg = config or SkillsConfig()
         return cls(env.library, snapshot=env.snapshot, k=cfg.k, max_bodies=cfg.max_bodies,
-                   min_score=cfg.min_score)
+                   min_score=cfg.min_score, learned_tools=cfg.learned_tools)
 
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
-                 max_bodies: int = 2, min_score: float | None = None) -> None:
+                 max_bodies: int = 2, min_score: float | None = None,
+                 learned_tools: bool = True, images: ImageFiles | None = None,
+                 sandbox: Sandbox | None = None) -> None:
         from library_store.embeddings import query_embedder
         from skills.index import LibraryIndex
         from skills.retrieval import SkillRetriever
 
         self.library = library
         self.pinned = snapshot
-        self.config = SkillsConfig(k=k, max_bodies=max_bodies, min_score=min_score)
+        self.config = SkillsConfig(k=k, max_bodies=max_bodies, min_score=min_score,
+                                   learned_tools=learned_tools)
+        # Learned tools read images from the run's folder and write theirs there.
+        self.images = images
+        self.sandbox = sandbox
+        self._tools: tuple[str, list[Tool], LibraryTools] | None = None
         # One thread per query embedding: on a busy 2-core box two threads spin and a query
         # takes ~900 ms instead of ~25 ms (bench_library); ONNX when available (~3x faster).
         self.retriever = retriever or SkillRetriever(
@@ -102,12 +117,41 @@ class SkillsPlugin(Plugin):
         return self.snapshot().has("skills/")
 
     def tools(self) -> list[Tool]:
-        return [Tool(READ_SKILL_SPEC, self._read)]
+        """``read_skill``, and the learned tools of the version this run reads (loaded once
+        per version; a tool that fails its checks is left out, see ``learned_tools_report``)."""
+        out = [Tool(READ_SKILL_SPEC, self._read)]
+        if self.config.learned_tools:
+            out += self._learned()[0]
+        return out
+
+    def _learned(self) -> tuple[list[Tool], LibraryTools]:
+        from engine.runtime.library_tools import library_tools
+        from tools.images import ImageFiles
+
+        snap = self.snapshot()
+        with self._lock:
+            if self._tools is None or self._tools[0] != snap.id:
+                if self.images is None:
+                    self.images = ImageFiles(self.library.root / "work" / "tool-images")
+                tools, report = library_tools(snap, images=self.images, sandbox=self.sandbox)
+                self._tools = (snap.id, tools, report)
+            return self._tools[1], self._tools[2]
+
+    def learned_tools_report(self) -> LibraryTools:
+        """The learned tools of the version this run reads and the problems of the others."""
+        return self._learned()[1]
 
     def run_tools(self, shown: Mapping[str, Any]) -> list[str]:
-        """``read_skill`` only when a skill was listed: offered with nothing to open, the
-        embedded model called it instead of answering (issue 19)."""
-        return [READ_SKILL_SPEC.name] if shown.get("shown") else []
+        """``read_skill`` and the learned tools of the skills listed, only when a skill was
+        listed: offered with nothing to open, the embedded model called ``read_skill`` instead
+        of answering (issue 19), and a learned tool comes with the skill that says when to
+        call it."""
+        listed = set(shown.get("shown") or ())
+        if not listed:
+            return []
+        learned = [d.name for d in self._learned()[1].definitions if d.skill in listed] \
+            if self.config.learned_tools else []
+        return [READ_SKILL_SPEC.name, *learned]
 
     def _read(self, args: Mapping[str, Any]) -> str:
         from skills.retrieval import read_skill
@@ -140,4 +184,7 @@ class SkillsPlugin(Plugin):
                                                            if args.get("file") else ""))
                 else:
                     opened.append(str(args))
-        return {"opened": opened}
+        meta: dict[str, Any] = {"opened": opened}
+        if self.config.learned_tools and self._tools is not None and self._tools[1]:
+            meta["learned_tools"] = [t.name for t in self._tools[1]]
+        return meta

@@ -1,0 +1,246 @@
+"""``whetstone tools ls | show NAME | test NAME INPUT``: the tools a run may call.
+
+    whetstone tools ls                        built-in, visual and the library's learned tools
+    whetstone tools show count_red            its schema, its skill, its code and provenance
+    whetstone tools test count_red '{"image": "shapes/3.png"}' --allow shapes
+
+A learned tool runs only in the sandbox (``tools/learned_run.py``), here as in a run; the
+sandbox's mode (and any warning about a weak one) is printed with the result.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.syntax import Syntax
+from rich.table import Table
+
+from engine.commands.common import (
+    console,
+    default_library_path,
+    emit_json,
+    handle_errors,
+    json_option,
+    library_option,
+)
+from engine.errors import NotFound, ToolError
+from engine.types import ToolSpec
+from library_store.store import Library, Snapshot
+
+PROVENANCE_FILE = "assets/dynamo.json"  # what Dynamo records beside a tool it learned
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    """One tool by name: where it comes from and its spec (a learned tool's definition)."""
+
+    name: str
+    kind: str  # builtin | visual | learned
+    spec: ToolSpec
+    definition: Any = None  # tools.learned.ToolDefinition for learned tools
+
+
+def _catalog(snap: Snapshot) -> tuple[list[ToolEntry], list[Any]]:
+    """Every tool a run may be given, and the learned tools that failed their checks."""
+    from engine.runtime.library_tools import load_library_tools
+    from engine.runtime.skills_plugin import READ_SKILL_SPEC
+    from tools.builtin import CALCULATOR_SPEC, PYTHON_SPEC
+    from tools.images import ImageFiles
+    from tools.visual import visual_tools
+
+    entries = [ToolEntry(s.name, "builtin", s) for s in (CALCULATOR_SPEC, PYTHON_SPEC,
+                                                          READ_SKILL_SPEC)]
+    entries += [ToolEntry(t.name, "visual", t.spec)
+                for t in visual_tools(ImageFiles(Path("unused")))]
+    found = load_library_tools(snap)
+    entries += [ToolEntry(d.name, "learned", d.spec, d) for d in found.definitions]
+    return entries, found.loaded.problems
+
+
+def _find(snap: Snapshot, name: str) -> ToolEntry:
+    entries, problems = _catalog(snap)
+    for e in entries:
+        if e.name == name:
+            return e
+    bad = [p for p in problems if p.path.endswith(f"/scripts/{name}.py")]
+    if bad:
+        raise ToolError(f"the learned tool {name!r} fails its checks: {bad[0].detail}",
+                        hint=f"`whetstone library validate` lists every problem ({bad[0].path})")
+    raise NotFound(f"no tool named {name!r} in library version {snap.id}",
+                   hint="tools: " + ", ".join(e.name for e in entries))
+
+
+def _library(path: Path | None) -> Library:
+    return Library.open(path or default_library_path(), create=True)
+
+
+@click.group("tools")
+def tools_group() -> None:
+    """The tools a run may call: built-in, visual, and the library's learned tools."""
+
+
+@tools_group.command("ls")
+@click.option("--version", "version", default=None, help="Library version (default: current).")
+@library_option
+@json_option
+@handle_errors
+def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
+    """List the tools, and how code runs in the sandbox on this machine."""
+    from tools.sandbox import default_sandbox
+
+    snap = _library(library_path).snapshot(version)
+    entries, problems = _catalog(snap)
+    status = default_sandbox().status
+    if as_json:
+        emit_json({"version": snap.id, "sandbox": status.describe(),
+                   "tools": [{"name": e.name, "kind": e.kind, "skill": e.spec.skill,
+                              "description": e.spec.description} for e in entries],
+                   "problems": [{"path": p.path, "line": p.line, "rule": p.rule,
+                                 "detail": p.detail} for p in problems]})
+        return
+    table = Table(title=f"tools (library {snap.id})")
+    for col in ("name", "kind", "skill", "what"):
+        table.add_column(col)
+    for e in entries:
+        desc = " ".join(e.spec.description.split())
+        table.add_row(e.name, e.kind, e.spec.skill or "",
+                      desc if len(desc) <= 80 else desc[:79] + "…")
+    out = console()
+    out.print(table)
+    for p in problems:
+        where = f"{p.path}:{p.line}" if p.line is not None else p.path
+        out.print(f"[red]left out[/] {escape(where)}: \\[{escape(p.rule)}] {escape(p.detail)}",
+                  markup=True, soft_wrap=True)
+    out.print(f"sandbox: {escape(status.describe())}", markup=True, soft_wrap=True)
+
+
+@tools_group.command("show")
+@click.argument("name")
+@click.option("--version", "version", default=None, help="Library version (default: current).")
+@library_option
+@json_option
+@handle_errors
+def show_cmd(name: str, version: str | None, library_path: Path | None, as_json: bool) -> None:
+    """A tool's schema; for a learned tool also its skill, code and provenance."""
+    snap = _library(library_path).snapshot(version)
+    entry = _find(snap, name)
+    provenance = None
+    if entry.definition is not None:
+        path = f"skills/{entry.definition.skill}/{PROVENANCE_FILE}"
+        if snap.exists(path):
+            provenance = json.loads(snap.read_text(path))
+    if as_json:
+        emit_json({"name": entry.name, "kind": entry.kind, "spec": entry.spec.to_dict(),
+                   "source": entry.definition.source if entry.definition else None,
+                   "provenance": provenance})
+        return
+    out = console()
+    out.print(f"[bold]{escape(entry.name)}[/] ({entry.kind}"
+              + (f", skill [bold]{escape(entry.spec.skill)}[/]" if entry.spec.skill else "")
+              + ")", markup=True)
+    out.print(escape(entry.spec.description), markup=True, soft_wrap=True)
+    out.print(Syntax(json.dumps(entry.spec.parameters, indent=2), "json"))
+    if entry.definition is not None:
+        out.print(f"[dim]{escape(entry.definition.path)}[/]", markup=True)
+        out.print(Syntax(entry.definition.source, "python"))
+    if provenance is not None:
+        out.print("provenance:", markup=False)
+        out.print(Syntax(json.dumps(provenance, indent=2), "json", word_wrap=True))
+
+
+def _arguments(text: str, entry: ToolEntry) -> dict[str, Any]:
+    """INPUT as arguments: a JSON object, ``-`` (read stdin), ``@file``, or plain text for the
+    tool's first parameter."""
+    if text == "-":
+        text = sys.stdin.read()
+    elif text.startswith("@"):
+        text = Path(text[1:]).read_text(encoding="utf-8")
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            value = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ToolError(f"INPUT is not a JSON object: {exc.msg}",
+                            hint='e.g. \'{"expression": "17*23"}\'') from exc
+        if isinstance(value, dict):
+            return value
+    params = entry.spec.parameters
+    first = ([*params.get("required", [])] or list(params.get("properties", {})) or [None])[0]
+    if first is None:
+        return {}
+    return {first: text}
+
+
+def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Library,
+         roots: tuple[Path, ...], timeout_s: float | None) -> Any:
+    from engine.runtime.skills_plugin import SkillsPlugin
+    from tools.base import Toolbox
+    from tools.builtin import builtin_tools
+    from tools.images import ImageFiles
+    from tools.learned_run import run_learned
+    from tools.visual import visual_tools
+
+    images = ImageFiles(library.root / "work" / "tool-images", roots)
+    if entry.kind == "learned":
+        try:
+            return run_learned(entry.definition, args, images=images, timeout_s=timeout_s)
+        except ToolError as exc:
+            from tools.base import ToolResult
+
+            return ToolResult(error=exc.message)
+    if entry.kind == "visual":
+        tools = visual_tools(images, (entry.name,))
+    elif entry.name == "read_skill":
+        tools = SkillsPlugin(library, snapshot=snap, learned_tools=False).tools()
+    else:
+        tools = builtin_tools((entry.name,))
+    return Toolbox.of(tools).call(entry.name, args)
+
+
+@tools_group.command("test")
+@click.argument("name")
+@click.argument("input_text", metavar="INPUT")
+@click.option("--allow", "allow", multiple=True, type=click.Path(path_type=Path),
+              help="A folder image arguments may be read from (repeatable; default: the "
+                   "current folder).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds before the call is stopped (default: the tool's own).")
+@click.option("--version", "version", default=None, help="Library version (default: current).")
+@library_option
+@json_option
+@handle_errors
+def test_cmd(name: str, input_text: str, allow: tuple[Path, ...], timeout_s: float | None,
+             version: str | None, library_path: Path | None, as_json: bool) -> None:
+    """Call one tool once with INPUT (a JSON object of arguments, plain text for its first
+    parameter, @FILE or - for stdin). Exit 1 when the call fails."""
+    library = _library(library_path)
+    snap = library.snapshot(version)
+    entry = _find(snap, name)
+    args = _arguments(input_text, entry)
+    roots = tuple(p.resolve() for p in (allow or (Path.cwd(),)))
+    result = _run(entry, args, snap, library, roots, timeout_s)
+    if as_json:
+        emit_json({"tool": name, "arguments": args, "ok": result.ok, "output": result.output,
+                   "error": result.error, "duration_s": round(result.duration_s, 3),
+                   "timed_out": result.timed_out, "metadata": dict(result.metadata)})
+    else:
+        out = console()
+        if result.output.strip():
+            out.print(escape(result.output), markup=True, soft_wrap=True)
+        if result.error:
+            out.print(f"[bold red]error:[/] {escape(result.error)}", markup=True,
+                      soft_wrap=True)
+        sandbox = dict(result.metadata).get("sandbox")
+        if sandbox:
+            out.print(f"[dim]sandbox: {escape(str(sandbox.get('isolation')))} · "
+                      f"{result.duration_s:.2f} s[/]", markup=True)
+            for w in sandbox.get("warnings", []):
+                out.print(f"[yellow]warning:[/] {escape(w)}", markup=True, soft_wrap=True)
+    if not result.ok:
+        raise SystemExit(1)

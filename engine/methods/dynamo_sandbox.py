@@ -1,0 +1,134 @@
+"""Dynamo's tools on trial: each is called in the sandbox on the failing inputs it was written
+for, judged (a tool that crashes or returns nothing useful is dropped with the reason), and a
+kept one is written into the library beside its when-to-call skill, with its provenance.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ToolError
+from engine.methods.dynamo_parts import IMAGE_WORD, PROVENANCE, Attempt, Proposal, ToolTest
+from engine.prompts import render_prompt
+from engine.types import Skill
+from skills.format import render_skill_md
+from tools.validate import ALLOWED_MODULES
+
+# -- testing tools in the sandbox -------------------------------------------------------------
+
+def fill_images(args: Mapping[str, Any], image_params: Sequence[str], image: str | None
+                ) -> dict[str, Any]:
+    """The analyst's test arguments with ``"IMAGE"`` (or a missing image parameter) replaced by
+    the task's image file."""
+    out = {k: (image if v == IMAGE_WORD and image else v) for k, v in args.items()}
+    for p in image_params:
+        if image and (p not in out or not isinstance(out[p], str)
+                      or not Path(out[p]).is_file()):
+            out[p] = image
+    return out
+
+
+def run_tests(tests: list[ToolTest], call: Callable[[dict[str, Any]], Any],
+              attempts: Mapping[str, Attempt], image_params: Sequence[str],
+              score: Callable[[str, str], float]) -> None:
+    """Call the tool once per test (``call(args) -> ToolResult``, sandboxed by the caller)
+    and record what came back; ``score(output, task_id)`` says whether it holds the answer."""
+    for t in tests:
+        att = attempts.get(t.task_id)
+        t.arguments = fill_images(t.arguments, image_params, att.image if att else None)
+        try:
+            res = call(t.arguments)
+        except ToolError as exc:  # refused arguments
+            t.ok, t.error = False, exc.message
+            continue
+        meta = dict(res.metadata)
+        t.ok, t.output, t.error = res.ok, res.output[:2000], res.error
+        t.seconds = round(res.duration_s, 3)
+        t.sandbox = {k: v for k, v in (meta.get("sandbox") or {}).items()
+                     if k in ("isolation", "warnings")}
+        t.matched = bool(res.ok and score(res.output, t.task_id) >= 1.0)
+
+
+def judge_tests(tests: Sequence[ToolTest], *, require_match: bool) -> str:
+    """Why the tested tool is dropped ("" keeps it): it crashes, returns nothing useful, or
+    (``require_match``) never reproduces an expected answer."""
+    if not tests:
+        return "no test input"
+    crashed = [t for t in tests if not t.ok]
+    useful = [t for t in tests if t.useful]
+    if not useful:
+        first = crashed[0].error if crashed else "an empty result"
+        return (f"crashed on every failing input ({first})" if len(crashed) == len(tests)
+                else f"returned nothing useful on the failing inputs ({first})")
+    if len(crashed) * 2 > len(tests):
+        return f"crashed on {len(crashed)} of {len(tests)} failing inputs ({crashed[0].error})"
+    if require_match and not any(t.matched for t in tests):
+        return "its results never held the expected answer"
+    return ""
+
+
+# -- writing the files ------------------------------------------------------------------------
+
+def _title(name: str) -> str:
+    return name.replace("-", " ").capitalize()
+
+
+def _parameters(spec_params: Mapping[str, Any]) -> str:
+    props = spec_params.get("properties") or {}
+    parts = [f"`{k}` ({v.get('type', 'value')})" for k, v in props.items()]
+    return ", ".join(parts) or "no arguments"
+
+
+def _examples(p: Proposal, attempts: Mapping[str, Attempt]) -> str:
+    items = []
+    for t in [t for t in p.tests if t.matched][:2]:
+        question = attempts[t.task_id].question if t.task_id in attempts else t.task_id
+        items.append(render_prompt(
+            "dynamo_parts.yaml#example", question=" ".join(question.split())[:300],
+            tool=p.tool, arguments=json.dumps(t.arguments, ensure_ascii=False)[:400],
+            result=t.output.strip()[:200]))
+    return render_prompt("dynamo_parts.yaml#examples", items="\n".join(items)) if items else ""
+
+
+def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
+                parameters: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The library files of a kept proposal: SKILL.md (+ the tool's script), and its
+    provenance in ``assets/dynamo.json`` (kept in the version with the files it explains)."""
+    if p.kind == "reasoning":
+        body = render_prompt("dynamo_parts.yaml#reasoning_body", title=_title(p.skill),
+                             diagnosis=p.cluster.diagnosis, steps="\n".join(
+                                 render_prompt("dynamo_parts.yaml#step", number=i, text=s)
+                                 for i, s in enumerate(p.steps, 1)))
+    else:
+        body = render_prompt("dynamo_parts.yaml#tool_body", title=_title(p.skill), when=p.when,
+                             tool=p.tool, parameters=_parameters(parameters or {}),
+                             diagnosis=p.cluster.diagnosis, examples=_examples(p, attempts))
+    ran = sum(t.ok for t in p.tests)
+    meta = {"source": "dynamo", "kind": p.kind, "round": str(round_no),
+            "from-failures": " ".join(p.cluster.failures)[:400]}
+    if p.tool:
+        meta["tool"] = p.tool
+        meta["sandbox-test"] = (f"{ran}/{len(p.tests)} ran, "
+                                f"{sum(t.matched for t in p.tests)} held the expected answer")
+    base = f"skills/{p.skill}"
+    files = {f"{base}/SKILL.md": render_skill_md(Skill(
+        name=p.skill, description=p.description, body=body.rstrip() + "\n", metadata=meta))}
+    if p.kind == "tool":
+        files[f"{base}/scripts/{p.tool}.py"] = p.source
+    provenance = {"method": "dynamo", "round": round_no, "kind": p.kind,
+                  "cluster": asdict(p.cluster), "tool": p.tool or None,
+                  "failures": [{"task_id": t, "trace_id": attempts[t].trace_id,
+                                "expected": attempts[t].expected, "answer": attempts[t].answer}
+                               for t in p.cluster.failures if t in attempts],
+                  "sandbox_tests": [asdict(t) for t in p.tests]}
+    files[f"{base}/{PROVENANCE}"] = json.dumps(provenance, indent=1, ensure_ascii=False) + "\n"
+    return files
+
+
+def allowed_modules() -> str:
+    """The modules a tool may import, for the tool prompt."""
+    return ", ".join(sorted(ALLOWED_MODULES - {"__future__", "typing", "abc", "enum"}))
