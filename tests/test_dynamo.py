@@ -288,13 +288,13 @@ def test_an_interrupted_agent_run_resumes_with_the_tasks_left(tmp_path: Path) ->
         return shopper(request)
 
     engine = engine_at(tmp_path, agent)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # one run at a time, so the interrupt lands at #3
         engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4, traces=[],
-                      analyst=ScriptedBackend(responder=Analyst()))
+                      analyst=ScriptedBackend(responder=Analyst()), concurrency=1)
     assert len(ran) == 3
     ran.clear()
     result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4, traces=[],
-                           analyst=ScriptedBackend(responder=Analyst()))
+                           analyst=ScriptedBackend(responder=Analyst()), concurrency=1)
     # The two attempts that finished before the interrupt are not run again.
     assert ran[:2] == [t.question for t in TRAIN.tasks[2:]]
     assert result.version is not None

@@ -118,7 +118,7 @@ def test_the_agent_is_offered_the_library_tools_and_the_act_step_records_the_san
     engine = Engine(backend, library=lib.root, checkpointing=False)
     trace = engine.run("Pens cost 1.5, 2.25 and 3. What is the total?")
     system = backend.requests[0].messages[0].text
-    assert "sum_amounts: Add up amounts exactly. (skill 'sum-amounts' says when" in system
+    assert "- sum_amounts(amounts): Add up amounts exactly. (skill 'sum-amounts' says when" in system
     act = next(s for s in trace.steps if s.kind == "act")
     assert act.output["observation"] == "6.75" and act.error is None
     assert act.meta["tool"]["sandbox"]["isolation"] in ("bwrap", "process")
