@@ -210,13 +210,19 @@ class RefineRecord:
 
     ``rewards[0]`` is the plain answer's; ``rewards[s]`` the answer after update ``s``.
     ``forward``: full-sequence forwards (one teacher-forced, one per reward evaluation);
-    ``backward``: backward passes; ``decode_tokens`` / ``generations``: greedy decoding.
+    ``backward``: backward passes; ``redecodes`` / ``redecode_tokens``: greedy continuations
+    after updates (the plain answer itself is ``answer_tokens`` long, plus its EOS).
+    ``image_mass``: each window state's attention share on image tokens (visual feedback only).
+    Wall time: ``seconds`` (all), ``seconds_initial`` (the plain greedy answer), per update
+    ``step_seconds`` (reward forward+backward, Adam, window tokens) and ``redecode_seconds``
+    (greedy continuation; 0 when no window token changed).
     """
 
     initial_text: str = ""
     final_text: str = ""
     answer_tokens: int = 0
     window: int = 0
+    image_mass: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     updated: list[dict[str, list[int]]] = field(default_factory=list)
     changed: list[list[int]] = field(default_factory=list)
@@ -224,9 +230,12 @@ class RefineRecord:
     stopped: str = ""
     forward: int = 0
     backward: int = 0
-    decode_tokens: int = 0
-    generations: int = 0
+    redecodes: int = 0
+    redecode_tokens: int = 0
     seconds: float = 0.0
+    seconds_initial: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
+    redecode_seconds: list[float] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -324,7 +333,8 @@ class LatentRefiner:
         extra = {k: v.to(device) if hasattr(v, "to") else v
                  for k, v in (model_inputs or {}).items()}
         with self._lock, frozen(self.model), latent_hooks(self.model) as hooks:
-            answer = self._generate(x, max_new_tokens, extra, rec)
+            answer = self._generate(x, max_new_tokens, extra)
+            rec.seconds_initial = time.perf_counter() - start
             body = self._body(answer)  # (1, n)
             rec.initial_text = rec.final_text = self._decode(body)
             rec.answer_tokens = n = body.shape[1]
@@ -350,11 +360,13 @@ class LatentRefiner:
         rec.window = w = min(cfg.max_prefix, n, max(1, math.ceil(cfg.prefix * n)))
         m = min(w, max(1, math.ceil(cfg.fraction * n)))
         z0, mass = self._states(hooks, x, body, w, extra, image_token_id, rec)  # (1, W, d)
+        rec.image_mass = [] if mass is None else mass.tolist()
         z = torch.nn.Parameter(z0.clone())
         opt = torch.optim.Adam([z], lr=cfg.lr)
         start_tokens = body[:, :w]  # (1, W): the plain answer's window
         best_reward, best = -math.inf, answer
         for step in range(cfg.max_steps + 1):
+            t0 = time.perf_counter()
             sel = self.select(z, m, mass)
             reward, loss = self._evaluate(hooks, z, sel, x, body, extra, rec)
             rec.rewards.append(reward)
@@ -372,10 +384,15 @@ class LatentRefiner:
             window = self.window_tokens(z, z0, start_tokens)  # (1, W)
             changed = (window != body[:, :w])[0].nonzero().flatten().tolist()
             rec.changed.append(changed)
+            t1 = time.perf_counter()
+            rec.step_seconds.append(t1 - t0)
             if changed:
-                rest = self._generate(torch.cat([x, window], dim=1), max_new - w, extra, rec)
+                rest = self._generate(torch.cat([x, window], dim=1), max_new - w, extra)
+                rec.redecodes += 1
+                rec.redecode_tokens += rest.shape[1]
                 answer = torch.cat([window, rest], dim=1)
                 body = self._body(answer)
+            rec.redecode_seconds.append(time.perf_counter() - t1)
         return best
 
     def select(self, z: Any, m: int, image_mass: Any = None) -> dict[str, Any]:
@@ -442,8 +459,9 @@ class LatentRefiner:
             p = torch.softmax(self._head(z[:, pos, :]).float(), dim=-1)  # (1, k, V)
             soft = p.to(emb.dtype) @ emb  # (1, k, d)
             hard = emb[body[0, pos]].unsqueeze(0)  # (1, k, d): the answer's tokens
-            # straight-through: the value is exactly `hard`, the gradient is the soft path's
-            hooks.set_embeddings(offset + pos, hard + soft - soft.detach(), ids.shape[1])
+            # straight-through: the value is exactly `hard` (soft - soft == 0; (hard + soft)
+            # - soft would round), the gradient is the soft path's
+            hooks.set_embeddings(offset + pos, hard + (soft - soft.detach()), ids.shape[1])
         grad = nullcontext() if differentiable else torch.no_grad()
         try:
             with grad:
@@ -495,7 +513,7 @@ class LatentRefiner:
         head = self.model.get_output_embeddings()
         return head(z.to(head.weight.dtype))
 
-    def _generate(self, ids: Any, max_new: int, extra: dict[str, Any], rec: RefineRecord) -> Any:
+    def _generate(self, ids: Any, max_new: int, extra: dict[str, Any]) -> Any:
         """Greedy continuation of ``ids`` (1, T): the new tokens (1, n)."""
         import torch
 
@@ -510,10 +528,7 @@ class LatentRefiner:
         with torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                       generation_config=cfg, **extra)
-        rec.generations += 1
-        new = out[:, ids.shape[1]:]
-        rec.decode_tokens += new.shape[1]
-        return new
+        return out[:, ids.shape[1]:]
 
     def _body(self, answer: Any) -> Any:
         """The answer without its trailing EOS."""
