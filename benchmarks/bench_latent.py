@@ -41,6 +41,7 @@ from engine.methods.latent_tts import LatentConfig, LatentRefiner, SelfReward
 from engine.paths import cache_dir
 from engine.types import Message, Request
 
+_T0 = time.perf_counter()
 QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many "
             "clips in May. How many clips did Natalia sell altogether in April and May?")
 
@@ -125,7 +126,7 @@ def bench_tasks(backend: HFBackend, args: argparse.Namespace) -> None:
     tasks = load_tasks(args.tasks).tasks
     cfg = LatentConfig(lr=args.lr, fraction=args.fraction, prefix=args.prefix,
                        max_steps=args.max_steps, threshold=args.threshold)
-    refiner = LatentRefiner.from_backend(backend, cfg)
+    refiner = LatentRefiner.from_backend(backend, cfg, on_step=_progress)
     print(f"model: {backend.name}  device: {backend.device}  tasks: {args.tasks} "
           f"({len(tasks)})  config: {cfg}")
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115
@@ -149,6 +150,13 @@ def bench_tasks(backend: HFBackend, args: argparse.Namespace) -> None:
         if out:
             out.close()
     summarise(rows)
+
+
+def _progress(rec: Any) -> None:
+    """One line per reward evaluation, on stderr (refinements take minutes on a CPU)."""
+    changed = rec.changed[-1] if rec.changed else []
+    print(f"  step {len(rec.rewards) - 1}: reward {rec.rewards[-1]:.3f}, window tokens changed "
+          f"{changed}, {time.perf_counter() - _T0:.0f}s", file=sys.stderr, flush=True)
 
 
 def summarise(rows: list[dict[str, Any]]) -> None:

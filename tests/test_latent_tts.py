@@ -381,9 +381,13 @@ def test_refine_keeps_the_best_answer_and_counts_its_cost(word_tokenizer: Any) -
 def test_self_reward_refinement_runs_and_never_returns_a_worse_answer(word_tokenizer: Any
                                                                        ) -> None:
     model = tiny_lm()
-    refiner = LatentRefiner(model, word_tokenizer, LatentConfig(lr=0.3, max_steps=3))
+    seen: list[int] = []
+    refiner = LatentRefiner(model, word_tokenizer, LatentConfig(lr=0.3, max_steps=3),
+                            on_step=lambda r: seen.append(len(r.rewards)))
     rec = refiner.refine(ASK).record
+    assert seen == [1, 2, 3, 4]  # on_step after each reward evaluation
     assert len(rec.rewards) == 4 and all(r <= 0 for r in rec.rewards)
+    assert len(rec.step_seconds) == len(rec.redecode_seconds) == 3
     assert rec.rewards[rec.best_step] == max(rec.rewards)
     assert rec.forward == 1 + len(rec.rewards) and rec.backward == 3
 

@@ -262,11 +262,13 @@ class LatentRefiner:
     text models; ``refine_ids(prompt_ids, model_inputs=..., image_token_id=...)`` for anything
     already tokenised (VLM prompts with ``pixel_values``). ``rewards`` defaults to the
     reasoning self-reward. ``lock``: held around each refinement (share the backend's).
+    ``on_step(record)``: called after each reward evaluation (progress bars, logs).
     """
 
     def __init__(self, model: Any, tokenizer: Any, config: LatentConfig | None = None,
                  rewards: Sequence[Reward] | None = None, *, name: str = "",
-                 lock: Any = None) -> None:
+                 lock: Any = None,
+                 on_step: Callable[[RefineRecord], None] | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or LatentConfig()
@@ -280,6 +282,7 @@ class LatentRefiner:
                 raise ConfigError(f"reward {r.name!r} has weight {r.weight}; weights are > 0",
                                   hint="drop the term instead of giving it weight 0")
         self.name = name
+        self.on_step = on_step
         self._lock: AbstractContextManager[Any] = lock or threading.Lock()
         eos = model.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
@@ -289,7 +292,8 @@ class LatentRefiner:
 
     @classmethod
     def from_backend(cls, backend: Any, config: LatentConfig | None = None,
-                     rewards: Sequence[Reward] | None = None) -> LatentRefiner:
+                     rewards: Sequence[Reward] | None = None,
+                     on_step: Callable[[RefineRecord], None] | None = None) -> LatentRefiner:
         """A refiner over a white-box backend's model (``HFBackend`` and the like)."""
         if not backend.capabilities.white_box or getattr(backend, "model", None) is None:
             raise ConfigError(f"{backend.spec} gives no access to hidden states",
@@ -297,7 +301,7 @@ class LatentRefiner:
                                    "transformers path")
         # share the backend's generation lock: one forward at a time on one model
         return cls(backend.model, backend.tokenizer, config, rewards, name=backend.spec,
-                   lock=getattr(backend, "_lock", None))
+                   lock=getattr(backend, "_lock", None), on_step=on_step)
 
     # -- public entry points -----------------------------------------------------------------
 
@@ -372,6 +376,8 @@ class LatentRefiner:
             rec.rewards.append(reward)
             if reward > best_reward:
                 best_reward, best, rec.best_step = reward, answer, step
+            if self.on_step is not None:
+                self.on_step(rec)
             if reward >= cfg.threshold or step == cfg.max_steps:
                 rec.stopped = "threshold" if reward >= cfg.threshold else "max_steps"
                 break
