@@ -46,7 +46,7 @@ from engine.scoreboard import (
 )
 
 SEARCH_SET = SetPlan(name="halueval-search", train="halueval-search@train:0:40",
-                     dev="halueval-search@dev:0:40", test="halueval-search@test:0:40",
+                     dev="halueval-search@dev:0:40", test="halueval-search@test:0:30",
                      title="HaluEval QA, questions only: evidence through the search tool")
 CORPUS = "halueval"
 CONFIGS: tuple[tuple[str, tuple[tuple[str, Mapping[str, Any]], ...]], ...] = (
