@@ -7,6 +7,7 @@ reply with no usable object is a ``ParseError`` that carries the raw text.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Any
@@ -56,3 +57,43 @@ def _repair(text: str) -> str:
         elif ch == '"':
             in_str = not in_str
     return "".join(out)
+
+
+# Longest argument text tried as a Python literal (literal_eval is not cheap on huge input).
+_MAX_LITERAL_CHARS = 20_000
+
+
+def parse_call_arguments(raw: str) -> Any:
+    """A tool call's arguments as small models write them: JSON; else the first object in the
+    text (a code fence around it, a stray brace or prose after it, the slips ``_repair``
+    undoes); else a Python dict literal (``True``, ``None``, single quotes: the embedded 0.5B
+    writes its calls in ```` ```python ```` blocks). Raises the first ``JSONDecodeError`` when
+    none of these reads."""
+    text = raw.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as first:
+        error = first
+    body = re.sub(r"^```\w*\s*|\s*```\s*$", "", text)
+    start = body.find("{")
+    if start < 0:
+        raise error
+    try:
+        return json.JSONDecoder().raw_decode(body[start:])[0]
+    except json.JSONDecodeError:
+        pass
+    ends = [i for i, ch in enumerate(body) if ch == "}" and i > start][::-1][:4]
+    for end in ends:
+        cand = body[start:end + 1]
+        try:
+            return json.loads(_repair(cand))
+        except json.JSONDecodeError:
+            pass
+        if len(cand) <= _MAX_LITERAL_CHARS:
+            try:
+                value = ast.literal_eval(cand)
+            except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+                continue
+            if isinstance(value, dict):
+                return value
+    raise error

@@ -195,6 +195,49 @@ def test_task_answer_tools_go_natively_and_builtin_tools_compactly() -> None:
     assert json.loads(trace.answer or "")["arguments"] == {"city": "Paris"}
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                     "metric": {"type": "boolean"}},
+                   "required": ["city"]}}}
+
+
+def test_a_task_with_its_own_tools_is_offered_only_those() -> None:
+    backend = ScriptedBackend(['{"name": "get_weather", "arguments": {"city": "Paris"}}'],
+                              tool_calls=True)
+    trace = Agent(backend).run("Weather in Paris?", answer_tools=[WEATHER])
+    system = backend.requests[0].messages[0].text
+    assert "calculator" not in system and "python" not in system
+    assert trace.steps[0].output["tools"] == []
+    both = ScriptedBackend(['{"name": "get_weather", "arguments": {"city": "Paris"}}'],
+                           tool_calls=True)
+    Agent(both, config=RunConfig(own_tools_with_answer_tools=True)).run(
+        "Weather in Paris?", answer_tools=[WEATHER])
+    assert "calculator(expression)" in both.requests[0].messages[0].text
+
+
+@pytest.mark.parametrize("reply", [
+    # A Python literal in a python fence (seen on bfcl-simple: True, not true).
+    '```python\n{"name": "get_weather", "arguments": {"city": "Paris", "metric": True}}\n```',
+    # A stray brace and a fence after the object.
+    '{"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}\n}\n```',
+])
+def test_call_arguments_written_loosely_are_read(reply: str) -> None:
+    backend = ScriptedBackend([reply], tool_calls=True)
+    trace = Agent(backend).run("Weather in Paris?", answer_tools=[WEATHER])
+    assert json.loads(trace.answer or "")["arguments"] == {"city": "Paris", "metric": True}
+
+
+def test_parse_call_arguments_raises_the_json_error_when_nothing_reads() -> None:
+    from engine.replies import parse_call_arguments
+
+    assert parse_call_arguments("{'a': None, 'b': [1, 2]}") == {"a": None, "b": [1, 2]}
+    with pytest.raises(json.JSONDecodeError):
+        parse_call_arguments("{not: json, nor python")
+    with pytest.raises(json.JSONDecodeError):
+        parse_call_arguments("__import__('os').system('true')")  # never evaluated
+
+
 def test_native_format_passes_the_tool_schemas_to_the_backend() -> None:
     backend = ScriptedBackend([ANSWER], tool_calls=True)
     Agent(backend, config=RunConfig(tool_format="native")).run(TASK)

@@ -16,6 +16,8 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
+from engine.replies import parse_call_arguments
+
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 # The start of a JSON call object: {"name": "...", "arguments"|"parameters": ...
 _CALL_HEAD = re.compile(
@@ -88,10 +90,12 @@ def tool_call_blocks(text: str) -> list[Found] | str:
 
 
 def _repaired(body: str) -> object | None:
-    """A call object whose closing braces the model left off (it stopped, or ran out)."""
-    for tail in ("}", "}}", '"}}'):
+    """A call object written loosely (``engine.replies.parse_call_arguments``: a Python
+    literal, a stray brace or fence after it) or whose closing braces the model left off (it
+    stopped, or ran out)."""
+    for tail in ("", "}", "}}", '"}}'):
         try:
-            return json.loads(body + tail)
+            return parse_call_arguments(body + tail)
         except json.JSONDecodeError:
             continue
     return None

@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.errors import BackendError
 from engine.prompts import load_prompt, render_prompt
+from engine.replies import parse_call_arguments
 from engine.runtime.parse import Parsed, ParsedCall, ReplyRules, parse_reply
 from engine.runtime.prompting import (
     answer_tool_names,
@@ -188,7 +189,7 @@ def _arguments(call: Mapping[str, Any], answer_tools: set[str]) -> tuple[Any, st
     if not (raw.strip().startswith("{") or must_be_json):
         return raw, None
     try:
-        return (json.loads(raw) if raw.strip() else {}), None
+        return (parse_call_arguments(raw) if raw.strip() else {}), None
     except json.JSONDecodeError as exc:
         if must_be_json:
             return raw, f"the arguments are not valid JSON ({exc.msg}): {raw}"

@@ -114,10 +114,13 @@ def tools_text(state: Mapping[str, Any], ctx: AgentContext) -> str:
     return "\n".join(parts)
 
 
-def choose_tools(ctx: AgentContext, meta: Mapping[str, Any]) -> list[str]:
-    """The tools a run offers: the agent's own, and each plugin's for what its guidance showed
-    (``read_skill`` only when a skill was listed)."""
-    names = [n for n in ctx.toolbox.names() if n not in ctx.plugin_tools]
+def choose_tools(ctx: AgentContext, meta: Mapping[str, Any], *, answer_tools: bool = False
+                 ) -> list[str]:
+    """The tools a run offers: the agent's own (not when the task brings ``answer_tools``,
+    unless ``RunConfig.own_tools_with_answer_tools``), and each plugin's for what its
+    guidance showed (``read_skill`` only when a skill was listed)."""
+    own = not answer_tools or ctx.config.own_tools_with_answer_tools
+    names = [n for n in ctx.toolbox.names() if own and n not in ctx.plugin_tools]
     for plugin in ctx.plugins:
         names += plugin.run_tools(meta.get(plugin.name) or {})
     return list(dict.fromkeys(names))
@@ -129,7 +132,7 @@ def build_system_prompt(state: AgentState, ctx: AgentContext
     token budget), what the guidance showed, and the tools offered."""
     guidance, meta = collect_guidance(ctx.plugins, ctx, state["task"],
                                       ctx.config.guidance_budget_tokens)
-    tools = choose_tools(ctx, meta)
+    tools = choose_tools(ctx, meta, answer_tools=bool(state.get("answer_tools")))
     with_tools: dict[str, Any] = {**state, "tools": tools}
     parts = [ctx.config.system_prompt or load_prompt("agent_system"),
              tools_text(with_tools, ctx), guidance]

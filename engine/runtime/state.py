@@ -73,6 +73,11 @@ class RunConfig:
     # After tool results, remind the model it may answer now. Small models (the embedded
     # 0.5B) otherwise call tools again and again; measured in tests/test_embedded_agent.py.
     after_tool_nudge: bool = True
+    # A task that brings its own tools and whose answer is one of their calls (function
+    # calling, BFCL) is offered only those: measured on bfcl-simple@dev:0:50, also offering
+    # calculator and python cost 8 points and twice the tokens (the 0.5B wrote python that
+    # imported the task's functions). The methods' tools (skills, learned tools) stay.
+    own_tools_with_answer_tools: bool = False
     system_prompt: str | None = None  # replaces engine/prompts/agent_system.md
 
 
