@@ -5,6 +5,7 @@ self-consistency, all with scripted models."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -245,3 +246,99 @@ def test_votes_read_answers_like_the_scorers(answer: str, vote: str | None) -> N
 
 def test_tasks_from_traces_is_importable() -> None:
     assert callable(tasks_from_traces)
+
+
+# -- Trace2Skill with examples -----------------------------------------------------------------
+
+
+def _t2s_traces() -> list[Trace]:
+    good = [code_trace(f"s{i}", f"Tom has {i} apples and {i} more. How many?", str(2 * i),
+                       label=str(2 * i), score=1.0) for i in (1, 2, 3)]
+    bad = code_trace("f", "Tom has 5 apples and 5 more. How many?", "5", label="10", score=0.0)
+    return [*good, bad]
+
+
+def t2s_analyst(request: Request) -> str:
+    """Small-model slips on purpose: synonyms, 'this' for an id, junk, a failed run offered."""
+    user = request.messages[-1].text
+    user = user.split("The skill also keeps")[0]
+    run = re.search(r"Tom has (\d) apples", user)
+    n = run.group(1) if run else "?"
+    if n == "1":
+        return json.dumps({"edits": [], "examples": [{"action": "keep", "trace": "this"}]})
+    if n == "2":  # examples only, no edits: still a whole reply; a bare action word
+        return json.dumps({"examples": ["skip"]})
+    if n == "5":
+        return json.dumps({
+            "edits": [{"file": "references/examples.md", "op": "create", "content": "x"},
+                      {"file": "SKILL.md", "op": "append_to_section",
+                       "target_section": "Pitfalls", "content": "- Add both amounts."}],
+            "examples": [{"action": "add", "trace": "this"}, {"action": "frobnicate"}, 7]})
+    return "not json at all"  # run 3: the reply is dropped, the run is still a default add
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_trace2skill_keeps_verified_examples_chosen_by_the_analysts(sequential: bool) -> None:
+    from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+
+    t2s = Trace2Skill(Trace2SkillConfig("adding", create=True, examples=True, workers=1,
+                                        sequential=sequential))
+    patch = t2s.fit(_t2s_traces(), {}, ScriptedBackend(responder=t2s_analyst))
+    text = patch.changes["skills/adding/references/examples.md"]
+    assert [e.trace_id for e in parse_examples(text)[0]] == ["s1", "s3"]
+    assert "```output\n2\n```" in text  # the run's own output, not an analyst's rewrite
+    assert "references/examples.md" in patch.changes["skills/adding/SKILL.md"]
+    rep = patch.details["report"]["examples"]
+    assert rep["skipped"] == ["s2"] and rep["edits_dropped"] == 1
+    # 'this' twice and a bare word repaired; a failed run's add, an unknown action and a
+    # non-object dropped, each counted.
+    assert (rep["repaired"], rep["dropped"]) == (3, 3)
+    assert "- Add both amounts." in patch.changes["skills/adding/SKILL.md"]
+
+
+def test_trace2skill_retires_and_replaces_examples_and_respects_the_cap() -> None:
+    from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+
+    old = render_examples([Example("o1", "Old task one", "1"), Example("o2", "Old task two", "2")])
+    skill = "---\nname: adding\ndescription: Adding.\n---\n# Adding\n\n## Pitfalls\n"
+    files = {"skills/adding/SKILL.md": skill, "skills/adding/references/examples.md": old}
+
+    def analyst(request: Request) -> str:
+        text = request.messages[-1].text
+        if "Tom has 1 apples" in text[text.index("This run"):]:
+            return json.dumps({"edits": [], "examples": [
+                {"action": "replace", "trace": "this", "old": "o1"},
+                {"action": "remove", "trace": "o2"}]})
+        return json.dumps({"edits": []})
+
+    t2s = Trace2Skill(Trace2SkillConfig("adding", examples=True, max_examples=2, workers=1))
+    patch = t2s.fit(_t2s_traces(), files, ScriptedBackend(responder=analyst))
+    kept = parse_examples(patch.changes["skills/adding/references/examples.md"])[0]
+    assert [e.trace_id for e in kept] == ["s1", "s2"]  # o1 replaced, o2 retired, cap of 2
+    rep = patch.details["report"]["examples"]
+    assert rep["replaced"] == [["o1", "s1"]] and rep["retired"] == ["o2"]
+
+
+def test_the_skills_runtime_shows_the_nearest_examples_of_a_shown_skill(tmp_path: Path) -> None:
+    from engine.runtime.skills_plugin import SkillsPlugin
+    from engine.runtime.state import AgentContext
+    from skills.index import LibraryIndex
+    from skills.retrieval import SkillRetriever
+    from tools.base import Toolbox
+
+    lib = Library.init(tmp_path / "lib")
+    skill = "---\nname: adding\ndescription: Word problems that add apples.\n---\n# Adding\n"
+    exs = [Example("s1", "Tom has 1 apples and 1 more. How many?", "print(2)"),
+           Example("t9", "A train goes 60 miles an hour for 2 hours. How far?", "print(120)")]
+    lib.commit({"skills/adding/SKILL.md": skill,
+                "skills/adding/references/examples.md": render_examples(exs)},
+               method="test", validate=validate_snapshot)
+    retriever = SkillRetriever(lib, LibraryIndex(lib, WordEmbedder()))
+    plugin = SkillsPlugin(lib, retriever=retriever, examples=1)
+    ctx = AgentContext(backend=ScriptedBackend(), toolbox=Toolbox())
+    g = plugin.guidance("Ann has 4 apples and 3 more. How many?", ctx, 1200)
+    assert g is not None and g.meta["examples"] == ["s1"] and "print(2)" in g.text
+    assert "print(120)" not in g.text
+    small = plugin.guidance("Ann has 4 apples and 3 more. How many?", ctx,
+                            ctx.backend.count_tokens(g.text) - 5)
+    assert small is not None and "examples" not in small.meta
