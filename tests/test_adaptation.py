@@ -342,3 +342,27 @@ def test_the_skills_runtime_shows_the_nearest_examples_of_a_shown_skill(tmp_path
     small = plugin.guidance("Ann has 4 apples and 3 more. How many?", ctx,
                             ctx.backend.count_tokens(g.text) - 5)
     assert small is not None and "examples" not in small.meta
+
+
+def test_a_scoreboard_row_evolves_with_its_own_analyst(tmp_path: Path) -> None:
+    from engine.scoreboard import Runner, load_plan
+
+    plan = load_plan(Path(__file__).parents[1] / "benchmarks" / "scoreboard.yaml")
+    rows = {r.id: r for r in plan.rows}
+    for set_ in ("gsm8k", "bfcl-simple", "bfcl-multiple"):
+        for name in ("memory", "self-consistency", "trace2skill-parallel",
+                     "trace2skill-sequential", "trace2skill-examples"):
+            assert f"{set_}/{name}" in rows
+    assert rows["gsm8k/trace2skill-examples-1.5b"].evolve.analyst == "embedded:qwen-1.5b"
+    replies = tmp_path / "replies.json"
+    replies.write_text('["ok"]', encoding="utf-8")
+    agent, analyst = ScriptedBackend(), ScriptedBackend()
+    runner = Runner(plan, agent, analyst, tmp_path)
+    assert runner.analyst_for(rows["gsm8k/trace2skill-parallel"]) is analyst
+    own = rows["gsm8k/trace2skill-examples"]
+    from dataclasses import replace
+
+    mine = replace(own, evolve=replace(own.evolve, analyst=f"scripted:{replies}"))
+    loaded = runner.analyst_for(mine)
+    assert loaded is not analyst and loaded.spec.startswith("scripted:")
+    assert runner.analyst_for(mine) is loaded  # loaded once
