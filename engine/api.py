@@ -25,7 +25,7 @@ from engine.methods.base import make_config
 from engine.methods.registry import MethodRegistry, default_registry
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from engine.runtime.plugins import MethodEnv
+from engine.runtime.plugins import MethodEnv, wrap_solvers
 from engine.runtime.skills_plugin import SkillsPlugin
 from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from engine.server.client import WrappedClient, wrap_client
@@ -213,7 +213,7 @@ class Engine:
         n = auto_concurrency(self.backend)
         if check_solver(kind or self.solver_kind) == "agent":
             agent = self.build_agent(snapshot=snapshot, store_traces=False)
-            return with_concurrency(agent_solver(agent), n)
+            return with_concurrency(wrap_solvers(agent_solver(agent), agent.plugins), n)
         snap = snapshot or self.pinned_snapshot()
         plugins: list[Plugin] = []
         named = self._named("skills")
@@ -223,10 +223,11 @@ class Engine:
             plugins.append(skills)
         plugins += self.runtime_methods(snap, skip=frozenset({"skills"}))
         version = snap.id if snap is not None else None
-        return with_concurrency(direct_solver(
+        return with_concurrency(wrap_solvers(direct_solver(
             self.backend, model=self.backend.spec, library_version=version, plugins=plugins,
             guidance_budget_tokens=self.config.guidance_budget_tokens,
-            max_tokens=self.config.max_tokens_per_call, temperature=self.config.temperature), n)
+            max_tokens=self.config.max_tokens_per_call, temperature=self.config.temperature),
+            plugins), n)
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""

@@ -271,6 +271,20 @@ class Runner:
     registry: Any = None
     on_progress: Progress = lambda what, done, total: None
     _train_traces: dict[str, list[Trace]] = field(default_factory=dict)
+    _analysts: dict[str, Any] = field(default_factory=dict)
+
+    def analyst_for(self, row: RowPlan) -> Any:
+        """The row's own analyst (``evolve.analyst``, loaded once per spec), else the plan's."""
+        spec = row.evolve.analyst if row.evolve is not None else None
+        if not spec or spec == self.plan.analyst:
+            return self.analyst
+        if spec == getattr(self.backend, "spec", None):
+            return self.backend  # the agent's own model: loaded already
+        if spec not in self._analysts:
+            from engine.backends.registry import get_backend
+
+            self._analysts[spec] = get_backend(spec)
+        return self._analysts[spec]
 
     def engine(self, library: Path, row: RowPlan | None = None, version: str | None = None
                ) -> Any:
@@ -346,7 +360,7 @@ class Runner:
         t0 = time.time()
         res = engine.evolve(
             row.evolve.method, traces=traces, tasks=self.tasks(s.train),
-            gate_tasks=self.tasks(s.dev), analyst=self.analyst, rule=row.evolve.rule,
+            gate_tasks=self.tasks(s.dev), analyst=self.analyst_for(row), rule=row.evolve.rule,
             seed=self.plan.seed, concurrency=self.concurrency,
             max_agent_runs=row.evolve.max_agent_runs, solver=row.solver,
             on_progress=lambda phase, d, n: self.on_progress(f"{row.id} {phase}", d, n),

@@ -3,7 +3,7 @@
 Kept apart from ``store.py`` so ``candidates.py`` can use them without importing the store.
 
 A path is checked before anything is written, so a version can always be written out as the
-plain files of the view (``skills/``, ``policies/``), exported and checked out elsewhere:
+plain files of the view (``skills/``, ``policies/``, ``memory/``), exported and checked out elsewhere:
 each part at most ``MAX_PART_BYTES`` bytes of UTF-8 (ext4 and most file systems allow 255; the
 margin leaves room for the temp names of atomic writes and for the library's own folder), the
 whole path at most ``MAX_PATH_BYTES``, at most ``MAX_DEPTH`` parts, no control characters,
@@ -16,7 +16,7 @@ import unicodedata
 
 from engine.errors import ValidationError
 
-ROOTS = ("skills", "policies")  # top-level folders a version may hold
+ROOTS = ("skills", "policies", "memory")  # top-level folders a version may hold
 
 MAX_PART_BYTES = 128
 MAX_PATH_BYTES = 512

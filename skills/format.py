@@ -9,7 +9,10 @@ here (each problem is a ``ValidationError`` naming the file, the line and the ru
   (space-separated); no other fields;
 - body: at most 500 lines;
 - the folder: ``SKILL.md`` plus optional ``scripts/``, ``references/`` and ``assets/``, each
-  one level deep; a reference file holds at most 300 lines (``check_skill_files``).
+  one level deep; a reference file holds at most 300 lines (``check_skill_files``);
+- worked examples (``references/examples.md``, and a library's ``memory/<name>.md``): one
+  ``## Example <trace id>`` section each, a ``Task:`` paragraph, then the model's own output in
+  a fence of at least four backticks (``parse_examples`` / ``render_examples``).
 
 Limits that keep any input cheap to check, applied before anything is parsed or rendered:
 ``SKILL.md`` at most ``MAX_SKILL_MD_BYTES``, its front matter at most
@@ -53,6 +56,9 @@ MAX_YAML_NODES = 2_000  # counted with every alias expanded where it is used
 MAX_YAML_DEPTH = 16
 MAX_SKILL_FILES = 256
 MAX_SKILL_BYTES = 32 * 1024 * 1024
+EXAMPLES_FILE = "references/examples.md"  # a skill's worked examples
+MEMORY_DIR = "memory"  # a library's demonstrations: memory/<name>.md, in the examples format
+MAX_EXAMPLE_LINES = 60  # one example's solution; longer runs teach little and cost much
 
 try:  # libyaml is ~10x faster; the pure-Python loader gives the same results
     _Loader: Any = yaml.CSafeLoader
@@ -432,6 +438,8 @@ def _file_problems(name: str, rel: str, data: bytes, base: str) -> list[Validati
         except UnicodeDecodeError:
             return [*out, ValidationError(where, "encoding", "a reference file must be UTF-8 "
                                           "text")]
+        if rel == EXAMPLES_FILE:
+            out += parse_examples(data.decode("utf-8"), path=where)[1]
         if n > MAX_REFERENCE_LINES:
             out.append(ValidationError(
                 where, "reference-length", f"{n} lines; a reference file holds at most "
@@ -464,3 +472,76 @@ def check_skill_files(name: str, files: Mapping[str, bytes], *, base: str
             if rel != SKILL_FILE:
                 problems.extend(_file_problems(name, rel, data, base))
     return parsed, problems
+
+
+# -- worked examples ---------------------------------------------------------------------------
+
+_EXAMPLE_HEAD = re.compile(r"^## Example (\S+)\s*$")
+_FENCE = re.compile(r"^(`{4,})\s*$")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One worked example: the task and the model's own output for it (verified by the
+    scorer when it was taken), with the id of the trace it came from."""
+
+    trace_id: str
+    task: str
+    solution: str
+
+
+def render_examples(examples: list[Example] | tuple[Example, ...], *, title: str = "Examples",
+                    intro: str = "") -> str:
+    """The examples file for ``examples``. Each solution goes in a fence one backtick longer
+    than any run of backticks inside it (at least four), so fenced code survives."""
+    out = [f"# {title}", ""] + ([intro.strip(), ""] if intro.strip() else [])
+    for ex in examples:
+        longest = max((len(m) for m in re.findall(r"`+", ex.solution)), default=0)
+        fence = "`" * max(4, longest + 1)
+        out += [f"## Example {ex.trace_id}", "", "Task: " + " ".join(ex.task.split()), "",
+                fence, ex.solution.strip("\n"), fence, ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def parse_examples(text: str, *, path: str = EXAMPLES_FILE
+                   ) -> tuple[list[Example], list[ValidationError]]:
+    """The examples in ``text`` (``render_examples``' format) and the problems of any section
+    that is not one: no ``Task:`` line, no closed fence, a solution over
+    ``MAX_EXAMPLE_LINES`` lines, a trace id given twice. Text outside the sections is prose."""
+    lines = text.split("\n")
+    examples: list[Example] = []
+    problems: list[ValidationError] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(lines):
+        head = _EXAMPLE_HEAD.match(lines[i])
+        if not head:
+            i += 1
+            continue
+        start, trace_id = i + 1, head.group(1)
+        j = start
+        while j < len(lines) and not _FENCE.match(lines[j]) and not _EXAMPLE_HEAD.match(lines[j]):
+            j += 1
+        task = " ".join(" ".join(lines[start:j]).split())
+        fence = _FENCE.match(lines[j]) if j < len(lines) else None
+        end = next((k for k in range(j + 1, len(lines)) if fence and lines[k].strip() ==
+                    fence.group(1)), None)
+        problem = None
+        if not task.startswith("Task:") or not task[5:].strip():
+            problem = "an example needs a 'Task: ...' line before its solution"
+        elif fence is None or end is None:
+            problem = "an example's solution goes in a closed fence of four or more backticks"
+        elif end - j - 1 > MAX_EXAMPLE_LINES:
+            problem = f"the solution has {end - j - 1} lines; at most {MAX_EXAMPLE_LINES}"
+        elif trace_id in seen:
+            problem = f"trace {trace_id} gives two examples"
+        if problem:
+            problems.append(ValidationError(path, "example", problem, line=i + 1,
+                                            hint="see skills/format.py for the examples format"))
+            i = j if fence is None or end is None else end + 1
+            continue
+        assert end is not None
+        seen.add(trace_id)
+        examples.append(Example(trace_id, task[5:].strip(), "\n".join(lines[j + 1:end])))
+        i = end + 1
+    return examples, problems

@@ -111,3 +111,26 @@ def test_report_renders_in_headless_chromium_with_its_plots(tmp_path: Path) -> N
     blue = sum(n for n, (r, g, b) in colours if b > 150 and r < 80 and 90 < g < 150)
     green = sum(n for n, (r, g, b) in colours if g > 100 and r < 80 and b < 80)
     assert blue > 200 and green > 2000, (blue, green)
+
+
+def test_the_accuracy_figure_is_inline_svg_with_an_interval_per_run() -> None:
+    import xml.etree.ElementTree as ET
+
+    from engine.evaluation.report import svg_accuracy
+
+    rs = runs()
+    page = render_report(rs)
+    svg = re.search(r"<svg id=\"plot-accuracy-rows\".*?</svg>", page, re.DOTALL)
+    assert svg is not None
+    root = ET.fromstring(svg.group(0))  # well-formed
+    dots = root.findall("circle")
+    assert len(dots) == 3  # one per run name on the one task set
+    # Accuracies 8/20, 12/20, 17/20: the dots sit left to right in that order, each inside
+    # its interval bar.
+    xs = [float(d.get("cx")) for d in dots]
+    assert xs == sorted(xs)
+    bars = [b for b in root.findall("line") if b.get("stroke") == "#1f77b4"]
+    for dot, bar in zip(dots, bars):
+        assert float(bar.get("x1")) < float(dot.get("cx")) < float(bar.get("x2"))
+    assert "0.850 [" in svg.group(0) and "v3: 0.850" in svg.group(0)
+    assert svg_accuracy([]).count("<circle") == 0

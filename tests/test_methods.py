@@ -119,7 +119,7 @@ def test_a_runtime_method_is_chosen_by_name_and_recorded_in_the_trace(
     methods = {m["name"]: m["config"] for m in trace["meta"]["methods"]}
     assert methods["toy-horizon"] == {"max_steps": 2, "tag": "kiwi"}
     assert methods["skills"] == {"k": 5, "max_bodies": 2, "min_score": None,
-                                 "learned_tools": True}
+                                 "learned_tools": True, "examples": 2}
     assert trace["meta"]["toy-horizon"]["calls"] == 2  # every model call went through it
     assert "Remember the kiwi." in trace["steps"][0]["output"]["system"]
     engine = Engine(ScriptedBackend(["Final Answer: 4"]), library=tmp_path / "lib",

@@ -20,7 +20,7 @@ from engine.evaluation.runner import Solver
 from engine.evaluation.tasks import TaskRecord
 from engine.prompts import render_prompt
 from engine.runtime.plugins import Plugin, collect_guidance
-from engine.runtime.state import AgentContext
+from engine.runtime.state import AgentContext, RunConfig
 from engine.types import Message, Request, Step, Trace
 from tools.base import Toolbox
 
@@ -59,6 +59,8 @@ def direct_solver(backend: Backend, *, model: str | None = None,
 
     ``system`` is fixed system text; ``plugins`` add their guidance for each task after it
     (``engine.runtime.plugins.collect_guidance``), and what they showed goes in the trace's ``meta``.
+    Their ``adjust_config`` may change the call's sampling (temperature, top-p, max tokens),
+    as it does for an agent run.
     """
     ctx = AgentContext(backend=backend, toolbox=Toolbox())
 
@@ -66,8 +68,12 @@ def direct_solver(backend: Backend, *, model: str | None = None,
         started = time.time()
         extra, meta = collect_guidance(plugins, ctx, task.prompt, guidance_budget_tokens)
         sys_text = "\n\n".join(p for p in (system, extra) if p) or None
-        request = Request(messages=tuple(task_messages(task, sys_text)), max_tokens=max_tokens,
-                          temperature=temperature, seed=seed, tools=task.tools)
+        config = RunConfig(max_tokens_per_call=max_tokens, temperature=temperature, seed=seed)
+        for p in plugins:
+            config = p.adjust_config(task.prompt, config)
+        request = Request(messages=tuple(task_messages(task, sys_text)),
+                          max_tokens=config.max_tokens_per_call, temperature=config.temperature,
+                          top_p=config.top_p, seed=seed, tools=task.tools)
         c = backend.complete(request)
         steps = [Step(kind="think", module="think",
                       input={"messages": [m.to_dict() for m in request.messages]},

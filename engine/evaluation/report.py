@@ -1,9 +1,11 @@
 """A self-contained HTML report of saved evaluation results.
 
-Three plots, each an inline base64 PNG made with matplotlib (imported lazily; the figures are
-drawn with the Agg canvas directly, so no pyplot global state is touched):
-accuracy per library version over time with its 95% interval, per-task wins and losses between
-two runs, and tokens per task. A table lists every run.
+A figure of every run's accuracy with its 95% interval (the latest run of each name per task
+set, so the scoreboard's rows read side by side), drawn as inline SVG by hand (no plotting
+library needed); then three plots, each an inline base64 PNG made with matplotlib (imported
+lazily; the figures are drawn with the Agg canvas directly, so no pyplot global state is
+touched): accuracy per library version over time with its 95% interval, per-task wins and
+losses between two runs, and tokens per task. A table lists every run.
 """
 
 from __future__ import annotations
@@ -121,6 +123,58 @@ def plot_tokens(results: Sequence[EvalResult]) -> str:
     return _png(fig)
 
 
+def latest_per_name(results: Sequence[EvalResult]) -> list[EvalResult]:
+    """The latest run of each (task set, name), ordered by task set, then name."""
+    latest: dict[tuple[str, str], EvalResult] = {}
+    for r in sorted(results, key=lambda r: r.started):
+        if r.n:
+            latest[(r.task_set, r.name)] = r
+    return [latest[k] for k in sorted(latest)]
+
+
+def svg_accuracy(results: Sequence[EvalResult], *, width: int = 900) -> str:
+    """Accuracy with its 95% interval for each run of ``latest_per_name``: one line per run
+    (a dot, the interval as a bar), grouped by task set, as an inline ``<svg>``."""
+    runs = latest_per_name(results)
+    label_w, right_w, row_h, top = 330, 110, 22, 30
+    plot_w = max(200, width - label_w - right_w)
+    groups = sorted({r.task_set for r in runs})
+    height = top + row_h * (len(runs) + len(groups)) + 24
+
+    def x(v: float) -> float:
+        return label_w + max(0.0, min(1.0, v)) * plot_w
+
+    out = [(f'<svg id="plot-accuracy-rows" width="{width}" height="{height}" '
+            'font-family="system-ui, sans-serif" font-size="12" role="img" '
+            'aria-label="accuracy with 95% intervals per run">')]
+    for tick in range(0, 11, 2):
+        tx = x(tick / 10)
+        out.append(f'<line x1="{tx:.1f}" y1="{top - 6}" x2="{tx:.1f}" y2="{height - 20}" '
+                   f'stroke="#ddd"/><text x="{tx:.1f}" y="{top - 10}" text-anchor="middle" '
+                   f'fill="#666">{tick / 10:.1f}</text>')
+    y = top
+    for group in groups:
+        y += row_h
+        out.append(f'<text x="4" y="{y - 6}" font-weight="bold">{html.escape(_short(group))}'
+                   '</text>')
+        for r in (r for r in runs if r.task_set == group):
+            ci = r.interval()
+            mid = y + row_h / 2
+            out.append(
+                f'<text x="16" y="{mid + 4:.1f}">{html.escape(r.name[:48])}</text>'
+                f'<line x1="{x(ci.low):.1f}" y1="{mid:.1f}" x2="{x(ci.high):.1f}" '
+                f'y2="{mid:.1f}" stroke="#1f77b4" stroke-width="3"/>'
+                f'<circle cx="{x(ci.mean):.1f}" cy="{mid:.1f}" r="4.5" fill="#0b3d91">'
+                f'<title>{html.escape(r.name)}: {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]'
+                f' n={r.n}</title></circle>'
+                f'<text x="{label_w + plot_w + 8}" y="{mid + 4:.1f}" fill="#333">'
+                f'{ci.mean:.3f} [{ci.low:.2f}, {ci.high:.2f}]</text>')
+            y += row_h
+    out.append(f'<text x="{x(0.5):.1f}" y="{height - 4}" text-anchor="middle" fill="#666">'
+               'accuracy (95% interval)</text></svg>')
+    return "".join(out)
+
+
 def latest_pair(results: Sequence[EvalResult]) -> tuple[EvalResult, EvalResult] | None:
     """The two most recent complete runs on one task set under different names (a, b)."""
     done = sorted((r for r in results if not r.partial and r.n), key=lambda r: r.started)
@@ -168,6 +222,8 @@ def render_report(results: Sequence[EvalResult],
         parts.append("<p>No evaluation results yet: run <code>whetstone eval</code>.</p>")
         return "".join(parts) + "</body></html>"
     parts.append("<h2>Runs</h2>" + _table(results))
+    parts.append("<h2>Accuracy per run</h2><p class='note'>The latest run of each name per "
+                 "task set; the bar is its 95% interval.</p>" + svg_accuracy(results))
     parts.append("<h2>Accuracy over time</h2>"
                  + _img(plot_accuracy_over_time(results), "accuracy over time", "plot-accuracy"))
     pair = pair or latest_pair(results)

@@ -65,6 +65,10 @@ _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("co_react", "runtime", "engine.methods.co_react:CoReAct"),
     MethodEntry("horizon", "runtime", "engine.methods.horizon:ElasticHorizon"),
     MethodEntry("march", "runtime", "engine.methods.march:March"),
+    MethodEntry("memory", "evolver", "engine.methods.memory:Memory"),
+    MethodEntry("memory", "runtime", "engine.methods.memory:MemoryPlugin"),
+    MethodEntry("self_consistency", "runtime",
+                "engine.methods.self_consistency:SelfConsistency"),
 )
 
 

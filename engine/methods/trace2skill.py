@@ -26,8 +26,19 @@ from engine.backends.base import Backend
 from engine.errors import ConfigError
 from engine.methods.analyst import AnalystStats, ask_parsed, render_trace
 from engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
+from engine.methods.examples import example_from_trace
+from engine.methods.trace2skill_examples import (
+    ExampleAction,
+    ExampleReport,
+    actions_from_reply,
+    apply_examples,
+    default_adds,
+    listing,
+)
 from engine.prompts import load_prompt, render_prompt
+from engine.replies import extract_json_object
 from engine.types import Trace
+from skills.format import EXAMPLES_FILE, Example
 
 if TYPE_CHECKING:
     from library_store.store import Snapshot
@@ -64,6 +75,9 @@ class Trace2SkillConfig:
     seed: int = knob(0, cli=False)  # set from the shared --seed
     success_threshold: float = knob(
         1.0, help="A trace scoring at least this counts as a success.")
+    examples: bool = knob(False, help="Keep worked examples (references/examples.md) taken "
+                                      "from verified runs; analysts add, replace, retire them.")
+    max_examples: int = knob(6, help="Most worked examples the skill keeps.", min=1)
 
 
 @dataclass
@@ -80,9 +94,11 @@ class Trace2SkillReport:
     apply_failed: list[str] = field(default_factory=list)
     limit_drops: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    examples: ExampleReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"traces": self.traces, "map_patches": self.map_patches,
+        return {"examples": self.examples.to_dict() if self.examples else None,
+                "traces": self.traces, "map_patches": self.map_patches,
                 "map": self.map.to_dict(), "levels": self.levels, "folded": self.folded,
                 "conflicts_resolved": self.conflicts_resolved, "unplaceable": self.unplaceable,
                 "apply_failed": self.apply_failed, "limit_drops": self.limit_drops,
@@ -209,6 +225,13 @@ def _strip_prefix(files: Mapping[str, str], prefix: str) -> dict[str, str]:
     return {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
 
 
+def parse_examples_of(files: Mapping[str, str]) -> list[Example]:
+    """The worked examples a skill's files hold."""
+    from skills.format import parse_examples
+
+    return parse_examples(files.get(EXAMPLES_FILE, ""))[0]
+
+
 def draft_skill(name: str, description: str) -> dict[str, str]:
     """The weak draft a created skill starts from."""
     desc = description or f"Lessons learned for {name.replace('-', ' ')} tasks."
@@ -232,6 +255,8 @@ class Trace2Skill:
         self.config = config
         self.on_progress = on_progress or (lambda phase, done, total: None)
         self.report = Trace2SkillReport()
+        self._actions: list[ExampleAction] = []  # the analysts' example choices (examples=true)
+        self._runs: dict[str, Example] = {}  # verified runs, by trace id, that may be examples
 
     def base_files(self, library_files: Mapping[str, str]) -> dict[str, str]:
         """The skill's files relative to its folder (a draft when it is to be created)."""
@@ -266,6 +291,14 @@ class Trace2Skill:
                               hint="run `whetstone eval --tasks ...` first, or widen --traces")
         self.report = report = Trace2SkillReport(traces=len(traces))
         base = self.base_files(library_files)
+        self._actions, self._runs = [], {}
+        if cfg.examples:
+            report.examples = ExampleReport()
+            for t in traces:
+                ex = example_from_trace(t.with_(label=labels[t.id]) if labels and t.id in labels
+                                        else t, cfg.success_threshold)
+                if ex is not None:
+                    self._runs[t.id] = ex
         start = time.perf_counter()
         if cfg.sequential:
             files = await self._sequential(traces, base, analyst, labels)
@@ -281,6 +314,7 @@ class Trace2Skill:
             t2 = time.perf_counter()
             files, failed = apply_patch(base, merged)
             report.apply_failed = [f"{e.op} {e.file}: {why}" for e, why in failed]
+            files = self._with_examples(files, self._actions, self._runs)
             report.seconds["apply"] = time.perf_counter() - t2
         t3 = time.perf_counter()
         files, drops = enforce_limits(files, base, cfg.skill, merged)
@@ -297,7 +331,9 @@ class Trace2Skill:
     def messages_for(self, batch: Sequence[Trace], files: Mapping[str, str],
                      labels: Mapping[str, str] | None) -> list[dict[str, str]]:
         """The analyst's prompt for one trace (or a small batch)."""
-        skill = render_files(files)
+        # With examples on, the analyst sees them as a short listing, not the whole file.
+        skill = render_files({p: t for p, t in files.items()
+                              if not (self.config.examples and p == EXAMPLES_FILE)})
         if len(batch) == 1:
             t = batch[0]
             success = _is_success(t, self.config.success_threshold)
@@ -316,13 +352,26 @@ class Trace2Skill:
                                             trace=render_trace(t, max_chars=2500)))
             user = render_prompt("trace2skill_batch", skill=skill, count=len(batch),
                                  traces="\n\n".join(blocks))
+        if self.config.examples:
+            user += "\n\n" + listing(files)
         return [{"role": "system", "content": load_prompt("trace2skill_system")},
                 {"role": "user", "content": user}]
 
     def _checker(self, files: Mapping[str, str], support: Sequence[str]
                  ) -> Callable[[str], SkillPatch]:
         def parse(raw: str) -> SkillPatch:
-            patch = patch_from_json_text(raw, support)
+            if self.config.examples:
+                obj = extract_json_object(raw, what="a JSON patch")
+                if isinstance(obj, dict) and "edits" not in obj and "examples" in obj:
+                    obj["edits"] = []  # a reply about examples only is a whole reply
+                patch = SkillPatch.from_dict(obj, support)
+                kept = tuple(e for e in patch.edits if e.file != EXAMPLES_FILE)
+                if len(kept) != len(patch.edits) and self.report.examples is not None:
+                    # The examples file is written by code from verified runs, never by hand.
+                    self.report.examples.edits_dropped += len(patch.edits) - len(kept)
+                    patch = replace(patch, edits=kept)
+            else:
+                patch = patch_from_json_text(raw, support)
             apply_patch(files, patch, strict=True)  # every anchor must be in the skill
             return patch
         return parse
@@ -334,6 +383,10 @@ class Trace2Skill:
             self._checker(files, [t.id for t in batch]),
             temperature=self.config.temperature, max_tokens=self.config.max_tokens, seed=seed)
         self.report.map.add(reply.stats)
+        if self.report.examples is not None:
+            ids = [t.id for t in batch]
+            existing = [ex.trace_id for ex in parse_examples_of(files)]
+            self._actions += actions_from_reply(reply.raw, ids, existing, self.report.examples)
         return reply.value
 
     async def map(self, traces: Sequence[Trace], base: Mapping[str, str], analyst: Backend,
@@ -368,13 +421,29 @@ class Trace2Skill:
                           analyst: Backend, labels: Mapping[str, str] | None) -> dict[str, str]:
         files = dict(base)
         for i, batch in enumerate(self._batches(traces)):
+            before = len(self._actions)
             patch = await self._analyse(batch, files, analyst, labels, self.config.seed + i)
             if patch is not None:
                 self.report.map_patches += 1
                 files, failed = apply_patch(files, patch)
                 self.report.apply_failed += [f"{e.op} {e.file}: {why}" for e, why in failed]
+            if self.config.examples:  # the next analyst sees the examples this one chose
+                runs = {t.id: self._runs[t.id] for t in batch if t.id in self._runs}
+                files = self._with_examples(files, self._actions[before:], runs)
             self.on_progress("sequential", i + 1, len(traces))
         return files
+
+    # EXAMPLES -------------------------------------------------------------------------------
+
+    def _with_examples(self, files: Mapping[str, str], actions: Sequence[ExampleAction],
+                       runs: Mapping[str, Example]) -> dict[str, str]:
+        """``files`` with the analysts' example choices applied (``trace2skill_examples``);
+        unchanged when examples are off."""
+        if self.report.examples is None:
+            return dict(files)
+        return apply_examples(files, [*actions, *default_adds(runs)], self._runs,
+                              max_examples=self.config.max_examples,
+                              report=self.report.examples)
 
     # RESULT ---------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from engine.backends.base import Backend
     from engine.runtime.state import AgentContext, AgentState, RunConfig
-    from engine.types import Completion, Request
+    from engine.types import Completion, Request, Trace
     from library_store.store import Library, Snapshot
     from tools.base import Tool
 
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 NodeFn = Callable[["AgentState", "AgentContext"], Mapping[str, Any]]
 # One model call of a run, as the ``think`` node makes it.
 ModelCall = Callable[["Request"], "Completion"]
+# Solving one whole task: ``(task record, seed) -> Trace`` (``engine.evaluation.runner``).
+SolveFn = Callable[[Any, int], "Trace"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,20 @@ class Plugin:
         """The model call the ``think`` node makes, wrapped (latent test-time scaling refines
         a white-box ``backend``'s decoding); wrappers nest in plugin order."""
         return call
+
+    def wrap_solver(self, solve: SolveFn) -> SolveFn:
+        """A wrapper around solving one whole task, for a method that runs a task more than
+        once (self-consistency samples several runs and votes). Evaluation solvers
+        (``Engine.solver``: eval, the gate, the scoreboard) apply it, in plugin order; a
+        single ``run`` does not."""
+        return solve
+
+
+def wrap_solvers(solve: SolveFn, plugins: Sequence[Plugin]) -> SolveFn:
+    """``solve`` wrapped by every plugin's ``wrap_solver`` (the first plugin innermost)."""
+    for p in plugins:
+        solve = p.wrap_solver(solve)
+    return solve
 
 
 def collect_guidance(plugins: Sequence[Plugin], ctx: AgentContext, task: str,

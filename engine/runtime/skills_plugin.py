@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from engine.runtime.library_tools import LibraryTools
     from engine.runtime.state import AgentContext, AgentState
     from library_store.store import Library, Snapshot
+    from skills.examples import ExampleRetriever
+    from skills.format import Example
     from skills.retrieval import SkillRetriever
     from tools.images import ImageFiles
     from tools.sandbox import Sandbox
@@ -55,12 +57,17 @@ class SkillsConfig:
     against an evolved ``word-math`` skill's draft description and unrelated questions up to
     0.13 against any skill, so a floor that drops the unrelated ones also hides evolved skills
     from most of the tasks they were learned on. With an empty library nothing is injected
-    and ``read_skill`` is not offered."""
+    and ``read_skill`` is not offered.
+
+    ``examples``: a skill shown with its body that keeps worked examples
+    (``references/examples.md``) also shows the ``examples`` whose task is nearest to this
+    one, in what the skills left of the budget (``skills.examples``)."""
 
     k: int = 5
     max_bodies: int = 2
     min_score: float | None = None
     learned_tools: bool = True
+    examples: int = 2  # worked examples shown, nearest first, from the skills shown with a body
 
 
 class SkillsPlugin(Plugin):
@@ -76,13 +83,14 @@ class SkillsPlugin(Plugin):
                               hint="build it through Engine, which opens the library")
         cfg = config or SkillsConfig()
         return cls(env.library, snapshot=env.snapshot, k=cfg.k, max_bodies=cfg.max_bodies,
-                   min_score=cfg.min_score, learned_tools=cfg.learned_tools)
+                   min_score=cfg.min_score, learned_tools=cfg.learned_tools,
+                   examples=cfg.examples)
 
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
                  max_bodies: int = 2, min_score: float | None = None,
                  learned_tools: bool = True, images: ImageFiles | None = None,
-                 sandbox: Sandbox | None = None) -> None:
+                 sandbox: Sandbox | None = None, examples: int = 2) -> None:
         from library_store.embeddings import query_embedder
         from skills.index import LibraryIndex
         from skills.retrieval import SkillRetriever
@@ -90,7 +98,7 @@ class SkillsPlugin(Plugin):
         self.library = library
         self.pinned = snapshot
         self.config = SkillsConfig(k=k, max_bodies=max_bodies, min_score=min_score,
-                                   learned_tools=learned_tools)
+                                   learned_tools=learned_tools, examples=examples)
         # Learned tools read images from the run's folder and write theirs there.
         self.images = images
         self.sandbox = sandbox
@@ -102,6 +110,8 @@ class SkillsPlugin(Plugin):
             max_bodies=max_bodies, min_score=min_score)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = snapshot
+        self._examples: ExampleRetriever | None = None
+        self._parsed: dict[tuple[str, str], list[Example]] = {}  # (version, skill) -> examples
 
     def snapshot(self) -> Snapshot:
         """The pinned snapshot, or the current version (re-read when the library moved)."""
@@ -169,10 +179,43 @@ class SkillsPlugin(Plugin):
             return Guidance("Skills", "", {"version": snap.id, "shown": [], "with_body": []},
                             library_version=snap.id)
         r = self.retriever.retrieve(task, snapshot=snap, budget_tokens=budget_tokens)
-        meta = {"version": r.version, "shown": list(r.shown), "with_body": list(r.with_body),
-                "matches": [[m.name, round(m.score, 4)] for m in r.matches]}
+        meta: dict[str, Any] = {"version": r.version, "shown": list(r.shown),
+                                "with_body": list(r.with_body),
+                                "matches": [[m.name, round(m.score, 4)] for m in r.matches]}
+        prompt = r.prompt
+        if self.config.examples > 0 and r.with_body:
+            left = budget_tokens - (ctx.backend.count_tokens(prompt) if prompt else 0)
+            shown = self._nearest_examples(snap, r.with_body, task, left, ctx)
+            if shown is not None and shown.text:
+                prompt = prompt.rstrip("\n") + "\n\n" + shown.text
+                meta["examples"] = list(shown.trace_ids)
         # The retrieved prompt carries its own "# Skills" heading; drop ours.
-        return Guidance("", r.prompt, meta, library_version=snap.id)
+        return Guidance("", prompt, meta, library_version=snap.id)
+
+    def _nearest_examples(self, snap: Snapshot, skills: tuple[str, ...], task: str,
+                          budget: int, ctx: AgentContext) -> Any:
+        """The nearest worked examples of ``skills`` within ``budget`` (None: none kept)."""
+        from skills.examples import ExampleRetriever
+        from skills.format import EXAMPLES_FILE, parse_examples
+
+        pool: list[Example] = []
+        for name in skills:
+            key = (snap.id, name)
+            if key not in self._parsed:
+                if len(self._parsed) > 256:  # a long-lived server moves through versions
+                    self._parsed.clear()
+                path = f"skills/{name}/{EXAMPLES_FILE}"
+                self._parsed[key] = parse_examples(snap.read_text(path), path=path)[0] \
+                    if snap.exists(path) else []
+            pool += self._parsed[key]
+        if not pool or budget <= 0:
+            return None
+        with self._lock:
+            if self._examples is None:
+                self._examples = ExampleRetriever(self.retriever.index.embedder)
+        return self._examples.nearest(task, pool, k=self.config.examples, budget_tokens=budget,
+                                      count_tokens=ctx.backend.count_tokens,
+                                      heading="Worked examples")
 
     def finish_meta(self, state: AgentState) -> Mapping[str, Any]:
         opened = []

@@ -1,0 +1,102 @@
+"""The worked examples nearest to a task, packed into a token budget.
+
+Small models copy a worked example far more reliably than they follow advice, so a skill may
+carry examples (``references/examples.md``) and a library may keep a memory of demonstrations
+(``memory/<name>.md``); both use the format of ``skills.format`` (``parse_examples``). For a
+task, ``ExampleRetriever.nearest`` ranks examples by the cosine similarity of their task to
+the task (the query embedder, vectors cached by text) and keeps the best ``k`` that fit the
+budget, nearest first. The rendering is ``engine/prompts/examples.yaml``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.prompts import render_prompt
+from library_store.embeddings import Embedder
+from skills.format import Example
+
+TokenCounter = Callable[[str], int]
+MAX_CACHED = 20_000  # task vectors kept (384 floats each: ~30 MB at most)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What ``nearest`` put in front of the model: the text and the examples' trace ids with
+    their similarity to the task, nearest first."""
+
+    text: str
+    trace_ids: tuple[str, ...] = ()
+    scores: tuple[float, ...] = ()
+    tokens: int = 0
+
+
+def render_shown(examples: Sequence[Example], *, heading: str) -> str:
+    """The demonstrations block: a heading, then each example as task and solution."""
+    if not examples:
+        return ""
+    parts = [render_prompt("examples.yaml#heading", heading=heading)]
+    parts += [render_prompt("examples.yaml#example", task=ex.task, solution=ex.solution.strip())
+              for ex in examples]
+    return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+
+
+class ExampleRetriever:
+    """Nearest examples by task embedding. Thread-safe; one per plugin, shared by its runs."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self._vectors: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+        with self._lock:
+            missing = sorted({k: t for k, t in zip(keys, texts) if k not in self._vectors}.items())
+        if missing:
+            vectors = self.embedder.embed([t for _, t in missing])
+            with self._lock:
+                if len(self._vectors) + len(missing) > MAX_CACHED:
+                    self._vectors.clear()  # a rare, long-lived server: start over
+                for (k, _), v in zip(missing, vectors):
+                    self._vectors[k] = np.asarray(v, dtype=np.float32)
+        with self._lock:
+            return np.stack([self._vectors[k] for k in keys])
+
+    def rank(self, task: str, examples: Sequence[Example]) -> list[tuple[Example, float]]:
+        """Every example with its cosine similarity to ``task``, nearest first (ties keep the
+        file's order)."""
+        if not examples:
+            return []
+        vectors = self._embed([task, *(ex.task for ex in examples)])
+        scores = vectors[1:] @ vectors[0]
+        order = sorted(range(len(examples)), key=lambda i: (-float(scores[i]), i))
+        return [(examples[i], float(scores[i])) for i in order]
+
+    def nearest(self, task: str, examples: Sequence[Example], *, k: int, budget_tokens: int,
+                count_tokens: TokenCounter, heading: str = "Worked examples",
+                exclude_task: bool = True) -> Shown:
+        """The ``k`` nearest examples whose block fits ``budget_tokens``: nearest first, an
+        example that would overflow is skipped for a shorter one further down. With
+        ``exclude_task``, an example of this very task is left out (no answer leaks when a
+        library is scored on the tasks it was learned from)."""
+        ranked = [(ex, s) for ex, s in self.rank(task, examples)
+                  if not (exclude_task and " ".join(ex.task.split()) == " ".join(task.split()))]
+        chosen: list[tuple[Example, float]] = []
+        for ex, score in ranked:
+            if len(chosen) >= k:
+                break
+            text = render_shown([e for e, _ in chosen] + [ex], heading=heading)
+            if count_tokens(text) <= budget_tokens:
+                chosen.append((ex, score))
+        text = render_shown([e for e, _ in chosen], heading=heading)
+        return Shown(text, tuple(e.trace_id for e, _ in chosen),
+                     tuple(round(s, 4) for _, s in chosen), count_tokens(text) if text else 0)
+
+
+__all__ = ["ExampleRetriever", "Shown", "render_shown"]
