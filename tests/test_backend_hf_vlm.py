@@ -17,6 +17,7 @@ from conftest import SHARED_CACHE
 from PIL import Image
 from vlm_support import IMAGE_TOKENS, save_tiny_vlm, word_tokenizer
 
+from engine.api import describe_models
 from engine.backends import get_backend
 from engine.backends.hf_vlm import is_vision_folder, load_image
 from engine.errors import ConfigError
@@ -62,6 +63,8 @@ def test_a_vision_folder_loads_on_transformers_with_vision(vlm: Any, vlm_folder:
     with pytest.raises(ConfigError, match="ONNX engine is text-only") as err:
         get_backend(f"hf:{vlm_folder}@onnx")
     assert "@onnx" in (err.value.hint or "")
+    hf_row = next(r for r in describe_models() if r["prefix"] == "hf")
+    assert "vision-language" in hf_row["summary"] and "text-only" in hf_row["summary"]
 
 
 def test_the_image_reaches_the_model(vlm: Any, tmp_path: Path) -> None:

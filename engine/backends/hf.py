@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.backends.chat_template import template_supports_tools
-from engine.backends.hf_vlm import is_vision_folder, load_vlm
+from engine.backends.hf_vlm import encode_vision_request, is_vision_folder, load_vlm
 from engine.backends.local_text import check_prompt_fits, completion_from_tokens, prompt_text
 from engine.backends.model_cache import cached_folder, dequantize_gguf
 from engine.backends.registry import LOCAL_ENGINES, BackendOptions, engine_suffix, split_engine
@@ -111,12 +111,19 @@ class HFBackend(Backend):
         model.eval()
         return cls(model, tokenizer, name=name or str(folder), device=dev)
 
+    @classmethod
+    def from_vision_folder(cls, folder: Path, *, name: str = "", device: str | None = None
+                           ) -> HFBackend:
+        """Load a vision-language folder: its model and processor (``hf_vlm.load_vlm``)."""
+        dev = pick_device(device)
+        model, processor = load_vlm(folder, dev)
+        return cls(model, processor.tokenizer, name=name or str(folder), device=dev,
+                   processor=processor)
+
     # -- request -> tensors ---------------------------------------------------------------
 
     def _encode(self, request: Request) -> Any:
         if self.processor is not None:
-            from engine.backends.hf_vlm import encode_vision_request
-
             return encode_vision_request(self.processor, request, self.capabilities.tool_calls,
                                          self._max_positions).to(self.device)
         text = prompt_text(self.tokenizer, request, self.capabilities.tool_calls)
@@ -332,7 +339,7 @@ def make_hf(arg: str, options: BackendOptions) -> Backend:
             raise ConfigError(
                 f"{arg.strip()} is a vision-language model; the ONNX engine is text-only",
                 hint="drop @onnx: a vision-language folder runs on transformers")
-        return load_vlm(folder, name=arg.strip(), device=options.device)
+        return HFBackend.from_vision_folder(folder, name=arg.strip(), device=options.device)
     if engine == "transformers":
         return HFBackend.from_folder(folder, name=arg.strip(), device=options.device)
     from engine.backends.onnx_backend import load_converted

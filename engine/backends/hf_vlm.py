@@ -19,16 +19,13 @@ import binascii
 import io
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.backends.base import check_local_request
 from engine.backends.chat_template import template_messages
 from engine.backends.local_text import check_prompt_fits
 from engine.errors import ConfigError, ModelLoadError
 from engine.types import Request
-
-if TYPE_CHECKING:
-    from engine.backends.hf import HFBackend
 
 
 def is_vision_folder(folder: Path) -> bool:
@@ -113,16 +110,13 @@ def encode_vision_request(processor: Any, request: Request, native_tools: bool,
     return enc
 
 
-def load_vlm(folder: Path, *, name: str = "", device: str | None = None) -> HFBackend:
-    """Load a vision-language folder (fp32 on CPU, bf16 on a GPU) as an ``HFBackend`` that
-    reads images."""
+def load_vlm(folder: Path, device: str) -> tuple[Any, Any]:
+    """The model (fp32 on CPU, bf16 on a GPU, moved to ``device``) and the processor of a
+    vision-language folder; ``HFBackend`` wraps the two."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from engine.backends.hf import HFBackend, pick_device
-
-    dev = pick_device(device)
-    dtype = torch.float32 if dev == "cpu" else torch.bfloat16
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
     try:
         processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True)
         model = AutoModelForImageTextToText.from_pretrained(
@@ -135,7 +129,6 @@ def load_vlm(folder: Path, *, name: str = "", device: str | None = None) -> HFBa
     if getattr(processor, "tokenizer", None) is None or not hasattr(processor, "image_processor"):
         raise ModelLoadError(f"{folder} has no image processor and tokenizer pair",
                              hint="save the model's processor (processor.save_pretrained) there")
-    model.to(dev)
+    model.to(device)
     model.eval()
-    return HFBackend(model, processor.tokenizer, name=name or str(folder), device=dev,
-                     processor=processor)
+    return model, processor
