@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import SHARED_CACHE
+from vlm_support import IMAGE_TOKENS, tiny_llava
 
 from engine.errors import ConfigError
 from engine.methods.latent_hooks import (
@@ -37,7 +38,6 @@ WORDS = ["<unk>", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant", "Y
     f"w{i}" for i in range(120)]
 TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
             "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
-IMAGE_TOKENS = 16  # 32x32 image, 8x8 patches
 ASK = Request(messages=[Message("user", "w1 w2 w3 w4 w5")], max_tokens=24)
 
 
@@ -80,28 +80,8 @@ def qwen_tokenizer() -> Any:
 
 
 def tiny_vlm(tokenizer: Any, seed: int = 0) -> Any:
-    from transformers import (
-        CLIPVisionConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        Qwen2Config,
-    )
-
-    torch.manual_seed(seed)
-    text = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=512, tie_word_embeddings=True,
-                       eos_token_id=tokenizer.eos_token_id)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                              num_attention_heads=4, image_size=32, patch_size=8)
-    cfg = LlavaConfig(text_config=text, vision_config=vision,
-                      image_token_index=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-                      image_seq_length=IMAGE_TOKENS, vision_feature_layer=-1,
-                      vision_feature_select_strategy="default")
-    model = LlavaForConditionalGeneration(cfg).eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.eos_token_id
-    return model
+    """The shared tiny LLaVA (``vlm_support``), Qwen's ``<|image_pad|>`` as its image token."""
+    return tiny_llava(tokenizer, seed=seed)
 
 
 def vlm_prompt(tokenizer: Any) -> tuple[Any, dict[str, Any]]:

@@ -27,19 +27,23 @@ def _arguments_value(arguments: str) -> Any:
     return value if isinstance(value, dict) else arguments
 
 
-def template_messages(messages: Sequence[Message], native_tools: bool) -> list[dict[str, Any]]:
+def template_messages(messages: Sequence[Message], native_tools: bool, *,
+                      parts: bool = False) -> list[dict[str, Any]]:
     """Message records -> template dicts.
 
     ``native_tools``: the template renders ``tool_calls`` itself. When it does not, the calls
     are written into the assistant text in the ``<tool_call>`` format so history is not lost.
-    Raises ``ConfigError`` for images (text-only models) and for an empty conversation.
+    ``parts``: a processor's template (vision-language models), which reads every content as
+    a list of typed parts; each image part becomes an ``{"type": "image"}`` placeholder, in
+    order (the images themselves go to the processor). Without it (text models) a message
+    holding an image raises ``ConfigError``, as does an empty conversation.
     """
     if not messages:
         raise ConfigError("the request has no messages",
                           hint="send at least one user message")
     out: list[dict[str, Any]] = []
     for m in messages:
-        if m.images:
+        if m.images and not parts:
             raise ConfigError(
                 "this model reads text only, but a message holds an image",
                 hint="drop the image part or use a vision-language model spec",
@@ -54,12 +58,29 @@ def template_messages(messages: Sequence[Message], native_tools: bool) -> list[d
                 ]
             else:
                 d["content"] = "\n".join(x for x in (m.text, format_tool_calls(m.tool_calls)) if x)
+        if parts:
+            written = d["content"][len(m.text):].strip()  # tool calls written into the text
+            d["content"] = _content_parts(m) + (
+                [{"type": "text", "text": written}] if written else [])
         if m.role == "tool":
             if m.name:
                 d["name"] = m.name
             if m.tool_call_id:
                 d["tool_call_id"] = m.tool_call_id
         out.append(d)
+    return out
+
+
+def _content_parts(message: Message) -> list[dict[str, Any]]:
+    """A message's content as typed parts, an image placeholder where each image is."""
+    if isinstance(message.content, str):
+        return [{"type": "text", "text": message.content}] if message.content else []
+    out: list[dict[str, Any]] = []
+    for p in message.content:
+        if p.get("type") in ("image", "image_url", "image_ref"):
+            out.append({"type": "image"})
+        elif p.get("type") == "text" and p.get("text"):
+            out.append({"type": "text", "text": p["text"]})
     return out
 
 

@@ -10,8 +10,11 @@ the GGUF's sha256, or for a folder by a fingerprint of its files' names, sizes a
 ``HFBackend`` (the transformers engine) exposes ``model`` and ``tokenizer`` so white-box
 methods (latent test-time scaling) can reach hidden states. It uses the model's own chat
 template and native tool-call format.
-Text models only: vision-language models (``AutoProcessor`` + ``AutoModelForImageTextToText``)
-will get their own backend beside this one; a message holding an image is refused here.
+
+A folder holding a vision-language model (``vision_config`` in its config) loads through
+``AutoProcessor`` + ``AutoModelForImageTextToText`` (``hf_vlm.py``) and always runs on
+transformers: the ONNX engine is text-only. The same ``HFBackend`` then holds the processor,
+which encodes image parts, and ``capabilities.vision`` is set. A text model refuses images.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from typing import Any
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
 from engine.backends.chat_template import template_supports_tools
+from engine.backends.hf_vlm import encode_vision_request, is_vision_folder, load_vlm
 from engine.backends.local_text import check_prompt_fits, completion_from_tokens, prompt_text
 from engine.backends.model_cache import cached_folder, dequantize_gguf
-from engine.backends.registry import BackendOptions, engine_suffix
+from engine.backends.registry import LOCAL_ENGINES, BackendOptions, engine_suffix, split_engine
 from engine.backends.toolcall_format import StreamGate
 from engine.errors import BackendError, ConfigError, ModelLoadError
 from engine.types import Completion, Request
@@ -49,13 +53,15 @@ def pick_device(requested: str | None) -> str:
 class HFBackend(Backend):
     """A causal LM and its tokenizer behind the backend contract.
 
-    Build it with ``HFBackend.from_folder`` or hand it a loaded ``model`` and ``tokenizer``.
+    Build it with ``HFBackend.from_folder`` or hand it a loaded ``model`` and ``tokenizer``;
+    a vision-language model also gets its ``processor`` (``hf_vlm.load_vlm``), which renders
+    the prompt with its chat template and turns image parts into pixel inputs.
     One generation runs at a time per model (a lock): ``max_concurrency`` is 1.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, name: str = "", device: str = "cpu"
-                 ) -> None:
-        template = getattr(tokenizer, "chat_template", None)
+    def __init__(self, model: Any, tokenizer: Any, *, name: str = "", device: str = "cpu",
+                 processor: Any = None) -> None:
+        template = getattr(processor or tokenizer, "chat_template", None)
         if not template:
             raise ModelLoadError(
                 f"model {name or type(model).__name__} has no chat template (a base model?)",
@@ -63,6 +69,7 @@ class HFBackend(Backend):
             )
         self.model = model
         self.tokenizer = tokenizer
+        self.processor = processor
         self.name = name
         self.device = device
         self.spec = f"hf:{name}"
@@ -71,15 +78,16 @@ class HFBackend(Backend):
         # tokens); agents send the same stop strings on every call, so keep the last few.
         self._stop_criteria: dict[tuple[str, ...], Any] = {}
         self.capabilities = Capabilities(
-            white_box=True, logprobs=True, streaming=True, max_concurrency=1,
-            tool_calls=template_supports_tools(template),
+            vision=processor is not None, white_box=True, logprobs=True, streaming=True,
+            max_concurrency=1, tool_calls=template_supports_tools(template),
         )
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
             eos_ids.add(tokenizer.eos_token_id)
         self._eos_ids = eos_ids
-        self._max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        text_config = model.config.get_text_config()  # a VLM's language model's config
+        self._max_positions = int(getattr(text_config, "max_position_embeddings", 0) or 0)
 
     @classmethod
     def from_folder(cls, folder: Path, *, name: str = "", device: str | None = None
@@ -103,9 +111,21 @@ class HFBackend(Backend):
         model.eval()
         return cls(model, tokenizer, name=name or str(folder), device=dev)
 
+    @classmethod
+    def from_vision_folder(cls, folder: Path, *, name: str = "", device: str | None = None
+                           ) -> HFBackend:
+        """Load a vision-language folder: its model and processor (``hf_vlm.load_vlm``)."""
+        dev = pick_device(device)
+        model, processor = load_vlm(folder, dev)
+        return cls(model, processor.tokenizer, name=name or str(folder), device=dev,
+                   processor=processor)
+
     # -- request -> tensors ---------------------------------------------------------------
 
     def _encode(self, request: Request) -> Any:
+        if self.processor is not None:
+            return encode_vision_request(self.processor, request, self.capabilities.tool_calls,
+                                         self._max_positions).to(self.device)
         text = prompt_text(self.tokenizer, request, self.capabilities.tool_calls)
         enc = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
         check_prompt_fits(int(enc["input_ids"].shape[1]), self._max_positions)
@@ -239,6 +259,7 @@ class HFBackend(Backend):
         """Drop the references to the weights so their memory can be freed."""
         self.model = None
         self.tokenizer = None
+        self.processor = None
 
 
 def _sha256_file(path: Path) -> str:
@@ -306,11 +327,19 @@ def _model_path(arg: str) -> Path:
 
 def make_hf(arg: str, options: BackendOptions) -> Backend:
     """``hf:<folder>``, ``hf:<file.gguf>`` or ``hf:<folder>#<file.gguf>``, then optionally
-    ``@transformers`` (white-box) or ``@onnx`` (the default)."""
+    ``@transformers`` (white-box) or ``@onnx`` (the default). A vision-language folder runs
+    on transformers whatever the suffix says, except an explicit ``@onnx``: refused."""
+    explicit = split_engine(arg.strip(), tuple(e.name for e in LOCAL_ENGINES))[1]
     arg, engine = engine_suffix(arg.strip(), "hf")
     path = _model_path(arg)
     sha = _sha256_file(path) if path.is_file() else None
     folder = gguf_folder(path, options.cache_dir, sha) if path.is_file() else path
+    if path.is_dir() and is_vision_folder(path):
+        if explicit == "onnx":
+            raise ConfigError(
+                f"{arg.strip()} is a vision-language model; the ONNX engine is text-only",
+                hint="drop @onnx: a vision-language folder runs on transformers")
+        return HFBackend.from_vision_folder(folder, name=arg.strip(), device=options.device)
     if engine == "transformers":
         return HFBackend.from_folder(folder, name=arg.strip(), device=options.device)
     from engine.backends.onnx_backend import load_converted

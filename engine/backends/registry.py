@@ -132,7 +132,8 @@ _BUILTINS: tuple[BackendEntry, ...] = (
     ),
     BackendEntry(
         "hf", "engine.backends.hf:make_hf",
-        "A local transformers model folder or GGUF file; @transformers for the white-box path.",
+        "A local transformers model folder or GGUF file; @transformers for the white-box path."
+        " A vision-language folder (images) runs on transformers: the ONNX engine is text-only.",
         "hf:/models/qwen2.5-0.5b#qwen.gguf", requires=("transformers", "onnxruntime"),
         engines=LOCAL_ENGINES,
     ),
