@@ -73,7 +73,7 @@ class SkillsPlugin(Plugin):
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
                  max_bodies: int = 2, min_score: float | None = None) -> None:
-        from library_store.embeddings import query_embedder
+        from library_store.embeddings import skill_embedder
         from skills.index import LibraryIndex
         from skills.retrieval import SkillRetriever
 
@@ -81,9 +81,9 @@ class SkillsPlugin(Plugin):
         self.pinned = snapshot
         self.config = SkillsConfig(k=k, max_bodies=max_bodies, min_score=min_score)
         # One thread per query embedding: on a busy 2-core box two threads spin and a query
-        # takes ~900 ms instead of ~25 ms (bench_library); ONNX when available (~3x faster).
+        # takes ~900 ms instead of ~25 ms (bench_library); int8 ONNX when available.
         self.retriever = retriever or SkillRetriever(
-            library, LibraryIndex(library, query_embedder(threads=1)), k=k,
+            library, LibraryIndex(library, skill_embedder(threads=1)), k=k,
             max_bodies=max_bodies, min_score=min_score)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = snapshot
