@@ -158,8 +158,10 @@ def start_litellm(exe: Path, upstream: str, tmp: Path, env: dict[str, str]
         "general_settings": {"master_key": key},
         "litellm_settings": {"telemetry": False, "drop_params": True}}))
     port = free_port()
+    # Its per-request log lines are its own cost, as in production: LITELLM_LOG as set by the
+    # caller (LiteLLM's default when unset); Whetstone runs with --log-level warning.
     lenv = {**env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
-            "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True"}
+            "DISABLE_ADMIN_UI": "True"}
     proc = start([str(exe), "--config", str(config), "--host", "127.0.0.1", "--port",
                   str(port), "--num_workers", "1", "--telemetry", "False"], lenv,
                  f"http://127.0.0.1:{port}/health/liveliness", "LiteLLM's proxy",
