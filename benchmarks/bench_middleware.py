@@ -292,7 +292,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load: tuple[flo
           f"rounds, medians · library: {len(list(FIXTURE_SKILLS.iterdir()))} skills, traces "
           f"recorded · load average {load[0]:.2f} at start, {load[1]:.2f} at the end, "
           f"{os.cpu_count()} CPUs\n")
-    head = (f"| {'configuration':<34} | {'p50':>8} | {'added p50 vs direct':>19} | "
+    head = (f"| {'configuration':<36} | {'p50':>8} | {'added p50 vs direct':>19} | "
             f"{'p99':>8} | {'r/s':>6} | {'throughput vs direct':>20} | "
             f"{'proxy CPU per request':>21} | {'wrong':>5} |")
     print(head)
@@ -303,7 +303,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load: tuple[flo
 
     for r in rows:
         direct = r["configuration"] == "direct"
-        print(f"| {r['configuration']:<34} | {ms(r['p50_ms']):>8} | "
+        print(f"| {r['configuration']:<36} | {ms(r['p50_ms']):>8} | "
               f"{'-' if direct else ms(r['added_p50_ms'], True):>19} | {ms(r['p99_ms']):>8} | "
               f"{r['rps']:>6.1f} | {r['vs_direct']:>20.2f} | {ms(r['cpu_ms']):>21} | "
               f"{r['wrong']:>5} |")
