@@ -2,6 +2,10 @@
 100,000 skills, measured side by side in one run.
 
     .venv/bin/python benchmarks/bench_library.py [--scales 100,10000,100000] [--queries 200]
+    .venv/bin/python benchmarks/bench_library.py --quality     (the quality check alone)
+
+First, retrieval quality: top-1 and top-3 on the fixture library's labelled queries for each
+embedder the skills index can use (the served one, int8, must keep the float model's top-3).
 
 For each scale it builds a library of synthetic skills (one commit), indexes it, then measures
 - retrieval p50/p95 with the query embedding (MiniLM on the task text) and without it (a
@@ -189,6 +193,46 @@ def run_scale(n: int, model: TextEmbedder, n_real: int, n_queries: int, n_commit
     }
 
 
+def quality(workdir: Path) -> list[tuple[str, float, float, float]]:
+    """Retrieval quality on the fixture library (34 skills, 35 labelled queries), through the
+    real index and retriever, for each embedder the skills index can use: (embedder, top-1,
+    top-3, ms a query embedding). The float model is the reference; ``skill_embedder`` (int8
+    ONNX, what the server and the agent use) must keep its top-3."""
+    import json
+
+    from library_store.embeddings import OnnxTextEmbedder
+    from skills.transfer import import_skills
+
+    fixtures = REPO / "tests" / "fixtures" / "skills"
+    queries = json.loads((fixtures / "queries.json").read_text())
+    rows = []
+    for label, embedder in (("MiniLM float (torch)", TextEmbedder(threads=1)),
+                            ("MiniLM float (ONNX)", OnnxTextEmbedder(threads=1)),
+                            ("MiniLM int8 (ONNX)", OnnxTextEmbedder(threads=1, quantized=True))):
+        lib = Library.init(workdir / f"quality-{len(rows)}")
+        import_skills(lib, fixtures / "library")
+        index = LibraryIndex(lib, embedder)
+        index.ensure()
+        retriever = SkillRetriever(lib, index, k=3)
+        ranked = [[m.name for m in retriever.search(q["query"])] for q in queries]
+        embed_ms = timed(lambda e=embedder: e.embed([queries[0]["query"]]), 30)
+        index.close()
+        rows.append((label, sum(r[:1] == [q["skill"]] for r, q in zip(ranked, queries))
+                     / len(queries), sum(q["skill"] in r for r, q in zip(ranked, queries))
+                     / len(queries), pct(embed_ms, 0.5)))
+    return rows
+
+
+def print_quality(rows: list[tuple[str, float, float, float]]) -> None:
+    print("retrieval quality, fixture library (34 skills, 35 labelled queries):")
+    for label, top1, top3, ms in rows:
+        print(f"  {label:<22} top-1 {top1:.3f}  top-3 {top3:.3f}  query embedding p50 "
+              f"{ms:.1f} ms")
+    ref, served = rows[0][2], rows[-1][2]
+    print(f"  top-3 of the served embedder (int8) vs the float reference: {served:.3f} vs "
+          f"{ref:.3f}: {'held' if served >= ref else 'LOWER'}\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scales", default="100,10000,100000")
@@ -197,13 +241,17 @@ def main() -> None:
     ap.add_argument("--real", type=int, default=2000,
                     help="descriptions embedded with the model per scale (the rest perturbed)")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--quality", action="store_true",
+                    help="Only the retrieval-quality check (top-1/top-3 per embedder).")
     args = ap.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="whetstone-bench-"))
     model = TextEmbedder()
     model.embed(["warm up"])
     try:
-        _run(args, scales, workdir, model)
+        print_quality(quality(workdir))
+        if not args.quality:
+            _run(args, scales, workdir, model)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

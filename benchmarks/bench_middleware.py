@@ -1,30 +1,35 @@
-"""Middleware benchmark: what Whetstone adds in front of a model, measured side by side in one run.
+"""Middleware benchmark: what a proxy in front of a model costs, Whetstone and its peers measured
+side by side in one interleaved run.
 
-    .venv/bin/python benchmarks/bench_middleware.py [--requests 200] [--delay-ms 50]
-        [--upstream-slots 8] [--concurrency 32] [--throughput-requests 400] [--json]
+    .venv/bin/python benchmarks/bench_middleware.py [--peer litellm] [--rounds 3]
+        [--requests 200] [--throughput-requests 400] [--concurrency 16] [--delay-ms 50]
+        [--upstream-slots 64] [--json]
 
-Three processes, as in production: an upstream server running the scripted backend with a fixed
-delay (so only the middleware's cost shows) and a fixed capacity (``--upstream-slots`` requests
-at a time, like a model server's batch), ``whetstone serve`` in front of it (a library of 34
-skills applied, every exchange recorded as a trace), and this client (httpx). Each scenario
-measures both sides, interleaved, so load from anything else on the machine falls on both alike:
+Processes, as in production: an upstream server (the scripted backend behind Whetstone's own
+server: a reply derived from the request after ``--delay-ms``, so only the proxies' cost shows;
+``--upstream-slots`` at a time, more than the client's concurrency, so the upstream is never the
+bottleneck), and in front of it, each in its own process:
 
-- latency: requests one at a time, alternating direct / through Whetstone: p50 and p99, and the
-  added p50;
-- throughput: blocks of requests at ``--concurrency`` (more than the upstream's slots, so the
-  upstream is the bottleneck, as a model server is), alternating sides, two blocks each:
-  requests per second and the ratio Whetstone / direct.
+- ``whetstone serve --no-library``: the plain recording proxy;
+- ``whetstone serve --library L``: a library of the 34 fixture skills applied to every request,
+  every exchange recorded. Asked two ways: ``repeated`` prompts (a small set asked again and
+  again: templated requests, retries, the turns of a tool-calling exchange; the guidance comes
+  from the adapter's cache) and ``unique`` prompts (every one new: each request embeds its query
+  and ranks the skills: the uncached path);
+- with ``--peer litellm``: LiteLLM's proxy (one worker), installed by this script into a
+  virtualenv of its own on first use (``--peer-venv``), run offline: a random master key, the
+  packaged model cost map (``LITELLM_LOCAL_MODEL_COST_MAP``), telemetry off.
 
-Scenarios: ``repeated`` (prompts from a small set asked again and again: templated requests,
-retries, every turn of a tool-calling exchange; the guidance comes from the adapter's cache),
-``unique`` (every prompt new: every request embeds its query with MiniLM, ~20 ms of CPU here,
-and searches the index: the uncached case) and ``library off`` (``{"whetstone": {"library":
-false}}``: the proxy hop alone). Whetstone's /metrics give the mean retrieval time and the time a
-request spends inside Whetstone's process apart from the upstream call.
+Each round measures every configuration, interleaved so that load from anything else on the
+machine falls on all alike: latency, ``--requests`` rounds of one request to each configuration
+in turn (a rotating order); throughput, a block of ``--throughput-requests`` at
+``--concurrency`` per configuration (a rotating order), with the proxy process's CPU time over
+the block (psutil, its children included) divided by the requests: the proxy's CPU per request.
+The table gives the median over rounds of each figure; ratios are taken within a round.
 
-Targets: added p50 < 5 ms with the library applied, throughput ratio >= 0.95. Nothing is faked:
-a miss is printed as a miss, with the machine's load average, since the three processes share
-its CPUs with whatever else runs.
+Targets (issue 18): with the library on unique prompts, added p50 <= 15 ms, CPU per request
+<= 12 ms, and throughput >= 2x LiteLLM's. A miss is printed as a miss, beside the machine's
+load average: the processes share its CPUs with whatever else runs.
 """
 
 from __future__ import annotations
@@ -33,13 +38,16 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 FIXTURE_SKILLS = REPO / "tests" / "fixtures" / "skills" / "library"
+LITELLM_VERSION = "1.108.7"
 PROMPTS = [
     "I have a scanned invoice as a PDF and need the line items out of it",
     "this export has duplicate rows and dates in three formats, tidy it up",
@@ -89,22 +98,26 @@ def serve_upstream(port: int, delay_s: float, slots: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-# --- the benchmark ---------------------------------------------------------------------------
+# --- processes -------------------------------------------------------------------------------
 
-def start(cmd: list[str], env: dict[str, str], health: str, what: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def start(cmd: list[str], env: dict[str, str], health: str, what: str,
+          headers: dict[str, str] | None = None, log: Path | None = None
+          ) -> subprocess.Popen[str]:
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            text=True)
     deadline = time.monotonic() + 300
     while True:
         try:
-            if httpx.get(health, timeout=2).status_code == 200:
+            if httpx.get(health, timeout=2, headers=headers).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise SystemExit(f"{what} did not start:\n{proc.stdout.read() if proc.stdout else ''}")
-        time.sleep(0.2)
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise SystemExit(f"{what} did not start:\n{tail}")
+        time.sleep(0.25)
 
 
 def make_library(root: Path) -> Path:
@@ -120,203 +133,295 @@ def make_library(root: Path) -> Path:
     return root
 
 
+def litellm_venv(path: Path, version: str) -> Path:
+    """The ``litellm`` executable of a virtualenv at ``path``, made and filled on first use
+    (pip, from the package index pip is configured with)."""
+    exe = path / "bin" / "litellm"
+    if exe.exists():
+        return exe
+    print(f"installing LiteLLM {version} (proxy extras) into {path} …", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "-q",
+                    f"litellm[proxy]=={version}"], check=True)
+    return exe
+
+
+def start_litellm(exe: Path, upstream: str, tmp: Path, env: dict[str, str]
+                  ) -> tuple[subprocess.Popen[str], str, str]:
+    """LiteLLM's proxy (one worker) in front of ``upstream``, offline; returns the process,
+    its base URL and its (random) master key."""
+    key = "sk-" + secrets.token_hex(16)
+    config = tmp / "litellm.yaml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "model_list": [{"model_name": "tiny", "litellm_params": {
+            "model": "openai/tiny", "api_base": upstream, "api_key": "none"}}],
+        "general_settings": {"master_key": key},
+        "litellm_settings": {"telemetry": False, "drop_params": True}}))
+    port = free_port()
+    # Its per-request log lines are its own cost, as in production: LITELLM_LOG as set by the
+    # caller (LiteLLM's default when unset); Whetstone runs with --log-level warning.
+    lenv = {**env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
+            "DISABLE_ADMIN_UI": "True"}
+    proc = start([str(exe), "--config", str(config), "--host", "127.0.0.1", "--port",
+                  str(port), "--num_workers", "1", "--telemetry", "False"], lenv,
+                 f"http://127.0.0.1:{port}/health/liveliness", "LiteLLM's proxy",
+                 log=tmp / "litellm.log")
+    return proc, f"http://127.0.0.1:{port}/v1", key
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+@dataclass
+class Config:
+    """One configuration: where requests go, which prompts, and the proxy process to watch."""
+
+    name: str
+    url: str
+    prompts: str  # "repeated" or "unique"
+    pid: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Round:
+    """One configuration's figures in one round."""
+
+    latencies: list[float] = field(default_factory=list)
+    rps: float = 0.0
+    cpu_ms: float | None = None
+    wrong: int = 0
+
+
+def prompt_for(config: Config, i: int, run: str) -> str:
+    if config.prompts == "unique":  # new text every time: never in any cache
+        return f"{PROMPTS[i % len(PROMPTS)]} (ticket {run}-{i})"
+    return PROMPTS[i % len(PROMPTS)]
+
+
+async def ask(http: httpx.AsyncClient, config: Config, prompt: str, out: Round) -> float:
+    body = {"model": "tiny", "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]}
+    t = time.perf_counter()
+    r = await http.post(config.url + "/chat/completions", json=body, headers=config.headers)
+    took = time.perf_counter() - t
+    try:
+        ok = r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == (
+            "reply to " + prompt)
+    except (ValueError, KeyError, IndexError, TypeError):
+        ok = False
+    out.wrong += not ok
+    return took
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of process ``pid`` and its children (LiteLLM forks workers)."""
+    if pid is None:
+        return 0.0
+    import psutil
+
+    total = 0.0
+    proc = psutil.Process(pid)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+async def one_round(http: httpx.AsyncClient, configs: list[Config], args: argparse.Namespace,
+                    shift: int) -> dict[str, Round]:
+    rounds = {c.name: Round() for c in configs}
+    run = uuid.uuid4().hex[:6]
+    order = configs[shift % len(configs):] + configs[:shift % len(configs)]
+    for i in range(args.requests):  # latency: one request to each in turn
+        for c in order[i % len(order):] + order[:i % len(order)]:
+            rounds[c.name].latencies.append(await ask(http, c, prompt_for(c, i, run + "s"),
+                                                      rounds[c.name]))
+    for c in order:  # throughput: a block each, the proxy's CPU over it
+        sem = asyncio.Semaphore(args.concurrency)
+
+        async def bounded(p: str, c: Config = c, sem: asyncio.Semaphore = sem) -> None:
+            async with sem:
+                await ask(http, c, p, rounds[c.name])
+
+        prompts = [prompt_for(c, i, run + "t") for i in range(args.throughput_requests)]
+        cpu, t = cpu_seconds(c.pid), time.perf_counter()
+        await asyncio.gather(*(bounded(p) for p in prompts))
+        wall = time.perf_counter() - t
+        rounds[c.name].rps = len(prompts) / wall
+        if c.pid is not None:
+            rounds[c.name].cpu_ms = (cpu_seconds(c.pid) - cpu) / len(prompts) * 1e3
+    return rounds
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-class Side:
-    """Latencies and wall time of one side (direct or through Whetstone) in one scenario."""
+def summarise(configs: list[Config], rounds: list[dict[str, Round]]) -> list[dict[str, Any]]:
+    """Median over rounds of each figure; added p50 and ratios are taken within a round."""
+    def med(values: list[float | None]) -> float | None:
+        kept = [v for v in values if v is not None]
+        return statistics.median(kept) if kept else None
 
-    def __init__(self) -> None:
-        self.latencies: list[float] = []
-        self.wall: list[float] = []  # per block, for throughput
-        self.count: list[int] = []
-        self.wrong = 0
-
-    @property
-    def throughput(self) -> float:
-        return sum(self.count) / sum(self.wall) if self.wall else 0.0
-
-
-async def ask(http: httpx.AsyncClient, url: str, prompt: str, side: Side,
-              library: bool = True) -> None:
-    body: dict[str, Any] = {"model": "tiny", "max_tokens": 16,
-                            "messages": [{"role": "user", "content": prompt}]}
-    if not library:
-        body["whetstone"] = {"library": False}
-    t = time.perf_counter()
-    r = await http.post(url + "/chat/completions", json=body)
-    side.latencies.append(time.perf_counter() - t)
-    if r.status_code != 200 or r.json()["choices"][0]["message"]["content"] != (
-            "reply to " + prompt):
-        side.wrong += 1
-
-
-def prompts_for(scenario: str, n: int, run: str) -> list[str]:
-    if scenario == "unique":  # new text every time: never in the embedding cache
-        return [f"{PROMPTS[i % len(PROMPTS)]} (ticket {run}-{i})" for i in range(n)]
-    return [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-
-
-async def scenario(http: httpx.AsyncClient, direct: str, whet: str, name: str,
-                   args: argparse.Namespace, library: bool) -> tuple[Side, Side]:
-    """Latency: one at a time, alternating sides. Throughput: blocks at ``concurrency``,
-    alternating sides, two blocks each."""
-    d, w = Side(), Side()
-    run = uuid.uuid4().hex[:6]
-    for p in prompts_for(name, args.requests, run + "s"):
-        await ask(http, direct, p, d)
-        await ask(http, whet, p, w, library)
-    for block in range(4):
-        side, url = (d, direct) if block % 2 == 0 else (w, whet)
-        prompts = prompts_for(name, args.throughput_requests, f"{run}t{block}")
-        sem = asyncio.Semaphore(args.concurrency)
-        scratch = Side()  # latencies under load are not the latency figures
-
-        async def one(p: str, url: str = url, sem: asyncio.Semaphore = sem,
-                      scratch: Side = scratch, on: bool = library or side is d) -> None:
-            async with sem:
-                await ask(http, url, p, scratch, on)
-
-        t = time.perf_counter()
-        await asyncio.gather(*(one(p) for p in prompts))
-        side.wall.append(time.perf_counter() - t)
-        side.count.append(len(prompts))
-        side.wrong += scratch.wrong
-    return d, w
-
-
-SERIES = {
-    "request_s": 'whetstone_request_duration_seconds_sum{route="/v1/chat/completions"}',
-    "requests": 'whetstone_request_duration_seconds_count{route="/v1/chat/completions"}',
-    "upstream_s": 'whetstone_upstream_duration_seconds_sum{stream="false"}',
-    "retrieval_s": "whetstone_retrieval_duration_seconds_sum",
-    "retrievals": "whetstone_retrieval_duration_seconds_count",
-}
-
-
-def series(metrics: str) -> dict[str, float]:
-    """The few samples of Whetstone's /metrics the report uses."""
-    values = dict.fromkeys(SERIES, 0.0)
-    for line in metrics.splitlines():
-        name, _, value = line.rpartition(" ")
-        for key, wanted in SERIES.items():
-            if name == wanted:
-                values[key] = float(value)
-    return values
-
-
-async def bench(args: argparse.Namespace, direct: str, whet: str) -> list[dict[str, Any]]:
-    # Idle connections expire before uvicorn's 5 s keep-alive does: reusing one the server is
-    # closing at that moment is a ReadError, a client artifact that is not what we measure.
-    limits = httpx.Limits(max_connections=args.concurrency * 2 + 8,
-                          max_keepalive_connections=args.concurrency * 2 + 8,
-                          keepalive_expiry=1.0)
+    direct = [r["direct"] for r in rounds]
     rows = []
-    async with httpx.AsyncClient(limits=limits, timeout=120) as http:
-        for p in PROMPTS:  # warm up both sides and the embedding cache for "repeated"
-            await ask(http, direct, p, Side())
-            await ask(http, whet, p, Side())
-        for name, library in (("repeated", True), ("unique", True), ("library off", False)):
-            before = series((await http.get(whet.removesuffix("/v1") + "/metrics")).text)
-            d, w = await scenario(http, direct, whet, name, args, library)
-            after = series((await http.get(whet.removesuffix("/v1") + "/metrics")).text)
-            delta = {k: after[k] - before[k] for k in SERIES}
-            n, served = delta["retrievals"], delta["requests"]
-            rows.append({
-                "scenario": name,
-                "direct_p50_ms": pct(d.latencies, 0.5) * 1e3,
-                "direct_p99_ms": pct(d.latencies, 0.99) * 1e3,
-                "whet_p50_ms": pct(w.latencies, 0.5) * 1e3,
-                "whet_p99_ms": pct(w.latencies, 0.99) * 1e3,
-                "added_p50_ms": (pct(w.latencies, 0.5) - pct(d.latencies, 0.5)) * 1e3,
-                "direct_rps": d.throughput, "whet_rps": w.throughput,
-                "ratio": w.throughput / d.throughput if d.throughput else 0.0,
-                "retrieval_ms": delta["retrieval_s"] / n * 1e3 if n else 0.0,
-                # Time inside Whetstone's process per request, the upstream call excluded.
-                "in_server_ms": (delta["request_s"] - delta["upstream_s"]) / served * 1e3
-                if served else 0.0,
-                "wrong": d.wrong + w.wrong,
-            })
+    for c in configs:
+        mine = [r[c.name] for r in rounds]
+        rows.append({
+            "configuration": c.name,
+            "p50_ms": med([pct(m.latencies, 0.5) * 1e3 for m in mine]),
+            "p99_ms": med([pct(m.latencies, 0.99) * 1e3 for m in mine]),
+            "added_p50_ms": med([(pct(m.latencies, 0.5) - pct(d.latencies, 0.5)) * 1e3
+                                 for m, d in zip(mine, direct)]),
+            "rps": med([m.rps for m in mine]),
+            "vs_direct": med([m.rps / d.rps for m, d in zip(mine, direct)]),
+            "cpu_ms": med([m.cpu_ms for m in mine]),
+            "wrong": sum(m.wrong for m in mine),
+        })
     return rows
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace, load: float) -> None:
-    capacity = args.upstream_slots / (args.delay_ms / 1000)
-    print(f"\nupstream: {args.delay_ms:g} ms per request, {args.upstream_slots} at a time "
-          f"(capacity {capacity:.0f} r/s) · latency: {args.requests} requests per side, one at "
-          f"a time · throughput: {args.throughput_requests} requests per block at concurrency "
-          f"{args.concurrency}, 2 blocks per side · library: "
-          f"{len(list(FIXTURE_SKILLS.iterdir()))} skills, traces recorded · load average "
-          f"{load:.2f} at start on {os.cpu_count()} CPUs\n")
-    head = (f"{'scenario':<12} {'direct p50':>10} {'p99':>7} {'whet p50':>9} {'p99':>7} "
-            f"{'added p50':>9} {'direct r/s':>10} {'whet r/s':>9} {'ratio':>6} "
-            f"{'retrieval':>9} {'in-server':>9} {'wrong':>5}")
+def report(rows: list[dict[str, Any]], args: argparse.Namespace, load: tuple[float, float]
+           ) -> None:
+    print(f"\nupstream: {args.delay_ms:g} ms a request, {args.upstream_slots} at a time · per "
+          f"round and configuration: {args.requests} requests one at a time (interleaved) + "
+          f"{args.throughput_requests} at concurrency {args.concurrency} · {args.rounds} "
+          f"rounds, medians · library: {len(list(FIXTURE_SKILLS.iterdir()))} skills, traces "
+          f"recorded · load average {load[0]:.2f} at start, {load[1]:.2f} at the end, "
+          f"{os.cpu_count()} CPUs\n")
+    head = (f"| {'configuration':<36} | {'p50':>8} | {'added p50 vs direct':>19} | "
+            f"{'p99':>8} | {'r/s':>6} | {'throughput vs direct':>20} | "
+            f"{'proxy CPU per request':>21} | {'wrong':>5} |")
     print(head)
-    print("-" * len(head))
+    print("|" + "|".join("-" * (len(cell)) for cell in head.split("|")[1:-1]) + "|")
+
+    def ms(v: float | None, sign: bool = False) -> str:
+        return "-" if v is None else (f"{v:+.1f} ms" if sign else f"{v:.1f} ms")
+
     for r in rows:
-        print(f"{r['scenario']:<12} {r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>5.1f}ms "
-              f"{r['whet_p50_ms']:>7.2f}ms {r['whet_p99_ms']:>5.1f}ms {r['added_p50_ms']:>7.2f}ms "
-              f"{r['direct_rps']:>10.1f} {r['whet_rps']:>9.1f} {r['ratio']:>6.3f} "
-              f"{r['retrieval_ms']:>7.2f}ms {r['in_server_ms']:>7.2f}ms {r['wrong']:>5}")
-    print("\nretrieval: mean time to adapt a request (cache hits included); in-server: mean time "
-          "a request spent in Whetstone's process apart from the upstream call (over all "
-          "requests, throughput blocks included, so queueing for the embedder shows here); the "
-          "rest of 'added p50' is the second HTTP hop (the openai client in Whetstone, loopback "
-          "TCP) and waiting for a CPU.\n")
-    for r in rows:
-        if r["scenario"] == "library off":
-            continue
-        p50_ok = r["added_p50_ms"] < 5.0
-        ratio_ok = r["ratio"] >= 0.95
-        print(f"{r['scenario']:<9} added p50 {r['added_p50_ms']:.2f} ms (target < 5): "
-              f"{'met' if p50_ok else 'NOT met'} · throughput ratio {r['ratio']:.3f} "
-              f"(target >= 0.95): {'met' if ratio_ok else 'NOT met'}")
+        direct = r["configuration"] == "direct"
+        print(f"| {r['configuration']:<36} | {ms(r['p50_ms']):>8} | "
+              f"{'-' if direct else ms(r['added_p50_ms'], True):>19} | {ms(r['p99_ms']):>8} | "
+              f"{r['rps']:>6.1f} | {r['vs_direct']:>20.2f} | {ms(r['cpu_ms']):>21} | "
+              f"{r['wrong']:>5} |")
+    by = {r["configuration"]: r for r in rows}
+    unique = by.get(UNIQUE)
+    if unique is None:
+        return
+    print()
+    checks = [("added p50", unique["added_p50_ms"], "<= 15 ms", unique["added_p50_ms"] <= 15),
+              ("proxy CPU per request", unique["cpu_ms"], "<= 12 ms",
+               unique["cpu_ms"] is not None and unique["cpu_ms"] <= 12)]
+    lite = by.get("LiteLLM proxy, 1 worker")
+    if lite is not None:
+        ratio = unique["rps"] / lite["rps"]
+        checks.append(("throughput vs LiteLLM", ratio, ">= 2x", ratio >= 2))
+    for what, value, target, ok in checks:
+        shown = f"{value:.2f}x" if what.endswith("LiteLLM") else ms(value)
+        print(f"library, unique prompts: {what} {shown} (target {target}): "
+              f"{'met' if ok else 'NOT met'}")
+
+
+UNIQUE = "whetstone, library, unique prompts"
+
+
+def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
+                   procs: list[subprocess.Popen[str]]) -> list[Config]:
+    """Start every process; the configurations in table order."""
+    library = make_library(tmp / "lib")
+    up, plain, lib = free_port(), free_port(), free_port()
+    procs.append(start([sys.executable, __file__, "--serve-upstream", str(up), "--delay-ms",
+                        str(args.delay_ms), "--upstream-slots", str(args.upstream_slots)], env,
+                       f"http://127.0.0.1:{up}/health", "the upstream", log=tmp / "up.log"))
+    upstream = f"http://127.0.0.1:{up}/v1"
+    configs = [Config("direct", upstream, "unique")]
+    if "litellm" in args.peer:
+        exe = litellm_venv(args.peer_venv, args.litellm_version)
+        proc, url, key = start_litellm(exe, upstream, tmp, env)
+        procs.append(proc)
+        configs.append(Config("LiteLLM proxy, 1 worker", url, "unique", proc.pid,
+                              {"Authorization": f"Bearer {key}"}))
+    print("starting whetstone serve twice (one loads the embedder, indexes the library) …",
+          flush=True)
+    common = ["--upstream", f"openai:tiny@{upstream}", "--max-concurrency", "1024", "--queue",
+              "4096", "--log-level", "warning"]
+    procs.append(start([sys.executable, str(REPO / "cli.py"), "serve", *common, "--port",
+                        str(plain), "--no-library", "--library", str(tmp / "plain")], env,
+                       f"http://127.0.0.1:{plain}/health", "whetstone serve --no-library",
+                       log=tmp / "plain.log"))
+    configs.append(Config("whetstone serve --no-library", f"http://127.0.0.1:{plain}/v1",
+                          "unique", procs[-1].pid))
+    procs.append(start([sys.executable, str(REPO / "cli.py"), "serve", *common, "--port",
+                        str(lib), "--library", str(library)], env,
+                       f"http://127.0.0.1:{lib}/health", "whetstone serve", log=tmp / "lib.log"))
+    for prompts in ("repeated", "unique"):
+        configs.append(Config(f"whetstone, library, {prompts} prompts",
+                              f"http://127.0.0.1:{lib}/v1", prompts, procs[-1].pid))
+    return configs
+
+
+async def bench(configs: list[Config], args: argparse.Namespace) -> list[dict[str, Any]]:
+    # Idle connections expire before uvicorn's 5 s keep-alive does: reusing one the server is
+    # closing at that moment is a ReadError, a client artifact that is not what we measure.
+    n = args.concurrency * 2 + 8
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=1.0)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as http:
+        warm = Round()
+        for c in configs:  # warm up every process, and the guidance cache for "repeated"
+            for i in range(len(PROMPTS) * 2):
+                await ask(http, c, prompt_for(c, i, "warm"), warm)
+        if warm.wrong:
+            raise SystemExit(f"{warm.wrong} warm-up requests failed: a proxy does not answer "
+                             "as the upstream does")
+        rounds = []
+        for k in range(args.rounds):
+            rounds.append(await one_round(http, configs, args, k))
+            print(f"  round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    return summarise(configs, rounds)
 
 
 def main() -> None:
+    from engine.paths import cache_dir
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200,
-                        help="Latency: requests per side and scenario, one at a time.")
+                        help="Latency: requests per configuration and round, one at a time.")
     parser.add_argument("--throughput-requests", type=int, default=400,
-                        help="Throughput: requests per block (two blocks per side).")
-    parser.add_argument("--concurrency", type=int, default=32,
-                        help="Client concurrency for throughput (more than the slots).")
-    parser.add_argument("--upstream-slots", type=int, default=8,
-                        help="Requests the upstream serves at a time.")
+                        help="Throughput: requests per configuration and round.")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--upstream-slots", type=int, default=64,
+                        help="Requests the upstream serves at a time (more than --concurrency: "
+                             "the proxies are measured, not the upstream).")
     parser.add_argument("--delay-ms", type=float, default=50.0)
+    parser.add_argument("--peer", action="append", default=[], choices=["litellm"],
+                        help="Measure a peer proxy too (installed on first use).")
+    parser.add_argument("--litellm-version", default=LITELLM_VERSION)
+    parser.add_argument("--peer-venv", type=Path, default=None,
+                        help="The peer's virtualenv (default: in Whetstone's cache folder).")
     parser.add_argument("--json", action="store_true", help="Print the rows as JSON too.")
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream, args.delay_ms / 1000, args.upstream_slots)
         return
+    args.peer_venv = args.peer_venv or cache_dir() / "bench" / f"litellm-{args.litellm_version}"
     tmp = Path(tempfile.mkdtemp(prefix="bench-middleware-"))
     env = {**os.environ, "WHETSTONE_HOME": str(tmp / "home"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "ANONYMIZED_TELEMETRY": "False"}
     procs: list[subprocess.Popen[str]] = []
+    load = os.getloadavg()[0]
     try:
-        library = make_library(tmp / "lib")
-        up, wp = free_port(), free_port()
-        load = os.getloadavg()[0]
-        procs.append(start([sys.executable, __file__, "--serve-upstream", str(up),
-                            "--delay-ms", str(args.delay_ms), "--upstream-slots",
-                            str(args.upstream_slots)], env,
-                           f"http://127.0.0.1:{up}/health", "the upstream"))
-        print("starting whetstone serve (loads the embedding model, indexes the library) …")
-        procs.append(start([sys.executable, str(REPO / "cli.py"), "serve", "--upstream",
-                            f"openai:tiny@http://127.0.0.1:{up}/v1", "--library", str(library),
-                            "--port", str(wp), "--served-name", "tiny", "--max-concurrency",
-                            "1024", "--queue", "4096", "--log-level", "warning"], env,
-                           f"http://127.0.0.1:{wp}/health", "whetstone serve"))
-        rows = asyncio.run(bench(args, f"http://127.0.0.1:{up}/v1",
-                                 f"http://127.0.0.1:{wp}/v1"))
-        report(rows, args, load)
+        configs = configurations(args, tmp, env, procs)
+        rows = asyncio.run(bench(configs, args))
+        report(rows, args, (load, os.getloadavg()[0]))
         if args.json:
             print(json.dumps(rows, indent=2))
     finally:
-        for p in procs:
+        for p in reversed(procs):
             p.terminate()
             try:
                 p.wait(timeout=30)

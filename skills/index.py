@@ -30,11 +30,20 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from engine.errors import LibraryError, ValidationError, WhetstoneError
-from library_store.embeddings import Embedder, TextEmbedder, chroma_embedding_function
+from library_store.embeddings import (
+    Embedder,
+    TextEmbedder,
+    chroma_embedding_function,
+    skill_embedder,
+)
 from library_store.fsutil import atomic_write, clean_dir
 from library_store.store import Library, Snapshot
 from skills.format import SKILL_FILE, parse_skill_md
 from skills.loader import SKILLS_DIR
+
+# Up to this many documents of a kind are ranked exactly in memory (a matrix-vector product,
+# ~1.5 MB of vectors at 1,000), past it through chromadb's HNSW graph.
+EXACT_MAX = 2048
 
 
 @dataclass(frozen=True)
@@ -114,9 +123,11 @@ class LibraryIndex:
 
     def __init__(self, library: Library, embedder: Embedder | None = None, *,
                  sources: Sequence[DocumentSource] | None = None, path: Path | None = None,
-                 batch_size: int = 256, lock_timeout: float = 300.0) -> None:
+                 batch_size: int = 256, lock_timeout: float = 300.0,
+                 exact_max: int = EXACT_MAX) -> None:
         self.library = library
-        self.embedder: Embedder = embedder if embedder is not None else TextEmbedder()
+        self.exact_max = exact_max
+        self.embedder: Embedder = embedder if embedder is not None else skill_embedder()
         self.sources = {s.kind: s for s in (sources or [SkillSource()])}
         self.path = Path(path) if path else library.root / "index"
         self.batch_size = batch_size
@@ -124,6 +135,9 @@ class LibraryIndex:
         self._client: Any = None
         self._token: str | None = None  # the state token this process's client reflects
         self._collections: dict[str, Any] = {}
+        # kind -> (state token, ids, unit vectors, metadatas, rank of each id by key): the
+        # documents of a small kind, for exact ranking in memory
+        self._tables: dict[str, tuple[Any, ...]] = {}
 
     # -- state ------------------------------------------------------------------------------
 
@@ -176,6 +190,7 @@ class LibraryIndex:
                 self._client = None
                 self._collections = {}
                 self._token = None
+        self._tables = {}
 
     def _wipe(self) -> None:
         self.close()
@@ -336,7 +351,7 @@ class LibraryIndex:
                     tmp.replace(path)
         index = LibraryIndex(self.library, self.embedder, sources=list(self.sources.values()),
                              path=path, batch_size=self.batch_size,
-                             lock_timeout=self.lock_timeout)
+                             lock_timeout=self.lock_timeout, exact_max=self.exact_max)
         index.ensure(snapshot)
         return index
 
@@ -382,12 +397,46 @@ class LibraryIndex:
         if kind not in self.sources:
             raise ValidationError(kind, "index-kind", f"no documents of kind {kind!r}",
                                   hint=f"kinds: {', '.join(self.sources)}")
-        count = int(((self.state() or {}).get("counts") or {}).get(kind, 0))
+        state = self.state() or {}
+        count = int((state.get("counts") or {}).get(kind, 0))
         if count == 0 or k <= 0:
             return []
+        if count <= self.exact_max:
+            return self._exact(kind, vector, k, state.get("token"))
         got = self._collection(kind).query(query_embeddings=[np.asarray(vector, np.float32)],
                                            n_results=min(k, count),
                                            include=["metadatas", "distances"])
         return [Hit(kind, key, 1.0 - float(dist), (meta or {}).get("hash", ""), dict(meta or {}))
                 for key, dist, meta in zip(got["ids"][0], got["distances"][0],
                                            got["metadatas"][0])]
+
+    def _exact(self, kind: str, vector: np.ndarray, k: int, token: str | None) -> list[Hit]:
+        """Every document scored against ``vector`` in memory: exact where the HNSW graph is
+        approximate, and ~0.05 ms instead of chromadb's ~1.7 ms a query at a few dozen skills
+        (measured). The vectors are read from the collection once per sync (``token``)."""
+        table = self._tables.get(kind)
+        if table is None or table[0] != token or token is None:
+            col, ids, rows, metas, offset = self._collection(kind), [], [], [], 0
+            while True:  # paged, as in _indexed
+                got = col.get(include=["embeddings", "metadatas"], limit=5000, offset=offset)
+                ids += got["ids"]
+                rows += list(got["embeddings"])
+                metas += [dict(m or {}) for m in got["metadatas"]]
+                if len(got["ids"]) < 5000:
+                    break
+                offset += 5000
+            matrix = np.asarray(rows, dtype=np.float32).reshape(len(ids), -1)
+            matrix /= np.clip(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12, None)
+            by_key = np.argsort(np.asarray(ids, dtype=object)).argsort() if ids else \
+                np.zeros(0, dtype=np.int64)
+            table = (token, ids, matrix, metas, by_key)
+            self._tables[kind] = table
+        _, ids, matrix, metas, by_key = table
+        if not ids:
+            return []
+        v = np.asarray(vector, np.float32).reshape(-1)
+        scores = matrix @ (v / max(float(np.linalg.norm(v)), 1e-12))
+        # Highest score first; equal scores by key, so the order never depends on storage.
+        order = np.lexsort((by_key, -scores))[:k]
+        return [Hit(kind, ids[i], float(scores[i]), str(metas[i].get("hash", "")),
+                    dict(metas[i])) for i in order]

@@ -44,3 +44,33 @@ def test_a_failed_export_leaves_no_file(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_query_embedder_prefers_onnx() -> None:
     assert isinstance(query_embedder(), OnnxTextEmbedder)
+
+
+def test_the_int8_embedder_is_close_to_the_float_one_and_cached(tmp_path: Path) -> None:
+    float_model = OnnxTextEmbedder(cache_dir=tmp_path)
+    int8 = OnnxTextEmbedder(cache_dir=tmp_path, quantized=True)
+    a, b = int8.embed(TEXTS), float_model.embed(TEXTS)
+    assert a.shape == b.shape == (4, 384)
+    assert np.min(np.sum(a * b, axis=1)) > 0.9  # close, not equal: hence its own name
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert int8.name != float_model.name  # an index built with one is rebuilt for the other
+    # One text per run: a vector never depends on what it was batched with.
+    for text, row in zip(TEXTS, a):
+        assert np.array_equal(int8.embed([text])[0], row)
+    files = sorted((tmp_path / "embeddings").glob("*.onnx"))
+    assert len(files) == 2  # the float export, and its int8 copy beside it
+    quantized = next((tmp_path / "embeddings").glob("*-int8.onnx"))
+    mtime = quantized.stat().st_mtime_ns
+    OnnxTextEmbedder(cache_dir=tmp_path, quantized=True).embed(["again"])
+    assert quantized.stat().st_mtime_ns == mtime  # reused, not quantized again
+
+
+def test_the_skills_index_embeds_with_int8(tmp_path: Path) -> None:
+    from library_store.embeddings import MINILM_INT8_NAME, skill_embedder
+    from library_store.store import Library
+    from skills.index import LibraryIndex
+
+    e = skill_embedder()
+    assert isinstance(e, OnnxTextEmbedder) and e.quantized
+    # The index's default, so `whetstone library reindex`, the agent and the server agree.
+    assert LibraryIndex(Library.init(tmp_path / "lib")).embedder.name == MINILM_INT8_NAME

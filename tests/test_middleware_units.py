@@ -230,6 +230,32 @@ def test_the_cache_answers_repeated_queries_and_evicts_the_oldest() -> None:
     assert inner.calls[-1] == ["x", "y"] and cache.size == 2
 
 
+def test_whitespace_variants_of_a_query_share_one_entry() -> None:
+    inner = _Counting()
+    cache = CachedEmbedder(inner)
+    a = cache.embed(["  tidy   this\nexport up "])
+    b = cache.embed(["tidy this export up"])
+    assert inner.calls == [["tidy this export up"]] and a.tolist() == b.tolist()
+    keyed = _Keyed()
+    adapter = ChatAdapter([keyed], ScriptedBackend())
+    adapter.adapt(Request(messages=(Message("user", "how  many\tminutes?"),)))
+    hit = adapter.cached(Request(messages=(Message("user", "how many minutes? "),)))
+    assert hit is not None and len(keyed.calls) == 1
+    assert hit.query == "how many minutes?"  # the request's own text, not the key
+
+
+def test_the_served_name_defaults_to_the_upstreams_model_name() -> None:
+    from engine.server.naming import public_spec, upstream_model_name
+
+    assert upstream_model_name("openai:qwen2.5-0.5b@http://10.0.0.5:8000/v1") == "qwen2.5-0.5b"
+    assert upstream_model_name("openai:Qwen/Qwen2.5-0.5B-Instruct@http://h:8000/v1") == \
+        "Qwen/Qwen2.5-0.5B-Instruct"  # vLLM's model id, as its /v1/models lists it
+    assert upstream_model_name("llamacpp:/models/qwen-q4_k_m.gguf") == "qwen-q4_k_m"
+    assert upstream_model_name("hf:/models/qwen/") == "qwen"
+    assert upstream_model_name("embedded") == "embedded"
+    assert public_spec("openai:qwen@http://10.0.0.5:8000/v1") == "openai:qwen"
+
+
 # --- API keys --------------------------------------------------------------------------------
 
 def test_api_keys_from_options_and_a_file(tmp_path: Path) -> None:

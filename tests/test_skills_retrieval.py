@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.errors import NotFound
@@ -59,6 +60,41 @@ def test_the_right_skill_is_in_the_top_3_for_at_least_90_percent_of_queries(
     misses = [m for m in misses if m[1] not in m[2]]
     hit_rate = 1 - len(misses) / len(queries)
     assert hit_rate >= 0.9, misses
+
+
+def test_the_int8_skills_embedder_keeps_the_top_3(tmp_path: Path) -> None:
+    """The server's and the agent's embedder (``skill_embedder``: int8 ONNX) on the same
+    queries: the right skill in the top 3 as often as with the float model (all of them,
+    measured: benchmarks/bench_library.py --quality)."""
+    from library_store.embeddings import skill_embedder
+
+    lib = Library.init(tmp_path / "lib")
+    import_skills(lib, FIXTURES / "library")
+    index = LibraryIndex(lib, skill_embedder())
+    index.ensure()
+    queries = json.loads((FIXTURES / "queries.json").read_text())
+    retriever = SkillRetriever(lib, index, k=3)
+    misses = [(q["query"], q["skill"]) for q in queries
+              if q["skill"] not in [m.name for m in retriever.search(q["query"])]]
+    index.close()
+    assert 1 - len(misses) / len(queries) >= 0.9, misses
+
+
+def test_exact_ranking_in_memory_gives_chromadbs_results(
+        fixture_library: tuple[Library, LibraryIndex], embedder: TextEmbedder) -> None:
+    """A small kind is ranked in memory; it must agree with the HNSW graph it replaces."""
+    lib, index = fixture_library
+    graph = LibraryIndex(lib, embedder, exact_max=0)  # same files, chromadb's query
+    try:
+        for q in json.loads((FIXTURES / "queries.json").read_text())[:12]:
+            v = embedder.embed_one(q["query"])
+            exact, hnsw = index.query(v, k=5), graph.query(v, k=5)
+            assert [h.key for h in exact] == [h.key for h in hnsw], q["query"]
+            assert [h.hash for h in exact] == [h.hash for h in hnsw]
+            assert np.allclose([h.score for h in exact], [h.score for h in hnsw], atol=1e-4)
+    finally:
+        graph.close()
+    assert index.query(v, k=0) == [] and len(index.query(v, k=100)) == 34
 
 
 def test_the_index_matches_the_files_and_records_its_version(

@@ -91,7 +91,7 @@ class SkillsPlugin(Plugin):
                  max_bodies: int = 2, min_score: float | None = None,
                  learned_tools: bool = True, images: ImageFiles | None = None,
                  sandbox: Sandbox | None = None, examples: int = 2) -> None:
-        from library_store.embeddings import query_embedder
+        from library_store.embeddings import skill_embedder
         from skills.index import LibraryIndex
         from skills.retrieval import SkillRetriever
 
@@ -104,9 +104,9 @@ class SkillsPlugin(Plugin):
         self.sandbox = sandbox
         self._tools: tuple[str, list[Tool], LibraryTools] | None = None
         # One thread per query embedding: on a busy 2-core box two threads spin and a query
-        # takes ~900 ms instead of ~25 ms (bench_library); ONNX when available (~3x faster).
+        # takes ~900 ms instead of ~25 ms (bench_library); int8 ONNX when available.
         self.retriever = retriever or SkillRetriever(
-            library, LibraryIndex(library, query_embedder(threads=1)), k=k,
+            library, LibraryIndex(library, skill_embedder(threads=1)), k=k,
             max_bodies=max_bodies, min_score=min_score)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = snapshot

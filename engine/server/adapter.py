@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from engine.errors import ConfigError
 from engine.runtime.plugins import Plugin
 from engine.runtime.state import AgentContext, RunConfig
-from engine.server.embed_cache import CachedEmbedder
+from engine.server.embed_cache import CachedEmbedder, normalise
 from engine.types import Message, Request
 from tools.base import Toolbox
 
@@ -217,7 +217,7 @@ class ChatAdapter:
             if key is None:
                 return None
             keys.append(key)
-        return (tuple(keys), query, budget)
+        return (tuple(keys), normalise(query), budget)  # whitespace never changes guidance
 
     def _finish(self, request: Request, query: str, guidance: str, meta: dict[str, Any],
                 version: str | None, start: float) -> Adapted:
@@ -318,16 +318,17 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     """A ``SkillsPlugin`` for chat mode, and what to close when done.
 
     It renders ``skills_retrieved_chat`` (no ``read_skill`` tool exists in a plain completion)
-    and embeds queries through a ``CachedEmbedder``. ``embed_threads`` defaults to one torch
-    thread: on a busy 2-core machine two threads spin for ~100 ms a query where one takes ~20 ms
-    (measured; see benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
+    and embeds queries through a ``CachedEmbedder`` (the skills index's int8 embedder,
+    ``skill_embedder``). ``embed_threads`` defaults to one thread: on a busy 2-core machine two
+    threads spin for ~100 ms a query where one takes a few ms (measured; see
+    benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
     wrapped in the cache all the same).
     """
-    from library_store.embeddings import query_embedder
+    from library_store.embeddings import skill_embedder
     from skills.index import LibraryIndex
     from skills.retrieval import SkillRetriever
 
-    cached = CachedEmbedder(embedder or query_embedder(threads=embed_threads), maxsize=cache_size)
+    cached = CachedEmbedder(embedder or skill_embedder(threads=embed_threads), maxsize=cache_size)
     index = LibraryIndex(library, cached)
     retriever = SkillRetriever(library, index, k=k, max_bodies=max_bodies, min_score=min_score,
                                template="skills_retrieved_chat")

@@ -1,10 +1,11 @@
 """A query-embedding cache: the same question asked again is not embedded again.
 
-Embedding a query with MiniLM costs ~20 ms on a 2-core CPU, most of what adapting one chat
-request costs. Applications repeat prompts (templated requests, retries, the turns of one
-tool-calling conversation whose last user message stays the same), so a small LRU keyed by the
-exact text saves that time without changing any result: a hit returns the very vector the model
-produced for that text. Batches (index syncs) pass straight through and are not cached.
+Embedding a query with MiniLM costs ~3 ms (int8 ONNX; ~20 ms with torch) on a 2-core CPU,
+most of what adapting one chat request costs. Applications repeat prompts (templated requests,
+retries, the turns of one tool-calling conversation whose last user message stays the same),
+so a small LRU keyed by the text (whitespace normalised, which the tokenizer ignores anyway)
+saves that time without changing any result: a hit returns the very vector the model produced
+for that text. Batches (index syncs) pass straight through and are not cached.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ import numpy as np
 
 if TYPE_CHECKING:
     from library_store.embeddings import Embedder
+
+
+def normalise(text: str) -> str:
+    """``text`` with runs of whitespace as one space, ends stripped: the key and the text
+    embedded. MiniLM's tokenizer splits on whitespace, so this changes no token and no vector;
+    it only lets "tidy  this up\n" and "tidy this up" share one entry."""
+    return " ".join(text.split())
 
 
 class CachedEmbedder:
@@ -49,7 +57,7 @@ class CachedEmbedder:
         """Like the wrapped embedder's; one text is answered from the cache when seen before."""
         if len(texts) != 1 or self.maxsize <= 0:
             return self.inner.embed(texts)
-        text = texts[0]
+        text = normalise(texts[0])
         with self._lock:
             vector = self._cache.get(text)
             if vector is not None:
