@@ -101,16 +101,16 @@ def main() -> int:
                if (r.answer or "").strip() == answers[r.task_id][0])
     p = "n/a" if c.p_value is None else f"{c.p_value:.3f}"
     markdown = "\n".join([
-        f"`{args.tasks}`, direct solver (one greedy call, the model's chat template), "
+        (f"`{args.tasks}`, direct solver (one greedy call, the model's chat template), "
         f"{len(tasks)} tasks, paired. Command: `.venv/bin/python benchmarks/engine_parity.py "
-        f"--tasks {args.tasks}`.", "",
+        f"--tasks {args.tasks}`."), "",
         "| engine | accuracy | wall |", "|---|---|---|",
-        f"| transformers fp32 (padded batches of {args.batch}) | {slow.accuracy:.3f} | "
-        f"{slow_wall / 60:.1f} min |",
-        f"| ONNX int4, continuous batching (-j {args.concurrency}) | {fast.accuracy:.3f} | "
-        f"{fast_wall / 60:.1f} min |", "",
-        f"ONNX - transformers: {c.difference:+.3f}, 95% CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}] "
-        f"(paired bootstrap), McNemar p {p}; identical answers {same}/{len(tasks)}."])
+        (f"| transformers fp32 (padded batches of {args.batch}) | {slow.accuracy:.3f} | "
+        f"{slow_wall / 60:.1f} min |"),
+        (f"| ONNX int4, continuous batching (-j {args.concurrency}) | {fast.accuracy:.3f} | "
+        f"{fast_wall / 60:.1f} min |"), "",
+        (f"ONNX - transformers: {c.difference:+.3f}, 95% CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}] "
+        f"(paired bootstrap), McNemar p {p}; identical answers {same}/{len(tasks)}.")])
     Path(args.out).write_text(json.dumps({"markdown": markdown}, indent=1), encoding="utf-8")
     print(f"\n{args.tasks}, direct solver, greedy, {len(tasks)} tasks")
     print(f"  transformers fp32: accuracy {slow.accuracy:.3f}  ({slow_wall / 60:.1f} min, "
