@@ -65,6 +65,7 @@ _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("co_react", "runtime", "engine.methods.co_react:CoReAct"),
     MethodEntry("horizon", "runtime", "engine.methods.horizon:ElasticHorizon"),
     MethodEntry("march", "runtime", "engine.methods.march:March"),
+    MethodEntry("latent", "runtime", "engine.methods.latent:LatentTTS"),
 )
 
 
