@@ -223,3 +223,22 @@ def test_the_verdict_pools_yes_and_no_forms_and_drops_an_empty_one(yes_no_tokeni
     assert value is None and notes == ["dropped"]
     with pytest.raises(ConfigError, match="min_mass"):
         SelfReward(yes_no_tokenizer, min_mass=1.0)
+
+
+# --- the embedded model ---------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_method_on_the_embedded_model(embedded_backend: Any) -> None:
+    """One answer of the real model, refined one step from the answer the backend gave."""
+    from engine.runtime.agent import Agent
+
+    config = RunConfig(max_tokens_per_call=24, max_steps=2)
+    task = "What is 12 + 30? Reply with the number only."
+    plain = Agent(embedded_backend, tools=[], config=config).run(task)
+    method = LatentTTS(LatentTTSConfig(max_steps=1, threshold=1.0))
+    trace = Agent(embedded_backend, tools=[], config=config, plugins=[method]).run(task)
+    meta = trace.meta["latent"]
+    assert meta["refined"] == 1 and meta["steps"] == 1 and meta["backward"] == 1
+    answer = meta["answers"][0]
+    assert answer["initial_text"] == plain.answer and len(answer["rewards"]) == 2
+    assert meta["verdicts"].get("dropped", 0) == 0  # the real model does say yes or no
