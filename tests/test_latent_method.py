@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
-from test_latent_tts import self_reward, tiny_lm, word_tokenizer  # noqa: F401 (a fixture)
+from test_latent_tts import (  # noqa: F401 (fixtures)
+    self_reward,
+    tiny_lm,
+    transformers_backend,
+    word_tokenizer,
+)
 
 from engine.backends.hf import HFBackend
 from engine.errors import ConfigError
@@ -228,15 +233,15 @@ def test_the_verdict_pools_yes_and_no_forms_and_drops_an_empty_one(yes_no_tokeni
 # --- the embedded model ---------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_the_method_on_the_embedded_model(embedded_backend: Any) -> None:
+def test_the_method_on_the_embedded_model(transformers_backend: Any) -> None:  # noqa: F811
     """One answer of the real model, refined one step from the answer the backend gave."""
     from engine.runtime.agent import Agent
 
     config = RunConfig(max_tokens_per_call=24, max_steps=2)
     task = "What is 12 + 30? Reply with the number only."
-    plain = Agent(embedded_backend, tools=[], config=config).run(task)
+    plain = Agent(transformers_backend, tools=[], config=config).run(task)
     method = LatentTTS(LatentTTSConfig(max_steps=1, threshold=1.0))
-    trace = Agent(embedded_backend, tools=[], config=config, plugins=[method]).run(task)
+    trace = Agent(transformers_backend, tools=[], config=config, plugins=[method]).run(task)
     meta = trace.meta["latent"]
     assert meta["refined"] == 1 and meta["steps"] == 1 and meta["backward"] == 1
     answer = meta["answers"][0]

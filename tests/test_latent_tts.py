@@ -79,6 +79,17 @@ def qwen_tokenizer() -> Any:
                                          local_files_only=True)
 
 
+@pytest.fixture(scope="module")
+def transformers_backend() -> Any:
+    """The embedded model on the transformers engine (the white-box path; the session's
+    ``embedded_backend`` is the ONNX one)."""
+    from engine.backends import BackendOptions, get_backend
+
+    backend = get_backend("embedded@transformers", BackendOptions(cache_dir=SHARED_CACHE))
+    yield backend
+    backend.close()
+
+
 def tiny_vlm(tokenizer: Any, seed: int = 0) -> Any:
     from transformers import (
         CLIPVisionConfig,
@@ -434,24 +445,24 @@ def test_a_black_box_backend_is_refused() -> None:
 # --- the embedded model -----------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_hooks_off_is_bit_identical_on_the_embedded_model(embedded_backend: Any) -> None:
-    tok, model = embedded_backend.tokenizer, embedded_backend.model
+def test_hooks_off_is_bit_identical_on_the_embedded_model(transformers_backend: Any) -> None:
+    tok, model = transformers_backend.tokenizer, transformers_backend.model
     ids = chat_ids(tok, Request(messages=[Message("user", "What is 12 + 30?")]))
     assert_hooks_off_parity(model, ids, 12)
 
 
 @pytest.mark.slow
-def test_refine_on_the_embedded_model(embedded_backend: Any) -> None:
+def test_refine_on_the_embedded_model(transformers_backend: Any) -> None:
     request = Request(messages=[Message("user", "What is 17 * 23? Answer briefly.")],
                       max_tokens=24)
-    refiner = LatentRefiner.from_backend(embedded_backend, LatentConfig(max_steps=1,
-                                                                        threshold=1.0))
+    refiner = LatentRefiner.from_backend(transformers_backend,
+                                         LatentConfig(max_steps=1, threshold=1.0))
     result = refiner.refine(request)
     rec = result.record
-    assert rec.initial_text.strip() == embedded_backend.complete(request).text
+    assert rec.initial_text.strip() == transformers_backend.complete(request).text
     assert len(rec.rewards) == 2 and rec.backward == 1 and rec.forward == 3
     assert rec.window >= 1 and rec.updated[0]["reasoning"]
-    assert result.completion.model == embedded_backend.spec
+    assert result.completion.model == transformers_backend.spec
 
 
 # --- GPU --------------------------------------------------------------------------------------
