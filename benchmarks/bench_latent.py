@@ -13,9 +13,12 @@ each as seconds and as a ratio to the unit. Medians over ``--rounds``.
 set, scored with the set's scorer, and the cost per task: forwards, backwards, decoded tokens,
 seconds. ``--out FILE`` writes one JSON line per task (the full ``RefineRecord``).
 
+``--summarise FILE`` prints the summary of such a file (a run still going, or cut short).
+
 Usage: python benchmarks/bench_latent.py [--device cpu|cuda] [--tokens 96] [--steps 3]
        [--rounds 3] [--tasks gsm8k@dev:0:20 [--max-tokens 320] [--out latent.jsonl]]
        [--lr 0.03 --fraction 0.1 --prefix 0.25 --max-steps 10 --threshold -0.2]
+       python benchmarks/bench_latent.py --summarise latent.jsonl
 The model is the embedded Qwen2.5-Coder-0.5B on the transformers path (fp32 on CPU, bf16 on a
 GPU), from the Whetstone cache (``WHETSTONE_CACHE``).
 """
@@ -199,7 +202,12 @@ def main() -> None:
     ap.add_argument("--prefix", type=float, default=0.25)
     ap.add_argument("--max-steps", type=int, default=10)
     ap.add_argument("--threshold", type=float, default=-0.2)
+    ap.add_argument("--summarise", default=None, help="summarise a --out file and exit")
     args = ap.parse_args()
+    if args.summarise:
+        lines = Path(args.summarise).read_text(encoding="utf-8").splitlines()
+        summarise([json.loads(line) for line in lines if line.strip()])
+        return
     backend = load_model(args.device)
     try:
         if args.tasks:

@@ -26,13 +26,17 @@ path, or a VLM built in process). For one request:
 5. Stop once the reward reaches ``threshold`` or after ``max_steps`` updates; the answer with
    the best reward wins (ties go to the earliest, so the plain answer is kept unless beaten).
 
-Rewards live in [-inf, 0]. The self-reward is ``log P(Yes)`` normalised over {Yes, No} for a
-verification turn appended after the answer (``engine/prompts/latent_verify*.md``), so the
-default threshold -0.2 means ``P(Yes) >= 0.82``. A scorer returning ``s`` in [0, 1] gives
-``r = s - 1``, as LatentSeek's verifier votes do. Several terms are averaged by weight.
+Rewards (``engine.methods.latent_rewards``) live in [-inf, 0]: the self-reward (the model's own
+yes/no verdict on its answer, the default) or any scorer of the answer text. A verdict with no
+yes or no in it is dropped, never fatal: the search stops and keeps its best answer.
 
-Decoding is greedy throughout (a request's temperature is ignored). Cost is recorded in
+Decoding is greedy throughout (a request's temperature is ignored); ``refine(request,
+initial=completion)`` starts from an answer the backend already gave (the runtime method
+``engine.methods.latent`` does this) instead of decoding it again. Cost is recorded in
 ``RefineRecord``: full-sequence forwards, backwards, decoded tokens and seconds.
+
+Device and dtype are the model's: the same code runs on CUDA in bf16 (the latents keep an fp32
+master copy), tested by ``tests/test_latent_tts.py::test_bf16_on_cuda`` where a GPU exists.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from engine.errors import ConfigError
 from engine.methods.latent_hooks import (
@@ -57,15 +61,20 @@ from engine.methods.latent_hooks import (
     next_token_entropy,
     top_positions,
 )
-from engine.prompts import render_prompt
+from engine.methods.latent_rewards import (
+    ROLES,
+    Reward,
+    RewardContext,
+    RewardDropped,
+    ScorerReward,
+    SelfReward,
+    check_role,
+)
 from engine.types import Completion, Request
 
 __all__ = ["ROLES", "LatentConfig", "LatentHooks", "LatentRefiner", "LatentResult",
-           "RefineRecord", "Reward", "RewardContext", "ScorerReward", "SelfReward",
-           "latent_hooks"]
-
-ROLES = ("reasoning", "visual")
-_MARKER = "\u2063WHETSTONE-ANSWER\u2063"  # invisible separator: no template rewrites it
+           "RefineRecord", "Reward", "RewardContext", "RewardDropped", "ScorerReward",
+           "SelfReward", "latent_hooks"]
 
 
 @dataclass(frozen=True)
@@ -98,110 +107,6 @@ class LatentConfig:
                                   hint="e.g. LatentConfig(lr=0.03, fraction=0.1, max_steps=10)")
 
 
-# --- rewards -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RewardContext:
-    """What a reward term sees for the current answer.
-
-    ``soft_forward(ids, offset)`` runs the model on ``ids`` (1, T), which must hold
-    ``answer_ids`` starting at ``offset``; for a differentiable term the answer's ``selected``
-    positions enter as straight-through embeddings of the latents. Returns the last
-    position's logits (1, V).
-    """
-
-    prompt_ids: Any  # (1, P)
-    answer_ids: Any  # (1, n), without a trailing EOS
-    text: str
-    selected: Any  # (k,) answer positions this term's feedback reaches
-    soft_forward: Callable[[Any, int], Any]
-
-
-class Reward(Protocol):
-    """A reward term. ``differentiable``: ``__call__`` returns a 0-dim tensor with a graph to
-    the latents; otherwise a float in [-inf, 0] that weights the policy gradient."""
-
-    name: str
-    role: str
-    weight: float
-    differentiable: bool
-
-    def __call__(self, ctx: RewardContext) -> Any: ...
-
-
-def _check_role(role: str) -> None:
-    if role not in ROLES:
-        raise ConfigError(f"unknown feedback role {role!r}", hint=f"use one of {ROLES}")
-
-
-def verify_suffix_ids(tokenizer: Any, instruction: str) -> list[int]:
-    """Token ids that close the answer's turn and open a verification turn after it."""
-    if getattr(tokenizer, "chat_template", None):
-        msgs = [{"role": "user", "content": "question"},
-                {"role": "assistant", "content": _MARKER},
-                {"role": "user", "content": instruction}]
-        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        if _MARKER in text:
-            return tokenizer(text.split(_MARKER, 1)[1], add_special_tokens=False)["input_ids"]
-    return tokenizer(f"\n\n{instruction}\n", add_special_tokens=False)["input_ids"]
-
-
-@dataclass
-class SelfReward:
-    """The model judges its own answer: ``log P(Yes)`` over {Yes, No} after a verification
-    turn. ``differentiable=False`` hands the value to the policy gradient instead."""
-
-    tokenizer: Any
-    role: str = "reasoning"
-    prompt: str = "latent_verify"
-    weight: float = 1.0
-    differentiable: bool = True
-    name: str = "self"
-    suffix: list[int] = field(init=False)
-    verdicts: tuple[int, int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        _check_role(self.role)
-        self.suffix = verify_suffix_ids(self.tokenizer, render_prompt(self.prompt).strip())
-        yes, no = (self.tokenizer(w, add_special_tokens=False)["input_ids"] for w in ("Yes", "No"))
-        if not yes or not no or yes[0] == no[0]:
-            raise ConfigError("the tokenizer gives no distinct first tokens for 'Yes' and 'No'",
-                              hint="pass a scorer (ScorerReward) instead of the self-reward")
-        self.verdicts = (yes[0], no[0])
-
-    def __call__(self, ctx: RewardContext) -> Any:
-        import torch
-
-        suffix = torch.tensor([self.suffix], device=ctx.prompt_ids.device)
-        ids = torch.cat([ctx.prompt_ids, ctx.answer_ids, suffix], dim=1)  # (1, P + n + s)
-        logits = ctx.soft_forward(ids, ctx.prompt_ids.shape[1])  # (1, V)
-        pair = torch.log_softmax(logits[0, list(self.verdicts)].float(), dim=-1)  # (2,)
-        return pair[0] if self.differentiable else float(pair[0])
-
-
-@dataclass
-class ScorerReward:
-    """Any scorer of the answer text, ``fn(text) -> float in [0, 1]``; reward ``s - 1``.
-    Not differentiable: it drives LatentSeek's policy gradient."""
-
-    fn: Callable[[str], float]
-    role: str = "reasoning"
-    weight: float = 1.0
-    name: str = "scorer"
-    differentiable: bool = False
-
-    def __post_init__(self) -> None:
-        _check_role(self.role)
-
-    def __call__(self, ctx: RewardContext) -> float:
-        score = self.fn(ctx.text)
-        if isinstance(score, bool) or not isinstance(score, (int, float)) \
-                or math.isnan(score) or not 0.0 <= score <= 1.0:
-            raise ConfigError(f"scorer {self.name!r} returned {score!r}; a score is a number "
-                              "in [0, 1]", hint="fix the scorer so it returns a float in [0, 1]")
-        return float(score) - 1.0
-
-
 # --- the record and the result -------------------------------------------------------------
 
 @dataclass
@@ -212,6 +117,8 @@ class RefineRecord:
     ``forward``: full-sequence forwards (one teacher-forced, one per reward evaluation);
     ``backward``: backward passes; ``redecodes`` / ``redecode_tokens``: greedy continuations
     after updates (the plain answer itself is ``answer_tokens`` long, plus its EOS).
+    ``forward_tokens``: the positions those forwards processed (what a provider would bill as
+    prompt tokens). ``verdicts``: reward events, ``{"repaired": n, "dropped": n}``.
     ``image_mass``: each window state's attention share on image tokens (visual feedback only).
     Wall time: ``seconds`` (all), ``seconds_initial`` (the plain greedy answer), per update
     ``step_seconds`` (reward forward+backward, Adam, window tokens) and ``redecode_seconds``
@@ -229,7 +136,9 @@ class RefineRecord:
     best_step: int = 0
     stopped: str = ""
     forward: int = 0
+    forward_tokens: int = 0
     backward: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)
     redecodes: int = 0
     redecode_tokens: int = 0
     seconds: float = 0.0
@@ -277,7 +186,7 @@ class LatentRefiner:
             raise ConfigError("latent refinement needs at least one reward term",
                               hint="leave rewards unset for the self-reward")
         for r in self.rewards:
-            _check_role(r.role)
+            check_role(r.role)
             if not r.weight > 0:
                 raise ConfigError(f"reward {r.name!r} has weight {r.weight}; weights are > 0",
                                   hint="drop the term instead of giving it weight 0")
@@ -296,38 +205,49 @@ class LatentRefiner:
                      on_step: Callable[[RefineRecord], None] | None = None) -> LatentRefiner:
         """A refiner over a white-box backend's model (``HFBackend`` and the like)."""
         if not backend.capabilities.white_box or getattr(backend, "model", None) is None:
-            raise ConfigError(f"{backend.spec} gives no access to hidden states",
-                              hint="use a white-box model: hf:<folder> or embedded on the "
-                                   "transformers path")
+            raise ConfigError(f"{backend.spec} gives no access to hidden states: latent "
+                              "refinement needs the transformers engine",
+                              hint="use embedded@transformers or hf:PATH@transformers")
         # share the backend's generation lock: one forward at a time on one model
         return cls(backend.model, backend.tokenizer, config, rewards, name=backend.spec,
                    lock=getattr(backend, "_lock", None), on_step=on_step)
 
     # -- public entry points -----------------------------------------------------------------
 
-    def refine(self, request: Request) -> LatentResult:
-        """Answer a chat request (text models), refined; greedy decoding."""
-        from engine.backends.chat_template import template_messages
+    def refine(self, request: Request, initial: Completion | None = None) -> LatentResult:
+        """Answer a chat request (text models), refined; greedy decoding. The prompt is the
+        one the transformers backend renders (tools in the template when it has them);
+        ``initial``: the answer the backend already gave, refined instead of decoding a new
+        one. The completion reads like the backend's (stop strings cut, tool calls parsed)."""
+        from engine.backends.chat_template import template_supports_tools
+        from engine.backends.local_text import completion_from_tokens, prompt_text
 
-        if request.tools:
-            raise ConfigError("latent refinement applies to plain answers, not tool calls",
-                              hint="send the request without tools")
         if request.max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1 (got {request.max_tokens})",
                               hint="ask for a positive number of tokens")
-        msgs = template_messages(request.messages, native_tools=False)
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
-                                                 tokenize=True, return_dict=True,
-                                                 return_tensors="pt")["input_ids"]
-        answer, record = self.refine_ids(ids, max_new_tokens=request.max_tokens)
-        return LatentResult(self._completion(request, ids.shape[1], answer, record), record)
+        native = template_supports_tools(getattr(self.tokenizer, "chat_template", None))
+        text = prompt_text(self.tokenizer, request, native)
+        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        start = None
+        if initial is not None:
+            start = self.tokenizer(initial.text, add_special_tokens=False)["input_ids"]
+            if initial.finish_reason == "stop" and self._eos:
+                start = [*start, self._eos[0]]
+        answer, record = self.refine_ids(ids, max_new_tokens=request.max_tokens, initial=start)
+        completion = completion_from_tokens(
+            request, decode=lambda t: self.tokenizer.decode(t, skip_special_tokens=True),
+            new=answer[0].tolist(), n_prompt=int(ids.shape[1]), eos_ids=self._eos,
+            max_new=request.max_tokens, elapsed=record.seconds, model=self.name)
+        return LatentResult(completion, record)
 
     def refine_ids(self, prompt_ids: Any, *, max_new_tokens: int = 512,
                    model_inputs: Mapping[str, Any] | None = None,
-                   image_token_id: int | None = None) -> tuple[Any, RefineRecord]:
+                   image_token_id: int | None = None,
+                   initial: Sequence[int] | None = None) -> tuple[Any, RefineRecord]:
         """Refine the answer to ``prompt_ids`` (1, P). Returns the chosen answer's ids (1, n)
         (EOS included when it ended) and the record. ``model_inputs`` go to every forward
-        (``pixel_values`` ...); ``image_token_id`` defaults to the model config's."""
+        (``pixel_values`` ...); ``image_token_id`` defaults to the model config's;
+        ``initial``: the plain answer's ids (default: decoded greedily here)."""
         import torch
 
         rec = RefineRecord()
@@ -337,8 +257,11 @@ class LatentRefiner:
         extra = {k: v.to(device) if hasattr(v, "to") else v
                  for k, v in (model_inputs or {}).items()}
         with self._lock, frozen(self.model), latent_hooks(self.model) as hooks:
-            answer = self._generate(x, max_new_tokens, extra)
-            rec.seconds_initial = time.perf_counter() - start
+            if initial is None:
+                answer = self._generate(x, max_new_tokens, extra)
+                rec.seconds_initial = time.perf_counter() - start
+            else:
+                answer = torch.tensor([list(initial)], dtype=torch.long, device=device)
             body = self._body(answer)  # (1, n)
             rec.initial_text = rec.final_text = self._decode(body)
             rec.answer_tokens = n = body.shape[1]
@@ -372,7 +295,11 @@ class LatentRefiner:
         for step in range(cfg.max_steps + 1):
             t0 = time.perf_counter()
             sel = self.select(z, m, mass)
-            reward, loss = self._evaluate(hooks, z, sel, x, body, extra, rec)
+            try:
+                reward, loss = self._evaluate(hooks, z, sel, x, body, extra, rec)
+            except RewardDropped:  # this answer cannot be judged: keep the best one so far
+                rec.stopped = "verdict_dropped"
+                break
             rec.rewards.append(reward)
             if reward > best_reward:
                 best_reward, best, rec.best_step = reward, answer, step
@@ -440,11 +367,15 @@ class LatentRefiner:
         """The current answer's reward (weighted mean) and the loss whose gradient improves it."""
         text = self._decode(body)
         total, loss, weights = 0.0, 0.0, sum(r.weight for r in self.rewards)
+
+        def note(event: str) -> None:
+            rec.verdicts[event] = rec.verdicts.get(event, 0) + 1
+
         for term in self.rewards:
             pos = sel[term.role]
             fwd = partial(self._soft_forward, hooks, z, pos, body, extra, term.differentiable,
                           rec)
-            value = term(RewardContext(x, body, text, pos, fwd))
+            value = term(RewardContext(x, body, text, pos, fwd, note))
             if term.differentiable:
                 loss = loss - term.weight * value
                 value = float(value.detach())
@@ -460,6 +391,7 @@ class LatentRefiner:
         import torch
 
         rec.forward += 1
+        rec.forward_tokens += int(ids.shape[1])
         if differentiable:
             emb = self.model.get_input_embeddings().weight  # (V, d)
             p = torch.softmax(self._head(z[:, pos, :]).float(), dim=-1)  # (1, k, V)
@@ -499,6 +431,7 @@ class LatentRefiner:
         finally:
             hooks.capture = False
         rec.forward += 1
+        rec.forward_tokens += int(ids.shape[1])
         # fp32 master copy: bf16's 8-bit mantissa would swallow lr-0.03 steps on values > 4
         z0 = hooks.captured[:, rows, :].float()  # (1, W, d)
         hooks.captured = None
@@ -544,18 +477,6 @@ class LatentRefiner:
 
     def _decode(self, ids: Any) -> str:
         return self.tokenizer.decode(ids[0].tolist(), skip_special_tokens=True)
-
-    def _completion(self, request: Request, n_prompt: int, answer: Any,
-                    record: RefineRecord) -> Completion:
-        text = self._decode(self._body(answer))
-        cuts = [text.find(s) for s in request.stop if s and s in text]
-        ended = answer.shape[1] > 0 and int(answer[0, -1]) in self._eos
-        finish = "stop" if cuts or ended or answer.shape[1] < request.max_tokens else "length"
-        if cuts:
-            text = text[:min(cuts)]
-        return Completion(text=text.strip(), finish_reason=finish, prompt_tokens=n_prompt,
-                          completion_tokens=int(answer.shape[1]), latency_s=record.seconds,
-                          model=self.name)
 
 
 def _image_token_id(model: Any) -> int:

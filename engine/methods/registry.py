@@ -69,6 +69,7 @@ _BUILTINS: tuple[MethodEntry, ...] = (
     MethodEntry("memory", "runtime", "engine.methods.memory:MemoryPlugin"),
     MethodEntry("self_consistency", "runtime",
                 "engine.methods.self_consistency:SelfConsistency"),
+    MethodEntry("latent", "runtime", "engine.methods.latent:LatentTTS"),
 )
 
 
