@@ -199,7 +199,7 @@ def test_create_mode_starts_from_a_draft() -> None:
     patch = Trace2Skill(Trace2SkillConfig("fresh-skill", create=True,
                                           description="Fresh lessons.")).fit(traces(1), {}, analyst)
     md = patch.changes["skills/fresh-skill/SKILL.md"]
-    assert md.startswith("---\nname: fresh-skill\ndescription: Fresh lessons.")
+    assert md.startswith('---\nname: fresh-skill\ndescription: "Fresh lessons."')
     assert patch.details["created"] is True
 
 
@@ -299,3 +299,13 @@ def test_sequential_does_not_pile_up_copies_of_one_lesson() -> None:
         traces(3), LIB, analyst)
     assert skill_md(patch).count("- Use the calculator.") == 1
     assert patch.details["report"]["map"]["dropped"] == 2  # told "already says this", then dropped
+
+
+def test_a_created_skill_whose_description_holds_a_colon_is_valid() -> None:
+    from engine.methods.trace2skill import draft_skill
+    from skills.format import parse_skill_md
+
+    desc = "Grade-school math word problems: compute the numeric answer."
+    parsed = parse_skill_md(draft_skill("word-math", desc)["SKILL.md"])
+    assert not parsed.problems, parsed.problems
+    assert parsed.skill is not None and parsed.skill.description == desc

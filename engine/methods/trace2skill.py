@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -235,7 +236,10 @@ def parse_examples_of(files: Mapping[str, str]) -> list[Example]:
 def draft_skill(name: str, description: str) -> dict[str, str]:
     """The weak draft a created skill starts from."""
     desc = description or f"Lessons learned for {name.replace('-', ' ')} tasks."
+    # A JSON string is a double-quoted YAML scalar: a description holding ": " (or starting
+    # with a special character) stays one value instead of breaking the front matter.
     return {"SKILL.md": render_prompt("trace2skill_draft", name=name, description=desc,
+                                      description_yaml=json.dumps(desc, ensure_ascii=False),
                                       title=name.replace("-", " ").capitalize())}
 
 
