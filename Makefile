@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml requirements-nodeps.txt
 	touch $(STAMP)
 
 demo: $(STAMP) sandbox
-	$(VENV)/bin/whetstone run "What is 17 * 23? Use the calculator."
+	$(VENV)/bin/whetstone run "Use the calculator: what is 17 * 23?"
 
 test: $(STAMP) sandbox
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 
     from engine.api import Engine
     engine = Engine(model="embedded")
-    trace = engine.run("What is 17 * 23? Use the calculator.")
+    trace = engine.run("Use the calculator: what is 17 * 23?")
 
 The CLI and the server are thin layers over this class; it is the only place (with them) that
 reads configuration and builds objects.

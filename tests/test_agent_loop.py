@@ -65,6 +65,18 @@ def test_every_call_form_runs_as_a_call_and_is_never_the_answer(form: str,
     assert "calculator" not in (trace.answer or "") and "print(" not in (trace.answer or "")
 
 
+@pytest.mark.parametrize("block", ['calculator(expression="17 * 23")',
+                                   'print(calculator("17 * 23"))'])
+def test_a_tool_called_inside_a_python_block_is_that_tool_call(block: str) -> None:
+    # Seen on GSM8K and the demo task: as a program it only raised a NameError. A reply that
+    # ends with the block answers with its output, as a program's output does.
+    backend = ScriptedBackend([f"```python\n{block}\n```"], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    [act] = acts(trace)
+    assert act.input["tool"] == "calculator" and act.output["observation"].strip() == "391"
+    assert trace.answer == "391" and len(backend.requests) == 1
+
+
 def test_native_tool_calls_from_the_backend_run_and_are_not_the_answer() -> None:
     backend = ScriptedBackend([{"text": "", "tool_calls": [CALC]}, ANSWER], tool_calls=True)
     trace = Agent(backend).run(TASK)

@@ -21,7 +21,7 @@ from engine.types import Trace
 
 pytestmark = pytest.mark.slow
 
-TASK = "What is 17 * 23? Use the calculator."
+TASK = "Use the calculator: what is 17 * 23?"
 
 
 def calculator_calls(trace: Trace) -> list[Any]:

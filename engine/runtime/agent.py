@@ -1,7 +1,7 @@
 """``Agent``: run a task through the graph, stream its steps, record its trace, resume it.
 
     agent = Agent(get_backend("embedded"), trace_store=store, checkpoints=Checkpoints(path))
-    trace = agent.run("What is 17 * 23? Use the calculator.")
+    trace = agent.run("Use the calculator: what is 17 * 23?")
     for event in agent.stream(task): ...   # StepEvent as they happen, then RunFinished
 """
 

@@ -140,12 +140,48 @@ def _prints(code: str) -> bool:
                for n in ast.walk(tree))
 
 
-def code_blocks(text: str, tool: str, parameter: str) -> list[Found]:
+def _tool_in_code(code: str, tool_names: Collection[str]) -> ParsedCall | None:
+    """A block that is nothing but a call of another offered tool with literal arguments,
+    ``calculator(expression="17 * 23")`` (or inside ``print(...)``): the embedded 0.5B writes
+    its tool calls this way, and as a program it only raises a NameError."""
+    try:
+        tree = ast.parse(code.strip())
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        return None
+    node = tree.body[0].value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id == "print" and len(node.args) == 1 and not node.keywords:
+        node = node.args[0]
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in tool_names):
+        return None
+    try:
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+        args = [ast.literal_eval(a) for a in node.args]
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if len(kwargs) != len(node.keywords) or (args and kwargs) or len(args) > 1:
+        return None
+    if args:  # one positional value: the tool's single input, as an Action line passes it
+        raw = args[0] if isinstance(args[0], str) else json.dumps(args[0])
+        return ParsedCall(node.func.id, raw, form="code")
+    return ParsedCall(node.func.id, json.dumps(kwargs), form="code")
+
+
+def code_blocks(text: str, tool: str, parameter: str,
+                tool_names: Collection[str] = ()) -> list[Found]:
     """```` ```python ```` blocks that print something, as one call of the python tool
     ``tool`` (code in ``parameter``). Several blocks in one reply run as one program, in
     order, since a later block uses what an earlier one defined; the call's span runs from
-    the first block to the end of the last."""
+    the first block to the end of the last. A lone block that only calls another of
+    ``tool_names`` with literal arguments is that tool's call."""
     blocks = [m for m in _CODE_BLOCK.finditer(text) if m.group("code").strip()]
+    if len(blocks) == 1:
+        other = _tool_in_code(blocks[0].group("code"), set(tool_names) - {tool})
+        if other is not None:
+            return [Found(blocks[0].start(), blocks[0].end(), other)]
     if not blocks or not any(_prints(m.group("code")) for m in blocks):
         return []
     code = "\n\n".join(m.group("code").strip("\n") for m in blocks)

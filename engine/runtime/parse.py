@@ -208,7 +208,8 @@ def find_calls(text: str, rules: ReplyRules) -> tuple[list[Found], str | None]:
     elif isinstance(action, str):
         error = error or action
     if rules.code_tool and rules.code_tool in rules.tool_names:
-        groups.append(code_blocks(text, rules.code_tool, rules.code_parameter))
+        groups.append(code_blocks(text, rules.code_tool, rules.code_parameter,
+                                  rules.tool_names))
     return ordered(*groups), error
 
 
