@@ -183,8 +183,10 @@ def test_evolve_runs_rollouts_gates_and_lands_the_notes(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_evolve_resumes_where_it_stopped(tmp_path: Path) -> None:
+    # One rollout at a time (-j auto would run the scripted backend's 64 at once), so the
+    # interrupt lands at a known rollout.
     options: dict[str, Any] = {"tasks": TASKS, "batch": 2, "steps": 3, "curator": "rules",
-                               "workers": 1, "dry_run": True}
+                               "workers": 1, "dry_run": True, "concurrency": 1}
     plain = Engine(ScriptedBackend(responder=Agent()), library=tmp_path / "plain",
                    checkpointing=False)
     expected = plain.evolve("nlpg", analyst=lesson_analyst(), **options)
