@@ -27,9 +27,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +48,7 @@ from engine.methods.rubric import (
     tried_queries,
 )
 from engine.prompts import load_prompt, render_prompt
-from engine.runtime.plugins import MethodEnv, ModelCall, NodeFn, Plugin
+from engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, NodeFn, Plugin
 from engine.types import Completion, Message, Request, Rubric, Step
 
 if TYPE_CHECKING:
@@ -141,26 +140,6 @@ def decision_key(messages: Sequence[Mapping[str, Any]], text: str,
     return hashlib.sha1(blob.encode("utf-8")).hexdigest()
 
 
-class _Records:
-    """What the checker decided, per decision, until the run's ``finish`` collects it
-    (bounded: a run that never finishes does not keep its records forever)."""
-
-    def __init__(self, cap: int = 4096) -> None:
-        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._cap = cap
-
-    def put(self, key: str, record: dict[str, Any]) -> None:
-        with self._lock:
-            self._items[key] = record
-            while len(self._items) > self._cap:
-                self._items.popitem(last=False)
-
-    def pop(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            return self._items.pop(key, None)
-
-
 class CoReAct(Plugin):
     """Co-ReAct: a weighted step rubric before each decision; optional check, retry and
     best-of-N against it."""
@@ -183,7 +162,7 @@ class CoReAct(Plugin):
     def __init__(self, config: CoReActConfig | None = None, *, generator: Backend) -> None:
         self.config = config or CoReActConfig()
         self.generator = generator
-        self._records = _Records()
+        self._records = DecisionRecords()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "generator": self.generator.spec}

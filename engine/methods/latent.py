@@ -21,8 +21,6 @@ import dataclasses
 import hashlib
 import importlib
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,7 +30,7 @@ from engine.methods.base import knob
 from engine.methods.latent_rewards import Reward, ScorerReward, SelfReward
 from engine.methods.latent_tts import LatentConfig, LatentRefiner, RefineRecord
 from engine.runtime.parse import ReplyRules, parse_reply
-from engine.runtime.plugins import MethodEnv, ModelCall, Plugin
+from engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Plugin
 from engine.runtime.prompting import CODE_OUTPUT_STOP
 from engine.types import Completion, Request
 
@@ -122,25 +120,6 @@ def summary(rec: RefineRecord) -> dict[str, Any]:
             "replaced": rec.best_step > 0, "initial_text": rec.initial_text[:2000]}
 
 
-class _Records:
-    """Refinements by decision until the run's ``finish`` collects them (bounded)."""
-
-    def __init__(self, cap: int = 1024) -> None:
-        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._cap = cap
-
-    def put(self, key: str, record: dict[str, Any]) -> None:
-        with self._lock:
-            self._items[key] = record
-            while len(self._items) > self._cap:
-                self._items.popitem(last=False)
-
-    def pop(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            return self._items.pop(key, None)
-
-
 class LatentTTS(Plugin):
     """Latent test-time scaling: refine a white-box model's answers in latent space."""
 
@@ -158,7 +137,7 @@ class LatentTTS(Plugin):
         else the self-reward."""
         self.config = config or LatentTTSConfig()
         self._rewards = list(rewards) if rewards is not None else None
-        self._records = _Records()
+        self._records = DecisionRecords(1024)
         self._reward_names: list[str] = []
 
     def describe(self) -> dict[str, Any]:

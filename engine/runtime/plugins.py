@@ -16,6 +16,8 @@ is built with ``build(config, env)``. Each run's trace lists the methods and the
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -155,3 +157,24 @@ def collect_guidance(plugins: Sequence[Plugin], ctx: AgentContext, task: str,
         parts.append(text if text.startswith("#") else f"# {g.title}\n{text}")
         budget_tokens -= ctx.backend.count_tokens(text)
     return "\n\n".join(parts), meta
+
+
+class DecisionRecords:
+    """What a ``wrap_model`` method did per decision, kept until the run's ``finish_meta``
+    collects it; bounded (oldest dropped first), so a run that never finishes keeps nothing
+    forever. Thread-safe: one plugin serves concurrent runs."""
+
+    def __init__(self, cap: int = 4096) -> None:
+        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._cap = cap
+
+    def put(self, key: str, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._items[key] = record
+            while len(self._items) > self._cap:
+                self._items.popitem(last=False)
+
+    def pop(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._items.pop(key, None)
