@@ -38,6 +38,41 @@ def extract_json_object(text: str, *, what: str = "a JSON object",
                      hint=hint or "reply with one JSON object")
 
 
+def salvage_truncated_json(text: str) -> Any | None:
+    """The JSON object a reply started but never finished (cut at its token limit), closed
+    after its last complete element: ``{"clusters": [{...}, {... `` reads as the first
+    cluster. None when nothing complete precedes the cut. Callers count the repair: what was
+    after the cut is lost."""
+    start = text.find("{")
+    if start < 0:
+        return None
+    body = text[start:]
+    stack: list[str] = []
+    cuts: list[tuple[int, str]] = []  # (end of a complete element, closers still open)
+    in_str = esc = False
+    for i, ch in enumerate(body):
+        if in_str:
+            esc, in_str = (False, True) if esc else (ch == "\\", ch != '"')
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not stack:
+                break
+            stack.pop()
+            if not stack:
+                return None  # complete: not truncated (the ordinary parse failed on it)
+            cuts.append((i + 1, "".join(reversed(stack))))
+    for end, closers in reversed(cuts[-16:]):
+        try:
+            return json.loads(_repair(body[:end] + closers))
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
 def _repair(text: str) -> str:
     """Undo the most common small-model JSON slips: trailing commas, raw newlines in strings,
     and LaTeX backslashes (``\\$``, ``\\text``) that are not JSON escapes (seen from the

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from cli import cli
 from engine.api import Engine
 from engine.backends.scripted import ScriptedBackend
+from engine.errors import ParseError
 from engine.evaluation.tasks import TaskRecord, TaskSet
 from engine.methods.dynamo import Dynamo, DynamoConfig
 from engine.methods.dynamo_parts import Cluster, Repairs, parse_clusters, parse_tool
@@ -205,6 +206,19 @@ def test_reply_repairs_are_counted() -> None:
     assert definition.name == proposal.tool == "sum_prices"
     assert proposal.tests[0].task_id == "t0" and proposal.tests[0].arguments == {"prices": [1, 2]}
     assert repairs.counts["test-arguments-text"] == 1 and repairs.counts["test-failure-label"]
+
+
+def test_a_diagnosis_cut_off_at_the_token_limit_keeps_its_finished_clusters() -> None:
+    # Seen with the 0.5B analyst on GSM8K: every diagnosis ran out of tokens mid-list.
+    raw = ('{"clusters": [{"failures": ["F1"], "kind": "computational", "diagnosis": '
+           '"adds the prices wrong", "fix": "sum exactly"}, {"failures": ["F2"], "kind": "cog')
+    repairs = Repairs()
+    [cluster] = parse_clusters(raw, {"F1": "t0", "F2": "t1"}, repairs)
+    assert cluster.failures == ["t0"] and cluster.kind == "computational"
+    assert repairs.counts["truncated-reply"] == 1
+    with pytest.raises(ParseError, match="no cluster names a known failure"):
+        parse_clusters('{"clusters": [{"failures": ["F1"], "kind": "comp', {"F1": "t0"},
+                       Repairs())
 
 
 OS_SYSTEM = 'import os\n\ndef f(x: int) -> int:\n    """F."""\n    return os.system("id")\n'

@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.errors import ParseError, ValidationError
 from engine.methods.analyst import AnalystStats
-from engine.replies import extract_json_object
+from engine.replies import extract_json_object, salvage_truncated_json
 from skills.format import MAX_DESCRIPTION, NAME_RE
 from tools.learned import TOOL_NAME, ToolDefinition, define_tool
 
@@ -124,7 +124,14 @@ def parse_clusters(raw: str, labels: Mapping[str, str], repairs: Repairs) -> lis
     """Clusters from a diagnosis reply; ``labels`` maps F1.. (or task ids) to task ids.
     Unknown failure labels and unknown kinds are repaired or the cluster is dropped; a reply
     with no usable cluster is a ``ParseError`` (the analyst is asked again once)."""
-    data = extract_json_object(raw, what="a JSON object with clusters")
+    try:
+        data = extract_json_object(raw, what="a JSON object with clusters")
+    except ParseError:
+        # The 0.5B analyst often runs out of tokens mid-list: keep the clusters it finished.
+        data = salvage_truncated_json(raw)
+        if data is None:
+            raise
+        repairs.add("truncated-reply")
     items = data.get("clusters") if isinstance(data, dict) else None
     if isinstance(items, dict):
         items, _ = [items], repairs.add("cluster-object")
