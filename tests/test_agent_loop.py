@@ -58,6 +58,10 @@ def test_every_call_form_runs_as_a_call_and_is_never_the_answer(form: str,
     [act] = acts(trace)
     assert act.input["tool"] == tool and act.error is None
     assert act.output["observation"].strip() == "391"
+    if tool == "python":
+        # A program's real output answers; the prose after it was written before it ran.
+        assert trace.answer == "391" and len(backend.requests) == 1
+        return
     # The model saw the real result, then answered; the call itself never became the answer.
     second = backend.requests[1].messages[-1].text
     assert "391" in second
@@ -128,6 +132,37 @@ def test_a_program_that_fails_is_shown_to_the_model_which_answers_after() -> Non
     shown = backend.requests[1].messages[-1].text
     assert shown.startswith("```output\n") and "NameError" in shown
     assert trace.answer == "The answer is 160."
+
+
+def test_a_guessed_output_after_a_program_is_replaced_by_the_real_one() -> None:
+    # Seen on GSM8K dev: the program printed 130, the model had already "shown" 180 after the
+    # block, then, shown 130, answered with nonsense. The real output is the answer.
+    reply = ("Here's the Python block:\n```python\nprint(10 * 5 + 10 * 8)\n```\n\n"
+             "When you run this block, it will output:\n\n```\n180\n```\n\n"
+             "This means Lloyd earned $180.")
+    backend = ScriptedBackend([reply], tool_calls=True)
+    trace = Agent(backend).run("How much did Lloyd earn?")
+    assert trace.answer == "130" and len(backend.requests) == 1
+
+
+def test_a_failed_program_is_shown_without_the_guess_written_after_it() -> None:
+    reply = ("```python\nprint(total)\n```\nIt prints 180, so the answer is 180.")
+    backend = ScriptedBackend([reply, "The answer is 130."], tool_calls=True)
+    trace = Agent(backend).run("How much?")
+    history = backend.requests[1].messages
+    assert history[-2].role == "assistant" and "180" not in history[-2].text
+    assert history[-2].text.endswith("```")
+    assert "NameError" in history[-1].text and "step by step" in history[-1].text
+    assert trace.answer == "The answer is 130."
+
+
+def test_a_tool_error_asks_to_fix_the_call_or_solve_it_without_the_tool() -> None:
+    reply = '<tool_call>{"name": "calculator", "arguments": {"expression": "Grace * 4"}}</tool_call>'
+    backend = ScriptedBackend([reply, ANSWER], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    last = backend.requests[1].messages[-1].text
+    assert "Error in calculator" in last and "without it" in last
+    assert trace.answer == ANSWER
 
 
 def test_the_program_output_is_not_the_answer_when_that_is_switched_off() -> None:

@@ -298,3 +298,53 @@ def test_repeated_calls_run_once_and_the_model_is_told() -> None:
     assert trace.answer == "391"
     # After a repeat the next decision is offered no tools, so the model has to answer.
     assert backend.requests[2].tools and not backend.requests[3].tools
+
+
+def test_a_failing_call_repeated_is_not_run_again_and_the_model_must_answer() -> None:
+    # Observed on GSM8K dev: the same failing calculator call, 8 times, to the horizon.
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expression": "Grace * 4"}}</tool_call>'
+    backend = ScriptedBackend([bad, bad, "The combined weight is 623 pounds."], tool_calls=True)
+    trace = Agent(backend).run("Grace weighs 125 pounds...")
+    acts = [s for s in trace.steps if s.kind == "act"]
+    assert len(acts) == 2 and "already made this exact call" in acts[1].output["observation"]
+    assert "unsupported expression" in acts[1].output["observation"]
+    assert acts[1].error == "repeated a call that failed"
+    # Two failed rounds: the answer is asked for afresh, from the task alone.
+    assert [m.role for m in backend.requests[2].messages] == ["user"]
+    assert trace.answer == "The combined weight is 623 pounds."
+
+
+def test_after_a_repeat_a_call_written_anyway_is_not_run_and_not_the_answer() -> None:
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "17*23"}}</tool_call>'
+    backend = ScriptedBackend([call, call, call, "The answer is 391."], tool_calls=True)
+    trace = Agent(backend).run("17*23?")
+    assert len([s for s in trace.steps if s.kind == "act"]) == 2
+    assert "tools are off" in backend.requests[3].messages[-1].text
+    assert trace.answer == "The answer is 391."
+
+
+def test_two_failed_rounds_in_a_row_turn_the_tools_off() -> None:
+    # Observed on GSM8K dev: a new broken program each round until the horizon.
+    first = "```python\nprint(total - gift)\n```"
+    second = "```python\ntotal = 10\nprint(total - gift)\n```"
+    backend = ScriptedBackend([first, second, "```python\nprint(3)\n```", "It costs $8."],
+                              tool_calls=True)
+    trace = Agent(backend, config=RunConfig(fresh_start_after_failures=False)).run(
+        "How much does Chad pay?")
+    assert len([s for s in trace.steps if s.kind == "act"]) == 2
+    assert "Do not call tools now" in backend.requests[2].messages[-1].text
+    assert "tools are off" in backend.requests[3].messages[-1].text
+    assert trace.answer == "It costs $8."
+
+
+def test_after_two_failed_rounds_the_task_is_answered_afresh_as_direct_would() -> None:
+    first = "```python\nprint(total - gift)\n```"
+    second = "```python\ntotal = 10\nprint(total - gift)\n```"
+    answer = "Step by step:\n```python\nprint(8)\n```\nSo he pays $8."
+    backend = ScriptedBackend([first, second, answer], tool_calls=True)
+    trace = Agent(backend).run("How much does Chad pay?")
+    fresh = backend.requests[2]
+    # The task alone: no system message (empty library), no tools, no failed attempts.
+    assert [m.role for m in fresh.messages] == ["user"]
+    assert fresh.messages[0].text == "How much does Chad pay?" and not fresh.tools
+    assert trace.answer == answer and len([s for s in trace.steps if s.kind == "act"]) == 2

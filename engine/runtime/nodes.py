@@ -37,9 +37,10 @@ def _step(kind: str, module: str, **kw: Any) -> dict[str, Any]:
 def prepare(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """Build the system message (retrieving guidance) once per run."""
     start = time.time()
-    system, meta, tools = build_system_prompt(state, ctx)
+    system, guidance, meta, tools = build_system_prompt(state, ctx)
     return {
         "system": system,
+        "guidance": guidance,
         "tools": tools,
         "meta": {**(state.get("meta") or {}), **meta},
         "steps": [_step("prepare", "prepare", input={"task": state["task"]},
@@ -81,11 +82,14 @@ def _unique_calls(calls: tuple[ParsedCall, ...]) -> tuple[list[ParsedCall], int]
     return out, len(calls) - len(out)
 
 
-def _assistant_message(completion: Completion, calls: list[ParsedCall]) -> dict[str, Any]:
+def _assistant_message(completion: Completion, calls: list[ParsedCall],
+                       used_end: int | None = None) -> dict[str, Any]:
     """The reply as history. Calls that came through the backend's native channel go in
     ``tool_calls`` (only those we run, so every call has exactly one result); calls written
-    in the text stay in the text, as the model wrote them."""
-    msg: dict[str, Any] = {"role": "assistant", "content": completion.text}
+    in the text stay in the text, as the model wrote them, up to the last one run (a guessed
+    result after it would contradict the real one)."""
+    text = completion.text if used_end is None else completion.text[:used_end].rstrip()
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
     native = [c for c in calls if c.native]
     if native:
         msg["tool_calls"] = [
@@ -95,6 +99,8 @@ def _assistant_message(completion: Completion, calls: list[ParsedCall]) -> dict[
 
 
 def _rules(state: AgentState, ctx: AgentContext) -> ReplyRules:
+    if state.get("fresh_start"):  # no tools were shown: a code block is the answer's text
+        return ReplyRules(tool_names=answer_tool_names(state), code_tool=None)
     return ReplyRules(tool_names=[*offered_tools(state, ctx), *answer_tool_names(state)],
                       code_tool=code_tool(state, ctx),
                       plain_is_answer=tool_format(ctx) != "react")
@@ -119,8 +125,16 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         }
     rules = _rules(state, ctx)
     parsed = parse_reply(completion, rules)
+    forced = bool(state.get("force_answer"))
+    if forced and parsed.kind == "action" \
+            and not {c.name for c in parsed.calls} & set(answer_tool_names(state)):
+        # Tools are off after a repeated call (in the tags and ReAct formats the model can
+        # still write one): not run, not the answer, asked again.
+        parsed = replace(parsed, kind="invalid", calls=(),
+                         error=load_prompt("agent_tools_off").strip())
     update: dict[str, Any] = {
-        "force_answer": False,
+        "force_answer": forced and parsed.kind == "invalid",
+        "fresh_start": False,
         "step_guidance": {},  # used by this call; the next decision gets fresh guidance
         "n_calls": state.get("n_calls", 0) + 1,
         "tokens": state.get("tokens", 0) + completion.total_tokens,
@@ -130,7 +144,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     calls, dropped = _unique_calls(parsed.calls) if parsed.kind == "action" else ([], 0)
     calls = [c if c.id else replace(c, id=f"call_{state.get('n_calls', 0)}_{i}")
              for i, c in enumerate(calls)]
-    messages.append(_assistant_message(completion, calls))
+    messages.append(_assistant_message(completion, calls, parsed.used_end))
     route = "finish"
     if parsed.kind == "action":
         update["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments,
@@ -142,7 +156,8 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         update["answer"] = parsed.answer
     else:
         route = "think"
-        messages.append({"role": "user", "content": _retry_text(parsed, rules, ctx)})
+        retry = parsed.error if forced else _retry_text(parsed, rules, ctx)
+        messages.append({"role": "user", "content": retry})
     update["messages"] = messages
     update["steps"] = _think_steps(request, completion, parsed, route, start, dropped,
                                    messages[-1]["content"] if route == "think" else None)
@@ -197,7 +212,7 @@ def _arguments(call: Mapping[str, Any], answer_tools: set[str]) -> tuple[Any, st
 
 
 def _run_one(call: Mapping[str, Any], args: Any, offered: set[str],
-             earlier: Mapping[str, str], ctx: AgentContext
+             earlier: Mapping[str, tuple[str, bool]], ctx: AgentContext
              ) -> tuple[str, str | None, bool, float, str, dict[str, Any]]:
     """Run one call: (observation, error, timed out, seconds, outcome, how it ran) where
     outcome is ``ran`` (output), ``empty``, ``failed`` or ``repeated`` and how it ran is the
@@ -208,7 +223,11 @@ def _run_one(call: Mapping[str, Any], args: Any, offered: set[str],
         return f"Error in {name}: {err}", err, False, 0.0, "failed", {}
     key = _call_key(name, call["arguments"])
     if key in earlier:
-        obs = render_prompt("agent_repeated_call", observation=earlier[key]).strip()
+        seen, failed = earlier[key]
+        obs = render_prompt("agent_repeated_call", observation=seen).strip()
+        # A failing call repeated counts as failing again (it is not run again).
+        if failed:
+            return obs, "repeated a call that failed", False, 0.0, "failed", {}
         return obs, None, False, 0.0, "repeated", {}
     result = ctx.toolbox.call(name, args)
     outcome = "failed" if not result.ok else "ran" if result.output.strip() else "empty"
@@ -229,6 +248,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     text_results: list[tuple[str, str]] = []
     program_answer: str | None = None
     repeated = False
+    outcomes: list[str] = []
     earlier = _earlier_results(state)
     for call in state.get("pending") or []:
         name = call["name"]
@@ -248,6 +268,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             obs, err, timed_out, dur, outcome, tool_meta = _run_one(call, args, offered,
                                                                     earlier, ctx)
         repeated = repeated or outcome == "repeated"
+        outcomes.append(outcome)
         if call.get("final_program") and outcome == "ran" \
                 and ctx.config.answer_with_program_output:
             program_answer = obs.strip()
@@ -262,23 +283,41 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                            error=err, started=start, duration_s=dur,
                            route="finish" if program_answer is not None else "think",
                            meta={"tool": tool_meta} if tool_meta else {}))
+    failed = bool(outcomes) and set(outcomes) == {"failed"}
+    # A second round in a row where every call failed: tools are off, the model answers.
+    again = failed and _previous_round_failed(state)
     return _after_act(state, ctx, messages, steps, text_results, answer_calls, program_answer,
-                      repeated)
+                      repeated or again, failed="again" if again else failed)
+
+
+def _previous_round_failed(state: AgentState) -> bool:
+    """Whether every call of the round before this one failed (this round's think is the
+    last step so far)."""
+    errors: list[bool] = []
+    for s in reversed((state.get("steps") or [])[:-1]):
+        if s["kind"] == "think":
+            break
+        if s["kind"] == "act":
+            errors.append(bool(s.get("error")))
+    return bool(errors) and all(errors)
 
 
 def _after_act(state: AgentState, ctx: AgentContext, messages: list[dict[str, Any]],
                steps: list[dict[str, Any]], text_results: list[tuple[str, str]],
                answer_calls: list[dict[str, Any]], program_answer: str | None,
-               repeated: bool) -> dict[str, Any]:
+               repeated: bool, failed: bool | str = False) -> dict[str, Any]:
     """The state update after the calls ran: results into the conversation, or the answer."""
     nudge = (ctx.config.after_tool_nudge and program_answer is None
              and tool_format(ctx) != "react")  # ReAct has its own "Final Answer:" protocol
     if text_results:
-        messages.append(results_message(text_results, ctx, nudge=nudge))
+        messages.append(results_message(text_results, ctx, nudge=nudge,
+                                        after=_after_prompt(failed)))
     elif nudge and len(messages) > len(state.get("messages", [])):
-        messages.append({"role": "user", "content": load_prompt("agent_after_tool").strip()})
+        prompt = _after_prompt(failed)
+        messages.append({"role": "user", "content": load_prompt(prompt).strip()})
+    fresh = failed == "again" and ctx.config.fresh_start_after_failures
     update: dict[str, Any] = {"messages": messages, "steps": steps, "pending": [],
-                              "force_answer": repeated}
+                              "force_answer": repeated, "fresh_start": fresh}
     if answer_calls:
         update["answer"] = json.dumps(answer_calls[0] if len(answer_calls) == 1 else answer_calls)
     elif program_answer is not None:
@@ -286,15 +325,23 @@ def _after_act(state: AgentState, ctx: AgentContext, messages: list[dict[str, An
     return update
 
 
-def _earlier_results(state: AgentState) -> dict[str, str]:
-    """Observations of calls already made in this run, by call."""
-    out: dict[str, str] = {}
+def _after_prompt(failed: bool | str) -> str:
+    """The reminder after results: answer now; after a failure, fix it or solve it yourself;
+    after a second failure in a row (``"again"``), solve it yourself."""
+    return {"again": "agent_after_errors", True: "agent_after_error"}.get(failed,
+                                                                      "agent_after_tool")
+
+
+def _earlier_results(state: AgentState) -> dict[str, tuple[str, bool]]:
+    """Observations of calls already made in this run (failed ones too), by call."""
+    out: dict[str, tuple[str, bool]] = {}
     for s in state.get("steps") or []:
-        if s["kind"] == "act" and s.get("output") and s["output"].get("observation") is not None \
-                and not s.get("error"):
+        # Failed calls too: a small model repeats a failing call until the horizon.
+        if s["kind"] == "act" and s.get("output") and s["output"].get("observation") is not None:
             args = s["input"].get("arguments")
             raw = args if isinstance(args, str) else json.dumps(args)
-            out.setdefault(_call_key(s["input"]["tool"], raw), s["output"]["observation"])
+            out.setdefault(_call_key(s["input"]["tool"], raw),
+                           (s["output"]["observation"], bool(s.get("error"))))
     return out
 
 

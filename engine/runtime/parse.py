@@ -46,9 +46,13 @@ class Parsed:
     thought: str = ""
     error: str | None = None
     raw: str = ""
-    # The last call is a python block with nothing after it: the model stopped at ```output,
-    # waiting for the program's result (RunConfig.answer_with_program_output).
+    # The last call to run is a python block: whatever follows it was written before the
+    # program ran (a guessed output, a guessed answer), so its real output answers
+    # (RunConfig.answer_with_program_output).
     ends_with_program: bool = False
+    # Where the usable reply ends: the end of the last call to run. Text after it was written
+    # without the calls' results (what a stop sequence would have cut), so history drops it.
+    used_end: int | None = None
 
 
 def _bracketed(text: str, open_at: int) -> tuple[str, bool]:
@@ -266,7 +270,8 @@ def parse_reply(completion: Completion, rules: ReplyRules | None = None) -> Pars
         cut, last = to_run[0].start, to_run[-1]
         return Parsed("action", calls=tuple(f.call for f in to_run),
                       thought=_thought(text[:cut], []) if cut else thought, raw=text,
-                      ends_with_program=last.call.form == "code" and not text[last.end:].strip())
+                      ends_with_program=last.call.form == "code",
+                      used_end=last.end if text[last.end:].strip() else None)
     if FINAL_TOOL not in rules.tool_names and (named := _action_tool_answer(text, thought)):
         return named
     final = _final_answer(text, marks)

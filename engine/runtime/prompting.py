@@ -127,16 +127,16 @@ def choose_tools(ctx: AgentContext, meta: Mapping[str, Any], *, answer_tools: bo
 
 
 def build_system_prompt(state: AgentState, ctx: AgentContext
-                        ) -> tuple[str, dict[str, Any], list[str]]:
+                        ) -> tuple[str, str, dict[str, Any], list[str]]:
     """The system message (instructions, the tools, then the plugins' guidance within the
-    token budget), what the guidance showed, and the tools offered."""
+    token budget), the guidance alone, what the guidance showed, and the tools offered."""
     guidance, meta = collect_guidance(ctx.plugins, ctx, state["task"],
                                       ctx.config.guidance_budget_tokens)
     tools = choose_tools(ctx, meta, answer_tools=bool(state.get("answer_tools")))
     with_tools: dict[str, Any] = {**state, "tools": tools}
     parts = [ctx.config.system_prompt or load_prompt("agent_system"),
              tools_text(with_tools, ctx), guidance]
-    return "\n\n".join(p.strip("\n") for p in parts if p.strip()), meta, tools
+    return "\n\n".join(p.strip("\n") for p in parts if p.strip()), guidance, meta, tools
 
 
 def with_step_guidance(messages: list[dict[str, Any]], state: AgentState
@@ -154,11 +154,32 @@ def with_step_guidance(messages: list[dict[str, Any]], state: AgentState
     return [*messages, {"role": "user", "content": text}]
 
 
+def _task_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The conversation up to the model's first reply: the task as the user gave it."""
+    out: list[Mapping[str, Any]] = []
+    for m in messages:
+        if m["role"] != "user":
+            break
+        out.append(m)
+    return out
+
+
 def build_request(state: AgentState, ctx: AgentContext) -> Request:
     """The next model call: the system message, the conversation (with this decision's step
     guidance), the tools, the stops."""
     cfg = ctx.config
     fmt = tool_format(ctx)
+    if state.get("fresh_start"):
+        # The tools failed twice: decide afresh on the task alone, as the direct solver
+        # would (the library's guidance as the system message, no tools, no failed attempts
+        # in view: the 0.5B answers the failures with a guess, not with its own reasoning).
+        guidance = (state.get("guidance") or "").strip()
+        messages = [*([{"role": "system", "content": guidance}] if guidance else []),
+                    *_task_turn(state.get("messages", []))]
+        return Request(messages=messages,  # type: ignore[arg-type]
+                       max_tokens=cfg.max_tokens_per_call, temperature=cfg.temperature,
+                       top_p=cfg.top_p, seed=cfg.seed,
+                       timeout=max(1.0, cfg.timeout_s - (time.time() - ctx.clock_start)))
     messages = with_step_guidance(
         [{"role": "system", "content": state["system"]}, *state.get("messages", [])], state)
     tools: list[Mapping[str, Any]] = []
@@ -182,11 +203,12 @@ def build_request(state: AgentState, ctx: AgentContext) -> Request:
 
 
 def results_message(results: Sequence[tuple[str, str]], ctx: AgentContext, *,
-                    nudge: bool = False) -> dict[str, Any]:
+                    nudge: bool = False, after: str = "agent_after_tool") -> dict[str, Any]:
     """One user message with the results of calls read from the reply's text, each shown the
     way the model's format shows results: ``(form, observation)`` pairs in call order (a
     python block's output as ```` ```output ````), then the reminder that the model may
-    answer now when ``nudge``."""
+    answer now when ``nudge``, worded by the prompt ``after`` (after failed calls: fix them or
+    work the problem out without tools; a small model otherwise answers with a guess)."""
     fmt = tool_format(ctx)
     pieces = []
     for form, observation in results:
@@ -196,5 +218,5 @@ def results_message(results: Sequence[tuple[str, str]], ctx: AgentContext, *,
             prompt = "agent_observation" if fmt == "react" else "agent_tool_response"
         pieces.append(render_prompt(prompt, observation=observation).rstrip("\n"))
     if nudge:
-        pieces.append(load_prompt("agent_after_tool").strip())
+        pieces.append(load_prompt(after).strip())
     return {"role": "user", "content": "\n".join(pieces)}

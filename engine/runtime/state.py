@@ -31,6 +31,10 @@ class AgentState(TypedDict, total=False):
     steps: Annotated[list[dict[str, Any]], operator.add]
     pending: list[dict[str, Any]]  # tool calls the last think step asked for
     force_answer: bool  # the model repeated a call: next decision is offered no tools
+    # The tools failed twice in a row: the next decision sees only the task and the guidance
+    # (RunConfig.fresh_start_after_failures).
+    fresh_start: bool
+    guidance: str  # the library's guidance text alone (what the direct solver shows)
     answer_tools: list[dict[str, Any]]  # task-given tools whose call *is* the answer (BFCL)
     tools: list[str]  # the tools this run offers (prepare chooses them)
     answer: str | None
@@ -78,6 +82,11 @@ class RunConfig:
     # calculator and python cost 8 points and twice the tokens (the 0.5B wrote python that
     # imported the task's functions). The methods' tools (skills, learned tools) stay.
     own_tools_with_answer_tools: bool = False
+    # When every call failed in two rounds in a row, the next decision starts afresh from
+    # the task (the direct solver's request, seeded like the run's first call) instead of
+    # reading the failures: on gsm8k@dev:0:50 the 0.5B otherwise answered them with guesses
+    # ("Grace's combined weight is 125 pounds."). Off: it is told to solve it without tools.
+    fresh_start_after_failures: bool = True
     system_prompt: str | None = None  # replaces engine/prompts/agent_system.md
 
 
