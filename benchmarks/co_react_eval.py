@@ -222,6 +222,25 @@ EXPLAIN = (
     "checked steps below 0.6.")
 
 
+def limit_sets(plan: Plan, sets: list[str], n: int) -> tuple[list[str], list[SetPlan]]:
+    """Each scoreboard set cut to the first ``n`` tasks of its test slice, under a name of its
+    own so that its rows (the agent's too) are run and saved here, never mixed with the
+    scoreboard's full-slice rows."""
+    names, limited = [], []
+    for name in sets:
+        if name == SEARCH_SET.name:
+            names.append(name)
+            continue
+        s = plan.set(name)
+        family, _, rest = s.test.partition("@")
+        split = rest.split(":")[0]
+        new = dataclasses.replace(s, name=f"{name}-first{n}", test=f"{family}@{split}:0:{n}",
+                                  title=f"{s.title or name}, first {n} test tasks")
+        names.append(new.name)
+        limited.append(new)
+    return names, limited
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
@@ -233,11 +252,18 @@ def main() -> int:
     ap.add_argument("--rerun", action="store_true")
     ap.add_argument("--render", action="store_true", help="only rebuild the table")
     ap.add_argument("-j", "--concurrency", type=int, default=None)
+    ap.add_argument("--test-limit", type=int, default=None, metavar="N",
+                    help="only the first N tasks of each scoreboard set's test slice (a set of "
+                         "its own, SET-firstN, with every row saved here, not reused)")
     args = ap.parse_args()
 
     base_plan = load_plan(args.plan)
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
-    plan = dataclasses.replace(base_plan, sets=(*base_plan.sets, SEARCH_SET))
+    extra = [SEARCH_SET]
+    if args.test_limit:
+        sets, limited = limit_sets(base_plan, sets, args.test_limit)
+        extra += limited
+    plan = dataclasses.replace(base_plan, sets=(*base_plan.sets, *extra))
     rows = {s: rows_for(plan, s) for s in sets}
     plan = dataclasses.replace(plan, rows=tuple(
         r for s in sets for r in rows[s] if r not in plan.rows) + plan.rows)

@@ -102,6 +102,9 @@ class Plan:
     sets: tuple[SetPlan, ...]
     rows: tuple[RowPlan, ...]
     sections: tuple[SectionPlan, ...] = ()
+    # Code changes every row depends on but no row key names (the agent loop): (when, as a
+    # UTC timestamp; the ISO text; what changed). A row run before one is marked on the page.
+    code_changes: tuple[tuple[float, str, str], ...] = ()
 
     def set(self, name: str) -> SetPlan:
         for s in self.sets:
@@ -134,7 +137,8 @@ def _methods(raw: Any, where: str) -> tuple[tuple[str, Mapping[str, Any]], ...]:
 
 def parse_plan(data: Mapping[str, Any]) -> Plan:
     """A ``Plan`` from the YAML's data, with errors that name the bad entry."""
-    _only(data, {"model", "analyst", "seed", "concurrency", "sets", "rows", "sections"}, "plan")
+    _only(data, {"model", "analyst", "seed", "concurrency", "sets", "rows", "sections",
+                 "code_changes"}, "plan")
     sets = []
     for name, s in (data.get("sets") or {}).items():
         _only(s, {"train", "dev", "test", "baseline", "title"}, f"set {name}")
@@ -178,7 +182,26 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
         sections.append(SectionPlan(name=name, **sec))
     return Plan(model=data.get("model", "embedded"), analyst=data.get("analyst"),
                 seed=int(data.get("seed", 0)), concurrency=data.get("concurrency", "auto"),
-                sets=tuple(sets), rows=tuple(rows), sections=tuple(sections))
+                sets=tuple(sets), rows=tuple(rows), sections=tuple(sections),
+                code_changes=_code_changes(data.get("code_changes")))
+
+
+def _code_changes(raw: Any) -> tuple[tuple[float, str, str], ...]:
+    from datetime import datetime, timezone
+
+    out = []
+    for i, c in enumerate(raw or ()):
+        if not isinstance(c, Mapping) or not c.get("at") or not c.get("what"):
+            raise ConfigError(f"code_changes entry {i + 1}: needs `at` (ISO UTC time) and `what`")
+        try:
+            when = datetime.fromisoformat(str(c["at"]).replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ConfigError(f"code_changes entry {i + 1}: {exc}",
+                              hint="write `at` as 2026-12-01T03:05:00Z") from exc
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        out.append((when.timestamp(), str(c["at"]), str(c["what"])))
+    return tuple(sorted(out))
 
 
 def load_plan(path: Path | str) -> Plan:
@@ -456,6 +479,7 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
              f"train `{s.train}` · dev `{s.dev}` · test `{s.test}` · baseline: `{s.baseline}`",
              "", _HEADER,
              "|---|---|---|---|---|---|---|---|---|"]
+    stale: set[int] = set()
     for r in rows:
         o = outcomes.get(r.id)
         methods = ", ".join(m for m, _ in r.methods) or "–"
@@ -463,13 +487,16 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
             continue
         res = o.result
+        before = [i for i, (ts, _, _) in enumerate(plan.code_changes) if res.started < ts]
+        stale.update(before)
+        name = r.name + "".join(" †" + str(i + 1) for i in before)
         delta, p = "–", "–"
         if base is not None and r.name != s.baseline:
             c = compare(base.result, res)
             delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
             p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
         n_ok = sum(t.score for t in res.results)
-        lines.append(f"| {r.name} | {r.solver} | {methods} | {res.accuracy:.3f} "
+        lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
                      f"({n_ok:g}/{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} | "
                      f"{_cost(o.evolve)} | {_gate(o.evolve)} |")
         if o.candidate_result is not None and base is not None:
@@ -481,6 +508,8 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
                          f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} | "
                          f"{cr.mean_tokens:.0f} | | not committed |")
     notes = [f"- **{r.name}**: {r.note}" for r in rows if r.note]
+    notes += [f"- †{i + 1}: run before {plan.code_changes[i][1]}: {plan.code_changes[i][2]}"
+              for i in sorted(stale)]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

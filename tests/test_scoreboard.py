@@ -112,6 +112,26 @@ def test_the_page_pairs_rows_with_the_baseline(tmp_path: Path) -> None:
     assert saved["evolve"]["method"] == "toy"
 
 
+def test_rows_run_before_a_code_change_are_marked(tmp_path: Path) -> None:
+    import time
+
+    path = _tasks(tmp_path)
+    plan = parse_plan(_plan(path))
+    results = tmp_path / "results"
+    run_plan(_runner(plan, tmp_path), results, say=lambda s: None)
+    outcomes = {r.id: load_outcome(results, r) for r in plan.rows}
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+    changed = parse_plan({**_plan(path), "code_changes": [{"at": later, "what": "new loop"}]})
+    page = render(changed, outcomes, tmp_path, command="x")
+    assert next(ln for ln in page.splitlines() if ln.startswith("| agent †1"))
+    assert f"- †1: run before {later}: new loop" in page
+    earlier = parse_plan({**_plan(path), "code_changes": [{"at": "2020-01-01T00:00:00Z",
+                                                           "what": "old"}]})
+    assert "†" not in render(earlier, outcomes, tmp_path, command="x")
+    with pytest.raises(ConfigError, match="ISO UTC time"):
+        parse_plan({**_plan(path), "code_changes": [{"what": "no date"}]})
+
+
 def test_a_missing_section_says_how_to_make_it(tmp_path: Path) -> None:
     path = _tasks(tmp_path)
     data = _plan(path)
