@@ -102,9 +102,10 @@ class Plan:
     sets: tuple[SetPlan, ...]
     rows: tuple[RowPlan, ...]
     sections: tuple[SectionPlan, ...] = ()
-    # Code changes every row depends on but no row key names (the agent loop): (when, as a
-    # UTC timestamp; the ISO text; what changed). A row run before one is marked on the page.
-    code_changes: tuple[tuple[float, str, str], ...] = ()
+    # Code changes rows depend on but no row key names (the agent loop): (when, as a UTC
+    # timestamp; the ISO text; what changed; the solver it touches, None: every row). A row
+    # run before one that touches it is marked on the page.
+    code_changes: tuple[tuple[float, str, str, str | None], ...] = ()
 
     def set(self, name: str) -> SetPlan:
         for s in self.sets:
@@ -186,7 +187,7 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
                 code_changes=_code_changes(data.get("code_changes")))
 
 
-def _code_changes(raw: Any) -> tuple[tuple[float, str, str], ...]:
+def _code_changes(raw: Any) -> tuple[tuple[float, str, str, str | None], ...]:
     from datetime import datetime, timezone
 
     out = []
@@ -200,7 +201,11 @@ def _code_changes(raw: Any) -> tuple[tuple[float, str, str], ...]:
                               hint="write `at` as 2026-12-01T03:05:00Z") from exc
         if when.tzinfo is None:
             when = when.replace(tzinfo=timezone.utc)
-        out.append((when.timestamp(), str(c["at"]), str(c["what"])))
+        solver = c.get("solver")
+        if solver not in (None, "agent", "direct"):
+            raise ConfigError(f"code_changes entry {i + 1}: solver is agent or direct, "
+                              f"got {solver!r}")
+        out.append((when.timestamp(), str(c["at"]), str(c["what"]), solver))
     return tuple(sorted(out))
 
 
@@ -487,7 +492,8 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
             continue
         res = o.result
-        before = [i for i, (ts, _, _) in enumerate(plan.code_changes) if res.started < ts]
+        before = [i for i, (ts, _, _, solver) in enumerate(plan.code_changes)
+                  if res.started < ts and solver in (None, r.solver)]
         stale.update(before)
         name = r.name + "".join(" †" + str(i + 1) for i in before)
         delta, p = "–", "–"

@@ -125,6 +125,10 @@ def test_rows_run_before_a_code_change_are_marked(tmp_path: Path) -> None:
     page = render(changed, outcomes, tmp_path, command="x")
     assert next(ln for ln in page.splitlines() if ln.startswith("| agent †1"))
     assert f"- †1: run before {later}: new loop" in page
+    only_agent = parse_plan({**_plan(path), "code_changes": [
+        {"at": later, "what": "new loop", "solver": "agent"}]})
+    page = render(only_agent, outcomes, tmp_path, command="x")
+    assert "| agent †1" in page and "| direct |" in page
     earlier = parse_plan({**_plan(path), "code_changes": [{"at": "2020-01-01T00:00:00Z",
                                                            "what": "old"}]})
     assert "†" not in render(earlier, outcomes, tmp_path, command="x")
