@@ -26,6 +26,7 @@ def extract_json_object(text: str, *, what: str = "a JSON object",
         candidates.append(text[start: text.rfind("}") + 1])
     last_err = "no JSON object found"
     for cand in candidates:
+        cand = _latex_escapes(cand)
         try:
             return json.loads(cand)
         except json.JSONDecodeError as exc:
@@ -36,6 +37,18 @@ def extract_json_object(text: str, *, what: str = "a JSON object",
                 continue
     raise ParseError(f"the reply is not {what}: {last_err}", text,
                      hint=hint or "reply with one JSON object")
+
+
+# LaTeX commands whose backslash and first letter read as a JSON escape (\t, \b, \f, \n, \r):
+# a model writing "\text{m}" or "\boxed{540}" inside a JSON string means the command, not a
+# tab or a backspace (seen in the 0.5B analyst's changelogs on GSM8K).
+_LATEX = re.compile(r"(?<!\\)\\(?=(?:text|times|tfrac|theta|tau|boxed|begin|binom|beta|bar|"
+                    r"frac|forall|neq|nabla|right|rangle|rho|rfloor|rceil)(?![A-Za-z]))")
+
+
+def _latex_escapes(text: str) -> str:
+    """Double the backslash of LaTeX commands that JSON would read as control characters."""
+    return _LATEX.sub(r"\\\\", text)
 
 
 def salvage_truncated_json(text: str) -> Any | None:

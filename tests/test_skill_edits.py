@@ -174,3 +174,11 @@ def test_an_insert_the_section_already_says_is_refused() -> None:
     md = edited(file="SKILL.md", op="append_to_section", target_section="Pitfalls",
                 content="- Minutes are not hours.\n- Days are not weeks.")
     assert md.count("Minutes are not hours") == 2 and "Days are not weeks" in md
+
+
+def test_latex_in_a_json_reply_keeps_its_backslashes() -> None:
+    # Seen in the 0.5B analyst's changelogs: "\text" and "\boxed" read as a tab and a
+    # backspace ("60 	ext{ m}", "oxed{540}"). Real escapes stay what they are.
+    raw = r'{"content": "60 \text{ m} \times 3 = \boxed{180}\nNext\tcell, \\frac kept"}'
+    content = extract_json_object(raw)["content"]
+    assert content == "60 \\text{ m} \\times 3 = \\boxed{180}\nNext\tcell, \\frac kept"
