@@ -283,11 +283,12 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                            error=err, started=start, duration_s=dur,
                            route="finish" if program_answer is not None else "think",
                            meta={"tool": tool_meta} if tool_meta else {}))
-    failed = bool(outcomes) and set(outcomes) == {"failed"}
-    # A second round in a row where every call failed: tools are off, the model answers.
-    again = failed and _previous_round_failed(state)
+    # Rounds in a row where every call failed (0, 1 or 2): at 2 the tools are off.
+    failed_rounds = 0
+    if outcomes and set(outcomes) == {"failed"}:
+        failed_rounds = 2 if _previous_round_failed(state) else 1
     return _after_act(state, ctx, messages, steps, text_results, answer_calls, program_answer,
-                      repeated or again, failed="again" if again else failed)
+                      repeated or failed_rounds == 2, failed_rounds)
 
 
 def _previous_round_failed(state: AgentState) -> bool:
@@ -305,17 +306,17 @@ def _previous_round_failed(state: AgentState) -> bool:
 def _after_act(state: AgentState, ctx: AgentContext, messages: list[dict[str, Any]],
                steps: list[dict[str, Any]], text_results: list[tuple[str, str]],
                answer_calls: list[dict[str, Any]], program_answer: str | None,
-               repeated: bool, failed: bool | str = False) -> dict[str, Any]:
+               repeated: bool, failed_rounds: int = 0) -> dict[str, Any]:
     """The state update after the calls ran: results into the conversation, or the answer."""
     nudge = (ctx.config.after_tool_nudge and program_answer is None
              and tool_format(ctx) != "react")  # ReAct has its own "Final Answer:" protocol
     if text_results:
         messages.append(results_message(text_results, ctx, nudge=nudge,
-                                        after=_after_prompt(failed)))
+                                        after=_after_prompt(failed_rounds)))
     elif nudge and len(messages) > len(state.get("messages", [])):
-        prompt = _after_prompt(failed)
+        prompt = _after_prompt(failed_rounds)
         messages.append({"role": "user", "content": load_prompt(prompt).strip()})
-    fresh = failed == "again" and ctx.config.fresh_start_after_failures
+    fresh = failed_rounds == 2 and ctx.config.fresh_start_after_failures
     update: dict[str, Any] = {"messages": messages, "steps": steps, "pending": [],
                               "force_answer": repeated, "fresh_start": fresh}
     if answer_calls:
@@ -325,11 +326,10 @@ def _after_act(state: AgentState, ctx: AgentContext, messages: list[dict[str, An
     return update
 
 
-def _after_prompt(failed: bool | str) -> str:
-    """The reminder after results: answer now; after a failure, fix it or solve it yourself;
-    after a second failure in a row (``"again"``), solve it yourself."""
-    return {"again": "agent_after_errors", True: "agent_after_error"}.get(failed,
-                                                                      "agent_after_tool")
+def _after_prompt(failed_rounds: int) -> str:
+    """The reminder after results: answer now; after a failed round, fix it or solve it
+    yourself; after a second one in a row, solve it yourself."""
+    return ("agent_after_tool", "agent_after_error", "agent_after_errors")[min(failed_rounds, 2)]
 
 
 def _earlier_results(state: AgentState) -> dict[str, tuple[str, bool]]:
