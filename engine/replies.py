@@ -88,7 +88,7 @@ def salvage_truncated_json(text: str) -> Any | None:
 
 def _repair(text: str) -> str:
     """Undo the most common small-model JSON slips: trailing commas, raw newlines in strings,
-    and LaTeX backslashes (``\\$``, ``\\text``) that are not JSON escapes (seen from the
+    and LaTeX backslashes (``\\$``, ``\\sqrt``) that are not JSON escapes (seen from the
     embedded 0.5B analyst on GSM8K traces)."""
     text = re.sub(r",\s*([}\]])", r"\1", text)
     text = re.sub(r'\\(?![\\"/bfnrtu])', r"\\\\", text)

@@ -169,32 +169,31 @@ def build_request(state: AgentState, ctx: AgentContext) -> Request:
     guidance), the tools, the stops."""
     cfg = ctx.config
     fmt = tool_format(ctx)
+    tools: list[Mapping[str, Any]] = []
+    stops: tuple[str, ...] = ()
+    seed = None if cfg.seed is None else cfg.seed + state.get("n_calls", 0)
     if state.get("fresh_start"):
         # The tools failed twice: decide afresh on the task alone, as the direct solver
         # would (the library's guidance as the system message, no tools, no failed attempts
-        # in view: the 0.5B answers the failures with a guess, not with its own reasoning).
+        # in view: the 0.5B answers the failures with a guess, not with its own reasoning),
+        # seeded like the run's first call.
         guidance = (state.get("guidance") or "").strip()
         messages = [*([{"role": "system", "content": guidance}] if guidance else []),
                     *_task_turn(state.get("messages", []))]
-        return Request(messages=messages,  # type: ignore[arg-type]
-                       max_tokens=cfg.max_tokens_per_call, temperature=cfg.temperature,
-                       top_p=cfg.top_p, seed=cfg.seed,
-                       timeout=max(1.0, cfg.timeout_s - (time.time() - ctx.clock_start)))
-    messages = with_step_guidance(
-        [{"role": "system", "content": state["system"]}, *state.get("messages", [])], state)
-    tools: list[Mapping[str, Any]] = []
-    if not state.get("force_answer"):
-        if fmt == "native":
-            tools = [s for s in ctx.toolbox.schemas()
-                     if s["function"]["name"] in offered_tools(state, ctx)]
-        if _native_answer_tools(ctx):
-            tools += list(state.get("answer_tools") or [])
-    stops: tuple[str, ...] = {"react": ("\nObservation:",), "tags": ("<tool_response>",),
-                              "native": ()}[fmt]
-    if code_tool(state, ctx):
-        stops += (CODE_OUTPUT_STOP,)
+        seed = cfg.seed
+    else:
+        messages = with_step_guidance(
+            [{"role": "system", "content": state["system"]}, *state.get("messages", [])], state)
+        if not state.get("force_answer"):
+            if fmt == "native":
+                tools = [s for s in ctx.toolbox.schemas()
+                         if s["function"]["name"] in offered_tools(state, ctx)]
+            if _native_answer_tools(ctx):
+                tools += list(state.get("answer_tools") or [])
+        stops = {"react": ("\nObservation:",), "tags": ("<tool_response>",), "native": ()}[fmt]
+        if code_tool(state, ctx):
+            stops += (CODE_OUTPUT_STOP,)
     remaining_time = cfg.timeout_s - (time.time() - ctx.clock_start)
-    seed = None if cfg.seed is None else cfg.seed + state.get("n_calls", 0)
     return Request(
         messages=messages,  # type: ignore[arg-type]
         max_tokens=cfg.max_tokens_per_call, temperature=cfg.temperature, top_p=cfg.top_p,
