@@ -50,6 +50,8 @@ class EvolvePlan:
     analyst: str | None = None  # None: the plan's analyst
     rule: str = "not_worse"
     max_agent_runs: int | None = None
+    train: str | None = None  # None: the set's slices; a row may evolve on more train runs
+    dev: str | None = None    # or gate on a larger dev slice (the test slice is the set's)
 
 
 @dataclass(frozen=True)
@@ -161,10 +163,12 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
         evolve = None
         if r.get("evolve"):
             e = dict(r["evolve"])
-            _only(e, {"method", "options", "analyst", "rule", "max_agent_runs"}, where + " evolve")
+            _only(e, {"method", "options", "analyst", "rule", "max_agent_runs", "train", "dev"},
+                  where + " evolve")
             evolve = EvolvePlan(method=e["method"], options=dict(e.get("options") or {}),
                                 analyst=e.get("analyst"), rule=e.get("rule", "not_worse"),
-                                max_agent_runs=e.get("max_agent_runs"))
+                                max_agent_runs=e.get("max_agent_runs"), train=e.get("train"),
+                                dev=e.get("dev"))
         kw = {k: r[k] for k in ("solver", "candidate_on_test", "note") if k in r}
         if "tools" in r:
             kw["tools"] = tuple(r["tools"] or ())
@@ -230,8 +234,13 @@ def row_key(plan: Plan, row: RowPlan) -> str:
     """Everything a row's result depends on; a saved result with another key is stale."""
     s = plan.set(row.set)
     data = {"row": asdict(row), "test": s.test, "model": plan.model, "seed": plan.seed}
+    if data["row"]["evolve"] is not None:  # fields added later hash only when set (old keys hold)
+        for k in ("train", "dev"):
+            if data["row"]["evolve"][k] is None:
+                del data["row"]["evolve"][k]
     if row.evolve is not None:
-        data.update(train=s.train, dev=s.dev, analyst=row.evolve.analyst or plan.analyst)
+        data.update(train=row.evolve.train or s.train, dev=row.evolve.dev or s.dev,
+                    analyst=row.evolve.analyst or plan.analyst)
     blob = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -335,25 +344,28 @@ class Runner:
 
         return load_tasks(spec)
 
-    def train_traces(self, s: SetPlan) -> list[Trace]:
-        """The agent's runs on the train slice with an empty library, run once per set and
-        reused by every evolved row of the set (stored in ``work_dir/<set>/collect``)."""
-        if s.name not in self._train_traces:
+    def train_traces(self, s: SetPlan, spec: str | None = None) -> list[Trace]:
+        """The agent's runs on the train slice (``spec``, default the set's) with an empty
+        library, run once per slice and reused by every evolved row that names it (stored in
+        ``work_dir/<set>/collect``, or ``collect-<slice>`` for a row's own slice)."""
+        spec = spec or s.train
+        if spec not in self._train_traces:
             from engine.methods.evolve import training_traces
 
-            folder = self.work_dir / slug(s.name) / "collect"
+            sub = "collect" if spec == s.train else f"collect-{slug(spec)}"
+            folder = self.work_dir / slug(s.name) / sub
             engine = self.engine(folder)
-            tasks = self.tasks(s.train)
+            tasks = self.tasks(spec)
             stored = [t for t in engine.traces.query() if t.meta.get("task_set") == tasks.name]
             if len({t.meta.get("task_id") for t in stored}) < len(tasks):
                 shutil.rmtree(folder, ignore_errors=True)
                 engine = self.engine(folder)
                 evaluate(tasks, engine.solver(), concurrency=self.concurrency,
                          seed=self.plan.seed, store=engine.traces, model=self.backend.spec,
-                         on_progress=lambda d, n, r: self.on_progress(f"{s.name} train", d, n))
+                         on_progress=lambda d, n, r: self.on_progress(f"{spec}", d, n))
                 stored = list(engine.traces.query())
-            self._train_traces[s.name] = training_traces(stored)
-        return self._train_traces[s.name]
+            self._train_traces[spec] = training_traces(stored)
+        return self._train_traces[spec]
 
     def evaluate(self, engine: Any, row: RowPlan, spec: str, label: str) -> EvalResult:
         tasks = self.tasks(spec)
@@ -383,12 +395,13 @@ class Runner:
     def _evolve(self, row: RowPlan, s: SetPlan, folder: Path
                 ) -> tuple[dict[str, Any], str | None]:
         assert row.evolve is not None
-        traces = self.train_traces(s)
+        train, dev = row.evolve.train or s.train, row.evolve.dev or s.dev
+        traces = self.train_traces(s, train)
         engine = self.engine(folder, row)
         t0 = time.time()
         res = engine.evolve(
-            row.evolve.method, traces=traces, tasks=self.tasks(s.train),
-            gate_tasks=self.tasks(s.dev), analyst=self.analyst_for(row), rule=row.evolve.rule,
+            row.evolve.method, traces=traces, tasks=self.tasks(train),
+            gate_tasks=self.tasks(dev), analyst=self.analyst_for(row), rule=row.evolve.rule,
             seed=self.plan.seed, concurrency=self.concurrency,
             max_agent_runs=row.evolve.max_agent_runs, solver=row.solver,
             on_progress=lambda phase, d, n: self.on_progress(f"{row.id} {phase}", d, n),
@@ -459,14 +472,16 @@ def _cost(evolve: Mapping[str, Any] | None) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def _gate(evolve: Mapping[str, Any] | None) -> str:
+def _gate(evolve: Mapping[str, Any] | None, default_dev: str = "") -> str:
     if not evolve:
         return "–"
     d = evolve.get("decision")
     if not d:
         return evolve.get("note") or "no gate"
     verdict = "accepted" if evolve.get("accepted") else "rejected"
-    return f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
+    text = f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
+    # a row gated on its own dev slice says which (the set's header names the usual one)
+    return text + (f" on `{d['task_set']}`" if d.get("task_set") != default_dev else "")
 
 
 _HEADER = ("| row | solver | methods | accuracy (n) | Δ vs baseline [95% CI] | McNemar p "
@@ -504,7 +519,7 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
         n_ok = sum(t.score for t in res.results)
         lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
                      f"({n_ok:g}/{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} | "
-                     f"{_cost(o.evolve)} | {_gate(o.evolve)} |")
+                     f"{_cost(o.evolve)} | {_gate(o.evolve, s.dev)} |")
         if o.candidate_result is not None and base is not None:
             c = compare(base.result, o.candidate_result)
             cr = o.candidate_result

@@ -108,6 +108,44 @@ def test_a_run_with_a_failed_step_is_not_an_example() -> None:
     assert example_from_trace(broken, stats=stats) is None and stats.unusable == 1
 
 
+def program_trace(tid: str, prose: str, code: str, printed: str, answer: str) -> Trace:
+    """A run whose reply wraps its program in prose (as the 0.5B often writes)."""
+    reply = f"{prose}\n```python\n{code}\n```"
+    return Trace(
+        id=tid, task=f"task {tid}", answer=answer, label="30", score=1.0, outcome="answered",
+        steps=(Step(kind="think", module="think", output={"completion": {"text": reply}}),
+               Step(kind="act", module="act", input={"tool": "python",
+                                                     "arguments": {"code": code}},
+                    output={"observation": printed, "form": "code"})),
+        meta={"scorer": "numeric", "task_id": tid})
+
+
+def test_the_program_form_keeps_only_the_program_that_printed_the_answer() -> None:
+    wrong_prose = "3/4 of 120 is 180, so 120 - 180 = 40 are empty."
+    code = "total = 15 * 8\nprint(total - total * 3 / 4)"
+    t = program_trace("p", wrong_prose, code, "30.0\n", "30.0")
+    full = example_from_trace(t)
+    assert full is not None and wrong_prose in full.solution
+    ex = example_from_trace(t, form="program")
+    assert ex is not None and wrong_prose not in ex.solution
+    assert ex.solution == f"```python\n{code}\n```\n```output\n30.0\n```"
+    # A run whose answer is not what its program printed (answered in prose after it) gives
+    # no program example: the program is not what the scorer verified.
+    prose_answer = program_trace("q", "", "print(29)", "29\n", "30")
+    stats = ExampleStats()
+    assert example_from_trace(prose_answer, stats=stats, form="program") is None
+    assert stats.unusable == 1
+    # A run with no program (a prose answer) gives none either; the default form keeps it.
+    plain = Trace(id="r", task="task r", answer="30", label="30", score=1.0,
+                  outcome="answered", meta={"scorer": "numeric", "task_id": "r"},
+                  steps=(Step(kind="think", module="think",
+                              output={"completion": {"text": "15 * 2 = 30"}}),))
+    assert example_from_trace(plain, form="program") is None
+    assert example_from_trace(plain) is not None
+    with pytest.raises(ValueError, match="form"):
+        example_from_trace(t, form="programs")
+
+
 # -- nearest examples within the budget --------------------------------------------------------
 
 

@@ -112,6 +112,31 @@ def test_the_page_pairs_rows_with_the_baseline(tmp_path: Path) -> None:
     assert saved["evolve"]["method"] == "toy"
 
 
+def test_a_row_may_evolve_on_its_own_train_and_dev_slices(tmp_path: Path) -> None:
+    path = _tasks(tmp_path)
+    own = {"set": "toy", "name": "toy-wide",
+           "evolve": {"method": "toy", "options": {"note": "add twice"},
+                      "train": f"{path}:0:6", "dev": f"{path}:6:8"}}
+    plan = parse_plan(_plan(path, rows=[own]))
+    # the fields are hashed only when set: rows that do not name them keep their saved keys
+    base = parse_plan(_plan(path))
+    assert row_key(plan, plan.rows[2]) == row_key(base, base.rows[2])
+    results = tmp_path / "results"
+    outcomes = run_plan(_runner(plan, tmp_path), results, say=lambda s: None,
+                        only=["toy/toy-wide", "toy/toy-evolved", "toy/agent"])
+    wide = outcomes["toy/toy-wide"].evolve
+    assert wide is not None and wide["traces"] == 6
+    assert wide["decision"]["n_tasks"] == 2
+    assert outcomes["toy/toy-evolved"].evolve["traces"] == 4  # the set's collection is kept
+    assert (tmp_path / "work" / "toy" / "collect").is_dir()
+    page = render(plan, {r.id: load_outcome(results, r) for r in plan.rows}, tmp_path,
+                  command="x")
+    line = next(x for x in page.splitlines() if x.startswith("| toy-wide"))
+    assert f"on `{path}:6:8`" in line
+    evolved = next(x for x in page.splitlines() if x.startswith("| toy-evolved"))
+    assert " on `" not in evolved
+
+
 def test_rows_run_before_a_code_change_are_marked(tmp_path: Path) -> None:
     import time
 

@@ -7,11 +7,18 @@ wording is ``engine/prompts/examples.yaml``), keyed by the trace id it came from
 becomes an example only when it answered, its stored score passes, and, where the scorer can
 be rebuilt from the trace (its name and label), scoring the trace again passes too; a run with
 an unparseable reply or a failed tool call, or one too long to teach from, is not taken.
+
+Two forms of solution (``form``): ``all`` keeps the run's output as the model wrote it;
+``program`` keeps only the part the scorer's verdict vouches for, the program whose printed
+output was the answer and that output, and takes no run answered otherwise. The prose around a
+small model's program often carries arithmetic that is wrong even when the answer is right
+("3/4 x 120 = 180" before a program that prints 30), and a demonstration teaches its errors too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,14 +135,56 @@ def solution_of(trace: Trace) -> str | None:
     return text or None
 
 
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+FORMS = ("all", "program")
+
+
+def _last_number(text: str) -> float | None:
+    found = _NUMBER.findall(text or "")
+    try:
+        return float(found[-1].replace(",", "")) if found else None
+    except ValueError:
+        return None
+
+
+def program_of(trace: Trace) -> str | None:
+    """The program that answered ``trace`` and the output it printed, in the model's own
+    format; None when the run's answer is not that output (it answered in prose, or a later
+    step changed it) or any step failed."""
+    last: tuple[str, str] | None = None
+    for step in trace.steps:
+        if step.error or step.kind == "observe":
+            return None
+        if step.kind != "act" or not isinstance(step.input, Mapping):
+            continue
+        out = step.output if isinstance(step.output, Mapping) else {}
+        args = step.input.get("arguments")
+        code = args.get("code") if isinstance(args, Mapping) else None
+        if out.get("form") == "code" and isinstance(code, str) and code.strip() \
+                and not out.get("timed_out"):
+            last = (code.strip(), str(out.get("observation", "")).strip())
+        else:
+            last = None  # a later tool call: the program was not the last word
+    if last is None or not last[1]:
+        return None
+    code, output = last
+    answer = trace.answer if isinstance(trace.answer, str) else json.dumps(trace.answer)
+    shown, given = _last_number(output), _last_number(answer or "")
+    if shown is None or given is None or abs(shown - given) > 1e-6 * max(1.0, abs(given)):
+        return None
+    return "\n".join([_line("program", code=code), _line("code_output", output=output)])
+
+
 def example_from_trace(trace: Trace, threshold: float = 1.0,
-                       stats: ExampleStats | None = None) -> Example | None:
-    """The worked example ``trace`` gives, or None (counted in ``stats``) when it gives
-    none."""
+                       stats: ExampleStats | None = None, form: str = "all") -> Example | None:
+    """The worked example ``trace`` gives in ``form`` (see the module docstring), or None
+    (counted in ``stats``) when it gives none."""
+    if form not in FORMS:
+        raise ValueError(f"example form {form!r} is not one of {FORMS}")
     stats = stats if stats is not None else ExampleStats()
     if not verified(trace, threshold, stats):
         return None
-    solution = solution_of(trace)
+    solution = solution_of(trace) if form == "all" else program_of(trace)
     if solution is None or not trace.task.strip():
         stats.unusable += 1
         return None
@@ -148,13 +197,14 @@ def example_from_trace(trace: Trace, threshold: float = 1.0,
 
 
 def examples_from_traces(traces: Iterable[Trace], threshold: float = 1.0,
-                         stats: ExampleStats | None = None) -> list[Example]:
+                         stats: ExampleStats | None = None, form: str = "all"
+                         ) -> list[Example]:
     """Every verified example of ``traces``, one per task (the shortest solution wins: the
     cheaper demonstration of the same task), in the order their tasks first appear."""
     stats = stats if stats is not None else ExampleStats()
     by_task: dict[str, Example] = {}
     for t in traces:
-        ex = example_from_trace(t, threshold, stats)
+        ex = example_from_trace(t, threshold, stats, form)
         if ex is None:
             continue
         kept = by_task.get(ex.task)
@@ -163,5 +213,5 @@ def examples_from_traces(traces: Iterable[Trace], threshold: float = 1.0,
     return list(by_task.values())
 
 
-__all__ = ["ExampleStats", "example_from_trace", "examples_from_traces", "rescore",
-           "solution_of", "verified"]
+__all__ = ["FORMS", "ExampleStats", "example_from_trace", "examples_from_traces", "program_of",
+           "rescore", "solution_of", "verified"]

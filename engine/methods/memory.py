@@ -59,6 +59,9 @@ class MemoryConfig:
                              min=1)
     success_threshold: float = knob(1.0, help="A run scoring at least this is kept.")
     replace: bool = knob(False, help="Start the file over instead of adding to it.")
+    form: str = knob("all", help="What of a verified run is kept: all (its output as written) "
+                     "or program (only the program that printed the answer, and its output).",
+                     choices=("all", "program"))
     seed: int = knob(0, cli=False)
 
 
@@ -82,7 +85,7 @@ class Memory:
         stats = ExampleStats()
         labelled = [t.with_(label=labels[t.id]) if labels and t.id in labels else t
                     for t in traces]
-        fresh = examples_from_traces(labelled, cfg.success_threshold, stats)
+        fresh = examples_from_traces(labelled, cfg.success_threshold, stats, cfg.form)
         old_text = library_texts(library, path).get(path)
         old = [] if cfg.replace or old_text is None else parse_examples(old_text, path=path)[0]
         tasks = {ex.task for ex in old}

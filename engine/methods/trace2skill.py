@@ -78,6 +78,9 @@ class Trace2SkillConfig:
         1.0, help="A trace scoring at least this counts as a success.")
     examples: bool = knob(False, help="Keep worked examples (references/examples.md) taken "
                                       "from verified runs; analysts add, replace, retire them.")
+    example_form: str = knob("all", help="What of a verified run an example keeps: all or "
+                             "program (see engine/methods/examples.py).",
+                             choices=("all", "program"))
     max_examples: int = knob(6, help="Most worked examples the skill keeps.", min=1)
 
 
@@ -300,7 +303,7 @@ class Trace2Skill:
             report.examples = ExampleReport()
             for t in traces:
                 ex = example_from_trace(t.with_(label=labels[t.id]) if labels and t.id in labels
-                                        else t, cfg.success_threshold)
+                                        else t, cfg.success_threshold, form=cfg.example_form)
                 if ex is not None:
                     self._runs[t.id] = ex
         start = time.perf_counter()
