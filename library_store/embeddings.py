@@ -75,6 +75,7 @@ class TextEmbedder:
         self.name = MINILM_NAME
         self._model: Any = None
         self._tokenizer: Any = None
+        self._dim: int | None = None
         self._lock = threading.Lock()
 
     def _folder(self) -> Path:
@@ -84,9 +85,12 @@ class TextEmbedder:
 
     @property
     def dim(self) -> int:
-        """The vector size, read from the model's config without loading the weights."""
-        config = json.loads((self._folder() / "config.json").read_text(encoding="utf-8"))
-        return int(config["hidden_size"])
+        """The vector size, read once from the model's config without loading the weights
+        (every embed asks for it)."""
+        if self._dim is None:
+            config = json.loads((self._folder() / "config.json").read_text(encoding="utf-8"))
+            self._dim = int(config["hidden_size"])
+        return self._dim
 
     def _load(self) -> tuple[Any, Any]:
         with self._lock:

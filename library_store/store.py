@@ -144,6 +144,10 @@ class Library:
         self.view = View(self.root, ROOTS, self.blobs, self.trees, self.root / ".state",
                          self.root / ".tmp")
         self._manifests: dict[str, Manifest] = {}
+        self._current_file = str(self.root / "CURRENT")
+        # (CURRENT's stat signature, the id it held): a server reads the current version
+        # several times a request; a stat is a fraction of an open and read.
+        self._current_seen: tuple[tuple[int, int, int, int], str] | None = None
         self._thread_lock = threading.RLock()
         # Set when the view (skills/, policies/) could not be brought up to the current
         # version: the versions are intact and every command still works; see ``repair_view``.
@@ -195,13 +199,23 @@ class Library:
     # -- reading ---------------------------------------------------------------------------
 
     def current_id(self) -> str:
-        """The current version id, read once from ``CURRENT``."""
+        """The current version id from ``CURRENT``, read again whenever the file changed
+        (every write replaces it: a new inode and new times)."""
         try:
-            vid = self.current_path.read_text(encoding="utf-8").strip()
+            st = os.stat(self._current_file)
+            sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            seen = self._current_seen
+            if seen is not None and seen[0] == sig:
+                return seen[1]
+            with open(self._current_file, encoding="utf-8") as f:
+                vid = f.read().strip()
         except FileNotFoundError as exc:
             raise LibraryError(f"no library at {self.root}",
                                hint="create one with `whetstone library init`") from exc
         version_number(vid)
+        # Stat before read: a replace in between leaves an older signature with the newer id,
+        # and the next call, seeing the newer signature, reads again.
+        self._current_seen = (sig, vid)
         return vid
 
     def _manifest(self, vid: str) -> Manifest:

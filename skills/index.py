@@ -19,6 +19,7 @@ a process re-opens its client when another process has re-synced the index (``to
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
@@ -138,6 +139,7 @@ class LibraryIndex:
         # kind -> (state token, ids, unit vectors, metadatas, rank of each id by key): the
         # documents of a small kind, for exact ranking in memory
         self._tables: dict[str, tuple[Any, ...]] = {}
+        self._state_seen: tuple[tuple[int, int, int, int], dict[str, Any] | None] | None = None
 
     # -- state ------------------------------------------------------------------------------
 
@@ -146,12 +148,21 @@ class LibraryIndex:
         return self.path / "state.json"
 
     def state(self) -> dict[str, Any] | None:
-        """What the index was last synced to: version, root, token, pending, counts."""
+        """What the index was last synced to: version, root, token, pending, counts (a
+        copy). Read again only when the file changed: every write replaces it (a new inode
+        and new times), and a server asks for it on every query."""
         try:
+            st = os.stat(self.state_path)
+            sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            seen = self._state_seen
+            if seen is not None and seen[0] == sig:
+                return dict(seen[1]) if seen[1] is not None else None
             data = json.loads(self.state_path.read_text(encoding="utf-8"))
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        return data if isinstance(data, dict) else None
+        data = data if isinstance(data, dict) else None
+        self._state_seen = (sig, data)  # stat before read: a newer file is read again
+        return dict(data) if data is not None else None
 
     def _write_state(self, **state: Any) -> None:
         atomic_write(self.state_path, json.dumps(state).encode("utf-8"),

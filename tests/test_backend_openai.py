@@ -441,6 +441,52 @@ def test_a_slow_server_is_a_timeout(upstream: Callable[..., Any],
         asyncio.run(backend.acomplete(ASK))
 
 
+def test_the_async_path_fails_and_retries_as_the_blocking_one(
+        servers: Servers, upstream: Callable[..., Any],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``acomplete`` posts over aiohttp (the server's hot path), ``complete`` through the SDK:
+    the same retries, the same errors with the server's message."""
+    hits: list[float] = []
+    url = servers.start(_flaky_app([503] * 10, hits))
+    backend = get_backend(f"openai:tiny@{url}", BackendOptions(max_retries=3, extra=FAST_RETRY))
+    with backend, pytest.raises(BackendUnavailable) as info:
+        asyncio.run(backend.acomplete(ASK))
+    assert len(hits) == 4 and "busy (503)" in info.value.message
+    assert "after 4 attempts" in info.value.message
+
+    hits = []
+    url = servers.start(_flaky_app([429, 500], hits, headers={"Retry-After": "0.3"}))
+    backend = get_backend(f"openai:tiny@{url}", BackendOptions(
+        max_retries=3, extra={"retry_backoff_s": 0.01, "retry_max_backoff_s": 5}))
+    with backend:
+        c = asyncio.run(backend.acomplete(ASK))
+    assert c.text == "ok now" and len(hits) == 3 and hits[1] - hits[0] >= 0.25
+
+    _, backend = upstream(ScriptedBackend(["never"]))
+    with pytest.raises(BackendError) as info:
+        asyncio.run(backend.acomplete(ASK.with_(temperature=5.0)))
+    assert "400" in info.value.message and "'temperature' must be between" in info.value.message
+    assert not isinstance(info.value, (BackendUnavailable, BackendTimeout))
+
+    url = servers.start(create_app(ScriptedBackend(["x"]), model_name="tiny"))
+    backend = get_backend(f"openai:huge@{url}", BackendOptions(max_retries=0))
+    with backend, pytest.raises(BackendError) as info:
+        asyncio.run(backend.acomplete(ASK))
+    assert "404" in info.value.message and "/models" in (info.value.hint or "")
+
+
+def test_one_event_loop_after_another_leaves_no_session_open(
+        upstream: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
+    import gc
+
+    caplog.set_level(logging.ERROR, "asyncio")
+    _, backend = upstream(ScriptedBackend(responder=lambda r: "hi"))
+    for _ in range(2):  # a script calling asyncio.run(engine.achat(...)) twice, never closing
+        assert asyncio.run(backend.acomplete(ASK)).text == "hi"
+    gc.collect()
+    assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+
+
 @pytest.mark.parametrize("reply, excerpt", [
     (JSONResponse([]), "[]"),
     (PlainTextResponse("hello from nginx"), "hello from nginx"),

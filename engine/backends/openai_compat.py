@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
+from engine.backends.openai_http import HttpFailure, JsonPoster, server_message
 from engine.backends.openai_wire import (
     StreamAccumulator,
     completion_from_openai,
@@ -89,16 +90,7 @@ def parse_spec(arg: str, env: dict[str, str] | None = None) -> tuple[str, str]:
 
 
 def _server_message(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if body.get("detail"):  # FastAPI's default error shape
-            return str(body["detail"])
-    return str(getattr(exc, "message", "") or exc)
+    return server_message(getattr(exc, "body", None), str(getattr(exc, "message", "") or exc))
 
 
 class OpenAICompatBackend(Backend):
@@ -134,47 +126,61 @@ class OpenAICompatBackend(Backend):
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
         self._lock = threading.Lock()
+        self._poster = JsonPoster(base_url, api_key)
 
     # --- errors and retries ------------------------------------------------------------------
 
-    def _retry_wait(self, exc: Exception, retry: int) -> float | None:
-        """Seconds to wait before retry number ``retry`` (0-based), or None: do not retry."""
+    def _failure(self, exc: Exception) -> HttpFailure:
+        """An ``openai`` exception as the transport-neutral ``HttpFailure``."""
         o = self._openai
-        if retry >= self.retry.max_retries or isinstance(exc, o.APITimeoutError):
+        if isinstance(exc, HttpFailure):
+            return exc
+        if isinstance(exc, o.APITimeoutError):
+            return HttpFailure("timeout", str(exc), cause=exc)
+        if isinstance(exc, o.APIConnectionError):
+            cause = exc.__cause__ or exc
+            return HttpFailure("connection", f"{type(cause).__name__}: {cause}", cause=exc)
+        if isinstance(exc, o.APIStatusError):
+            return HttpFailure("status", _server_message(exc), status=exc.status_code,
+                               retry_after=exc.response.headers.get("retry-after"), cause=exc)
+        if isinstance(exc, o.APIError):  # e.g. an error event in the middle of a stream
+            return HttpFailure("api", _server_message(exc), cause=exc)
+        return HttpFailure("other", f"{type(exc).__name__}: {exc}", cause=exc)
+
+    def _retry_wait(self, f: HttpFailure, retry: int) -> float | None:
+        """Seconds to wait before retry number ``retry`` (0-based), or None: do not retry."""
+        if retry >= self.retry.max_retries or f.kind == "timeout":
             # A timeout is not retried: the caller's deadline has already passed.
             return None
-        if isinstance(exc, o.APIConnectionError):
+        if f.kind == "connection":
             return self.retry.delay(retry)
-        if isinstance(exc, o.APIStatusError) and (
-                exc.status_code in _RETRY_STATUS or exc.status_code >= 500):
-            header = exc.response.headers.get("retry-after")
+        if f.kind == "status" and (f.status in _RETRY_STATUS or f.status >= 500):
             try:
-                retry_after = float(header) if header is not None else None
+                retry_after = float(f.retry_after) if f.retry_after is not None else None
             except ValueError:  # an HTTP date: fall back to our own backoff
                 retry_after = None
             return self.retry.delay(retry, retry_after)
         return None
 
-    def _to_error(self, exc: Exception, attempts: int, timeout: float) -> WhetstoneError:
-        """The ``WhetstoneError`` a caller sees for an ``openai`` exception."""
-        o, url = self._openai, self.base_url
+    def _to_error(self, f: HttpFailure, attempts: int, timeout: float) -> WhetstoneError:
+        """The ``WhetstoneError`` a caller sees for a failed call, whichever transport made
+        it."""
+        url = self.base_url
         tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
-        if isinstance(exc, o.APITimeoutError):
+        if f.kind == "timeout":
             return BackendTimeout(
                 f"{url} did not answer within {timeout:g} s (model {self.model!r})",
                 hint="raise the timeout (BackendOptions.timeout_s or Request.timeout) "
                      "or check the server's load",
             )
-        if isinstance(exc, o.APIConnectionError):
-            cause = exc.__cause__ or exc
+        if f.kind == "connection":
             return BackendUnavailable(
-                f"cannot reach the OpenAI-compatible server at {url} {tries} "
-                f"({type(cause).__name__}: {cause})",
+                f"cannot reach the OpenAI-compatible server at {url} {tries} ({f.message})",
                 hint="start the server (e.g. `whetstone serve --model embedded --port 8000` or "
                      "`vllm serve MODEL`) or fix the URL in openai:<model>@<base_url>",
             )
-        if isinstance(exc, o.APIStatusError):
-            status, msg = exc.status_code, _server_message(exc)
+        if f.kind == "status":
+            status, msg = f.status, f.message
             if status == 404:
                 return BackendError(
                     f"{url} answered 404 for model {self.model!r}: {msg}",
@@ -193,10 +199,10 @@ class OpenAICompatBackend(Backend):
                            hint="check the server's log; it may be overloaded or misconfigured")
             return BackendError(f"{url} rejected the request ({status}): {msg}",
                                 hint="the server's message says what it expected")
-        if isinstance(exc, o.APIError):  # e.g. an error event in the middle of a stream
-            return BackendError(f"{url} reported an error: {_server_message(exc)}",
+        if f.kind == "api":
+            return BackendError(f"{url} reported an error: {f.message}",
                                 hint="check the server's log")
-        return BackendError(f"unexpected reply from {url}: {type(exc).__name__}: {exc}",
+        return BackendError(f"unexpected reply from {url}: {f.message}",
                             hint="check that the server speaks the OpenAI chat API")
 
     def _timeout(self, request: Request) -> float:
@@ -208,9 +214,10 @@ class OpenAICompatBackend(Backend):
             try:
                 return fn()
             except self._openai.OpenAIError as exc:
-                wait = self._retry_wait(exc, attempt)
+                failure = self._failure(exc)
+                wait = self._retry_wait(failure, attempt)
                 if wait is None:
-                    raise self._to_error(exc, attempt + 1, timeout) from exc
+                    raise self._to_error(failure, attempt + 1, timeout) from exc
                 log.warning("%s: %s; retry %d/%d in %.2f s", self.base_url, type(exc).__name__,
                             attempt + 1, self.retry.max_retries, wait)
                 time.sleep(wait)
@@ -220,10 +227,11 @@ class OpenAICompatBackend(Backend):
         for attempt in range(self.retry.max_retries + 1):
             try:
                 return await fn()
-            except self._openai.OpenAIError as exc:
-                wait = self._retry_wait(exc, attempt)
+            except (self._openai.OpenAIError, HttpFailure) as exc:
+                failure = self._failure(exc)
+                wait = self._retry_wait(failure, attempt)
                 if wait is None:
-                    raise self._to_error(exc, attempt + 1, timeout) from exc
+                    raise self._to_error(failure, attempt + 1, timeout) from exc
                 log.warning("%s: %s; retry %d/%d in %.2f s", self.base_url, type(exc).__name__,
                             attempt + 1, self.retry.max_retries, wait)
                 await asyncio.sleep(wait)
@@ -275,16 +283,14 @@ class OpenAICompatBackend(Backend):
         return self._parse(request, response, start)
 
     async def acomplete(self, request: Request) -> Completion:
+        """One chat completion on an event loop: a plain JSON POST over aiohttp
+        (``openai_http``; the SDK's request machinery cost ~1.4 ms of CPU a call, most of a
+        proxy hop), with the same retries and errors as ``complete``."""
         kwargs = request_to_openai(request, self.model)
         timeout = self._timeout(request)
-        client = self._aclient()
         start = time.perf_counter()
-        # The raw post (same transport, errors and status handling as .create) returns the JSON
-        # as a dict: building then dumping pydantic models cost ~0.9 ms CPU per call, which is
-        # most of what a proxy hop costs (bench_middleware).
         response = await self._acall(
-            lambda: client.post("/chat/completions", body=kwargs, cast_to=object,
-                                options={"timeout": timeout}), timeout)
+            lambda: self._poster.post("/chat/completions", kwargs, timeout), timeout)
         return self._parse(request, response, start)
 
     def _stream_kwargs(self, request: Request) -> dict[str, Any]:
@@ -309,7 +315,7 @@ class OpenAICompatBackend(Backend):
                     cut = True
                     break
         except self._openai.OpenAIError as exc:
-            raise self._to_error(exc, 1, timeout) from exc
+            raise self._to_error(self._failure(exc), 1, timeout) from exc
         finally:
             stream.close()
         yield StreamChunk(completion=self._stream_result(request, acc, start, cut))
@@ -330,7 +336,7 @@ class OpenAICompatBackend(Backend):
                     cut = True
                     break
         except self._openai.OpenAIError as exc:
-            raise self._to_error(exc, 1, timeout) from exc
+            raise self._to_error(self._failure(exc), 1, timeout) from exc
         finally:
             await stream.close()
         yield StreamChunk(completion=self._stream_result(request, acc, start, cut))
@@ -349,10 +355,12 @@ class OpenAICompatBackend(Backend):
             client = self._aclients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.close()
+        await self._poster.aclose()
 
     def close(self) -> None:
         """Close the HTTP clients. Async clients whose loop is gone are left to the GC."""
         self._client.close()
+        self._poster.close()
         with self._lock:
             clients = list(self._aclients.items())
             self._aclients.clear()

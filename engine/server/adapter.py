@@ -229,14 +229,18 @@ class ChatAdapter:
 
     def cached(self, request: Request, switches: ChatSwitches = ChatSwitches()
                ) -> Adapted | None:
-        """The adapted request when its guidance is in the cache, else None. Cheap (a small
-        file read for the library version): the server calls it on the event loop."""
+        """The adapted request when its guidance is in the cache, else None. Cheap (a stat
+        of the library's CURRENT): the server calls it on the event loop."""
         start = time.perf_counter()
         if not switches.library:
             return None
         query = chat_query(request.messages, self.query_turns)
         budget = self.budget_tokens if switches.budget_tokens is None else switches.budget_tokens
         key = self._key(query, budget) if query else None
+        return self._hit(key, request, query, start)
+
+    def _hit(self, key: tuple[Any, ...] | None, request: Request, query: str, start: float
+             ) -> Adapted | None:
         if key is None:
             return None
         with self._cache_lock:
@@ -255,10 +259,9 @@ class ChatAdapter:
             return Adapted(request, query=query, duration_s=time.perf_counter() - start)
         budget = self.budget_tokens if switches.budget_tokens is None else switches.budget_tokens
         key = self._key(query, budget) if query else None
-        if key is not None:
-            hit = self.cached(request, switches)
-            if hit is not None:
-                return hit
+        hit = self._hit(key, request, query, start)
+        if hit is not None:
+            return hit
         parts: list[str] = []
         meta: dict[str, Any] = {}
         version: str | None = None

@@ -1,0 +1,158 @@
+"""The proxy's hot path to an OpenAI-compatible server: one JSON POST over aiohttp.
+
+Every non-streamed request ``whetstone serve`` proxies is one ``acomplete``. Through the
+``openai`` SDK that call costs ~1.4 ms of CPU in the client alone (its request building, the
+auth-retry wrapper and httpx's connection pool) against ~0.25 ms for the same POST over aiohttp,
+and that difference was most of what the proxy spent per request besides the library
+(``benchmarks/bench_middleware.py``). ``OpenAICompatBackend.acomplete`` posts through
+``JsonPoster``; streaming and the blocking calls keep the SDK. Failures come back as
+``HttpFailure`` (a timeout, a connection error, or the server's status and message), which the
+backend maps to the same errors and retries as the SDK's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+# uvicorn (and so vLLM and whetstone serve) drops an idle connection after 5 s; reusing one it
+# is closing at that moment fails, so idle ones are let go first.
+_KEEPALIVE_S = 4.0
+
+
+@dataclass
+class HttpFailure(Exception):
+    """A POST that did not give a 2xx: ``kind`` is ``timeout``, ``connection`` or ``status``
+    (then ``status``, the server's ``message`` and its ``Retry-After`` header)."""
+
+    kind: str
+    message: str = ""
+    status: int = 0
+    retry_after: str | None = None
+    cause: BaseException | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def server_message(body: Any, default: str) -> str:
+    """The error text of an OpenAI-style error body (``{"error": {"message": ...}}``,
+    ``{"error": "..."}`` or FastAPI's ``{"detail": ...}``), else ``default``."""
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("detail"):
+            return str(body["detail"])
+    return default
+
+
+async def _close_with_loop(session: Any) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+class JsonPoster:
+    """POST JSON to ``base_url`` + path with one aiohttp session per event loop (a session's
+    connection pool belongs to the loop that made it)."""
+
+    def __init__(self, base_url: str, api_key: str, *, user_agent: str = "whetstone") -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": user_agent,
+                         "Content-Type": "application/json", "Accept": "application/json"}
+        # loop -> (its session, the async generator that closes it with the loop)
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                                  tuple[Any, AsyncIterator[None]]] = (
+            weakref.WeakKeyDictionary())
+        self._lock = threading.Lock()
+        # Proxies from the environment, as httpx does; looked up per request only when one is
+        # set (aiohttp reads the environment and ~/.netrc on every request when asked to).
+        self._trust_env = any(os.environ.get(k) for k in (
+            "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"))
+
+    async def _session(self) -> Any:
+        import aiohttp  # lazily: only an event loop that posts needs it
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            held = self._sessions.get(loop)
+            if held is not None and not held[0].closed:
+                return held[0]
+            connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=_KEEPALIVE_S)
+            session = aiohttp.ClientSession(connector=connector, headers=self._headers,
+                                            trust_env=self._trust_env)
+        # Closed with its loop: asyncio.run (and uvicorn) finalise a loop's open async
+        # generators before closing it, so a caller who never closes the backend (one
+        # asyncio.run(engine.achat(...)) after another) leaves no session open behind.
+        keeper = _close_with_loop(session)
+        await keeper.__anext__()
+        with self._lock:
+            self._sessions[loop] = (session, keeper)
+        return session
+
+    async def post(self, path: str, body: Any, timeout: float) -> Any:
+        """The decoded JSON reply of a 2xx (or its text when it is not JSON: the caller says
+        what came back); ``HttpFailure`` otherwise."""
+        import aiohttp
+
+        data = json.dumps(body, ensure_ascii=False).encode()
+        url = self.base_url + path
+        try:
+            session = await self._session()
+            async with session.post(
+                    url, data=data, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                raw = await r.read()
+                status, retry_after = r.status, r.headers.get("retry-after")
+        except asyncio.TimeoutError as exc:
+            raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            decoded: Any = json.loads(text)
+        except ValueError:
+            decoded = text
+        if status >= 400:
+            raise HttpFailure("status", server_message(decoded, text[:500] or f"HTTP {status}"),
+                              status=status, retry_after=retry_after)
+        return decoded
+
+    async def aclose(self) -> None:
+        """Close the running loop's session."""
+        with self._lock:
+            held = self._sessions.pop(asyncio.get_running_loop(), None)
+        if held is not None:
+            await held[0].close()
+
+    def close(self) -> None:
+        """Close every session whose loop still runs (in its own thread); the rest go with
+        their loops."""
+        with self._lock:
+            sessions = list(self._sessions.items())
+            self._sessions.clear()
+        for loop, (session, _) in sessions:
+            if not loop.is_running() or loop.is_closed():
+                continue
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                loop.create_task(session.close())
+            else:
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=5)
+
+
+__all__ = ["HttpFailure", "JsonPoster", "server_message"]
