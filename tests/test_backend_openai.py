@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse
 from servers import Servers, free_port
 
@@ -316,6 +317,78 @@ def test_a_whetstone_server_can_serve_an_openai_backend(servers: Servers,
         r = front.chat.completions.create(model="front",
                                           messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content == "proxied answer"
+
+
+def _recording_app(bodies: list[dict[str, Any]]) -> FastAPI:
+    """An upstream that keeps each body and calls the tool ``tool_choice`` names (as vLLM
+    and OpenAI do), else answers in text."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: HttpRequest) -> Any:
+        body = await request.json()
+        bodies.append(body)
+        choice = body.get("tool_choice")
+        message: dict[str, Any] = {"role": "assistant", "content": "in text"}
+        if isinstance(choice, dict):
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {
+                    "name": choice["function"]["name"], "arguments": '{"city": "Paris"}'}}]}
+        if body.get("stream"):  # one chunk with the whole message, then usage and [DONE]
+            from fastapi.responses import StreamingResponse
+
+            delta = {k: v for k, v in message.items() if v is not None}
+            for i, call in enumerate(delta.get("tool_calls") or []):
+                call["index"] = i
+            chunks = [{"id": "c", "object": "chat.completion.chunk", "created": 0,
+                       "model": "tiny", "choices": [{"index": 0, "delta": delta,
+                                                     "finish_reason": "stop"}]}]
+            lines = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return StreamingResponse(iter([lines]), media_type="text/event-stream")
+        return JSONResponse({"id": "c", "object": "chat.completion", "created": 0,
+                             "model": "tiny", "choices": [{"index": 0, "message": message,
+                                                           "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": 5, "completion_tokens": 3,
+                                       "total_tokens": 8}})
+
+    return app
+
+
+def test_tool_choice_and_response_format_reach_the_upstream(servers: Servers) -> None:
+    """A proxy that drops ``tool_choice`` turns a forced call into "auto" (found in front of
+    vLLM: the 0.5B then answered with the call as text). Fields Whetstone does not interpret
+    go upstream as the client sent them, through the server and each backend call."""
+    import openai
+
+    bodies: list[dict[str, Any]] = []
+    up = servers.start(_recording_app(bodies))
+    backend = get_backend(f"openai:tiny@{up}/v1", BackendOptions(max_retries=0))
+    front = servers.start(create_app(backend, model_name="tiny"))
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with backend, openai.OpenAI(base_url=front + "/v1", api_key="x", max_retries=0) as client:
+        for stream in (False, True):
+            kwargs: dict[str, Any] = {
+                "model": "tiny", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [WEATHER_TOOL], "tool_choice": named, "parallel_tool_calls": False}
+            if stream:
+                list(client.chat.completions.create(**kwargs, stream=True))
+            else:
+                m = client.chat.completions.create(**kwargs).choices[0].message
+                assert m.tool_calls and m.tool_calls[0].function.name == "get_weather"
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "JSON please"}],
+            response_format={"type": "json_object"}, tool_choice="auto")
+        with pytest.raises(openai.BadRequestError, match="not in 'tools'"):
+            client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}],
+                tools=[WEATHER_TOOL], tool_choice={"type": "function",
+                                                   "function": {"name": "get_time"}})
+        asyncio.run(backend.acomplete(ASK.with_(passthrough={"tool_choice": "required"},
+                                                tools=(WEATHER_TOOL,))))
+    assert [b.get("tool_choice") for b in bodies] == [named, named, None, "required"]
+    assert bodies[0]["parallel_tool_calls"] is False and bodies[1]["stream"] is True
+    # response_format went through; tool_choice without tools is not sent (nothing to choose)
+    assert bodies[2]["response_format"] == {"type": "json_object"}
 
 
 # --- bad input and failures ------------------------------------------------------------------

@@ -87,6 +87,9 @@ def request_to_openai(request: Request, model: str) -> dict[str, Any]:
         body["tools"] = [dict(t) for t in request.tools]
     if request.logprobs:
         body["logprobs"] = True
+    for key, value in request.passthrough.items():
+        if key in PASSTHROUGH and key not in body:
+            body[key] = value
     return body
 
 
@@ -297,6 +300,38 @@ def _check_tool_call(where: str, call: Any) -> None:
         raise _bad(f"'{where}.id' must be a string, got {call['id']!r}")
 
 
+# Fields a chat-completions body may carry that Whetstone does not interpret: kept on the
+# Request (``Request.passthrough``) and sent upstream as given by the openai: backend.
+PASSTHROUGH = ("tool_choice", "parallel_tool_calls", "response_format", "frequency_penalty",
+               "presence_penalty", "logit_bias", "top_logprobs", "user", "reasoning_effort")
+
+
+def _passthrough_from_openai(body: Mapping[str, Any], tools: tuple[Mapping[str, Any], ...]
+                             ) -> dict[str, Any]:
+    out = {k: body[k] for k in PASSTHROUGH if body.get(k) is not None}
+    choice = out.get("tool_choice")
+    if choice is None:
+        return out
+    if not tools:  # no tools offered (or tool_choice "none" dropped them): nothing to choose
+        del out["tool_choice"]
+        return out
+    if isinstance(choice, str):
+        if choice not in ("auto", "required", "none"):
+            raise _bad(f"'tool_choice' must be auto, required, none or "
+                       f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r}')
+        return out
+    fn = choice.get("function") if isinstance(choice, Mapping) else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    if not isinstance(name, str):
+        raise _bad("'tool_choice' must be auto, required, none or "
+                   f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r}')
+    offered = [(t.get("function") or {}).get("name") for t in tools]
+    if name not in offered:
+        raise _bad(f"'tool_choice' names {name!r}, which is not in 'tools'",
+                   hint="offered: " + ", ".join(map(str, offered)))
+    return out
+
+
 def _tools_from_openai(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     tools = body.get("tools")
     if tools is None or body.get("tool_choice") == "none":
@@ -314,8 +349,9 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
                         timeout: float | None = None) -> ChatCall:
     """Validate a chat-completions body and turn it into a ``ChatCall``.
 
-    Raises ``ConfigError`` naming the offending field. Fields we do not use (``user``,
-    ``response_format`` ...) are accepted and ignored, as OpenAI-compatible servers do.
+    Raises ``ConfigError`` naming the offending field. ``tool_choice``, ``response_format``
+    and the other ``PASSTHROUGH`` fields are kept for the upstream (``Request.passthrough``);
+    other fields are accepted and ignored, as OpenAI-compatible servers do.
     """
     if not isinstance(body, Mapping):
         raise _bad("the request body must be a JSON object")
@@ -344,6 +380,7 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
         raise _bad("'stream_options' must be an object")
     temperature = _number(body, "temperature", float, 0.0, 2.0)
     top_p = _number(body, "top_p", float, 0.0, 1.0)
+    tools = _tools_from_openai(body)
     request = Request(
         messages=messages,
         max_tokens=max_tokens or default_max_tokens,
@@ -351,9 +388,10 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
         top_p=1.0 if top_p is None else top_p,
         stop=tuple(stop or ()),
         seed=_number(body, "seed", int),
-        tools=_tools_from_openai(body),
+        tools=tools,
         logprobs=bool(body.get("logprobs")),
         timeout=timeout,
+        passthrough=_passthrough_from_openai(body, tools),
     )
     return ChatCall(request=request, model=model, stream=bool(body.get("stream")),
                     include_usage=bool(stream_options.get("include_usage")))
