@@ -213,9 +213,7 @@ class Library:
             raise LibraryError(f"no library at {self.root}",
                                hint="create one with `whetstone library init`") from exc
         version_number(vid)
-        # Stat before read: a replace in between leaves an older signature with the newer id,
-        # and the next call, seeing the newer signature, reads again.
-        self._current_seen = (sig, vid)
+        self._current_seen = (sig, vid)  # stat before read: a newer file is read again
         return vid
 
     def _manifest(self, vid: str) -> Manifest:
