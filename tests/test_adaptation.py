@@ -101,6 +101,20 @@ def test_only_runs_the_scorer_passes_become_examples() -> None:
     assert exs[0].solution == "Compute it.\n```python\nprint(7)\n```\n```output\n7\n```"
 
 
+def test_a_bfcl_run_is_taken_on_its_stored_score() -> None:
+    """The bfcl scorer needs the task's function definitions, which a trace does not keep: the
+    run cannot be scored again, so its stored verdict stands (before, it was scored 0 against
+    no functions and every BFCL run was refused)."""
+    call = '{"name": "area", "arguments": {"base": 10}}'
+    t = Trace(id="b", task="Area of a base-10 triangle?", answer=call, score=1.0,
+              label='[{"area": {"base": [10]}}]', outcome="answered",
+              steps=(Step(kind="think", module="think",
+                          output={"completion": {"text": f"<tool_call>{call}</tool_call>"}}),),
+              meta={"scorer": "bfcl", "task_id": "b"})
+    stats = ExampleStats()
+    assert example_from_trace(t, stats=stats) is not None and stats.rescored_failed == 0
+
+
 def test_a_run_with_a_failed_step_is_not_an_example() -> None:
     t = code_trace("t", "q 1", "1", label="1", score=1.0)
     broken = t.with_(steps=(*t.steps, Step(kind="observe", module="think", error="bad call")))

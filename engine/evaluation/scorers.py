@@ -260,6 +260,10 @@ def bfcl_call(prediction: Prediction, task: TaskRecord) -> float:
                         hint="load the task from bfcl-simple / bfcl-multiple")
     functions = task.metadata.get("bfcl_functions") or [
         t.get("function", t) for t in task.tools]
+    if not functions:  # nothing to check types against: a 0 here would be a false verdict
+        raise EvalError(f"task {task.id}: the bfcl scorer needs the task's function "
+                        "definitions (its tools or metadata['bfcl_functions'])",
+                        hint="score against the task as loaded from bfcl-simple / bfcl-multiple")
     calls = [(n, a) for n, a in calls_of(prediction)]
     if calls and not isinstance(calls[0][1], Mapping):
         return 0.0  # the arguments were not a JSON object
