@@ -219,6 +219,8 @@ def test_stream_accumulator_joins_tool_call_fragments() -> None:
         {"index": 0, "function": {"arguments": '{"city": '}},
         {"index": 1, "function": {"name": "weather", "arguments": 'ty": "Rome"}'}},
         {"index": 0, "function": {"arguments": '"Oslo"}'}},
+        # llama-cpp-python's server repeats the whole name in every fragment
+        {"index": 0, "function": {"name": "get_weather", "arguments": ""}},
     ]
     for f in frags:
         acc.feed({"model": "m", "choices": [{"index": 0, "delta": {"tool_calls": [f]}}]})

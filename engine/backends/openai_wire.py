@@ -137,7 +137,7 @@ class StreamAccumulator:
     """Folds ``chat.completion.chunk`` bodies into one ``Completion``.
 
     Tool calls arrive as fragments keyed by ``index``: the first carries id and name, later ones
-    append to ``arguments``.
+    append to ``arguments`` (a later fragment repeating the whole name is not appended).
     """
 
     def __init__(self) -> None:
@@ -172,7 +172,12 @@ class StreamAccumulator:
                                               {"id": "", "name": "", "arguments": ""})
                 fn = frag.get("function") or {}
                 slot["id"] = frag.get("id") or slot["id"]
-                slot["name"] += fn.get("name") or ""
+                name = fn.get("name") or ""
+                # OpenAI sends the name in the first fragment only; llama-cpp-python's server
+                # repeats it in every one (observed: "get_weatherget_weather..."), so a fragment
+                # that is the whole name again adds nothing.
+                if name != slot["name"]:
+                    slot["name"] += name
                 slot["arguments"] += fn.get("arguments") or ""
             lp = _logprobs_from(choice)
             if lp is not None:
