@@ -9,7 +9,6 @@ reach it), ``BackendTimeout`` (no answer in time) or ``BackendError`` (the serve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.backends.openai_http import HttpFailure, JsonPoster, server_message
+from engine.backends.openai_http import HttpFailure, JsonPoster, close_on_loop, server_message
 from engine.backends.openai_wire import (
     StreamAccumulator,
     completion_from_openai,
@@ -365,17 +364,7 @@ class OpenAICompatBackend(Backend):
             clients = list(self._aclients.items())
             self._aclients.clear()
         for loop, client in clients:
-            if loop.is_running() and not loop.is_closed():
-                try:
-                    running = asyncio.get_running_loop()
-                except RuntimeError:
-                    running = None
-                if running is loop:
-                    loop.create_task(client.close())
-                else:  # a loop in another thread (a server's): close there, briefly wait
-                    with contextlib.suppress(Exception):
-                        asyncio.run_coroutine_threadsafe(client.close(), loop).result(timeout=5)
-
+            close_on_loop(loop, client.close)
 
 def make_openai(arg: str, options: BackendOptions) -> OpenAICompatBackend:
     """Factory for ``openai:<model>[@<base_url>]``.

@@ -63,6 +63,23 @@ async def _close_with_loop(session: Any) -> AsyncIterator[None]:
         await session.close()
 
 
+def close_on_loop(loop: asyncio.AbstractEventLoop, close: Any) -> None:
+    """Run ``close()`` (a coroutine function) on ``loop``: scheduled when it is the running
+    loop, else submitted to the loop's own thread with a short wait; nothing when the loop has
+    stopped (what it held goes with it)."""
+    if not loop.is_running() or loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        loop.create_task(close())
+    else:  # a loop in another thread (a server's)
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=5)
+
+
 class JsonPoster:
     """POST JSON to ``base_url`` + path with one aiohttp session per event loop (a session's
     connection pool belongs to the loop that made it)."""
@@ -142,17 +159,6 @@ class JsonPoster:
             sessions = list(self._sessions.items())
             self._sessions.clear()
         for loop, (session, _) in sessions:
-            if not loop.is_running() or loop.is_closed():
-                continue
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop:
-                loop.create_task(session.close())
-            else:
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=5)
+            close_on_loop(loop, session.close)
 
-
-__all__ = ["HttpFailure", "JsonPoster", "server_message"]
+__all__ = ["HttpFailure", "JsonPoster", "close_on_loop", "server_message"]
