@@ -10,8 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
+
+_T = TypeVar("_T")
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -104,3 +109,29 @@ def remove_empty_parents(path: Path, stop: Path) -> None:
         except OSError:
             return
         parent = parent.parent
+
+
+class FileMemo(Generic[_T]):
+    """One small file's parsed content, read again only when its stat signature (inode, times,
+    size) changes. Files written with ``atomic_write`` are replaced, so every write changes the
+    signature; a stat costs a fraction of an open, a read and a parse, which matters for files
+    a server consults on every request (the library's ``CURRENT``, the index state).
+    ``get`` raises ``FileNotFoundError`` like ``open``."""
+
+    def __init__(self, path: Path | str, parse: Callable[[str], _T]) -> None:
+        self.path = str(path)
+        self.parse = parse
+        self._seen: tuple[tuple[int, int, int, int], _T] | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> _T:
+        st = os.stat(self.path)
+        sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        seen = self._seen
+        if seen is not None and seen[0] == sig:
+            return seen[1]
+        with open(self.path, encoding="utf-8") as f:
+            value = self.parse(f.read())
+        with self._lock:  # stat before read: a file replaced in between is read again next time
+            self._seen = (sig, value)
+        return value

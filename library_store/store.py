@@ -38,7 +38,7 @@ from engine.errors import LibraryError, NotFound, ValidationError
 from engine.types import LibraryVersion
 from library_store.blobs import BlobStore, unified_diff
 from library_store.candidates import Candidates
-from library_store.fsutil import atomic_write, clean_dir, make_dirs
+from library_store.fsutil import FileMemo, atomic_write, clean_dir, make_dirs
 from library_store.manifest import Manifest, version_number
 from library_store.paths import ROOTS, Content, check_path, to_bytes
 from library_store.traces import TraceStore, trace_store
@@ -144,10 +144,7 @@ class Library:
         self.view = View(self.root, ROOTS, self.blobs, self.trees, self.root / ".state",
                          self.root / ".tmp")
         self._manifests: dict[str, Manifest] = {}
-        self._current_file = str(self.root / "CURRENT")
-        # (CURRENT's stat signature, the id it held): a server reads the current version
-        # several times a request; a stat is a fraction of an open and read.
-        self._current_seen: tuple[tuple[int, int, int, int], str] | None = None
+        self._current = FileMemo(self.root / "CURRENT", str.strip)  # asked on every request
         self._thread_lock = threading.RLock()
         # Set when the view (skills/, policies/) could not be brought up to the current
         # version: the versions are intact and every command still works; see ``repair_view``.
@@ -202,18 +199,11 @@ class Library:
         """The current version id from ``CURRENT``, read again whenever the file changed
         (every write replaces it: a new inode and new times)."""
         try:
-            st = os.stat(self._current_file)
-            sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-            seen = self._current_seen
-            if seen is not None and seen[0] == sig:
-                return seen[1]
-            with open(self._current_file, encoding="utf-8") as f:
-                vid = f.read().strip()
+            vid = self._current.get()
         except FileNotFoundError as exc:
             raise LibraryError(f"no library at {self.root}",
                                hint="create one with `whetstone library init`") from exc
         version_number(vid)
-        self._current_seen = (sig, vid)  # stat before read: a newer file is read again
         return vid
 
     def _manifest(self, vid: str) -> Manifest:

@@ -19,7 +19,6 @@ a process re-opens its client when another process has re-synced the index (``to
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
@@ -37,7 +36,7 @@ from library_store.embeddings import (
     chroma_embedding_function,
     skill_embedder,
 )
-from library_store.fsutil import atomic_write, clean_dir
+from library_store.fsutil import FileMemo, atomic_write, clean_dir
 from library_store.store import Library, Snapshot
 from skills.format import SKILL_FILE, parse_skill_md
 from skills.loader import SKILLS_DIR
@@ -119,6 +118,15 @@ class SkillSource:
                         {"name": s.name, "description": s.description, "path": path})
 
 
+def _state_of(text: str) -> dict[str, Any] | None:
+    """state.json's object; None for a file that is not one (torn by hand, or empty)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 class LibraryIndex:
     """chromadb collections over a library's documents, kept in step with its versions."""
 
@@ -139,7 +147,7 @@ class LibraryIndex:
         # kind -> (state token, ids, unit vectors, metadatas, rank of each id by key): the
         # documents of a small kind, for exact ranking in memory
         self._tables: dict[str, tuple[Any, ...]] = {}
-        self._state_seen: tuple[tuple[int, int, int, int], dict[str, Any] | None] | None = None
+        self._state = FileMemo(self.path / "state.json", _state_of)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -152,16 +160,9 @@ class LibraryIndex:
         copy). Read again only when the file changed: every write replaces it (a new inode
         and new times), and a server asks for it on every query."""
         try:
-            st = os.stat(self.state_path)
-            sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-            seen = self._state_seen
-            if seen is not None and seen[0] == sig:
-                return dict(seen[1]) if seen[1] is not None else None
-            data = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = self._state.get()
+        except FileNotFoundError:
             return None
-        data = data if isinstance(data, dict) else None
-        self._state_seen = (sig, data)  # stat before read: a newer file is read again
         return dict(data) if data is not None else None
 
     def _write_state(self, **state: Any) -> None:

@@ -17,7 +17,9 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-from library_store.fsutil import sha256_bytes
+import pytest
+
+from library_store.fsutil import atomic_write, sha256_bytes
 from library_store.store import Library, version_number
 
 ROUNDS = 30  # kills while committing
@@ -158,3 +160,19 @@ def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Pa
 
 if __name__ == "__main__":
     writer(*sys.argv[1:4])
+
+
+def test_a_file_memo_reads_again_whenever_the_file_is_replaced(tmp_path: Path) -> None:
+    """CURRENT and the index state are read on every request through a stat-keyed memo: a
+    replace (what every writer does) is seen at once; a missing file raises as open does."""
+    from library_store.fsutil import FileMemo
+
+    target = tmp_path / "CURRENT"
+    memo = FileMemo(target, str.strip)
+    with pytest.raises(FileNotFoundError):
+        memo.get()
+    for vid in ("v1", "v2", "v3"):  # same size each time: only the new inode/times tell
+        atomic_write(target, f"{vid}\n".encode(), tmp_dir=tmp_path / ".tmp", durable=False)
+        assert memo.get() == vid
+    target.write_text("v4\n")  # written in place (by hand): new times
+    assert memo.get() == "v4"
