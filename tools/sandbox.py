@@ -70,6 +70,10 @@ DEFAULT_MEMORY_MB = 512
 DEFAULT_MAX_TASKS = 64
 DEFAULT_MAX_DISK_MB = 256  # everything the call writes into its folder, together
 MAX_DISK_ENTRIES = 10_000
+# Disk use is counted in allocated blocks, which include the script, folders and the file
+# system's own bookkeeping: a file that stops at its size limit (= the folder's limit) must
+# not also trip the folder's watcher because of that overhead.
+DISK_SLACK_BYTES = 1024 * 1024
 MAX_COLLECT_BYTES = 32 * 1024 * 1024  # what may come back from the call's ``out/`` folder
 SCRIPT = "main.py"
 TICK_S = 0.05  # how often limits, disk use and left-behind processes are checked
@@ -385,7 +389,7 @@ class _Call:
         if tripped is not None:
             return tripped
         used, entries = _disk_use(self.root)
-        if used > self.max_disk or entries > MAX_DISK_ENTRIES:
+        if used > self.max_disk + DISK_SLACK_BYTES or entries > MAX_DISK_ENTRIES:
             return "disk"
         if proc.poll() is not None and self.box.view is None:
             # The program is gone but its pipes are not closed: what holds them was left
