@@ -11,6 +11,7 @@ budget, nearest first. The rendering is ``engine/prompts/examples.yaml``.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class Shown:
     trace_ids: tuple[str, ...] = ()
     scores: tuple[float, ...] = ()
     tokens: int = 0
+    turns: tuple[dict[str, str], ...] = ()  # with ``as_turns``: the examples as exchanges
 
 
 def render_shown(examples: Sequence[Example], *, heading: str) -> str:
@@ -44,6 +46,28 @@ def render_shown(examples: Sequence[Example], *, heading: str) -> str:
     parts += [render_prompt("examples.yaml#example", task=ex.task, solution=ex.solution.strip())
               for ex in examples]
     return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+
+
+# Where the runtime's part of a solution begins: a program's output, a tool's result.
+_RUNTIME_BLOCK = re.compile(r"^(?:```output\b|<tool_response>)", re.MULTILINE)
+
+
+def first_reply(solution: str) -> str:
+    """What the model wrote in its first reply of ``solution``: everything before the first
+    block the runtime gave back. A demonstration shown as a chat turn ends there, so the
+    model is not taught to write an output it has not seen (it would guess one)."""
+    m = _RUNTIME_BLOCK.search(solution)
+    return (solution[:m.start()] if m else solution).strip()
+
+
+def demo_turns(examples: Sequence[Example]) -> tuple[dict[str, str], ...]:
+    """``examples`` as earlier exchanges, nearest last (closest to the task it precedes):
+    the example's task as the user's turn, the model's first reply as the assistant's."""
+    turns: list[dict[str, str]] = []
+    for ex in reversed(examples):
+        turns += [{"role": "user", "content": ex.task.strip()},
+                  {"role": "assistant", "content": first_reply(ex.solution)}]
+    return tuple(turns)
 
 
 class ExampleRetriever:
@@ -80,23 +104,35 @@ class ExampleRetriever:
 
     def nearest(self, task: str, examples: Sequence[Example], *, k: int, budget_tokens: int,
                 count_tokens: TokenCounter, heading: str = "Worked examples",
-                exclude_task: bool = True) -> Shown:
+                exclude_task: bool = True, as_turns: bool = False) -> Shown:
         """The ``k`` nearest examples whose block fits ``budget_tokens``: nearest first, an
         example that would overflow is skipped for a shorter one further down. With
         ``exclude_task``, an example of this very task is left out (no answer leaks when a
-        library is scored on the tasks it was learned from)."""
+        library is scored on the tasks it was learned from). With ``as_turns`` they come back
+        as chat turns (``demo_turns``; ``text`` is empty) instead of a text block; an example
+        whose solution starts with the runtime's part (no reply of its own) is skipped."""
         ranked = [(ex, s) for ex, s in self.rank(task, examples)
-                  if not (exclude_task and " ".join(ex.task.split()) == " ".join(task.split()))]
+                  if not (exclude_task and " ".join(ex.task.split()) == " ".join(task.split()))
+                  and not (as_turns and not first_reply(ex.solution))]
+
+        def cost(chosen: Sequence[Example]) -> int:
+            if as_turns:
+                return sum(count_tokens(t["content"]) for t in demo_turns(chosen))
+            return count_tokens(render_shown(chosen, heading=heading))
+
         chosen: list[tuple[Example, float]] = []
         for ex, score in ranked:
             if len(chosen) >= k:
                 break
-            text = render_shown([e for e, _ in chosen] + [ex], heading=heading)
-            if count_tokens(text) <= budget_tokens:
+            if cost([e for e, _ in chosen] + [ex]) <= budget_tokens:
                 chosen.append((ex, score))
-        text = render_shown([e for e, _ in chosen], heading=heading)
-        return Shown(text, tuple(e.trace_id for e, _ in chosen),
-                     tuple(round(s, 4) for _, s in chosen), count_tokens(text) if text else 0)
+        picked = [e for e, _ in chosen]
+        ids = tuple(e.trace_id for e in picked)
+        scores = tuple(round(s, 4) for _, s in chosen)
+        if as_turns:
+            return Shown("", ids, scores, cost(picked) if picked else 0, demo_turns(picked))
+        text = render_shown(picked, heading=heading)
+        return Shown(text, ids, scores, count_tokens(text) if text else 0)
 
 
-__all__ = ["ExampleRetriever", "Shown", "render_shown"]
+__all__ = ["ExampleRetriever", "Shown", "demo_turns", "first_reply", "render_shown"]

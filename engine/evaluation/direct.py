@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.backends.base import Backend
@@ -25,14 +25,17 @@ from engine.types import Message, Request, Step, Trace
 from tools.base import Toolbox
 
 
-def task_messages(task: TaskRecord, system: str | None = None) -> list[Message]:
-    """The chat messages for a task: optional system text, the evidence, the question (with its
-    image as an image part when there is one)."""
+def task_messages(task: TaskRecord, system: str | None = None,
+                  turns: Sequence[Mapping[str, str]] = ()) -> list[Message]:
+    """The chat messages for a task: optional system text, the evidence, demonstration
+    ``turns`` (earlier exchanges), the question (with its image as an image part when there is
+    one)."""
     out: list[Message] = []
     sys_parts = [p for p in (system, render_prompt("eval_evidence", evidence=task.evidence)
                              if task.evidence else None) if p]
     if sys_parts:
         out.append(Message("system", "\n\n".join(sys_parts)))
+    out += [Message(t["role"], t["content"]) for t in turns]  # type: ignore[arg-type]
     if task.messages:
         out += list(task.messages)
     elif task.image:
@@ -66,12 +69,12 @@ def direct_solver(backend: Backend, *, model: str | None = None,
 
     def solve(task: TaskRecord, seed: int) -> Trace:
         started = time.time()
-        extra, meta = collect_guidance(plugins, ctx, task.prompt, guidance_budget_tokens)
+        extra, meta, turns = collect_guidance(plugins, ctx, task.prompt, guidance_budget_tokens)
         sys_text = "\n\n".join(p for p in (system, extra) if p) or None
         config = RunConfig(max_tokens_per_call=max_tokens, temperature=temperature, seed=seed)
         for p in plugins:
             config = p.adjust_config(task.prompt, config)
-        request = Request(messages=tuple(task_messages(task, sys_text)),
+        request = Request(messages=tuple(task_messages(task, sys_text, turns)),
                           max_tokens=config.max_tokens_per_call, temperature=config.temperature,
                           top_p=config.top_p, seed=seed, tools=task.tools)
         c = backend.complete(request)

@@ -10,7 +10,8 @@ adapt a frozen model. Two halves under one name, like NLPG:
   ``max_examples``;
 - the **runtime method** ``memory``: for each task, the ``k`` examples whose task embedding is
   nearest (``skills.examples``, the query embedder) go in the system message as
-  demonstrations, within the guidance token budget; the trace records which
+  demonstrations, within the guidance token budget (or, with ``turns``, as earlier exchanges
+  of the conversation: the task, then the model's first reply); the trace records which
   (``meta["memory"]``).
 
 The evolver names the runtime method (``runtime_methods``), so the gate scores both libraries
@@ -110,6 +111,9 @@ class MemoryRunConfig:
     k: int = knob(3, help="Demonstrations shown per task (the nearest first).", min=1)
     name: str = knob("", help="Read only memory/<name>.md (empty: every memory file).")
     share: float = knob(1.0, help="Share of the guidance token budget it may use.", min=0.0)
+    turns: bool = knob(False, help="Show the demonstrations as earlier chat turns (the task as "
+                       "the user's turn, the model's first reply as the assistant's; DSPy's "
+                       "ChatAdapter style) instead of text in the system message.")
 
 
 class MemoryPlugin(Plugin):
@@ -158,11 +162,12 @@ class MemoryPlugin(Plugin):
             return Guidance("", "", {"shown": [], "available": 0}, library_version=version)
         shown = self.retriever.nearest(
             task, examples, k=self.config.k, budget_tokens=int(budget_tokens * self.config.share),
-            count_tokens=ctx.backend.count_tokens, heading="Worked examples")
+            count_tokens=ctx.backend.count_tokens, heading="Worked examples",
+            as_turns=self.config.turns)
         return Guidance("", shown.text, {"shown": list(shown.trace_ids),
                                          "scores": list(shown.scores),
                                          "available": len(examples), "tokens": shown.tokens},
-                        library_version=version)
+                        library_version=version, turns=shown.turns)
 
 
 __all__ = ["Memory", "MemoryConfig", "MemoryPlugin", "MemoryRunConfig", "memory_path"]

@@ -37,10 +37,11 @@ def _step(kind: str, module: str, **kw: Any) -> dict[str, Any]:
 def prepare(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """Build the system message (retrieving guidance) once per run."""
     start = time.time()
-    system, guidance, meta, tools = build_system_prompt(state, ctx)
+    system, guidance, meta, tools, turns = build_system_prompt(state, ctx)
     return {
         "system": system,
         "guidance": guidance,
+        "demo_turns": turns,
         "tools": tools,
         "meta": {**(state.get("meta") or {}), **meta},
         "steps": [_step("prepare", "prepare", input={"task": state["task"]},

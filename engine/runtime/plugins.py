@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
@@ -42,13 +42,25 @@ class Guidance:
     """Text for the system message, with what it showed (recorded in the trace's meta).
 
     ``text`` that starts with a markdown heading is used as is; otherwise it goes under
-    ``# <title>``. ``library_version``: the library version the text came from.
+    ``# <title>``. ``library_version``: the library version the text came from. ``turns``:
+    demonstrations as earlier exchanges of the conversation (``{"role", "content"}`` dicts,
+    user then assistant), placed after the system message and before the task, the way
+    DSPy's ChatAdapter shows few-shot demos.
     """
 
     title: str
     text: str
     meta: Mapping[str, Any] = field(default_factory=dict)
     library_version: str | None = None
+    turns: tuple[Mapping[str, str], ...] = ()
+
+
+class Collected(NamedTuple):
+    """Every plugin's guidance for one task: system text, what each showed, demo turns."""
+
+    text: str
+    meta: dict[str, Any]
+    turns: list[dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,8 @@ class Plugin:
         return [t.name for t in self.tools()]
 
     def guidance(self, task: str, ctx: AgentContext, budget_tokens: int) -> Guidance | None:
-        """Text to put in the system message for ``task``, within ``budget_tokens``."""
+        """Text to put in the system message for ``task`` (and demo turns to put before it),
+        within ``budget_tokens``."""
         return None
 
     def before_think(self) -> NodeFn | None:
@@ -138,12 +151,14 @@ def wrap_solvers(solve: SolveFn, plugins: Sequence[Plugin]) -> SolveFn:
 
 
 def collect_guidance(plugins: Sequence[Plugin], ctx: AgentContext, task: str,
-                     budget_tokens: int) -> tuple[str, dict[str, Any]]:
+                     budget_tokens: int) -> Collected:
     """The plugins' guidance for ``task``, in plugin order, each within what the ones before it
-    left of ``budget_tokens``; and what each showed (``{plugin name: meta}``, plus
-    ``library_version`` when a plugin read the library). Empty text when none had any."""
+    left of ``budget_tokens`` (system text and demo turns alike); what each showed (``{plugin
+    name: meta}``, plus ``library_version`` when a plugin read the library); and their demo
+    turns. Empty text and no turns when none had any."""
     parts: list[str] = []
     meta: dict[str, Any] = {}
+    turns: list[dict[str, str]] = []
     for plugin in plugins:
         g = plugin.guidance(task, ctx, max(0, budget_tokens))
         if g is None:
@@ -151,12 +166,15 @@ def collect_guidance(plugins: Sequence[Plugin], ctx: AgentContext, task: str,
         meta[plugin.name] = dict(g.meta)
         if g.library_version is not None:
             meta["library_version"] = g.library_version
+        for t in g.turns:
+            turns.append({"role": t["role"], "content": t["content"]})
+            budget_tokens -= ctx.backend.count_tokens(t["content"])
         text = g.text.strip()
         if not text:
             continue
         parts.append(text if text.startswith("#") else f"# {g.title}\n{text}")
         budget_tokens -= ctx.backend.count_tokens(text)
-    return "\n\n".join(parts), meta
+    return Collected("\n\n".join(parts), meta, turns)
 
 
 class DecisionRecords:

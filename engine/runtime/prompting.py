@@ -127,16 +127,18 @@ def choose_tools(ctx: AgentContext, meta: Mapping[str, Any], *, answer_tools: bo
 
 
 def build_system_prompt(state: AgentState, ctx: AgentContext
-                        ) -> tuple[str, str, dict[str, Any], list[str]]:
+                        ) -> tuple[str, str, dict[str, Any], list[str], list[dict[str, str]]]:
     """The system message (instructions, the tools, then the plugins' guidance within the
-    token budget), the guidance alone, what the guidance showed, and the tools offered."""
-    guidance, meta = collect_guidance(ctx.plugins, ctx, state["task"],
-                                      ctx.config.guidance_budget_tokens)
+    token budget), the guidance alone, what the guidance showed, the tools offered, and the
+    plugins' demonstration turns (they go between the system message and the task)."""
+    guidance, meta, turns = collect_guidance(ctx.plugins, ctx, state["task"],
+                                             ctx.config.guidance_budget_tokens)
     tools = choose_tools(ctx, meta, answer_tools=bool(state.get("answer_tools")))
     with_tools: dict[str, Any] = {**state, "tools": tools}
     parts = [ctx.config.system_prompt or load_prompt("agent_system"),
              tools_text(with_tools, ctx), guidance]
-    return "\n\n".join(p.strip("\n") for p in parts if p.strip()), guidance, meta, tools
+    system = "\n\n".join(p.strip("\n") for p in parts if p.strip())
+    return system, guidance, meta, tools, turns
 
 
 def with_step_guidance(messages: list[dict[str, Any]], state: AgentState
@@ -179,11 +181,12 @@ def build_request(state: AgentState, ctx: AgentContext) -> Request:
         # seeded like the run's first call.
         guidance = (state.get("guidance") or "").strip()
         messages = [*([{"role": "system", "content": guidance}] if guidance else []),
-                    *_task_turn(state.get("messages", []))]
+                    *state.get("demo_turns", []), *_task_turn(state.get("messages", []))]
         seed = cfg.seed
     else:
         messages = with_step_guidance(
-            [{"role": "system", "content": state["system"]}, *state.get("messages", [])], state)
+            [{"role": "system", "content": state["system"]}, *state.get("demo_turns", []),
+             *state.get("messages", [])], state)
         if not state.get("force_answer"):
             if fmt == "native":
                 tools = [s for s in ctx.toolbox.schemas()

@@ -35,6 +35,9 @@ class AgentState(TypedDict, total=False):
     # (RunConfig.fresh_start_after_failures).
     fresh_start: bool
     guidance: str  # the library's guidance text alone (what the direct solver shows)
+    # Demonstrations as earlier exchanges (memory with ``turns``): every call sees them between
+    # the system message and ``messages``; they are not part of the run's own conversation.
+    demo_turns: list[dict[str, str]]
     answer_tools: list[dict[str, Any]]  # task-given tools whose call *is* the answer (BFCL)
     tools: list[str]  # the tools this run offers (prepare chooses them)
     answer: str | None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine.errors import ConfigError
-from engine.runtime.plugins import Plugin
+from engine.runtime.plugins import Collected, Plugin, collect_guidance
 from engine.runtime.state import AgentContext, RunConfig
 from engine.server.embed_cache import CachedEmbedder, normalise
 from engine.types import Message, Request
@@ -148,6 +148,24 @@ def inject_guidance_dicts(messages: Sequence[Mapping[str, Any]], text: str
     return [{"role": "system", "content": text}, *out]
 
 
+def inject_turns(messages: Sequence[Message], turns: Sequence[Mapping[str, str]]
+                 ) -> tuple[Message, ...]:
+    """``messages`` with demonstration ``turns`` after the leading system messages."""
+    if not turns:
+        return tuple(messages)
+    at = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+    demos = [Message(role=t["role"], content=t["content"]) for t in turns]  # type: ignore[arg-type]
+    return (*messages[:at], *demos, *messages[at:])
+
+
+def inject_turns_dicts(messages: Sequence[Mapping[str, Any]], turns: Sequence[Mapping[str, str]]
+                       ) -> list[Mapping[str, Any]]:
+    """The same on OpenAI message dicts (``Engine.wrap``)."""
+    out = list(messages)
+    at = next((i for i, m in enumerate(out) if m.get("role") not in _SYSTEM_ROLES), len(out))
+    return [*out[:at], *({"role": t["role"], "content": t["content"]} for t in turns), *out[at:]]
+
+
 @dataclass(frozen=True)
 class Adapted:
     """A request after adaptation, with what was injected and where it came from.
@@ -163,10 +181,15 @@ class Adapted:
     library_version: str | None = None
     applied: bool = False
     duration_s: float = 0.0
+    turns: tuple[Mapping[str, str], ...] = ()  # demonstrations put before the conversation
 
     @property
     def skills_shown(self) -> list[str]:
         return list((self.meta.get("skills") or {}).get("shown") or [])
+
+
+# What one retrieval gave: guidance text, each plugin's meta, library version, demo turns.
+_Guided = tuple[str, dict[str, Any], "str | None", tuple[Mapping[str, str], ...]]
 
 
 class ChatAdapter:
@@ -196,8 +219,7 @@ class ChatAdapter:
         self.cache_hits = 0
         self._version_of = version_of
         self._resources = tuple(resources)
-        self._cache: OrderedDict[tuple[Any, ...], tuple[str, dict[str, Any], str | None]] = (
-            OrderedDict())
+        self._cache: OrderedDict[tuple[Any, ...], _Guided] = OrderedDict()
         self._cache_lock = threading.Lock()
         # Plugins are written for the agent and take its context; chat mode has no tools.
         self._ctx = AgentContext(backend=backend, toolbox=Toolbox(),
@@ -219,13 +241,13 @@ class ChatAdapter:
             keys.append(key)
         return (tuple(keys), normalise(query), budget)  # whitespace never changes guidance
 
-    def _finish(self, request: Request, query: str, guidance: str, meta: dict[str, Any],
-                version: str | None, start: float) -> Adapted:
-        adapted = request.with_(messages=inject_guidance(request.messages, guidance))
-        return Adapted(adapted, query=query, guidance=guidance,
+    def _finish(self, request: Request, query: str, guided: _Guided, start: float) -> Adapted:
+        guidance, meta, version, turns = guided
+        messages = inject_turns(inject_guidance(request.messages, guidance), turns)
+        return Adapted(request.with_(messages=messages), query=query, guidance=guidance,
                        meta={k: dict(v) if isinstance(v, dict) else v for k, v in meta.items()},
                        library_version=version, applied=True,
-                       duration_s=time.perf_counter() - start)
+                       duration_s=time.perf_counter() - start, turns=turns)
 
     def cached(self, request: Request, switches: ChatSwitches = ChatSwitches()
                ) -> Adapted | None:
@@ -249,7 +271,7 @@ class ChatAdapter:
                 return None
             self._cache.move_to_end(key)
             self.cache_hits += 1
-        return self._finish(request, query, *hit, start)
+        return self._finish(request, query, hit, start)
 
     def adapt(self, request: Request, switches: ChatSwitches = ChatSwitches()) -> Adapted:
         """``request`` with guidance for its conversation in the system message."""
@@ -262,31 +284,17 @@ class ChatAdapter:
         hit = self._hit(key, request, query, start)
         if hit is not None:
             return hit
-        parts: list[str] = []
-        meta: dict[str, Any] = {}
-        version: str | None = None
-        for plugin in self.plugins:
-            if not query:
-                break  # nothing to retrieve for (an image-only or empty conversation)
-            g = plugin.guidance(query, self._ctx, max(0, budget))
-            if g is None:
-                continue
-            meta[plugin.name] = dict(g.meta)
-            version = g.library_version or version
-            text = g.text.strip()
-            if not text:
-                continue
-            parts.append(text if text.startswith("#") else f"# {g.title}\n{text}")
-            budget -= self.backend.count_tokens(text)
-        guidance = "\n\n".join(parts)
-        if version is None:
-            version = self.library_version()
+        # Nothing to retrieve for an image-only or empty conversation.
+        found = collect_guidance(self.plugins, self._ctx, query, budget) if query else \
+            Collected("", {}, [])
+        version = found.meta.pop("library_version", None) or self.library_version()
+        guided: _Guided = (found.text, found.meta, version, tuple(found.turns))
         if key is not None:
             with self._cache_lock:
-                self._cache[key] = (guidance, meta, version)
+                self._cache[key] = guided
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        return self._finish(request, query, guidance, meta, version, start)
+        return self._finish(request, query, guided, start)
 
     def warm_up(self) -> Adapted:
         """Adapt one request now, so loading the embedder and syncing the index happen at

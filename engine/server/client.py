@@ -32,6 +32,7 @@ from engine.server.adapter import (
     ChatSwitches,
     chat_query,
     inject_guidance_dicts,
+    inject_turns_dicts,
 )
 from engine.server.exchange import chat_trace
 from engine.types import Completion, Message, Request
@@ -113,9 +114,10 @@ class _Exchange:
                             reason)
                 self.adapted = Adapted(self.request, query=chat_query(self.request.messages),
                                        meta={"library_error": reason})
-            if self.adapted.guidance:
-                self.kwargs["messages"] = inject_guidance_dicts(
-                    [_plain(m) for m in self.kwargs["messages"]], self.adapted.guidance)
+            if self.adapted.guidance or self.adapted.turns:
+                self.kwargs["messages"] = inject_turns_dicts(inject_guidance_dicts(
+                    [_plain(m) for m in self.kwargs["messages"]], self.adapted.guidance),
+                    self.adapted.turns)
         if self.switches.record and core.store is not None:
             from engine.runtime.agent import new_trace_id
 
