@@ -66,6 +66,9 @@ class RowPlan:
     tools: tuple[str, ...] = ("calculator", "python")
     candidate_on_test: bool = False  # also score a rejected candidate on test (marked)
     note: str = ""
+    # Score the library another row evolved ("set/row") instead of an empty one: the same
+    # library on another set's test slice (more held-out tasks), without evolving it again.
+    library_of: str | None = None
 
     @property
     def id(self) -> str:
@@ -108,6 +111,12 @@ class Plan:
     # timestamp; the ISO text; what changed; the solver it touches, None: every row). A row
     # run before one that touches it is marked on the page.
     code_changes: tuple[tuple[float, str, str, str | None], ...] = ()
+
+    def row(self, row_id: str) -> RowPlan:
+        for r in self.rows:
+            if r.id == row_id:
+                return r
+        raise ConfigError(f"no row {row_id!r} in the plan", hint="name a row as set/row")
 
     def set(self, name: str) -> SetPlan:
         for s in self.sets:
@@ -156,7 +165,7 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
     for i, r in enumerate(data.get("rows") or ()):
         where = f"row {i + 1} ({r.get('set')}/{r.get('name')})"
         _only(r, {"set", "name", "solver", "methods", "evolve", "tools", "candidate_on_test",
-                  "note"}, where)
+                  "note", "library_of"}, where)
         if r.get("set") not in known_sets or not r.get("name"):
             raise ConfigError(f"{where}: needs a known `set` and a `name`",
                               hint="sets: " + ", ".join(sorted(known_sets)))
@@ -169,7 +178,10 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
                                 analyst=e.get("analyst"), rule=e.get("rule", "not_worse"),
                                 max_agent_runs=e.get("max_agent_runs"), train=e.get("train"),
                                 dev=e.get("dev"))
-        kw = {k: r[k] for k in ("solver", "candidate_on_test", "note") if k in r}
+        if r.get("library_of") and r.get("evolve"):
+            raise ConfigError(f"{where}: give `evolve` or `library_of`, not both",
+                              hint="library_of scores the library another row evolved")
+        kw = {k: r[k] for k in ("solver", "candidate_on_test", "note", "library_of") if k in r}
         if "tools" in r:
             kw["tools"] = tuple(r["tools"] or ())
         rows.append(RowPlan(set=r["set"], name=str(r["name"]), evolve=evolve,
@@ -177,6 +189,12 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
     ids = [r.id for r in rows]
     if len(set(ids)) != len(ids):
         raise ConfigError("two rows share a set/name", hint="give every row its own name")
+    evolved = {r.id for r in rows if r.evolve is not None}
+    for r in rows:
+        if r.library_of is not None and r.library_of not in evolved:
+            raise ConfigError(f"row {r.id}: library_of names {r.library_of!r}, which is not an "
+                              "evolved row of the plan", hint="name one as set/row: "
+                              + ", ".join(sorted(evolved)))
     for s in sets:
         if s.baseline not in {r.name for r in rows if r.set == s.name}:
             raise ConfigError(f"set {s.name}: its baseline row {s.baseline!r} is missing",
@@ -238,6 +256,10 @@ def row_key(plan: Plan, row: RowPlan) -> str:
         for k in ("train", "dev"):
             if data["row"]["evolve"][k] is None:
                 del data["row"]["evolve"][k]
+    if data["row"]["library_of"] is None:
+        del data["row"]["library_of"]
+    else:
+        data["library_of_key"] = row_key(plan, plan.row(row.library_of))
     if row.evolve is not None:
         data.update(train=row.evolve.train or s.train, dev=row.evolve.dev or s.dev,
                     analyst=row.evolve.analyst or plan.analyst)
@@ -382,6 +404,8 @@ class Runner:
         evolve_info, candidate = None, None
         if row.evolve is not None:
             evolve_info, candidate = self._evolve(row, s, folder)
+        elif row.library_of is not None:
+            self._copy_library(row.library_of, folder)
         engine = self.engine(folder, row)
         result = self.evaluate(engine, row, s.test, row.id)
         cand_result = None
@@ -391,6 +415,15 @@ class Runner:
         return RowOutcome(row=row.id, key=row_key(self.plan, row), result=result,
                           evolve=evolve_info, candidate_result=cand_result,
                           seconds=round(time.time() - start, 1))
+
+    def _copy_library(self, row_id: str, folder: Path) -> None:
+        src = self.plan.row(row_id)
+        source = self.work_dir / slug(src.set) / slug(src.name)
+        if not (source / "CURRENT").is_file():
+            raise ConfigError(f"the library of {row_id} is not in {source}",
+                              hint=f"run that row first: benchmarks/scoreboard.py --only {row_id}")
+        # Its gate runs stay behind: this row's trace store holds only its own runs.
+        shutil.copytree(source, folder, ignore=shutil.ignore_patterns("traces"))
 
     def _evolve(self, row: RowPlan, s: SetPlan, folder: Path
                 ) -> tuple[dict[str, Any], str | None]:
@@ -519,7 +552,8 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
         n_ok = sum(t.score for t in res.results)
         lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
                      f"({n_ok:g}/{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} | "
-                     f"{_cost(o.evolve)} | {_gate(o.evolve, s.dev)} |")
+                     f"{_cost(o.evolve)} | "
+                     f"{_gate(o.evolve, s.dev) if r.library_of is None else 'library of `' + r.library_of + '`'} |")
         if o.candidate_result is not None and base is not None:
             c = compare(base.result, o.candidate_result)
             cr = o.candidate_result

@@ -172,3 +172,32 @@ def test_a_missing_section_says_how_to_make_it(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "detector.json").write_text(json.dumps({"markdown": "| p | r |"}))
     assert "| p | r |" in render(plan, {}, tmp_path, command="x")
+
+
+def test_a_row_may_score_another_rows_library_on_more_tasks(tmp_path: Path) -> None:
+    path = _tasks(tmp_path)
+    data = _plan(path)
+    data["sets"]["more"] = {"train": f"{path}:0:4", "dev": f"{path}:4:8", "test": f"{path}:1:8"}
+    data["rows"] += [{"set": "more", "name": "agent"},
+                     {"set": "more", "name": "toy-again", "library_of": "toy/toy-evolved"}]
+    plan = parse_plan(data)
+    with pytest.raises(ConfigError, match="not an evolved row"):
+        parse_plan({**data, "rows": [*data["rows"][:-1],
+                                     {"set": "more", "name": "x", "library_of": "toy/agent"}]})
+    results = tmp_path / "results"
+    with pytest.raises(ConfigError, match="run that row first"):
+        run_plan(_runner(plan, tmp_path), results, say=lambda s: None, only=["more/toy-again"])
+    said: list[str] = []
+    outcomes = run_plan(_runner(plan, tmp_path), results, say=said.append)
+    again = outcomes["more/toy-again"]
+    assert again.evolve is None and again.result.n == 7 and again.result.accuracy == 1.0
+    assert outcomes["more/agent"].result.accuracy < 1.0
+    page = render(plan, outcomes, tmp_path, command="x")
+    assert "library of `toy/toy-evolved`" in next(
+        x for x in page.splitlines() if x.startswith("| toy-again"))
+    # A new evolve of the source makes the copy stale too.
+    changed = parse_plan({**data, "rows": [
+        {**r, "evolve": {"method": "toy", "options": {"note": "add once"}}}
+        if r.get("name") == "toy-evolved" else r for r in data["rows"]]})
+    assert row_key(changed, changed.row("more/toy-again")) != row_key(plan, plan.row(
+        "more/toy-again"))
