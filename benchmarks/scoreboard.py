@@ -18,7 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.scoreboard import Runner, load_plan, render, run_plan, run_sections
+from engine.scoreboard import Runner, load_plan, run_plan, run_sections
+from engine.scoreboard_page import render
 
 COMMAND = ".venv/bin/python benchmarks/scoreboard.py"
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError
-from engine.evaluation.compare import compare
 from engine.evaluation.results import EvalResult
 from engine.evaluation.runner import Solver, evaluate
 from engine.evaluation.tasks import TaskSet
@@ -99,6 +98,17 @@ class SectionPlan:
 
 
 @dataclass(frozen=True)
+class PoolPlan:
+    """A table over several sets' test slices together (rows of the same name in each),
+    paired with the first set's baseline on the union of their tasks."""
+
+    name: str
+    sets: tuple[str, ...]
+    rows: tuple[str, ...]
+    title: str = ""
+
+
+@dataclass(frozen=True)
 class Plan:
     model: str
     analyst: str | None
@@ -111,6 +121,7 @@ class Plan:
     # timestamp; the ISO text; what changed; the solver it touches, None: every row). A row
     # run before one that touches it is marked on the page.
     code_changes: tuple[tuple[float, str, str, str | None], ...] = ()
+    pools: tuple[PoolPlan, ...] = ()
 
     def row(self, row_id: str) -> RowPlan:
         for r in self.rows:
@@ -150,7 +161,7 @@ def _methods(raw: Any, where: str) -> tuple[tuple[str, Mapping[str, Any]], ...]:
 def parse_plan(data: Mapping[str, Any]) -> Plan:
     """A ``Plan`` from the YAML's data, with errors that name the bad entry."""
     _only(data, {"model", "analyst", "seed", "concurrency", "sets", "rows", "sections",
-                 "code_changes"}, "plan")
+                 "code_changes", "pools"}, "plan")
     sets = []
     for name, s in (data.get("sets") or {}).items():
         _only(s, {"train", "dev", "test", "baseline", "title"}, f"set {name}")
@@ -203,10 +214,22 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
     for name, sec in (data.get("sections") or {}).items():
         _only(sec, {"title", "command", "result"}, f"section {name}")
         sections.append(SectionPlan(name=name, **sec))
+    pools = []
+    for name, pool in (data.get("pools") or {}).items():
+        _only(pool, {"title", "sets", "rows"}, f"pool {name}")
+        p = PoolPlan(name=name, sets=tuple(pool.get("sets") or ()),
+                     rows=tuple(pool.get("rows") or ()), title=pool.get("title", ""))
+        missing = [f"{s}/{r}" for s in p.sets for r in p.rows if f"{s}/{r}" not in ids]
+        if len(p.sets) < 2 or not p.rows or missing:
+            raise ConfigError(f"pool {name}: needs two or more sets and rows each of them has"
+                              + (f" (missing: {', '.join(missing)})" if missing else ""),
+                              hint="sets: [a, b], rows: [agent, ...]; the first row is the "
+                                   "baseline")
+        pools.append(p)
     return Plan(model=data.get("model", "embedded"), analyst=data.get("analyst"),
                 seed=int(data.get("seed", 0)), concurrency=data.get("concurrency", "auto"),
                 sets=tuple(sets), rows=tuple(rows), sections=tuple(sections),
-                code_changes=_code_changes(data.get("code_changes")))
+                code_changes=_code_changes(data.get("code_changes")), pools=tuple(pools))
 
 
 def _code_changes(raw: Any) -> tuple[tuple[float, str, str, str | None], ...]:
@@ -492,108 +515,5 @@ def run_sections(plan: Plan, repo: Path, *, only: Sequence[str] = (), rerun: boo
             say(f"  section {sec.name} failed with exit code {done.returncode}")
 
 
-# -- rendering -----------------------------------------------------------------------------
-
-
-def _cost(evolve: Mapping[str, Any] | None) -> str:
-    if not evolve:
-        return "–"
-    costs = evolve.get("costs") or {}
-    calls = costs.get("analyst_calls")
-    parts = [f"{calls} analyst calls" if calls is not None else None,
-             f"{evolve.get('seconds', 0) / 60:.0f} min"]
-    return ", ".join(p for p in parts if p)
-
-
-def _gate(evolve: Mapping[str, Any] | None, default_dev: str = "") -> str:
-    if not evolve:
-        return "–"
-    d = evolve.get("decision")
-    if not d:
-        return evolve.get("note") or "no gate"
-    verdict = "accepted" if evolve.get("accepted") else "rejected"
-    text = f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
-    # a row gated on its own dev slice says which (the set's header names the usual one)
-    return text + (f" on `{d['task_set']}`" if d.get("task_set") != default_dev else "")
-
-
-_HEADER = ("| row | solver | methods | accuracy (n) | Δ vs baseline [95% CI] | McNemar p "
-           "| tokens/task | evolve cost | gate (dev) |")
-_EXPLAIN = ("Evolved on `train`, gated on `dev`, reported on `test` (never tuned on it). "
-            "Δ: paired difference with the set's baseline on the same test tasks, 95% paired "
-            "bootstrap interval; McNemar's exact p on the discordant pairs; tokens/task: "
-            "prompt + completion tokens over every model call of a task.")
-
-
-def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:
-    rows = [r for r in plan.rows if r.set == s.name]
-    base = outcomes.get(f"{s.name}/{s.baseline}")
-    lines = [f"### {s.title or s.name}", "",
-             f"train `{s.train}` · dev `{s.dev}` · test `{s.test}` · baseline: `{s.baseline}`",
-             "", _HEADER,
-             "|---|---|---|---|---|---|---|---|---|"]
-    stale: set[int] = set()
-    for r in rows:
-        o = outcomes.get(r.id)
-        methods = ", ".join(m for m, _ in r.methods) or "–"
-        if o is None:
-            lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
-            continue
-        res = o.result
-        before = [i for i, (ts, _, _, solver) in enumerate(plan.code_changes)
-                  if res.started < ts and solver in (None, r.solver)]
-        stale.update(before)
-        name = r.name + "".join(" †" + str(i + 1) for i in before)
-        delta, p = "–", "–"
-        if base is not None and r.name != s.baseline:
-            c = compare(base.result, res)
-            delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
-            p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
-        n_ok = sum(t.score for t in res.results)
-        lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
-                     f"({n_ok:g}/{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} | "
-                     f"{_cost(o.evolve)} | "
-                     f"{_gate(o.evolve, s.dev) if r.library_of is None else 'library of `' + r.library_of + '`'} |")
-        if o.candidate_result is not None and base is not None:
-            c = compare(base.result, o.candidate_result)
-            cr = o.candidate_result
-            lines.append(f"| {r.name} (rejected candidate) | {r.solver} | {methods} | "
-                         f"{cr.accuracy:.3f} ({sum(t.score for t in cr.results):g}/{cr.n}) | "
-                         f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | "
-                         f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} | "
-                         f"{cr.mean_tokens:.0f} | | not committed |")
-    notes = [f"- **{r.name}**: {r.note}" for r in rows if r.note]
-    notes += [f"- †{i + 1}: run before {plan.code_changes[i][1]}: {plan.code_changes[i][2]}"
-              for i in sorted(stale)]
-    return "\n".join(lines + ([""] + notes if notes else []))
-
-
-def render_section(sec: SectionPlan, repo: Path) -> str:
-    path = repo / sec.result
-    head = [f"### {sec.title}", "", f"`{sec.command}`", ""]
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        body = str(data["markdown"]).strip()
-    except (OSError, ValueError, KeyError):
-        body = f"(not run yet: `{sec.command}` writes `{sec.result}`)"
-    return "\n".join(head + [body])
-
-
-def render(plan: Plan, outcomes: Mapping[str, RowOutcome], repo: Path, *, command: str,
-           preamble: str = "") -> str:
-    """The whole results page."""
-    parts = ["# Results", "",
-             "Generated by one command; do not edit by hand:", "", "```bash", command, "```", ""]
-    if preamble:
-        parts += [preamble.strip(), ""]
-    parts += [(f"Model `{plan.model}`, analyst `{plan.analyst or plan.model}`, seed "
-              f"{plan.seed}. {_EXPLAIN}"), ""]
-    for s in plan.sets:
-        parts += [render_set(plan, s, outcomes), ""]
-    for sec in plan.sections:
-        parts += [render_section(sec, repo), ""]
-    return "\n".join(parts).rstrip() + "\n"
-
-
-__all__ = ["EvolvePlan", "Plan", "RowOutcome", "RowPlan", "Runner", "SectionPlan", "SetPlan",
-           "load_plan", "parse_plan", "render", "row_key", "run_plan", "run_sections"]
+__all__ = ["EvolvePlan", "Plan", "PoolPlan", "RowOutcome", "RowPlan", "Runner", "SectionPlan",
+           "SetPlan", "load_plan", "parse_plan", "row_key", "run_plan", "run_sections"]

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/server", 6),
     ("engine/api.py", 6),
     ("engine/scoreboard.py", 6),
+    ("engine/scoreboard_page.py", 6),
     ("engine/commands", 6),
     ("engine/__init__.py", 6),
     ("cli.py", 6),

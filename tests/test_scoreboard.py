@@ -14,7 +14,8 @@ from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError
 from engine.evaluation.tasks import TaskRecord, write_jsonl
 from engine.methods.registry import MethodEntry, MethodRegistry
-from engine.scoreboard import Runner, load_outcome, parse_plan, render, row_key, run_plan
+from engine.scoreboard import Runner, load_outcome, parse_plan, row_key, run_plan
+from engine.scoreboard_page import render
 from engine.types import Request
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "toy_methods"))
@@ -195,6 +196,18 @@ def test_a_row_may_score_another_rows_library_on_more_tasks(tmp_path: Path) -> N
     page = render(plan, outcomes, tmp_path, command="x")
     assert "library of `toy/toy-evolved`" in next(
         x for x in page.splitlines() if x.startswith("| toy-again"))
+    # Pools: the same rows over several sets' test tasks together.
+    pooled = parse_plan({**data, "rows": [*data["rows"], {"set": "more", "name": "toy-evolved",
+                                                          "library_of": "toy/toy-evolved"}],
+                         "pools": {"all": {"sets": ["toy", "more"],
+                                           "rows": ["agent", "toy-evolved"]}}})
+    outcomes = run_plan(_runner(pooled, tmp_path), results, say=lambda s: None)
+    page = render(pooled, outcomes, tmp_path, command="x")
+    table = page.split("### all")[1]
+    assert "| agent | 0.455 (5/11) | – |" in table  # 2 of 4, then 3 of 7 (tasks 2, 4, 6)
+    assert "| toy-evolved | 1.000 (11/11) | +0.545 [" in table
+    with pytest.raises(ConfigError, match="missing: more/direct"):
+        parse_plan({**data, "pools": {"p": {"sets": ["toy", "more"], "rows": ["direct"]}}})
     # A new evolve of the source makes the copy stale too.
     changed = parse_plan({**data, "rows": [
         {**r, "evolve": {"method": "toy", "options": {"note": "add once"}}}

@@ -1,0 +1,151 @@
+"""The scoreboard's page (docs/results.md): a table per task set, every row paired with the
+set's baseline on the same test tasks, pools of several sets' test slices, and the sections
+other benchmarks write. Rendering only: ``engine.scoreboard`` runs the rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from engine.evaluation.compare import compare
+from engine.evaluation.results import EvalResult
+from engine.scoreboard import Plan, PoolPlan, RowOutcome, SectionPlan, SetPlan
+
+
+def _cost(evolve: Mapping[str, Any] | None) -> str:
+    if not evolve:
+        return "–"
+    costs = evolve.get("costs") or {}
+    calls = costs.get("analyst_calls")
+    parts = [f"{calls} analyst calls" if calls is not None else None,
+             f"{evolve.get('seconds', 0) / 60:.0f} min"]
+    return ", ".join(p for p in parts if p)
+
+
+def _gate(evolve: Mapping[str, Any] | None, default_dev: str = "") -> str:
+    if not evolve:
+        return "–"
+    d = evolve.get("decision")
+    if not d:
+        return evolve.get("note") or "no gate"
+    verdict = "accepted" if evolve.get("accepted") else "rejected"
+    text = f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
+    # a row gated on its own dev slice says which (the set's header names the usual one)
+    return text + (f" on `{d['task_set']}`" if d.get("task_set") != default_dev else "")
+
+
+_HEADER = ("| row | solver | methods | accuracy (n) | Δ vs baseline [95% CI] | McNemar p "
+           "| tokens/task | evolve cost | gate (dev) |")
+_EXPLAIN = ("Evolved on `train`, gated on `dev`, reported on `test` (never tuned on it). "
+            "Δ: paired difference with the set's baseline on the same test tasks, 95% paired "
+            "bootstrap interval; McNemar's exact p on the discordant pairs; tokens/task: "
+            "prompt + completion tokens over every model call of a task.")
+
+
+def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:
+    rows = [r for r in plan.rows if r.set == s.name]
+    base = outcomes.get(f"{s.name}/{s.baseline}")
+    lines = [f"### {s.title or s.name}", "",
+             f"train `{s.train}` · dev `{s.dev}` · test `{s.test}` · baseline: `{s.baseline}`",
+             "", _HEADER,
+             "|---|---|---|---|---|---|---|---|---|"]
+    stale: set[int] = set()
+    for r in rows:
+        o = outcomes.get(r.id)
+        methods = ", ".join(m for m, _ in r.methods) or "–"
+        if o is None:
+            lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
+            continue
+        res = o.result
+        before = [i for i, (ts, _, _, solver) in enumerate(plan.code_changes)
+                  if res.started < ts and solver in (None, r.solver)]
+        stale.update(before)
+        name = r.name + "".join(" †" + str(i + 1) for i in before)
+        delta, p = "–", "–"
+        if base is not None and r.name != s.baseline:
+            c = compare(base.result, res)
+            delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
+            p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
+        n_ok = sum(t.score for t in res.results)
+        gate = _gate(o.evolve, s.dev) if r.library_of is None else f"library of `{r.library_of}`"
+        lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
+                     f"({n_ok:g}/{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} | "
+                     f"{_cost(o.evolve)} | {gate} |")
+        if o.candidate_result is not None and base is not None:
+            c = compare(base.result, o.candidate_result)
+            cr = o.candidate_result
+            lines.append(f"| {r.name} (rejected candidate) | {r.solver} | {methods} | "
+                         f"{cr.accuracy:.3f} ({sum(t.score for t in cr.results):g}/{cr.n}) | "
+                         f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | "
+                         f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} | "
+                         f"{cr.mean_tokens:.0f} | | not committed |")
+    notes = [f"- **{r.name}**: {r.note}" for r in rows if r.note]
+    notes += [f"- †{i + 1}: run before {plan.code_changes[i][1]}: {plan.code_changes[i][2]}"
+              for i in sorted(stale)]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _pooled(results: list[EvalResult]) -> EvalResult:
+    return dataclasses.replace(results[0], task_set=" + ".join(r.task_set for r in results),
+                               results=tuple(t for r in results for t in r.results))
+
+
+def render_pool(plan: Plan, pool: PoolPlan, outcomes: Mapping[str, RowOutcome]) -> str:
+    """One table of the rows over the pool's sets' test tasks together."""
+    tests = " + ".join(f"`{plan.set(s).test}`" for s in pool.sets)
+    lines = [f"### {pool.title or pool.name}", "",
+             f"test {tests} · baseline: `{pool.rows[0]}` · every row as run in those sets", "",
+             "| row | accuracy (n) | Δ vs baseline [95% CI] | McNemar p | tokens/task |",
+             "|---|---|---|---|---|"]
+    base: EvalResult | None = None
+    for name in pool.rows:
+        got = [outcomes.get(f"{s}/{name}") for s in pool.sets]
+        if any(o is None for o in got):
+            lines.append(f"| {name} | not run in every set | | | |")
+            continue
+        res = _pooled([o.result for o in got if o is not None])
+        delta, p = "–", "–"
+        if base is None:
+            base = res if name == pool.rows[0] else None
+        else:
+            c = compare(base, res)
+            delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
+            p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
+        lines.append(f"| {name} | {res.accuracy:.3f} ({sum(t.score for t in res.results):g}/"
+                     f"{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} |")
+    return "\n".join(lines)
+
+
+def render_section(sec: SectionPlan, repo: Path) -> str:
+    path = repo / sec.result
+    head = [f"### {sec.title}", "", f"`{sec.command}`", ""]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        body = str(data["markdown"]).strip()
+    except (OSError, ValueError, KeyError):
+        body = f"(not run yet: `{sec.command}` writes `{sec.result}`)"
+    return "\n".join(head + [body])
+
+
+def render(plan: Plan, outcomes: Mapping[str, RowOutcome], repo: Path, *, command: str,
+           preamble: str = "") -> str:
+    """The whole results page."""
+    parts = ["# Results", "",
+             "Generated by one command; do not edit by hand:", "", "```bash", command, "```", ""]
+    if preamble:
+        parts += [preamble.strip(), ""]
+    parts += [(f"Model `{plan.model}`, analyst `{plan.analyst or plan.model}`, seed "
+              f"{plan.seed}. {_EXPLAIN}"), ""]
+    for s in plan.sets:
+        parts += [render_set(plan, s, outcomes), ""]
+    for pool in plan.pools:
+        parts += [render_pool(plan, pool, outcomes), ""]
+    for sec in plan.sections:
+        parts += [render_section(sec, repo), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+__all__ = ["render", "render_pool", "render_section", "render_set"]
