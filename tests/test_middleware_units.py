@@ -408,3 +408,41 @@ def test_create_app_refuses_bad_limits() -> None:
         create_app(ScriptedBackend(), max_queue=-1)
     with pytest.raises(ConfigError, match="max_body_bytes"):
         create_app(ScriptedBackend(), max_body_bytes=0)
+
+
+# --- the retrieval threads -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (4, 2), (8, 4), (64, 4)])
+def test_retrieval_threads_follow_the_cores(monkeypatch: pytest.MonkeyPatch, cores: int,
+                                            workers: int) -> None:
+    from engine.server import pipeline
+
+    monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda _pid: set(range(cores)),
+                        raising=False)
+    assert pipeline.default_retrieval_workers() == workers
+    assert pipeline.ChatPipeline(None, None, Metrics()).workers == workers
+    assert pipeline.ChatPipeline(None, None, Metrics(), workers=3).workers == 3
+
+
+async def test_a_slow_verification_does_not_hold_up_retrieval() -> None:
+    """One retrieval thread (a 2-core machine's default) and a verifier that takes its time:
+    a request adapted meanwhile does not wait for it."""
+    from engine.server.pipeline import ChatPipeline
+
+    release = threading.Event()
+
+    def verifier(question: str, answer: str) -> dict[str, Any]:
+        release.wait(10)
+        return {"question": question}
+
+    pipe = ChatPipeline(ChatAdapter([], ScriptedBackend()), None, Metrics(), workers=1,
+                        verifier=verifier)
+    checking = asyncio.create_task(pipe.verify("q", "a"))
+    await asyncio.sleep(0.05)  # the verifier now holds a thread
+    request = Request(messages=(Message(role="user", content="hello"),))
+    adapted = await asyncio.wait_for(pipe.adapt(request, ChatSwitches()), timeout=5)
+    assert adapted.applied and not checking.done()
+    release.set()
+    assert (await checking) == {"question": "q"}
+    await pipe.stop()

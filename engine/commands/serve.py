@@ -38,6 +38,9 @@ from engine.commands.common import console, handle_errors, library_option
               show_default=True, help="Larger request bodies get 413.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
               help="Upstream calls in flight (default: the upstream's own limit).")
+@click.option("--retrieval-workers", type=click.IntRange(min=1, max=64), default=None,
+              help="Threads that embed queries for the library (default: half the cores, "
+                   "1 to 4).")
 @click.option("--queue", "max_queue", type=click.IntRange(min=0), default=256,
               show_default=True, help="Requests that may wait for a slot; beyond it: 429.")
 @click.option("--upstream-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -60,7 +63,8 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
           no_library: bool, no_record: bool, corpus_name: str, host: str, port: int,
           served_name: str | None,
           api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
-          max_body_bytes: int, max_concurrency: int | None, max_queue: int,
+          max_body_bytes: int, max_concurrency: int | None,
+          retrieval_workers: int | None, max_queue: int,
           upstream_timeout: float | None, stream_idle_timeout: float,
           traces_max_bytes: int | None, log_level: str) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
@@ -94,6 +98,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
                    verifier=engine.verify_report,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
                    max_queue=max_queue, request_timeout_s=upstream_timeout,
+                   retrieval_workers=retrieval_workers,
                    stream_idle_s=stream_idle_timeout)
     finally:
         engine.close()
