@@ -38,9 +38,8 @@ from engine.commands.common import console, handle_errors, library_option
               show_default=True, help="Larger request bodies get 413.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
               help="Upstream calls in flight (default: the upstream's own limit).")
-@click.option("--retrieval-workers", type=click.IntRange(min=1, max=64), default=None,
-              help="Threads that embed queries for the library (default: half the cores, "
-                   "1 to 4).")
+@click.option("--retrieval-workers", type=click.IntRange(min=1, max=64), default=4,
+              show_default=True, help="Threads that embed queries for the library.")
 @click.option("--queue", "max_queue", type=click.IntRange(min=0), default=256,
               show_default=True, help="Requests that may wait for a slot; beyond it: 429.")
 @click.option("--upstream-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -64,7 +63,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
           served_name: str | None,
           api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
           max_body_bytes: int, max_concurrency: int | None,
-          retrieval_workers: int | None, max_queue: int,
+          retrieval_workers: int, max_queue: int,
           upstream_timeout: float | None, stream_idle_timeout: float,
           traces_max_bytes: int | None, log_level: str) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request

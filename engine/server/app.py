@@ -77,7 +77,7 @@ def create_app(
     api_keys: Iterable[str] = (),
     adapter: ChatAdapter | None = None,
     traces: TraceStore | None = None,
-    retrieval_workers: int | None = None,
+    retrieval_workers: int = 4,
     verifier: Verifier | None = None,
 ) -> FastAPI:
     """Build the app serving ``backend`` as ``model_name`` (default: the upstream's own model
@@ -91,7 +91,7 @@ def create_app(
     (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
     ``adapter`` applies the library to each request; ``traces`` records every exchange;
     ``verifier`` answers ``{"whetstone": {"verify": true}}`` (MARCH's report on the reply);
-    ``retrieval_workers`` threads embed queries (default: half the cores, 1 to 4).
+    ``retrieval_workers`` threads embed queries.
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,
                          default_max_tokens=default_max_tokens,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,32 +30,23 @@ Verifier = Callable[[str, str], Mapping[str, Any]]
 VERIFY_WORKERS = 4
 
 
-def default_retrieval_workers() -> int:
-    """Retrieval threads for this machine: half its cores, 1 to 4. Each query embedding is one
-    single-threaded ONNX run (~2 ms), so one thread serves hundreds of requests a second; more
-    threads than spare cores only contend with the event loop for the GIL and the caches
-    (bench_middleware on 2 cores: 1 thread ~13% more throughput on unique prompts than 4)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, (cores or 1) // 2))
-
-
 class ChatPipeline:
     """What the server does around each chat call: adapt it, then record it.
 
     ``adapter`` None: requests pass unchanged (still recorded when ``traces`` is given).
-    ``workers``: threads for retrieval (default ``default_retrieval_workers()``). Verification
-    calls the model for seconds, so it has threads of its own and never holds up retrieval.
+    ``workers``: threads for retrieval (each query embedding is one single-threaded ONNX run;
+    on 2 cores 1 thread and 4 served unique prompts alike). Verification calls the model for
+    seconds, so it has threads of its own and never holds up retrieval.
     """
 
     def __init__(self, adapter: ChatAdapter | None, traces: TraceWriter | None,
-                 metrics: Metrics, *, workers: int | None = None,
+                 metrics: Metrics, *, workers: int = 4,
                  verifier: Verifier | None = None) -> None:
         self.adapter = adapter
         self.traces = traces
         self.metrics = metrics
         self.verifier = verifier
-        self.workers = max(1, workers) if workers is not None else default_retrieval_workers()
-        self._executor = ThreadPoolExecutor(max_workers=self.workers,
+        self._executor = ThreadPoolExecutor(max_workers=max(1, workers),
                                             thread_name_prefix="whetstone-retrieval")
         self._verify_executor = ThreadPoolExecutor(max_workers=VERIFY_WORKERS,
                                                    thread_name_prefix="whetstone-verify")
