@@ -20,7 +20,9 @@ def _cost(evolve: Mapping[str, Any] | None) -> str:
         return "–"
     costs = evolve.get("costs") or {}
     calls = costs.get("analyst_calls")
+    runs = evolve.get("traces")
     parts = [f"{calls} analyst calls" if calls is not None else None,
+             f"{runs} train runs" if runs is not None else None,
              f"{evolve.get('seconds', 0) / 60:.0f} min"]
     return ", ".join(p for p in parts if p)
 
@@ -42,7 +44,10 @@ _HEADER = ("| row | solver | methods | accuracy (n) | Δ vs baseline [95% CI] | 
 _EXPLAIN = ("Evolved on `train`, gated on `dev`, reported on `test` (never tuned on it). "
             "Δ: paired difference with the set's baseline on the same test tasks, 95% paired "
             "bootstrap interval; McNemar's exact p on the discordant pairs; tokens/task: "
-            "prompt + completion tokens over every model call of a task.")
+            "prompt + completion tokens over every model call of a task; evolve cost: the "
+            "analyst's calls, the agent's train runs it learnt from, and the minutes from those "
+            "runs to the gate's decision (running them is not counted: every row on the same "
+            "train slice shares them).")
 
 
 def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:

@@ -109,6 +109,7 @@ def test_the_page_pairs_rows_with_the_baseline(tmp_path: Path) -> None:
     evolved_line = next(line for line in page.splitlines() if line.startswith("| toy-evolved"))
     assert "1.000 (4/4)" in evolved_line and "+0.500" in evolved_line
     assert "accepted (1.00 vs 0.50)" in evolved_line
+    assert "4 train runs" in evolved_line  # what the evolver learnt from is part of its cost
     saved = json.loads((results / "toy" / "toy-evolved.json").read_text())
     assert saved["evolve"]["method"] == "toy"
 
