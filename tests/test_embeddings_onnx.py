@@ -30,6 +30,26 @@ def test_onnx_vectors_match_torch(tmp_path: Path) -> None:
     assert exported[0].stat().st_mtime_ns == mtime  # reused, not exported again
 
 
+def test_the_fast_tokenizer_gives_the_transformers_ids(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from library_store.embeddings import packaged_minilm_dir
+
+    onnx = OnnxTextEmbedder(cache_dir=tmp_path, max_length=16)
+    fast = onnx._fast_tokenizer()
+    reference = AutoTokenizer.from_pretrained(packaged_minilm_dir(), local_files_only=True)
+    for text in [*TEXTS, "Ünïcödé  tabs\tand\nnewlines", "", "(ticket r-123) 3.5e-2 km/h"]:
+        want = reference(text, truncation=True, max_length=16)["input_ids"]
+        assert fast.encode(text).ids == want, text  # truncated at 16 like transformers
+
+
+def test_a_cached_export_serves_without_torch_weights(tmp_path: Path) -> None:
+    OnnxTextEmbedder(cache_dir=tmp_path, quantized=True).embed(["warm the cache"])
+    again = OnnxTextEmbedder(cache_dir=tmp_path, quantized=True)
+    again.embed(["a query", "and a batch of two"])
+    assert again._torch._model is None  # the torch model is loaded only to export
+
+
 def test_a_failed_export_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
