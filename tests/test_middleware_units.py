@@ -299,6 +299,27 @@ async def test_the_writer_drains_on_stop_and_labels(tmp_path: Path) -> None:
         await writer.label("t", 1.0, None)  # a prefix is not an id
 
 
+async def test_traces_arriving_together_are_written_in_one_batch(tmp_path: Path) -> None:
+    batches: list[int] = []
+
+    class Counting(TraceStore):
+        def append_records(self, records: Any) -> None:
+            records = list(records)
+            batches.append(len(records))
+            super().append_records(records)
+
+    store = Counting(tmp_path / "t")
+    writer = TraceWriter(store, Metrics(), linger_s=0.2)
+    writer.start()
+    for i in range(5):  # a burst slower than the loop: each put lands a moment after the last
+        writer.put(_trace(i))
+        await asyncio.sleep(0.01)
+    await writer.flush()
+    assert batches == [5]  # the lock and segment lookup once, not five times
+    await writer.stop()
+    assert writer.pending == 0 and len(store.latest()) == 5
+
+
 async def test_a_failing_store_is_counted_not_fatal(tmp_path: Path) -> None:
     class Full(TraceStore):
         def append_records(self, records: Any) -> None:  # every append goes through here
