@@ -368,7 +368,7 @@ def test_bad_feedback(serve: Callable[..., Served], body: Any, status: int, word
         body = {**body, "trace_id": trace_id}
     err = assert_openai_error(s.post(body, path="/feedback"), status)
     assert words in err["message"]
-    assert s.store.get(trace_id).score is None
+    assert wait_for_trace(s.store, trace_id).score is None  # written 50 ms later
 
 
 def test_feedback_needs_the_exact_id_and_nan_is_not_a_score(serve: Callable[..., Served]
