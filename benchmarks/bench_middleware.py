@@ -3,7 +3,7 @@ side by side in one interleaved run.
 
     .venv/bin/python benchmarks/bench_middleware.py [--peer litellm] [--rounds 3]
         [--requests 200] [--throughput-requests 400] [--concurrency 16] [--delay-ms 50]
-        [--upstream-slots 64] [--json]
+        [--upstream-slots 64] [--baseline REV] [--json]
 
 Processes, as in production: an upstream server (the scripted backend behind Whetstone's own
 server: a reply derived from the request after ``--delay-ms``, so only the proxies' cost shows;
@@ -18,7 +18,10 @@ bottleneck), and in front of it, each in its own process:
   and ranks the skills: the uncached path);
 - with ``--peer litellm``: LiteLLM's proxy (one worker), installed by this script into a
   virtualenv of its own on first use (``--peer-venv``), run offline: a random master key, the
-  packaged model cost map (``LITELLM_LOCAL_MODEL_COST_MAP``), telemetry off.
+  packaged model cost map (``LITELLM_LOCAL_MODEL_COST_MAP``), telemetry off;
+- with ``--baseline REV``: ``whetstone serve`` from the git revision REV too (its files as
+  ``git archive`` gives them, run with this virtualenv), on unique prompts: a change's cost
+  or saving measured in the same run as the code it changes.
 
 Each round measures every configuration, interleaved so that load from anything else on the
 machine falls on all alike: latency, ``--requests`` rounds of one request to each configuration
@@ -101,10 +104,10 @@ def serve_upstream(port: int, delay_s: float, slots: int) -> None:
 # --- processes -------------------------------------------------------------------------------
 
 def start(cmd: list[str], env: dict[str, str], health: str, what: str,
-          headers: dict[str, str] | None = None, log: Path | None = None
+          headers: dict[str, str] | None = None, log: Path | None = None, cwd: Path = REPO
           ) -> subprocess.Popen[str]:
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                             text=True)
     deadline = time.monotonic() + 300
     while True:
@@ -118,6 +121,22 @@ def start(cmd: list[str], env: dict[str, str], health: str, what: str,
             tail = log.read_text(errors="replace")[-3000:] if log else ""
             raise SystemExit(f"{what} did not start:\n{tail}")
         time.sleep(0.25)
+
+
+def checkout(rev: str, into: Path) -> str:
+    """The files of git revision ``rev`` under ``into`` (no worktree left behind); its short
+    hash."""
+    try:
+        short = subprocess.run(["git", "rev-parse", "--short", f"{rev}^{{commit}}"], cwd=REPO,
+                               check=True, capture_output=True, text=True).stdout.strip()
+        into.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", short], cwd=REPO, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise SystemExit(f"--baseline {rev}: cannot check it out: {detail!s}".strip()) from None
+    return short
 
 
 def make_library(root: Path) -> Path:
@@ -323,9 +342,15 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load: tuple[flo
         shown = f"{value:.2f}x" if what.endswith("LiteLLM") else ms(value)
         print(f"library, unique prompts: {what} {shown} (target {target}): "
               f"{'met' if ok else 'NOT met'}")
+    for name, base in by.items():
+        if name.startswith(BASELINE_PREFIX):
+            print(f"library, unique prompts against {name.split(',')[0]}: proxy CPU per request "
+                  f"{ms(unique['cpu_ms'])} vs {ms(base['cpu_ms'])}, throughput "
+                  f"{unique['rps'] / base['rps']:.2f}x")
 
 
 UNIQUE = "whetstone, library, unique prompts"
+BASELINE_PREFIX = "whetstone @"
 
 
 def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
@@ -360,6 +385,18 @@ def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
     for prompts in ("repeated", "unique"):
         configs.append(Config(f"whetstone, library, {prompts} prompts",
                               f"http://127.0.0.1:{lib}/v1", prompts, procs[-1].pid))
+    if args.baseline:
+        src = tmp / "baseline"
+        short = checkout(args.baseline, src)
+        port = free_port()
+        # Run from its own folder: its packages come first on sys.path, before this checkout's
+        # editable install.
+        procs.append(start([sys.executable, str(src / "cli.py"), "serve", *common, "--port",
+                            str(port), "--library", str(make_library(tmp / "lib-baseline"))],
+                           env, f"http://127.0.0.1:{port}/health", f"whetstone serve @{short}",
+                           log=tmp / "baseline.log", cwd=src))
+        configs.append(Config(f"{BASELINE_PREFIX}{short}, unique prompts",
+                              f"http://127.0.0.1:{port}/v1", "unique", procs[-1].pid))
     return configs
 
 
@@ -402,6 +439,9 @@ def main() -> None:
     parser.add_argument("--litellm-version", default=LITELLM_VERSION)
     parser.add_argument("--peer-venv", type=Path, default=None,
                         help="The peer's virtualenv (default: in Whetstone's cache folder).")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="Also serve unique prompts with whetstone as of this git revision "
+                             "(e.g. HEAD~1, main): a change measured against what it changes.")
     parser.add_argument("--json", action="store_true", help="Print the rows as JSON too.")
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
