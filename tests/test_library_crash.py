@@ -86,10 +86,13 @@ def run_round(root: Path, progress: Path, mode: str, rng: random.Random) -> list
     proc = subprocess.Popen([sys.executable, __file__, str(root), str(progress), mode],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while "ready" not in progress.read_text():
+    # Kill at a random moment after the writer's first commit of the round has landed, not
+    # after a fixed delay from its start: on a loaded machine a fixed delay can end before a
+    # commit begins, and the rounds would test nothing.
+    while "done" not in progress.read_text():
         if proc.poll() is not None:
             raise AssertionError(f"writer died: {proc.stderr.read().decode()}")
-        assert time.monotonic() < deadline, "writer never got ready"
+        assert time.monotonic() < deadline, "writer never committed"
         time.sleep(0.01)
     time.sleep(rng.uniform(0.0, 0.3 if mode == "files" else 2.0))
     proc.send_signal(signal.SIGKILL)
