@@ -134,7 +134,9 @@ def checkout(rev: str, into: Path) -> str:
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
+        detail = getattr(exc, "stderr", None) or exc  # git archive's stderr comes as bytes
+        if isinstance(detail, bytes):
+            detail = detail.decode(errors="replace")
         raise SystemExit(f"--baseline {rev}: cannot check it out: {detail!s}".strip()) from None
     return short
 
