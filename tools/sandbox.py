@@ -63,7 +63,7 @@ __all__ = ["DEFAULT_MAX_TASKS", "DEFAULT_MEMORY_MB", "DEFAULT_TIMEOUT_S", "HARD_
            "MAX_OUTPUT_BYTES", "Sandbox", "SandboxResult", "SandboxStatus", "default_sandbox",
            "echo_last_expression", "run_python"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("whetstone.sandbox")
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 512

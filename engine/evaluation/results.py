@@ -21,7 +21,7 @@ from engine.errors import EvalError
 from engine.evaluation.stats import Interval, score_interval
 from engine.paths import whetstone_home
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("whetstone.eval")
 
 FORMAT_VERSION = 1
 

@@ -33,7 +33,7 @@ from engine.evaluation.tasks import TaskRecord, TaskSet
 from engine.types import Trace
 from library_store.traces import TraceStore
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("whetstone.eval")
 
 Solver = Callable[[TaskRecord, int], Trace]
 ProgressFn = Callable[[int, int, TaskResult], None]

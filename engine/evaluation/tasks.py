@@ -28,7 +28,7 @@ from engine.errors import EvalError
 from engine.types import Message, Trace, messages_from
 from library_store.chunking import SourceDoc
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("whetstone.tasks")
 
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "test")
