@@ -38,10 +38,12 @@ def test_task_record_round_trips_through_json() -> None:
 
 
 @pytest.mark.parametrize("record, fragment", [
-    ({"question": "q"}, "no `id`"),
+    ({"expected": "4"}, "neither `question` nor `messages`"),
     ({"id": "", "question": "q"}, "non-empty"),
     ({"id": "x"}, "neither `question` nor `messages`"),
-    ({"id": "x", "question": "q", "answer": "a"}, "unknown task field"),
+    ({"id": "x", "question": "q", "answers": "a"}, "unknown task field"),
+    ({"id": "x", "question": "q", "expected": "a", "answer": "b"}, "`expected` and `answer`"),
+    ({"id": "x", "prompt": "p", "input": "i"}, "`prompt` and `input`"),
     ({"id": "x", "question": 3}, "must be a string"),
 ])
 def test_bad_records_are_refused_with_a_reason(record: dict, fragment: str) -> None:
@@ -69,6 +71,50 @@ def test_broken_lines_are_reported_with_their_line_number_and_loading_goes_on(
     # The same through the spec loader, which keeps the problems for the CLI to print.
     loaded = load_tasks(str(path))
     assert [t.id for t in loaded] == ["a", "d"] and loaded.problems == ts.problems
+
+
+@pytest.mark.parametrize("record, question, expected", [
+    ({"question": "2+2?", "answer": "4"}, "2+2?", "4"),   # GSM8K and most HF sets
+    ({"prompt": "2+2?", "target": 4}, "2+2?", 4),
+    ({"input": "Is it spam?", "label": "no"}, "Is it spam?", "no"),
+])
+def test_common_field_names_of_other_datasets_are_read(record: dict, question: str,
+                                                       expected: object) -> None:
+    t = TaskRecord.from_dict(record)
+    assert (t.question, t.expected) == (question, expected)
+    assert t.id.startswith("sha-")  # no id in the record: one from its prompt
+
+
+def test_ids_made_from_content_are_stable_and_order_free(tmp_path: Path) -> None:
+    lines = ['{"question": "a?", "answer": "1"}', '{"question": "b?", "answer": "2"}']
+    one, two = tmp_path / "1.jsonl", tmp_path / "2.jsonl"
+    one.write_text("\n".join(lines) + "\n")
+    two.write_text("\n".join(reversed(lines)) + "\n")
+    ids = {t.question: t.id for t in read_jsonl(one)}
+    assert ids == {t.question: t.id for t in read_jsonl(two)} and len(set(ids.values())) == 2
+    assert {t.question: split_of(t.id) for t in read_jsonl(one)} == \
+        {q: split_of(i) for q, i in ids.items()}
+
+
+def test_a_file_whose_every_line_is_refused_says_so_once(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli import cli
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"q": "2+2?", "a": "4"}\n{"q": "3+3?", "a": "6"}\n')
+    with pytest.raises(EvalError, match="no line of .* is a task: all 2 were refused") as err:
+        read_jsonl(path)
+    assert "unknown task field(s) ['a', 'q']" in err.value.message
+    assert "question" in (err.value.hint or "")
+    res = CliRunner().invoke(cli, ["eval", "--tasks", str(path), "--model", "scripted:"])
+    assert res.exit_code == EvalError.exit_code
+    assert res.stderr.count("unknown task field") == 1, res.stderr
+    assert "slice" not in res.stderr  # not the hint for an empty split or slice
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(EvalError, match="holds no task record"):
+        read_jsonl(empty)
 
 
 def test_write_then_read_jsonl(tmp_path: Path) -> None:

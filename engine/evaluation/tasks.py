@@ -6,6 +6,7 @@ A task set is named by a spec string::
     gsm8k:0:30            a slice, Python-style: tasks 0..29 (either bound may be empty)
     gsm8k@dev             a split (train | dev | test), chosen by hashing each task id
     gsm8k@dev:0:20        the first 20 tasks of the dev split
+    bigbench:word_sorting a namespaced set (``engine.evaluation.bigbench``), same @split and :slice
     path/to/tasks.jsonl   a JSONL file of task records (also with @split and :slice)
 
 Splits are stable: a task belongs to ``train`` when the first 8 bytes of sha256(id), read as a
@@ -34,6 +35,40 @@ Split = Literal["train", "dev", "test"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "test")
 # Cumulative upper bounds of the 60/20/20 split on the hash fraction.
 _SPLIT_BOUNDS: tuple[tuple[Split, float], ...] = (("train", 0.6), ("dev", 0.8), ("test", 1.0))
+
+
+TASK_FIELDS = ("id", "question", "messages", "image", "evidence", "expected", "tools",
+               "scorer", "metadata")
+# What other task files (GSM8K and most Hugging Face datasets, BIG-bench, classification sets)
+# call our fields. Read only when a record names exactly one of the names of a field.
+FIELD_ALIASES: dict[str, tuple[str, ...]] = {
+    "expected": ("answer", "target", "label"),
+    "question": ("prompt", "input"),
+}
+
+
+def _with_aliases(d: Mapping[str, Any]) -> dict[str, Any]:
+    """``d`` with an alias renamed to our field; two names for one field are refused, since
+    either could be the one meant."""
+    out = dict(d)
+    for field_name, aliases in FIELD_ALIASES.items():
+        given = [n for n in (field_name, *aliases) if n in out]
+        if len(given) > 1:
+            raise EvalError(
+                f"the record names {' and '.join(f'`{n}`' for n in given)}, which all mean "
+                f"`{field_name}`",
+                hint="keep one of them (or move the others under `metadata`)")
+        if given and given[0] != field_name:
+            out[field_name] = out.pop(given[0])
+    return out
+
+
+def content_id(question: Any, messages: Any) -> str:
+    """A stable id for a record that has none: a hash of its prompt, so the split of a task
+    does not depend on its line number (the same prompt twice is one task)."""
+    prompt = question if isinstance(question, str) and question.strip() else messages
+    text = json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
+    return "sha-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -98,21 +133,30 @@ class TaskRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TaskRecord:
+        """A record from its JSON object. The names other datasets use for the same fields
+        (``FIELD_ALIASES``: ``answer``/``target``/``label``, ``prompt``/``input``) are read as
+        ours when the record names one of them only; a record without ``id`` gets one from its
+        content (``content_id``), so splits stay stable."""
         if not isinstance(d, Mapping):
             raise EvalError(f"a task record must be a JSON object, got {type(d).__name__}",
                             hint='write one object per line: {"id": ..., "question": ...}')
-        unknown = set(d) - {"id", "question", "messages", "image", "evidence", "expected",
-                            "tools", "scorer", "metadata"}
+        d = _with_aliases(d)
+        unknown = set(d) - set(TASK_FIELDS)
         if unknown:
             raise EvalError(f"unknown task field(s) {sorted(unknown)}",
-                            hint="put extra information under `metadata`")
-        if "id" not in d:
-            raise EvalError("task record has no `id`", hint="give every task a unique `id`")
+                            hint=f"the fields are {', '.join(TASK_FIELDS)}; put extra "
+                                 "information under `metadata`")
         kw: dict[str, Any] = {k: d[k] for k in d if k in {"question", "image", "evidence",
                                                           "expected", "scorer"}}
-        kw["id"] = str(d["id"]) if isinstance(d["id"], int) else d["id"]
         if d.get("messages"):
             kw["messages"] = messages_from(d["messages"])
+        if "id" in d:
+            kw["id"] = str(d["id"]) if isinstance(d["id"], int) else d["id"]
+        elif not d.get("question") and not d.get("messages"):
+            raise EvalError("task record has neither `question` nor `messages`",
+                            hint="every task needs a prompt: a `question` string or `messages`")
+        else:
+            kw["id"] = content_id(kw.get("question"), d.get("messages"))
         if d.get("tools"):
             kw["tools"] = tuple(d["tools"])
         if d.get("metadata"):
@@ -149,7 +193,9 @@ class TaskSet:
 
 def read_jsonl(path: Path | str) -> TaskSet:
     """Read task records from a JSONL file. A broken line is reported with its line number
-    (in ``TaskSet.problems`` and the log) and skipped; reading goes on. Duplicate ids too."""
+    in ``TaskSet.problems`` and skipped; reading goes on. Duplicate ids too. The log gets one
+    warning per file that lost lines (the CLI prints each problem itself). A file where no line
+    gives a task is an ``EvalError`` that says why (the first problem)."""
     path = Path(path)
     if not path.is_file():
         raise EvalError(f"task file {path} does not exist",
@@ -176,9 +222,24 @@ def read_jsonl(path: Path | str) -> TaskSet:
                 continue
             seen.add(task.id)
             tasks.append(task)
-    for p in problems:
-        log.warning(p)
+    if not tasks:
+        _refuse_empty(path, problems)
+    if problems:
+        log.warning("%s: %d line(s) skipped, the first: %s", path, len(problems), problems[0])
     return TaskSet(name=str(path), tasks=tuple(tasks), problems=tuple(problems))
+
+
+def _refuse_empty(path: Path, problems: Sequence[str]) -> None:
+    """The error for a task file that gives no task: empty, or every line refused."""
+    if not problems:
+        raise EvalError(f"task file {path} holds no task record",
+                        hint='write one JSON object per line: {"id": "1", "question": "...", '
+                             '"expected": "..."} (docs/cli.md, "Task files")')
+    raise EvalError(f"no line of {path} is a task: all {len(problems)} were refused; the "
+                    f"first: {problems[0]}",
+                    hint=f"each line needs `question` (or `messages`) and usually `expected`; "
+                         f"the fields are {', '.join(TASK_FIELDS)} (docs/cli.md, "
+                         f'"Task files")')
 
 
 def write_jsonl(tasks: Sequence[TaskRecord], path: Path | str) -> Path:
@@ -217,12 +278,16 @@ class TaskSpec:
         return s
 
 
+# A set may be namespaced, ``bigbench:word_sorting``: the part after the colon starts with a
+# letter or underscore, so ``gsm8k:0:30`` stays a slice and ``gsm8k:0`` stays an error.
 _SPEC = re.compile(
-    r"^(?P<source>[^@:]+?)(?:@(?P<split>[^:]*))?(?::(?P<start>[^:@]*):(?P<end>[^:@]*))?$")
+    r"^(?P<source>[^@:]+?(?::[A-Za-z_][^@:]*?)?)(?:@(?P<split>[^:]*))?"
+    r"(?::(?P<start>[^:@]*):(?P<end>[^:@]*))?$")
 
 
 def parse_spec(spec: str) -> TaskSpec:
-    """Parse ``SET[@SPLIT][:START:END]``; a string naming an existing file is that file."""
+    """Parse ``SET[@SPLIT][:START:END]``; a string naming an existing file is that file.
+    SET may carry a namespace: ``bigbench:word_sorting@test:0:50``."""
     spec = spec.strip()
     if not spec:
         raise EvalError("empty task-set spec", hint="e.g. --tasks gsm8k:0:30")
