@@ -129,15 +129,17 @@ class SkillRetriever:
         self._lock = threading.Lock()
 
     def search(self, task: str | None, *, snapshot: Snapshot | None = None, k: int | None = None,
-               query_vector: np.ndarray | None = None) -> list[SkillMatch]:
-        """The ``k`` skills nearest to ``task`` in ``snapshot`` (current version by default)."""
+               query_vector: np.ndarray | None = None,
+               floor: bool = True) -> list[SkillMatch]:
+        """The ``k`` skills nearest to ``task`` in ``snapshot`` (current version by default),
+        those under ``min_score`` left out unless ``floor=False``."""
         snap = snapshot or self.library.snapshot()
         index = self._index_for(snap)
         index.ensure(snap)
         vector = query_vector if query_vector is not None else index.embed_query(task or "")
         hits = index.query(vector, kind="skill", k=k or self.k)
         return [m for m in (self._match(snap, h) for h in hits) if m is not None
-                and (self.min_score is None or m.score >= self.min_score)]
+                and (not floor or self.min_score is None or m.score >= self.min_score)]
 
     def _index_for(self, snap: Snapshot) -> LibraryIndex:
         """The shared index follows the current version; any other version (pinned for an
@@ -177,7 +179,10 @@ class SkillRetriever:
         snap = snapshot or self.library.snapshot()
         budget = self.budget_tokens if budget_tokens is None else budget_tokens
         bodies_max = self.max_bodies if max_bodies is None else max_bodies
-        matches = self.search(task, snapshot=snap, k=k, query_vector=query_vector)
+        ranked = self.search(task, snapshot=snap, k=k, query_vector=query_vector, floor=False)
+        # Under the floor a skill is not shown, but the trace still records its score: it
+        # says why nothing was injected.
+        matches = [m for m in ranked if self.min_score is None or m.score >= self.min_score]
         entries = [render_prompt("skills_entry.yaml#entry", name=m.name,
                                  description=" ".join(m.description.split())) for m in matches]
 
@@ -189,7 +194,7 @@ class SkillRetriever:
         while n > 0 and self.count_tokens(render(n, [])) > budget:
             n -= 1  # the weakest matches go first
         if n == 0:
-            return Retrieval(prompt="", version=snap.id, matches=tuple(matches))
+            return Retrieval(prompt="", version=snap.id, matches=tuple(ranked))
         bodies: list[str] = []
         with_body: list[str] = []
         for m in matches[:n]:
@@ -201,7 +206,7 @@ class SkillRetriever:
                 bodies.append(section)
                 with_body.append(m.name)
         prompt = render(n, bodies)
-        return Retrieval(prompt=prompt, version=snap.id, matches=tuple(matches),
+        return Retrieval(prompt=prompt, version=snap.id, matches=tuple(ranked),
                          shown=tuple(m.name for m in matches[:n]), with_body=tuple(with_body),
                          tokens=self.count_tokens(prompt))
 

@@ -213,7 +213,10 @@ def test_a_precomputed_query_vector_and_min_score(
     assert r.matches[0].name == "citation-formatting"
     assert r.matches == SkillRetriever(lib, index, k=3).retrieve(task).matches
     strict = SkillRetriever(lib, index, k=3, min_score=0.99).retrieve(task)
-    assert strict.matches == () and strict.prompt == ""
+    # Nothing is shown; the matches under the floor stay recorded (why nothing was shown).
+    assert strict.prompt == "" and strict.shown == () and strict.with_body == ()
+    assert [m.name for m in strict.matches] == [m.name for m in r.matches]
+    assert SkillRetriever(lib, index, k=3, min_score=0.99).search(task) == []
 
 
 def test_read_skill_opens_bodies_and_files_and_lists_what_exists(

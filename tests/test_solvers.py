@@ -135,3 +135,36 @@ def test_text_scorers_read_the_answer_span_too() -> None:
     assert get_scorer("normalised")(long, task) == 1.0
     assert get_scorer("f1")(long, task) == 1.0
     assert get_scorer("normalised")("Lyon", task) == 0.0
+
+
+def test_skills_options_reach_the_direct_solver_and_chat_mode(tmp_path: Path) -> None:
+    """``skills.examples`` and ``skills.learned_tools`` pass the config check, so every host
+    must take them (the direct and chat paths raised a TypeError), and they act there."""
+    lib = Library.open(tmp_path / "lib", create=True)
+    lib.commit({"skills/unit-conversion/SKILL.md": UNITS}, method="test", message="units")
+    options = {"examples": 3, "learned_tools": False, "min_score": 0.99}
+    backend = ScriptedBackend(["150", "150"])
+    engine = Engine(backend, library=lib.root, checkpointing=False, solver="direct",
+                    methods=[("skills", options)])
+    trace = engine.solver()(TASK, 0)
+    # min_score=0.99 reached the retriever: the skill is recorded but not shown.
+    assert trace.meta["skills"]["shown"] == []
+    assert "Convert every quantity" not in backend.requests[0].messages[0].text
+    engine.chat("How many minutes are 2.5 hours?")
+    assert all(m.role != "system" or "Convert every quantity" not in m.text
+               for m in backend.requests[1].messages)
+    plugin = engine.chat_adapter().plugins[0]
+    assert plugin.config.examples == 3 and plugin.config.learned_tools is False
+    with pytest.raises(ConfigError, match="unknown option"):
+        Engine(backend, library=lib.root, solver="direct", methods=[("skills", {"exampels": 3})])
+
+
+def test_an_unrelated_task_gets_no_skill_by_default(tmp_path: Path) -> None:
+    lib = Library.open(tmp_path / "lib", create=True)
+    lib.commit({"skills/unit-conversion/SKILL.md": UNITS}, method="test", message="units")
+    backend = ScriptedBackend(["Hello world!"])
+    trace = Engine(backend, library=lib.root, checkpointing=False, solver="direct").solver()(
+        TASK.with_(question="say hello world"), 0)
+    assert [m.role for m in backend.requests[0].messages] == ["user"]  # nothing injected
+    assert trace.meta["skills"]["shown"] == []
+    assert trace.meta["skills"]["matches"][0][0] == "unit-conversion"  # scored, under the floor

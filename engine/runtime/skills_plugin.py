@@ -47,17 +47,25 @@ READ_SKILL_SPEC = ToolSpec(
 )
 
 
+# The lowest cosine score a skill needs to be shown (see SkillsConfig).
+DEFAULT_MIN_SCORE = 0.25
+
+
 @dataclass(frozen=True)
 class SkillsConfig:
     """How many skills a run is shown (``k``), how many with their whole body, the lowest
-    retrieval score kept (None: keep the top ``k`` whatever their score), and whether the
-    library's learned tools are offered (with the skills that hold them).
+    retrieval score (cosine) a skill needs to be shown at all, and whether the library's
+    learned tools are offered (with the skills that hold them).
 
-    No floor by default: measured with all-MiniLM-L6-v2, GSM8K questions score 0.04-0.24
-    against an evolved ``word-math`` skill's draft description and unrelated questions up to
-    0.13 against any skill, so a floor that drops the unrelated ones also hides evolved skills
-    from most of the tasks they were learned on. With an empty library nothing is injected
-    and ``read_skill`` is not offered.
+    ``min_score`` 0.25 is measured (``benchmarks/bench_skill_threshold.py``, int8 MiniLM, the
+    34-skill fixture library): the right skill stays in the top 3 for 0.886 of the labelled
+    queries (1.000 with no floor), while 1 of 30 unrelated prompts ("say hello world",
+    trivia, poems) gets a skill (every one of them with no floor; 0.20 lets in 6 of 30) and a
+    question whose own skill is missing gets a neighbour's in 0.26 of cases (0.63 at 0.20).
+    ``None`` keeps the top ``k`` whatever their score. A skill with worked examples is also
+    matched through its examples' tasks (see ``skills.index``), which a task of the same kind
+    matches far above any floor. With an empty library, or nothing above the floor, nothing
+    is injected and ``read_skill`` is not offered.
 
     ``examples``: a skill shown with its body that keeps worked examples
     (``references/examples.md``) also shows the ``examples`` whose task is nearest to this
@@ -65,7 +73,7 @@ class SkillsConfig:
 
     k: int = 5
     max_bodies: int = 2
-    min_score: float | None = None
+    min_score: float | None = DEFAULT_MIN_SCORE
     learned_tools: bool = True
     examples: int = 2  # worked examples shown, nearest first, from the skills shown with a body
 
@@ -88,7 +96,7 @@ class SkillsPlugin(Plugin):
 
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
-                 max_bodies: int = 2, min_score: float | None = None,
+                 max_bodies: int = 2, min_score: float | None = DEFAULT_MIN_SCORE,
                  learned_tools: bool = True, images: ImageFiles | None = None,
                  sandbox: Sandbox | None = None, examples: int = 2) -> None:
         from library_store.embeddings import skill_embedder

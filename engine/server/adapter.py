@@ -322,11 +322,15 @@ def _chat_skills_class() -> type:
 
 
 def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
-                       k: int = 5, max_bodies: int = 2, min_score: float | None = None,
                        cache_size: int = 1024, embed_threads: int | None = 1,
-                       embedder: Embedder | None = None
+                       embedder: Embedder | None = None, **options: Any
                        ) -> tuple[SkillsPlugin, list[Closeable]]:
     """A ``SkillsPlugin`` for chat mode, and what to close when done.
+
+    ``options`` are the skills method's (``SkillsConfig``: ``k``, ``max_bodies``,
+    ``min_score``, ``learned_tools``, ``examples``; left out, its defaults), so
+    ``--method-config skills.examples=3`` means the same in the agent, the direct solver and
+    chat mode; an unknown one is a ``ConfigError``.
 
     It renders ``skills_retrieved_chat`` (no ``read_skill`` tool exists in a plain completion)
     and embeds queries through a ``CachedEmbedder`` (the skills index's int8 embedder,
@@ -335,14 +339,18 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
     wrapped in the cache all the same).
     """
+    from engine.methods.base import make_config
+    from engine.runtime.skills_plugin import SkillsConfig
     from library_store.embeddings import skill_embedder
     from skills.index import LibraryIndex
     from skills.retrieval import SkillRetriever
 
+    cfg: SkillsConfig = make_config(SkillsConfig, options, method="skills")
     cached = CachedEmbedder(embedder or skill_embedder(threads=embed_threads), maxsize=cache_size)
     index = LibraryIndex(library, cached)
-    retriever = SkillRetriever(library, index, k=k, max_bodies=max_bodies, min_score=min_score,
-                               template="skills_retrieved_chat")
-    plugin = _chat_skills_class()(library, snapshot=snapshot, retriever=retriever, k=k,
-                                  max_bodies=max_bodies, min_score=min_score)
+    retriever = SkillRetriever(library, index, k=cfg.k, max_bodies=cfg.max_bodies,
+                               min_score=cfg.min_score, template="skills_retrieved_chat")
+    plugin = _chat_skills_class()(library, snapshot=snapshot, retriever=retriever, k=cfg.k,
+                                  max_bodies=cfg.max_bodies, min_score=cfg.min_score,
+                                  learned_tools=cfg.learned_tools, examples=cfg.examples)
     return plugin, [retriever, index]
