@@ -1,9 +1,8 @@
 """``whetstone`` — the command line. It only mounts the command groups of ``engine/commands``;
 each command there is a thin call into ``engine.api`` (see docs/architecture.md).
 
-Exit codes (``engine.commands.common``): 0 answered / ok; 1 failure; 2 usage or config;
-3 model missing; 4 backend failed; 5 library; 6 not found; 7 eval; 8 the run stopped without
-an answer (horizon, budget, time); 9 ``verify`` flagged a hallucination; 130 interrupted.
+Exit codes: each error class in ``engine.errors`` carries its own, the other outcomes are the
+``EXIT_*`` constants there; docs/cli.md has the table, with the environment variables.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import os
 
 import click
 
+from engine.commands.common import QUIET, configure_logging, handle_errors
 from engine.commands.corpus import corpus_group
 from engine.commands.eval import eval_cmd
 from engine.commands.evolve import evolve_group
@@ -28,9 +28,18 @@ from engine.commands.verify import verify
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="whetstone-engine")
-def cli() -> None:
+@click.option("--verbose", "-v", count=True,
+              help="Show the engine's log: -v info, -vv debug (default: warnings; env "
+                   "WHETSTONE_LOG_LEVEL).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print results and errors only: no progress, notes or warnings on stderr.")
+@click.pass_context
+@handle_errors
+def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """Whetstone: adapt frozen models at inference time with skills, tools and notes
     learned from their own traces."""
+    configure_logging(verbose, quiet, os.environ.get("WHETSTONE_LOG_LEVEL"))
+    ctx.meta[QUIET] = quiet
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,

@@ -182,3 +182,56 @@ def test_error_messages_keep_their_bracketed_rule_names(capsys: object) -> None:
     assert exit_info.value.code == 5
     assert "skills/x/SKILL.md:2: [name] must match the folder" in err
     assert "rename [the folder]" in err
+
+
+def test_traces_ls_never_cuts_an_id(tmp_path: Path) -> None:
+    spec = script(tmp_path, ["Final Answer: 4"] * 2)
+    runner = CliRunner()
+    task = "What is two plus two? " * 8  # a task far wider than the terminal
+    for _ in range(2):
+        assert runner.invoke(cli, ["run", task, "--model", spec]).exit_code == 0
+    ids = [r["id"] for r in json.loads(runner.invoke(cli, ["traces", "ls", "--json"]).stdout)]
+    for columns in ("50", "80", "120"):
+        res = CliRunner(env={"COLUMNS": columns}).invoke(cli, ["traces", "ls"])
+        assert res.exit_code == 0, res.output
+        assert all(i in res.output for i in ids), (columns, res.output)
+        assert max(len(line) for line in res.output.splitlines()) <= int(columns)
+        assert "answered" in res.output
+
+
+def test_quiet_hides_progress_and_warnings_but_not_results_or_errors(tmp_path: Path) -> None:
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "question": "2+2?", "expected": "4"}\n{"id": "b", \n')
+    spec = script(tmp_path, ["4"])
+    loud = CliRunner().invoke(cli, ["eval", "--tasks", str(tasks), "--model", spec,
+                                    "--solver", "direct"])
+    assert loud.exit_code == 0 and "not valid JSON" in loud.stderr
+    spec = script(tmp_path, ["4"], name="again.json")
+    quiet = CliRunner().invoke(cli, ["-q", "eval", "--tasks", str(tasks), "--model", spec,
+                                     "--solver", "direct"])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+    assert "accuracy 1.000" in quiet.stdout
+    failed = CliRunner().invoke(cli, ["-q", "traces", "show", "nope"])
+    assert failed.exit_code == 6 and "no trace with id 'nope'" in failed.stderr
+
+
+def test_verbose_shows_the_engines_log_and_the_level_can_come_from_the_environment(
+        tmp_path: Path) -> None:
+    import logging
+
+    from engine.commands.common import configure_logging
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "question": "2+2?", "expected": "4"}\n{"id": "b", \n')
+    res = CliRunner().invoke(cli, ["-v", "eval", "--tasks", str(tasks), "--model",
+                                   script(tmp_path, ["4"]), "--solver", "direct"])
+    assert res.exit_code == 0, res.output
+    assert "warning: whetstone.tasks: " in res.stderr  # -v names the logger
+    assert configure_logging(2, False, None) == logging.DEBUG
+    assert configure_logging(0, False, "INFO") == logging.INFO
+    assert configure_logging(0, False, None) == logging.WARNING
+    assert logging.getLogger("whetstone").level == logging.NOTSET  # default: inherited
+    res = CliRunner(env={"WHETSTONE_LOG_LEVEL": "loud"}).invoke(cli, ["traces", "ls"])
+    assert res.exit_code == 2 and "WHETSTONE_LOG_LEVEL='loud'" in res.stderr
+    res = CliRunner().invoke(cli, ["-v", "-q", "traces", "ls"])
+    assert res.exit_code == 2 and "cannot be combined" in res.stderr

@@ -7,32 +7,124 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import click
 from rich.console import Console
 from rich.progress import ProgressColumn, Task
 from rich.text import Text
 
-from engine.errors import WhetstoneError
+from engine.errors import (  # noqa: F401 - EXIT_* re-exported for the commands
+    EXIT_INTERRUPTED,
+    EXIT_NO_ANSWER,
+    EXIT_PARTIAL,
+    WhetstoneError,
+)
 from engine.paths import whetstone_home
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Exit codes: 0 ok, 1 generic failure, 2 usage/config, 3 model missing, 4 backend, 5 library,
-# 6 not found, 7 eval (each WhetstoneError subclass carries its own ``exit_code``), 8 the run
-# stopped without an answer (horizon, budget, time), 130 interrupted (Ctrl-C).
-EXIT_NO_ANSWER = 8
-EXIT_INTERRUPTED = 130
+# Exit codes: each WhetstoneError subclass carries its own ``exit_code``; the other outcomes
+# are engine.errors' EXIT_* constants (re-exported here for the commands). docs/cli.md has
+# the table.
+
+
+QUIET = "whetstone.quiet"  # ctx.meta key: `whetstone -q` was given
+
+
+def _quiet() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(QUIET))
+
+
+class _NoStatus:
+    """What ``status()`` gives under ``-q``: a spinner that shows nothing."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _CliConsole(Console):
+    """A console whose spinners are off under ``whetstone -q``."""
+
+    def status(self, *args: Any, **kwargs: Any) -> Any:
+        return _NoStatus() if _quiet() else super().status(*args, **kwargs)
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console; pass ``stderr=True`` for progress and diagnostics. No emoji codes:
-    text such as ``pkg:X:`` (an import path, model output) prints as written."""
-    return Console(stderr=stderr, highlight=False, emoji=False)
+    """A rich console; pass ``stderr=True`` for progress and diagnostics, which ``whetstone
+    -q`` silences (errors print through ``fail``, never silenced). No emoji codes: text such
+    as ``pkg:X:`` (an import path, model output) prints as written."""
+    return _CliConsole(stderr=stderr, highlight=False, emoji=False,
+                       quiet=stderr and _quiet())
+
+
+def _error_console() -> Console:
+    return Console(stderr=True, highlight=False, emoji=False)
+
+
+class _LogHandler(logging.Handler):
+    """Log records as the CLI prints its own notes (``warning: ...``), on the stderr of the
+    moment (click's test runner swaps it), with the logger's name under ``-v``."""
+
+    def __init__(self, level: int, named: bool) -> None:
+        super().__init__(level)
+        self.named = named
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.markup import escape
+
+        try:
+            name = f"{record.name}: " if self.named else ""
+            text = escape(name + self.format(record))
+            style = "red" if record.levelno >= logging.ERROR else \
+                "yellow" if record.levelno >= logging.WARNING else "dim"
+            _error_console().print(f"[{style}]{record.levelname.lower()}:[/] {text}",
+                                   markup=True, soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging must never crash the command
+            self.handleError(record)
+
+
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def configure_logging(verbose: int, quiet: bool, env_level: str | None) -> int:
+    """Set the level of the ``whetstone`` logger (every logger of ours is under it) for one
+    command: ``-q`` errors only, ``-v`` info, ``-vv`` debug, else ``WHETSTONE_LOG_LEVEL``,
+    else warnings. Returns the level."""
+    from engine.errors import ConfigError
+
+    if verbose and quiet:
+        raise ConfigError("-v and -q cannot be combined", hint="give one of them")
+    if quiet:
+        level = logging.ERROR
+    elif verbose:
+        level = logging.INFO if verbose == 1 else logging.DEBUG
+    elif env_level and env_level.strip():
+        name = env_level.strip().lower()
+        if name not in _LEVELS:
+            raise ConfigError(f"WHETSTONE_LOG_LEVEL={env_level!r} is not a log level",
+                              hint=f"use one of {', '.join(_LEVELS)}")
+        level = getattr(logging, name.upper())
+    else:
+        level = logging.WARNING
+    logger = logging.getLogger("whetstone")
+    for old in [h for h in logger.handlers if isinstance(h, _LogHandler)]:
+        logger.removeHandler(old)  # one per process: each command configures its own
+    logger.addHandler(_LogHandler(level, named=level <= logging.INFO))
+    # The logger's own level only when asked: left alone, it inherits (tests set levels).
+    logger.setLevel(level if level != logging.WARNING else logging.NOTSET)
+    return level
 
 
 def emit_json(obj: Any) -> None:
@@ -49,7 +141,7 @@ def fail(exc: WhetstoneError) -> None:
     """Print an error the way every command does and exit with its code."""
     from rich.markup import escape
 
-    err = console(stderr=True)
+    err = _error_console()  # never silenced by -q
     # Escape: messages hold "[rule]" tags and raw model output that rich must not eat.
     err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
     raw = getattr(exc, "raw", None)  # a ParseError: the model output that could not be read
@@ -71,7 +163,7 @@ def handle_errors(fn: F) -> F:
         except WhetstoneError as exc:
             fail(exc)
         except KeyboardInterrupt:
-            console(stderr=True).print("[yellow]interrupted[/]", markup=True)
+            _error_console().print("[yellow]interrupted[/]", markup=True)
             sys.exit(EXIT_INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.commands.common import (
+    EXIT_PARTIAL,
     console,
     default_library_path,
     emit_json,
@@ -258,7 +259,9 @@ def export_cmd(path: Path, version: str | None, force: bool, library_path: Path 
 @handle_errors
 def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None,
                as_json: bool) -> None:
-    """Import a folder (or .tar.gz) of SKILL.md skills as one new version."""
+    """Import a folder (or .tar.gz) of SKILL.md skills as one new version. Malformed skills
+    are skipped and listed while the valid ones are committed: exit code 11 (partial), or 5
+    when nothing was committed. With --strict a malformed skill rejects the whole import."""
     lib = _open(library_path)
     report = import_skills(lib, path, strict=strict, message=message,
                            check_unit=import_check(lib.snapshot()), validate=validate_library)
@@ -275,7 +278,9 @@ def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None
         if report.skipped:
             _print_problems(list(report.skipped), title="skipped malformed skills")
     if report.skipped:
-        raise SystemExit(LibraryError.exit_code)
+        # With a version committed without the skipped skills it is neither a failure (5) nor
+        # a clean import (0); with nothing committed, the import failed.
+        raise SystemExit(EXIT_PARTIAL if report.version is not None else LibraryError.exit_code)
 
 
 @library_group.command("validate")

@@ -58,12 +58,62 @@ def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str |
                     "score": t.score, "tokens": t.total_tokens, "started": t.started,
                     "model": t.model} for t in found])
         return
-    table = Table("id", "started", "outcome", "score", "tokens", "task", "answer")
-    for t in found:
-        table.add_row(t.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(t.started)),
-                      t.outcome, "" if t.score is None else f"{t.score:g}",
-                      str(t.total_tokens), short(t.task, 50), short(t.answer or "", 30))
-    console().print(table)
+    out = console()
+    rows = [{"id": t.id, "started": time.strftime("%m-%d %H:%M", time.localtime(t.started)),
+             "outcome": t.outcome, "score": "" if t.score is None else f"{t.score:g}",
+             "tokens": str(t.total_tokens), "task": short(t.task, 60),
+             "answer": short(t.answer or "", 30)} for t in found]
+    names = _columns_that_fit(rows, out.width)
+    widths = _flexible_widths(rows, names, out.width)
+    table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
+    for name in names:
+        table.add_column(name, no_wrap=True, overflow="ellipsis",
+                         justify="right" if name in ("score", "tokens") else "left",
+                         width=widths.get(name), min_width=_width(rows, name)
+                         if name not in widths else None)
+    for row in rows:
+        table.add_row(*(row[n] for n in names))
+    out.print(table)
+
+
+_COLUMNS = ("id", "started", "outcome", "score", "tokens", "task", "answer")
+# Dropped in this order when the terminal is too narrow for all of them: the id is never cut
+# (it is what the user copies into `traces show`), nor the outcome.
+_DROP_ORDER = ("answer", "started", "score", "tokens", "task")
+_FLEX_MIN = {"task": 12, "answer": 6}
+
+
+def _width(rows: list[dict[str, str]], name: str) -> int:
+    return max([len(name), *(len(r[name]) for r in rows)])
+
+
+def _columns_that_fit(rows: list[dict[str, str]], width: int) -> list[str]:
+    """The columns of ``traces ls`` a terminal ``width`` wide shows in full (the flexible task
+    and answer columns at least at their minimum), two spaces between columns."""
+    names = list(_COLUMNS)
+    for drop in (None, *_DROP_ORDER):
+        if drop is not None:
+            names.remove(drop)
+        need = sum(_FLEX_MIN.get(n) or _width(rows, n) for n in names) + 2 * (len(names) - 1)
+        if need <= width:
+            break
+    return names
+
+
+def _flexible_widths(rows: list[dict[str, str]], names: list[str], width: int
+                     ) -> dict[str, int]:
+    """Widths of the task and answer columns: what the fixed columns leave, the answer
+    taking at most a third of it."""
+    flex = [n for n in names if n in _FLEX_MIN]
+    fixed = sum(_width(rows, n) for n in names if n not in _FLEX_MIN)
+    left = max(0, width - fixed - 2 * (len(names) - 1))
+    out: dict[str, int] = {}
+    if "answer" in flex:
+        out["answer"] = max(_FLEX_MIN["answer"], min(_width(rows, "answer"), left // 3))
+        left -= out["answer"]
+    if "task" in flex:
+        out["task"] = max(_FLEX_MIN["task"], min(_width(rows, "task"), left))
+    return out
 
 
 @traces_group.command("show")
