@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -33,6 +33,7 @@ from filelock import FileLock, Timeout
 
 from engine.errors import ConfigError, EmptyCorpus, LibraryError, NotFound
 from engine.types import Passage
+from library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
 from library_store.chunking import DEFAULT_CHUNKS, ChunkSpec, SourceDoc, chunk_document
 from library_store.embeddings import Embedder, TextEmbedder, chroma_embedding_function
 from library_store.fsutil import atomic_write, clean_dir, sha256_bytes
@@ -123,9 +124,9 @@ class Corpus:
         self.embedder: Embedder = embedder if embedder is not None else TextEmbedder()
         self.lock_timeout = lock_timeout
         self.batch_size = batch_size
-        self._client: Any = None
-        self._collection: Any = None
-        self._token: str | None = None
+        self._client: SharedChroma | None = None
+        self._collection: SharedCollection | None = None
+        self._hold = threading.Lock()  # guards _client and _collection
 
     @classmethod
     def of_library(cls, library_root: Path | str, name: str = DEFAULT_CORPUS,
@@ -294,36 +295,38 @@ class Corpus:
 
     # -- the collection ---------------------------------------------------------------------
 
-    def _open(self) -> Any:
-        if self._collection is None:
-            import chromadb
-            from chromadb.config import Settings
+    def _open(self) -> SharedCollection:
+        """The chunks' collection, through this process's one client of the folder
+        (``chroma_client``: threads searching at once must not each open one)."""
+        with self._hold:
+            if self._collection is None:
+                self._client = acquire(self.path / "chroma")
+                embed = chroma_embedding_function(
+                    self.embedder if isinstance(self.embedder, TextEmbedder) else None)
 
-            self._client = chromadb.PersistentClient(
-                path=str(self.path / "chroma"),
-                settings=Settings(anonymized_telemetry=False, allow_reset=False))
-            self._collection = self._client.get_or_create_collection(
-                COLLECTION, embedding_function=chroma_embedding_function(
-                    self.embedder if isinstance(self.embedder, TextEmbedder) else None),
-                configuration={"hnsw": {"space": "cosine"}}, metadata={"corpus": self.name})
-        return self._collection
+                def create(client: Any) -> Any:
+                    return client.get_or_create_collection(
+                        COLLECTION, embedding_function=embed,
+                        configuration={"hnsw": {"space": "cosine"}},
+                        metadata={"corpus": self.name})
+
+                self._collection = SharedCollection(self._client, COLLECTION, create)
+            return self._collection
 
     def close(self) -> None:
-        """Release chromadb's resources. Safe to call twice."""
-        if self._client is not None:
-            try:
-                self._client.close()
-            finally:
-                self._client = self._collection = None
-                self._token = None
+        """Let go of the shared client (the last holder closes it). Safe to call twice."""
+        with self._hold:
+            shared, self._client, self._collection = self._client, None, None
+        if shared is not None:
+            release(shared)
+
+    def _shared(self) -> SharedChroma:
+        self._open()
+        assert self._client is not None  # _open set it
+        return self._client
 
     def _wipe(self) -> None:
-        self.close()
-        # A failed open leaves chromadb's cached System for this path behind (see skills/index).
-        from chromadb.api.shared_system_client import SharedSystemClient
-
-        SharedSystemClient._identifier_to_system.pop(str(self.path / "chroma"), None)
-        shutil.rmtree(self.path / "chroma", ignore_errors=True)
+        self._shared().wipe()
 
     def _indexed_ids(self, page: int = 5000) -> set[str]:
         col, out, offset = self._open(), set(), 0
@@ -353,7 +356,7 @@ class Corpus:
         self._write_state(catalog=digest, embedder=self.embedder.name, pending=False,
                           token=token, chunks=count, stamp=self._stamp() if self.exists()
                           else None)
-        self._token = token
+        self._shared().token = token  # our own writes: the shared client reflects them
 
     def _apply(self) -> int:
         expected: dict[str, tuple[CorpusDocument, int]] = {}
@@ -392,15 +395,16 @@ class Corpus:
         if fresh and state.get("stamp") != self._stamp():
             fresh = state.get("catalog") == sha256_bytes(self.catalog_path.read_bytes())
         if fresh:
-            if self._client is not None and state.get("token") != self._token:
-                self.close()  # another process re-synced: our in-memory graph is stale
+            if self._client is not None:  # another process re-synced: our graph is stale
+                self._client.refresh(state.get("token"))
             return
         lock = self._lock()
         try:
             lock.acquire(timeout=0)
         except Timeout:
             # A writer is at work (a long add): read what is indexed now rather than wait.
-            self.close()
+            if self._client is not None:
+                self._client.close()
             return
         try:
             clean_dir(self.path / ".tmp")

@@ -13,13 +13,16 @@ scanning metadata (33 ms at 10k documents, measured) but an unfiltered one from 
 still stored on every document.
 
 chromadb keeps each collection's vector graph in the memory of the process that opened it, so
-a process re-opens its client when another process has re-synced the index (``token``).
+a process re-opens its client when another process has re-synced the index (``token``). Every
+``LibraryIndex`` of one folder in a process shares one client (``library_store.chroma_client``),
+so the threads of an ``eval -j 8`` can open, query and re-open it at once.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from engine.errors import LibraryError, ValidationError, WhetstoneError
+from library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
 from library_store.embeddings import (
     Embedder,
     TextEmbedder,
@@ -141,9 +145,9 @@ class LibraryIndex:
         self.path = Path(path) if path else library.root / "index"
         self.batch_size = batch_size
         self.lock_timeout = lock_timeout
-        self._client: Any = None
-        self._token: str | None = None  # the state token this process's client reflects
-        self._collections: dict[str, Any] = {}
+        self._shared: SharedChroma | None = None
+        self._hold = threading.Lock()  # guards _shared and _collections
+        self._collections: dict[str, SharedCollection] = {}
         # kind -> (state token, ids, unit vectors, metadatas, rank of each id by key): the
         # documents of a small kind, for exact ranking in memory
         self._tables: dict[str, tuple[Any, ...]] = {}
@@ -171,47 +175,43 @@ class LibraryIndex:
 
     # -- chromadb ---------------------------------------------------------------------------
 
-    def _open(self) -> Any:
-        if self._client is None:
-            import chromadb
-            from chromadb.config import Settings
+    def _open(self) -> SharedChroma:
+        """This process's one client of the index folder, shared with every other holder
+        and thread (``library_store.chroma_client``: chromadb cannot open one path from two
+        threads at once)."""
+        with self._hold:
+            if self._shared is None:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._shared = acquire(self.path / "chroma")
+            return self._shared
 
-            self.path.mkdir(parents=True, exist_ok=True)
-            # Read the token first: a sync landing while we open makes us re-open once more.
-            self._token = (self.state() or {}).get("token")
-            self._client = chromadb.PersistentClient(
-                path=str(self.path / "chroma"),
-                settings=Settings(anonymized_telemetry=False, allow_reset=False))
-            self._collections = {}
-        return self._client
+    def _collection(self, kind: str) -> SharedCollection:
+        col = self._collections.get(kind)
+        if col is None:
+            embed = chroma_embedding_function(
+                self.embedder if isinstance(self.embedder, TextEmbedder) else None)
 
-    def _collection(self, kind: str) -> Any:
-        if kind not in self._collections:
-            self._collections[kind] = self._open().get_or_create_collection(
-                f"whetstone-{kind}", embedding_function=chroma_embedding_function(
-                    self.embedder if isinstance(self.embedder, TextEmbedder) else None),
-                configuration={"hnsw": {"space": "cosine"}}, metadata={"kind": kind})
-        return self._collections[kind]
+            def create(client: Any) -> Any:
+                return client.get_or_create_collection(
+                    f"whetstone-{kind}", embedding_function=embed,
+                    configuration={"hnsw": {"space": "cosine"}}, metadata={"kind": kind})
+
+            col = self._collections[kind] = SharedCollection(self._open(), f"whetstone-{kind}",
+                                                             create)
+        return col
 
     def close(self) -> None:
-        """Release chromadb's resources (memory, database handles). Safe to call twice."""
-        if self._client is not None:
-            try:
-                self._client.close()
-            finally:
-                self._client = None
-                self._collections = {}
-                self._token = None
-        self._tables = {}
+        """Let go of the shared client (the last holder closes it). Safe to call twice."""
+        with self._hold:
+            shared, self._shared = self._shared, None
+            self._collections = {}
+            self._tables = {}
+        if shared is not None:
+            release(shared)
 
     def _wipe(self) -> None:
-        self.close()
-        # chromadb 1.5 keeps a half-started System in a class-level cache when opening a
-        # damaged database fails, and every later client for that path then fails too.
-        from chromadb.api.shared_system_client import SharedSystemClient
-
-        SharedSystemClient._identifier_to_system.pop(str(self.path / "chroma"), None)
-        shutil.rmtree(self.path / "chroma", ignore_errors=True)
+        self._open().wipe()
+        self._tables = {}
         self.state_path.unlink(missing_ok=True)
 
     # -- syncing ----------------------------------------------------------------------------
@@ -255,13 +255,12 @@ class LibraryIndex:
         if not state or state.get("pending") or state.get("root") != snap.root \
                 or state.get("embedder") != self.embedder.name:
             return False
-        if self._client is not None and state.get("token") != self._token:
-            self.close()  # another process re-synced: our in-memory graph is stale
+        # Another process re-synced: the vector graph this process holds is stale.
+        self._open().refresh(state.get("token"))
         return True
 
     def _sync_locked(self, state: dict[str, Any] | None, snap: Snapshot) -> None:
-        if self._client is not None and (state or {}).get("token") != self._token:
-            self.close()
+        self._open().refresh((state or {}).get("token"))
         if state and state.get("embedder") != self.embedder.name:
             self._wipe()
             state = None
@@ -283,7 +282,7 @@ class LibraryIndex:
         token = uuid.uuid4().hex
         self._write_state(version=snap.id, root=snap.root, pending=None, token=token,
                           embedder=self.embedder.name, counts=counts)
-        self._token = token
+        self._open().token = token  # our own writes: the shared client reflects them
 
     def _indexed(self, kind: str, page: int = 5000) -> dict[str, str]:
         """id -> source hash of every indexed document (paged: chromadb's SQLite refuses
