@@ -13,6 +13,7 @@ import click
 
 from engine.commands.common import QUIET, configure_logging, handle_errors
 from engine.commands.corpus import corpus_group
+from engine.commands.data import data_group
 from engine.commands.eval import eval_cmd
 from engine.commands.evolve import evolve_group
 from engine.commands.library import library_group, skill_group
@@ -43,7 +44,8 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd, corpus_group, policies_group, verify, tools_group):
+                 evolve_group, methods_cmd, corpus_group, policies_group, verify, tools_group,
+                 data_group):
     cli.add_command(_command)
 
 

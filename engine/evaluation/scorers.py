@@ -5,7 +5,11 @@ BFCL scorer reads its tool calls), a plain string, or for BFCL a ``ToolCall`` / 
 ``task.expected`` may be a list of acceptable answers; text scorers take the best match.
 
 Built-in names (``get_scorer``): ``exact``, ``normalised`` (alias ``normalized``),
-``numeric`` (``numeric:TOL`` sets a relative tolerance), ``contains``, ``f1``, ``bfcl``.
+``numeric`` (``numeric:TOL`` sets a relative tolerance), ``contains``, ``f1``, ``bfcl``, and
+for task sets built from other formats (``engine.evaluation.bigbench``): ``choice`` (a
+multiple-choice option named by letter or text), ``exact_text`` (the final answer's text,
+case and spacing aside, punctuation kept) and ``number`` (``numeric`` that also reads number
+words: "seven" -> 7).
 
 Anything else of the form ``module:function`` (or ``path/to/file.py:function``) is a user
 scorer, called as ``function(answer, task)``: ``answer`` is the answer text (a ``str``,
@@ -26,6 +30,8 @@ import importlib.util
 import inspect
 import json
 import math
+import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -270,6 +276,131 @@ def bfcl_call(prediction: Prediction, task: TaskRecord) -> float:
     return float(check_calls(calls, functions, truth).ok)
 
 
+# --- multiple choice, exact text, numbers in words -----------------------------------------
+
+_LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
+# The whole answer is a letter: "B", "B.", "B)", "Option B", "choice (B)", "letter: B".
+_BARE_LETTER = re.compile(r"^(?:(?:option|choice|letter)\s*:?\s*)?\(?([A-Z])\)?[.:)]?$",
+                          re.IGNORECASE)
+_LEADING_LETTER = re.compile(r"^\(?([A-Z])[.):]\s")  # "B) red ball", "B. red ball"
+
+
+def _options_of(task: TaskRecord) -> tuple[list[str], list[str]]:
+    options, letters = task.metadata.get("options"), task.metadata.get("letters")
+    if (not isinstance(options, (list, tuple)) or not isinstance(letters, (list, tuple))
+            or len(options) != len(letters) or not options):
+        raise EvalError(f"task {task.id}: the choice scorer needs metadata['options'] and "
+                        "metadata['letters'] (the options and their letters, same length)",
+                        hint="load the task from a multiple-choice set (bigbench:<task>), or "
+                             "use a text scorer")
+    return [str(o) for o in options], [str(x).upper() for x in letters]
+
+
+def named_options(text: str, options: Sequence[str], letters: Sequence[str]) -> set[int]:
+    """The indices of the options a reply's final answer names, by letter ("(B)", a bare
+    "B") or by the option's text (whole words, normalised). An option whose text lies inside
+    a longer option that is also named is not counted separately ("ball" in "blue ball")."""
+    span = answer_span(text)
+    by_letter = {letters.index(x) for x in _LETTER_IN_PARENS.findall(span) if x in letters}
+    bare = _BARE_LETTER.match(span.strip(" *_`\"'")) or _LEADING_LETTER.match(span)
+    if bare and bare.group(1).upper() in letters:
+        by_letter.add(letters.index(bare.group(1).upper()))
+    padded = f" {normalise(span)} "
+    texts = [normalise(o) for o in options]
+    by_text = {i for i, t in enumerate(texts) if t and f" {t} " in padded}
+    by_text = {i for i in by_text if not any(j != i and texts[i] in texts[j] for j in by_text)}
+    return by_letter | by_text
+
+
+def choice(prediction: Prediction, task: TaskRecord) -> float:
+    """1 when the final answer names exactly one option and it is a correct one (``expected``:
+    the correct option text, or a list of them). Naming two different options scores 0."""
+    options, letters = _options_of(task)
+    correct = {i for i, o in enumerate(options) if o in set(_alternatives(task))}
+    if not correct:
+        raise EvalError(f"task {task.id}: expected {task.expected!r} is none of its options",
+                        hint="set `expected` to the text of the correct option(s)")
+    named = named_options(text_of(prediction), options, letters)
+    return float(len(named) == 1 and named <= correct)
+
+
+def _text_key(text: str) -> str:
+    """Exact text up to case and spacing: lower case, single spaces, no space between two
+    symbols (") ]" equals ")]"), without surrounding quotes, emphasis or a final full stop."""
+    text = unicodedata.normalize("NFKC", text).lower().strip(" \t\n*_`\"'")
+    text = text.removesuffix(".")
+    text = " ".join(text.split())
+    return re.sub(r"(?<=[^\w\s]) (?=[^\w\s])", "", text)
+
+
+_LABEL = re.compile(r"^[A-Za-z][A-Za-z ]{0,30}:\s*")  # "Sorted: ..." on the final line
+
+
+def exact_text(prediction: Prediction, task: TaskRecord) -> float:
+    """1 when the reply, its answer span, or its final line (a leading "Label:" dropped)
+    equals an expected text up to case, spacing and surrounding decoration; punctuation
+    inside counts."""
+    text = text_of(prediction)
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    readings = {text, answer_span(text), last, _LABEL.sub("", last.strip(" *_`"))}
+    keys = {_text_key(r) for r in readings}
+    return float(any(_text_key(alt) in keys for alt in _alternatives(task)))
+
+
+_UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+          "eighteen", "nineteen"]
+_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_WORD_VALUE = {w: i for i, w in enumerate(_UNITS)} | {w: 20 + 10 * i for i, w in enumerate(_TENS)}
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
+_ANY_WORD = "|".join(sorted(_WORD_VALUE | _SCALES, key=len, reverse=True))
+_AND = r"(?:(?<=hundred)|(?<=thousand)|(?<=million))\s+and\s+"  # "one hundred and five"
+_NUMBER_WORDS = re.compile(rf"\b(?:{_ANY_WORD})(?:(?:{_AND}|[\s-]+)(?:{_ANY_WORD}))*\b",
+                           re.IGNORECASE)
+
+
+def _words_values(words: str) -> list[int]:
+    """A run of number words as numbers: "twenty-one" -> [21], "one hundred and five" ->
+    [105], but "one two" -> [1, 2] (a word that cannot extend the number starts a new one)."""
+    out: list[int] = []
+    total = current = 0
+    last = ""  # kind of the previous word: unit, tens, scale
+    for w in re.split(r"[\s-]+", words.lower()):
+        if w == "and":
+            continue
+        kind = "scale" if w in _SCALES else "tens" if w in _TENS else "unit"
+        extends = last == "scale" or (last == "tens" and kind == "unit"
+                                      and _WORD_VALUE[w] < 10) or (kind == "scale" and last)
+        if last and not extends:
+            out.append(total + current)
+            total = current = 0
+        if kind == "scale":
+            current = max(current, 1) * _SCALES[w]
+            if _SCALES[w] >= 1000:
+                total, current = total + current, 0
+        else:
+            current += _WORD_VALUE[w]
+        last = kind
+    return [*out, total + current]
+
+
+def words_to_digits(text: str) -> str:
+    """Number words as digits: "twenty-one apples" -> "21 apples", "seven" -> "7"."""
+    return _NUMBER_WORDS.sub(
+        lambda m: " ".join(str(v) for v in _words_values(m.group(0))), text)
+
+
+def number(prediction: Prediction, task: TaskRecord) -> float:
+    """``numeric`` on the reply with number words read as numbers ("seven" -> 7); the
+    expected answers may be words too."""
+    exp = task.expected
+    items = exp if isinstance(exp, (list, tuple)) else [exp]
+    converted = [words_to_digits(x) if isinstance(x, str) else x for x in items]
+    pred = words_to_digits(text_of(prediction))
+    return numeric(pred, task.with_(expected=converted))
+
+
 BUILTIN: dict[str, ScoreFn] = {
     "exact": exact,
     "normalised": normalised_exact,
@@ -277,6 +408,9 @@ BUILTIN: dict[str, ScoreFn] = {
     "f1": token_f1,
     "numeric": numeric,
     "bfcl": bfcl_call,
+    "choice": choice,
+    "exact_text": exact_text,
+    "number": number,
 }
 _ALIASES = {"normalized": "normalised", "normalised_exact": "normalised",
             "normalized_exact": "normalised", "token_f1": "f1", "bfcl_call": "bfcl"}

@@ -297,7 +297,8 @@ def parse_spec(spec: str) -> TaskSpec:
     if not m:
         raise EvalError(f"cannot read task-set spec {spec!r}",
                         hint="use SET, SET:START:END, SET@SPLIT or SET@SPLIT:START:END, "
-                             "split before slice (e.g. gsm8k@dev:0:20)")
+                             "split before slice (e.g. gsm8k@dev:0:20, "
+                             "bigbench:word_sorting@test:0:50)")
     split = m.group("split")
     if split is not None and split not in SPLITS:
         raise EvalError(f"unknown split {split!r} in {spec!r}",
