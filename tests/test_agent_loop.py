@@ -45,6 +45,24 @@ FORMS = {
                     "calculator"),
     "python block then prose": (("Let's compute it in Python.\n```python\nprint(17 * 23)\n```\n"
                                 "The result is printed above."), "python"),
+    # Issue 27, through llama.cpp's server: a call object in the fence the model writes most.
+    # Run as a program it echoed the object, and the echo became the answer.
+    "JSON in a python fence": (('```python\n{"name": "calculator", "arguments": {"expression": '
+                               '"17 * 23"}}\n```'), "calculator"),
+    "Python dict in a python fence": (("```python\n{'name': 'calculator', 'arguments': "
+                                      "{'expression': '17 * 23'}}\n```"), "calculator"),
+    "printed dict in a python fence": (("```python\nprint({'name': 'calculator', 'arguments': "
+                                       "{'expression': '17 * 23'}})\n```"), "calculator"),
+    "call object assigned and printed": (('```python\ncall = {"name": "calculator", '
+                                         '"arguments": {"expression": "17 * 23"}}\n'
+                                         "print(call)\n```"), "calculator"),
+    "bare Python dict": (("I'll use {'name': 'calculator', 'arguments': {'expression': "
+                          "'17 * 23'}} for this."), "calculator"),
+    "OpenAI function wrapper": (('{"type": "function", "function": {"name": "calculator", '
+                                 '"arguments": "{\\"expression\\": \\"17 * 23\\"}"}}'),
+                                "calculator"),
+    "arguments before name": ('{"arguments": {"expression": "17 * 23"}, "name": "calculator"}',
+                              "calculator"),
 }
 
 
@@ -297,3 +315,39 @@ def test_an_imagined_tool_response_is_cut_by_the_stop() -> None:
     backend = ScriptedBackend([ANSWER], tool_calls=True)
     Agent(backend).run(TASK)
     assert "<tool_response>" in backend.requests[0].stop
+
+
+def test_the_issue_27_reply_answers_through_the_calculator_not_with_the_echo() -> None:
+    # The exact reply llama.cpp's server gave (no function-calling chat format): the loop ran
+    # it as a program and answered with the printed dict.
+    reply = ("```python\n{'name': 'calculator', 'arguments': {'expression': '17 * 23'}}\n```")
+    backend = ScriptedBackend([reply, "17 * 23 = 391."], tool_calls=True)  # as openai: is
+    trace = Agent(backend).run("Use the calculator: what is 17 * 23?")
+    [act] = acts(trace)
+    assert act.input["tool"] == "calculator" and act.output["observation"] == "391"
+    assert trace.answer == "17 * 23 = 391." and "391" in backend.requests[1].messages[-1].text
+
+
+@pytest.mark.parametrize("program", [
+    # It builds a call at run time and prints it: a request for the call, not an answer.
+    ('import json\nexpr = str(17) + " * 23"\n'
+     'print(json.dumps({"name": "calculator", "arguments": {"expression": expr}}))'),
+    'print("calculator(expression=\'17 * 23\')")',  # an echo of a call
+    "def area():\n    x = 17 * 23\nprint(area())",     # prints None: no value
+])
+def test_a_program_that_prints_no_answer_is_shown_to_the_model_not_taken(program: str) -> None:
+    backend = ScriptedBackend([f"```python\n{program}\n```", ANSWER], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    [act] = acts(trace)
+    assert act.input["tool"] == "python" and act.error is None and act.route == "think"
+    assert len(backend.requests) == 2 and trace.answer == ANSWER
+
+
+def test_a_program_and_a_call_block_in_one_reply_both_run() -> None:
+    reply = ("```python\nprint(17 * 23)\n```\nAnd to check:\n```python\n{'name': "
+             "'calculator', 'arguments': {'expression': '23 * 17'}}\n```")
+    backend = ScriptedBackend([reply, ANSWER], tool_calls=True)
+    trace = Agent(backend).run(TASK)
+    assert [(a.input["tool"], a.output["observation"].strip()) for a in acts(trace)] == [
+        ("python", "391"), ("calculator", "391")]
+    assert trace.answer == ANSWER

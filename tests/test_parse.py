@@ -3,9 +3,11 @@ brackets in tool input."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from engine.runtime.parse import Parsed, ReplyRules, parse_reply
+from engine.runtime.parse import Parsed, ReplyRules, output_is_answer, parse_reply
 from engine.types import Completion
 
 TOOLS = ["calculator", "python", "search"]
@@ -64,3 +66,51 @@ def test_common_action_variants(text: str, name: str, arguments: str) -> None:
 def test_final_answer_written_as_an_action_is_the_answer(text: str) -> None:
     p = parse(text)
     assert p.kind == "answer" and p.answer == "42"
+
+
+def parse_code(text: str) -> Parsed:
+    return parse_reply(Completion(text=text), ReplyRules(tool_names=TOOLS, code_tool="python"))
+
+
+@pytest.mark.parametrize("text", [
+    "```python\n{'name': 'calculator', 'arguments': {'expression': '17 * 23'}}\n```",
+    '```py\n# the tool\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n```',
+    '```python\n[{"name": "calculator", "arguments": {"expression": "17 * 23"}}]\n```',
+    "```python\nprint({'tool': 'calculator', 'args': {'expression': '17 * 23'}})\n```",
+    ('<tool_call>\n{"function": {"name": "calculator", "arguments": {"expression": "17 * 23"}}}'
+     '\n</tool_call>'),
+    "Action: {'name': 'calculator', 'arguments': {'expression': '17 * 23'}}",
+])
+def test_a_call_object_is_a_call_wherever_it_stands(text: str) -> None:
+    p = parse_code(text)
+    assert p.kind == "action" and [c.name for c in p.calls] == ["calculator"]
+    assert json.loads(p.calls[0].arguments) == {"expression": "17 * 23"}
+    assert not p.ends_with_program  # the model answers once it has seen the result
+
+
+def test_data_inside_a_program_is_not_a_call() -> None:
+    # An object of an unknown tool in code that computes is the program's data.
+    text = ("```python\nrows = [{'name': 'Ann', 'args': {'age': 3}}]\n"
+            "print(sum(r['args']['age'] for r in rows))\n```")
+    p = parse_code(text)
+    assert p.kind == "action" and [c.name for c in p.calls] == ["python"]
+    assert p.ends_with_program
+
+
+@pytest.mark.parametrize(("output", "answers"), [
+    ("391", True),
+    ("The total is 260 sheep.", True),
+    ("{'apples': 3, 'pears': 4}", True),  # a dict, not a call
+    ("[1, 2, 3]", True),
+    ("{'name': 'calculator', 'arguments': {'expression': '17 * 23'}}", False),
+    ('{"name": "calculator", "arguments": {"expression": "17 * 23"}}', False),
+    ("calculator(expression='17 * 23')", False),
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>', False),
+    ("Action: calculator[17 * 23]", False),
+    ("None", False),
+    ("<function area at 0x7f3a2c1e0d30>", False),
+    ("<__main__.Farm object at 0x7f3a2c1e0d30>", False),
+    ("   ", False),
+])
+def test_a_programs_output_is_an_answer_only_when_it_is_one(output: str, answers: bool) -> None:
+    assert output_is_answer(output, TOOLS) is answers

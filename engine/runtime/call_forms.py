@@ -19,13 +19,19 @@ from dataclasses import dataclass, replace
 from engine.replies import parse_call_arguments
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-# The start of a JSON call object: {"name": "...", "arguments"|"parameters": ...
+# The start of a call object, JSON or a Python dict: {"name": "...", "arguments": ...
 _CALL_HEAD = re.compile(
-    r'\{\s*"(?:name|tool|function)"\s*:\s*"(?P<name>[^"\\]{1,80})"\s*,\s*'
-    r'"(?:arguments|parameters|input|args)"\s*:', re.DOTALL)
+    r'\{\s*["\'](?:name|tool|function|action)["\']\s*:\s*["\'](?P<name>[^"\'\\]{1,80})["\']'
+    r'\s*,\s*["\'](?:arguments|parameters|input|args|action_input)["\']\s*:', re.DOTALL)
+# Where an object with a quoted first key starts; a name key somewhere in it (cheap filter
+# before the lenient reading).
+_OBJECT_START = re.compile(r"\{\s*[\"']")
+_NAME_KEY = re.compile(r"[\"'](?:name|tool|function|action)[\"']\s*:")
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(?P<code>.*?)(?:```|\Z)", re.DOTALL)
-_NAME_KEYS = ("name", "tool", "function")
-_ARG_KEYS = ("arguments", "parameters", "input", "args")
+_NAME_KEYS = ("name", "tool", "function", "action")
+_ARG_KEYS = ("arguments", "parameters", "input", "args", "action_input")
+# What may surround call objects in a python block that is nothing but calls.
+_ONLY_CALLS = re.compile(r"(?:\s|#[^\n]*|print|json\.dumps|[()\[\],;])*")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,9 @@ class Found:
     start: int
     end: int
     call: ParsedCall
+    # A program made of several python blocks: the blocks' spans. A call written between
+    # them (in a block or fence of its own) is not part of the program and still runs.
+    parts: tuple[tuple[int, int], ...] = ()
 
 
 def _arguments_text(value: object) -> str:
@@ -54,12 +63,15 @@ def _arguments_text(value: object) -> str:
 
 def call_from_object(obj: object, tool_names: Collection[str]) -> ParsedCall | None:
     """A call from a decoded JSON value shaped like one: ``{"name": T, "arguments": {...}}``
-    (``parameters`` / ``input`` / ``args`` for the arguments, ``tool`` / ``function`` for the
-    name). It counts when ``T`` is an offered tool, or when the arguments are an object (a call
+    (``parameters`` / ``input`` / ``args`` / ``action_input`` for the arguments, ``tool`` /
+    ``function`` / ``action`` for the name; OpenAI's ``{"function": {...}}`` wrapper). It counts when ``T`` is an offered tool, or when the arguments are an object (a call
     to a tool that does not exist is still a call: the model is told so, it is not an answer).
     """
     if not isinstance(obj, dict):
         return None
+    inner = obj.get("function")
+    if isinstance(inner, dict) and not any(k in obj for k in _ARG_KEYS):
+        return call_from_object(inner, tool_names)  # OpenAI's {"type": "function", ...}
     name = next((obj[k] for k in _NAME_KEYS if isinstance(obj.get(k), str)), None)
     key = next((k for k in _ARG_KEYS if k in obj), None)
     if not name or key is None:
@@ -101,26 +113,72 @@ def _repaired(body: str) -> object | None:
     return None
 
 
+def _object_end(text: str, start: int) -> int | None:
+    """The end of the ``{...}`` opening at ``start`` (braces in quoted strings, either quote,
+    do not count); None when it never closes."""
+    depth, quote, i = 0, "", start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def object_at(text: str, start: int) -> tuple[object, int] | None:
+    """The value of the object opening at ``start`` and where it ends: JSON, else (when it
+    has a name key) read leniently: a Python dict (single quotes, ``True``), trailing
+    commas."""
+    try:
+        return json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError:
+        pass
+    end = _object_end(text, start)
+    if end is None or not _NAME_KEY.search(text, start, end):
+        return None
+    try:
+        return parse_call_arguments(text[start:end]), end
+    except json.JSONDecodeError:
+        return None
+
+
 def json_calls(text: str, tool_names: Collection[str]) -> list[Found] | str:
-    """JSON call objects anywhere in the text: bare, in a ```json fence, after "Final Answer:",
-    or as items of a list. An object that starts like a call but is not valid JSON is an
-    error (the reply meant to call a tool)."""
-    decoder = json.JSONDecoder()
+    """Call objects anywhere in the text, as JSON or as a Python dict: bare, in a ```json or
+    ```python fence, after "Final Answer:", as items of a list, inside a wrapper. An object
+    that starts like a call but cannot be read is an error (the reply meant to call a
+    tool)."""
     found: list[Found] = []
     pos = 0
-    while (m := _CALL_HEAD.search(text, pos)) is not None:
-        try:
-            obj, end = decoder.raw_decode(text, m.start())
-        except json.JSONDecodeError as exc:
-            obj = _repaired(text[m.start():].rstrip().rstrip("`").rstrip())
+    while (m := _OBJECT_START.search(text, pos)) is not None:
+        at = m.start()
+        read = object_at(text, at)
+        if read is None:
+            head = _CALL_HEAD.match(text, at)
+            if head is None:
+                pos = at + 1
+                continue
+            obj = _repaired(text[at:].rstrip().rstrip("`").rstrip())
             if obj is None:
-                return (f"the call to {m.group('name')} is not valid JSON ({exc.msg}): "
-                        f"{text[m.start():m.start() + 200]}")
-            end = len(text)
+                return (f"the call to {head.group('name')} is not valid JSON: "
+                        f"{text[at:at + 200]}")
+            read = (obj, len(text))
+        obj, end = read
         call = call_from_object(obj, tool_names)
         if call is not None:
-            found.append(Found(m.start(), end, call))
-        pos = end if call is not None else m.end()
+            found.append(Found(at, end, call))
+        # Past a call; into anything else (a call may sit inside a wrapper object).
+        pos = end if call is not None else at + 1
     return found
 
 
@@ -140,7 +198,7 @@ def _prints(code: str) -> bool:
                for n in ast.walk(tree))
 
 
-def _tool_in_code(code: str, tool_names: Collection[str]) -> ParsedCall | None:
+def tool_in_code(code: str, tool_names: Collection[str]) -> ParsedCall | None:
     """A block that is nothing but a call of another offered tool with literal arguments,
     ``calculator(expression="17 * 23")`` (or inside ``print(...)``): the embedded 0.5B writes
     its tool calls this way, and as a program it only raises a NameError."""
@@ -170,23 +228,59 @@ def _tool_in_code(code: str, tool_names: Collection[str]) -> ParsedCall | None:
     return ParsedCall(node.func.id, json.dumps(kwargs), form="code")
 
 
+def _block_calls(block: re.Match[str], tool_names: Collection[str]) -> list[Found]:
+    """The calls a python block holds as call objects: it is a call, not a program, when an
+    object names an offered tool, or when it holds nothing but call objects (the model wrote
+    its call in the fence it writes most, and as a program it only echoes the object). The
+    first call's span starts at the fence and the last one's ends at the closing fence."""
+    code, offset = block.group("code"), block.start("code")
+    calls = json_calls(code, tool_names)
+    if isinstance(calls, str) or not calls:
+        return []
+    edges = [0, *(x for f in calls for x in (f.start, f.end)), len(code)]
+    rest = "".join(code[edges[i]:edges[i + 1]] for i in range(0, len(edges), 2))
+    if not (any(f.call.name in tool_names for f in calls) or _ONLY_CALLS.fullmatch(rest)):
+        return []
+    out = [Found(offset + f.start, offset + f.end, f.call) for f in calls]
+    out[0] = replace(out[0], start=block.start())
+    out[-1] = replace(out[-1], end=block.end())
+    return out
+
+
 def code_blocks(text: str, tool: str, parameter: str,
                 tool_names: Collection[str] = ()) -> list[Found]:
     """```` ```python ```` blocks that print something, as one call of the python tool
     ``tool`` (code in ``parameter``). Several blocks in one reply run as one program, in
     order, since a later block uses what an earlier one defined; the call's span runs from
-    the first block to the end of the last. A lone block that only calls another of
-    ``tool_names`` with literal arguments is that tool's call."""
+    the first block to the end of the last. A block that holds call objects is those calls
+    (``_block_calls``); a lone block that only calls another of ``tool_names`` with literal
+    arguments is that tool's call."""
     blocks = [m for m in _CODE_BLOCK.finditer(text) if m.group("code").strip()]
-    if len(blocks) == 1:
-        other = _tool_in_code(blocks[0].group("code"), set(tool_names) - {tool})
+    found: list[Found] = []
+    program: list[re.Match[str]] = []
+    for m in blocks:
+        calls = _block_calls(m, tool_names)
+        found += calls
+        if not calls:
+            program.append(m)
+    if len(blocks) == 1 and program:
+        other = tool_in_code(blocks[0].group("code"), set(tool_names) - {tool})
         if other is not None:
             return [Found(blocks[0].start(), blocks[0].end(), other)]
-    if not blocks or not any(_prints(m.group("code")) for m in blocks):
-        return []
-    code = "\n\n".join(m.group("code").strip("\n") for m in blocks)
-    return [Found(blocks[0].start(), blocks[-1].end(),
-                  ParsedCall(tool, json.dumps({parameter: code}), form="code"))]
+    if program and any(_prints(m.group("code")) for m in program):
+        code = "\n\n".join(m.group("code").strip("\n") for m in program)
+        found.append(Found(program[0].start(), program[-1].end(),
+                           ParsedCall(tool, json.dumps({parameter: code}), form="code"),
+                           parts=tuple(m.span() for m in program)))
+    return found
+
+
+def _covers(outer: Found, inner: Found) -> bool:
+    """Whether ``inner`` is written inside ``outer`` (inside one of a program's blocks, not
+    between them)."""
+    if not outer.parts:
+        return inner.start < outer.end
+    return any(a <= inner.start < b for a, b in outer.parts)
 
 
 def ordered(*groups: list[Found]) -> list[Found]:
@@ -194,7 +288,7 @@ def ordered(*groups: list[Found]) -> list[Found]:
     ``<tool_call>`` block, say) is the same call and is dropped."""
     out: list[Found] = []
     for f in sorted((f for g in groups for f in g), key=lambda f: (f.start, -f.end)):
-        if out and f.start < out[-1].end:
+        if any(_covers(o, f) for o in out):
             continue
         out.append(f)
     return out

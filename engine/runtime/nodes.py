@@ -16,7 +16,7 @@ from typing import Any
 from engine.errors import BackendError
 from engine.prompts import load_prompt, render_prompt
 from engine.replies import parse_call_arguments
-from engine.runtime.parse import Parsed, ParsedCall, ReplyRules, parse_reply
+from engine.runtime.parse import Parsed, ParsedCall, ReplyRules, output_is_answer, parse_reply
 from engine.runtime.prompting import (
     answer_tool_names,
     build_request,
@@ -240,7 +240,8 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """Run the pending tool calls; each result becomes an observation for the model.
 
     A call of a task-given answer tool is the answer. A python block that ended the reply and
-    ran with output is the answer too (``RunConfig.answer_with_program_output``)."""
+    printed a value is the answer too (``RunConfig.answer_with_program_output``); one that
+    printed a call, or no value, is not (``parse.output_is_answer``)."""
     messages = list(state.get("messages", []))
     steps: list[dict[str, Any]] = []
     answer_tools = set(answer_tool_names(state))
@@ -271,7 +272,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         repeated = repeated or outcome == "repeated"
         outcomes.append(outcome)
         if call.get("final_program") and outcome == "ran" \
-                and ctx.config.answer_with_program_output:
+                and ctx.config.answer_with_program_output and output_is_answer(obs, offered):
             program_answer = obs.strip()
         if call.get("native"):
             messages.append({"role": "tool", "tool_call_id": call["id"], "name": name,

@@ -19,8 +19,10 @@ from engine.runtime.call_forms import (
     ParsedCall,
     code_blocks,
     json_calls,
+    object_at,
     ordered,
     tool_call_blocks,
+    tool_in_code,
 )
 from engine.types import Completion
 
@@ -104,14 +106,13 @@ def parse_action(text: str) -> ParsedCall | None | str:
     if rest[:1] == "`":  # Action: `calculator[2+3]`
         rest = rest.strip("`").strip()
     if rest.startswith("{"):
-        try:
-            obj, _ = json.JSONDecoder().raw_decode(rest)  # the first object; text may follow
+        read = object_at(rest, 0)  # the first object (JSON or a Python dict); text may follow
+        obj = read[0] if read is not None else None
+        if isinstance(obj, dict):
             name = obj.get("name") or obj.get("tool") or obj.get("action")
             args = obj.get("arguments", obj.get("input", obj.get("action_input", {})))
             if name:
                 return ParsedCall(str(name), args if isinstance(args, str) else json.dumps(args))
-        except (ValueError, AttributeError):
-            pass
         return "the Action is not valid JSON"
     name_m = _FINAL_TOOL.match(rest) or _NAME.match(rest)
     if not name_m:
@@ -195,12 +196,25 @@ def _action_found(text: str) -> Found | str | None:
     return Found(m.start(), obs.start() if obs else len(text), replace(action, form="action"))
 
 
+def _masked(text: str, spans: list[tuple[int, int]]) -> str:
+    """``text`` with ``spans`` blanked (offsets kept)."""
+    for a, b in spans:
+        text = text[:a] + " " * (b - a) + text[b:]
+    return text
+
+
 def find_calls(text: str, rules: ReplyRules) -> tuple[list[Found], str | None]:
     """Every call written in ``text``, in order, and the first reason a meant call could not
     be read (None when there is none)."""
     groups: list[list[Found]] = []
+    programs: list[tuple[int, int]] = []
+    if rules.code_tool and rules.code_tool in rules.tool_names:
+        code = code_blocks(text, rules.code_tool, rules.code_parameter, rules.tool_names)
+        groups.append(code)
+        # Objects inside a program are its data (what it builds and prints), not calls.
+        programs = [p for f in code if f.call.form == "code" for p in f.parts or [(f.start, f.end)]]
     error: str | None = None
-    for found in (tool_call_blocks(text), json_calls(text, rules.tool_names)):
+    for found in (tool_call_blocks(text), json_calls(_masked(text, programs), rules.tool_names)):
         if isinstance(found, str):
             error = error or found
         else:
@@ -211,9 +225,6 @@ def find_calls(text: str, rules: ReplyRules) -> tuple[list[Found], str | None]:
         groups.append([action])
     elif isinstance(action, str):
         error = error or action
-    if rules.code_tool and rules.code_tool in rules.tool_names:
-        groups.append(code_blocks(text, rules.code_tool, rules.code_parameter,
-                                  rules.tool_names))
     return ordered(*groups), error
 
 
@@ -294,3 +305,24 @@ def _plain(completion: Completion, text: str, thought: str, rules: ReplyRules) -
                       thought=thought, raw=text)
     return Parsed("invalid", error="the reply has neither an Action nor a Final Answer",
                   thought=thought, raw=text)
+
+
+# What Python prints for a value that is no answer: None (a function that returns nothing),
+# an object's or a function's default repr.
+_NO_VALUE = re.compile(r"None|<[\w.]+(?: [\w.<>]+)* (?:object )?at 0x[0-9a-fA-F]+>")
+
+
+def output_is_answer(output: str, tool_names: Collection[str]) -> bool:
+    """Whether a program's printed output answers the task: it printed a value, not a call
+    (an object naming a tool, as JSON or as Python printed it, a ``<tool_call>``, an
+    ``Action:`` line, ``calculator(expression='17 * 23')``), nothing, or ``None`` / an
+    object's repr. A program that printed a call asked for the call; the model is shown
+    what it printed and goes on."""
+    text = output.strip()
+    if not text or _NO_VALUE.fullmatch(text):
+        return False
+    found, error = find_calls(text, ReplyRules(tool_names=tool_names))
+    if found or error is not None:
+        return False
+    return not any(tool_in_code(line, tool_names) for line in text.splitlines()
+                   if line.strip())
