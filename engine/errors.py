@@ -62,6 +62,25 @@ class BackendTimeout(BackendError):
     """The backend did not answer in time."""
 
 
+class BackendRejected(BackendError):
+    """The upstream refused the request itself with a 4xx (too long for its context, a bad
+    field, rate limited): the client's to read. ``status``, the upstream's own error
+    (``upstream_message``, ``error_type``, ``param``, ``code``) and its ``Retry-After`` travel
+    with it, so a proxy answers its client as the upstream answered it."""
+
+    def __init__(self, message: str, hint: str | None = None, *, status: int,
+                 upstream_message: str = "", error_type: str | None = None,
+                 param: str | None = None, code: str | None = None,
+                 retry_after: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.status = status
+        self.upstream_message = upstream_message or message
+        self.error_type = error_type
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+
 class ScriptExhausted(BackendError):
     """The ``scripted:`` test double was asked for more completions than it was given."""
 
@@ -112,3 +131,9 @@ class EvalError(WhetstoneError):
     """A task set or scorer could not be used."""
 
     exit_code = 7
+
+
+class AddressInUse(WhetstoneError):
+    """A server could not listen on its address: another process holds the port."""
+
+    exit_code = 10

@@ -140,6 +140,10 @@ def messages_from(items: Sequence[Message | Mapping[str, Any]]) -> tuple[Message
     return tuple(m if isinstance(m, Message) else Message.from_dict(m) for m in items)
 
 
+# The Request fields a caller may leave unset (``Request.unset``).
+UNSETTABLE = frozenset({"max_tokens", "temperature", "top_p", "n"})
+
+
 @dataclass(frozen=True)
 class Request:
     """A chat completion request to a backend. ``tools`` are OpenAI function schemas."""
@@ -159,12 +163,21 @@ class Request:
     # client gets what the upstream does with them; backends that run the model here ignore
     # them.
     passthrough: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # Sampling fields the caller left unset (of UNSETTABLE): their values above are defaults
+    # for a model run here, and the openai: backend leaves them out of the upstream body, so
+    # a proxied client gets the upstream's own defaults, as it would without Whetstone.
+    unset: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         # Accept lists and dicts from callers; keep the record immutable.
         object.__setattr__(self, "messages", messages_from(self.messages))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "unset", frozenset(self.unset))
+        unknown = self.unset - UNSETTABLE
+        if unknown:
+            raise ValueError(f"Request.unset names {sorted(unknown)}; only "
+                             f"{sorted(UNSETTABLE)} may be left unset")
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -172,6 +185,7 @@ class Request:
         d["stop"] = list(self.stop)
         d["tools"] = [dict(t) for t in self.tools]
         d["passthrough"] = dict(self.passthrough)
+        d["unset"] = sorted(self.unset)
         return d
 
     @classmethod
@@ -181,6 +195,9 @@ class Request:
         return cls(**kw)
 
     def with_(self, **changes: Any) -> Request:
+        """A copy with ``changes``; a field given a value here is no longer unset."""
+        if "unset" not in changes and self.unset & changes.keys():
+            changes["unset"] = self.unset - changes.keys()
         return replace(self, **changes)
 
 
@@ -344,6 +361,12 @@ class ToolSpec(_Simple):
     source: str = ""
     skill: str | None = None
     timeout_s: float = 10.0
+    # Parameters the runtime fills, not the model (LangChain's InjectedToolArg): name ->
+    # source; "task" is the run's task text. They are not in ``parameters``.
+    inject: Mapping[str, str] = field(default_factory=dict)
+    # The tool's output is the task's answer (LangChain's return_direct): a run that calls it
+    # successfully ends with that output.
+    returns_answer: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI ``tools`` entry for this tool."""

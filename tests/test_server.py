@@ -322,7 +322,7 @@ def test_an_unknown_model_is_a_404_naming_the_served_ones(serve: Callable[..., s
 
 def test_an_unknown_route_gets_an_openai_error_body(serve: Callable[..., str]) -> None:
     url = serve(ScriptedBackend(), model_name="tiny")
-    assert_openai_error(httpx.post(url + "/embeddings", json={}, timeout=10), 404)
+    assert_openai_error(httpx.post(url + "/audio/speech", json={}, timeout=10), 404)
     assert_openai_error(httpx.get(url + "/chat/completions", timeout=10), 405)
 
 

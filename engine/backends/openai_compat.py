@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -29,6 +29,7 @@ from engine.backends.openai_wire import (
 from engine.backends.registry import BackendOptions
 from engine.errors import (
     BackendError,
+    BackendRejected,
     BackendTimeout,
     BackendUnavailable,
     ConfigError,
@@ -141,7 +142,8 @@ class OpenAICompatBackend(Backend):
             return HttpFailure("connection", f"{type(cause).__name__}: {cause}", cause=exc)
         if isinstance(exc, o.APIStatusError):
             return HttpFailure("status", _server_message(exc), status=exc.status_code,
-                               retry_after=exc.response.headers.get("retry-after"), cause=exc)
+                               retry_after=exc.response.headers.get("retry-after"), cause=exc,
+                               error={"type": exc.type, "param": exc.param, "code": exc.code})
         if isinstance(exc, o.APIError):  # e.g. an error event in the middle of a stream
             return HttpFailure("api", _server_message(exc), cause=exc)
         return HttpFailure("other", f"{type(exc).__name__}: {exc}", cause=exc)
@@ -179,30 +181,38 @@ class OpenAICompatBackend(Backend):
                      "`vllm serve MODEL`) or fix the URL in openai:<model>@<base_url>",
             )
         if f.kind == "status":
-            status, msg = f.status, f.message
-            if status == 404:
-                return BackendError(
-                    f"{url} answered 404 for model {self.model!r}: {msg}",
-                    hint=f"check the model name (GET {url}/models lists what it serves) and "
-                         "that the base URL ends in /v1 (or whatever path the server uses)",
-                )
-            if status in (401, 403):
-                return BackendError(f"{url} refused the API key ({status}): {msg}",
-                                    hint="set OPENAI_API_KEY or pass --api-key")
-            if status == 429:
-                return BackendError(f"{url} is rate limiting (429) {tries}: {msg}",
-                                    hint="lower the concurrency or retry later")
-            if status >= 500:
-                cls = BackendUnavailable if status in (502, 503, 504) else BackendError
-                return cls(f"{url} failed with {status} {tries}: {msg}",
-                           hint="check the server's log; it may be overloaded or misconfigured")
-            return BackendError(f"{url} rejected the request ({status}): {msg}",
-                                hint="the server's message says what it expected")
+            return self._status_error(f, tries)
         if f.kind == "api":
             return BackendError(f"{url} reported an error: {f.message}",
                                 hint="check the server's log")
         return BackendError(f"unexpected reply from {url}: {f.message}",
                             hint="check that the server speaks the OpenAI chat API")
+
+    def _status_error(self, f: HttpFailure, tries: str) -> WhetstoneError:
+        """A status of 400 or more. A 4xx is a ``BackendRejected`` carrying the upstream's
+        own status, error and ``Retry-After``, so a proxy can answer its client with them."""
+        url, status, msg = self.base_url, f.status, f.message
+        if status >= 500:
+            cls = BackendUnavailable if status in (502, 503, 504) else BackendError
+            return cls(f"{url} failed with {status} {tries}: {msg}",
+                       hint="check the server's log; it may be overloaded or misconfigured")
+        if status == 404:
+            text = f"{url} answered 404 for model {self.model!r}: {msg}"
+            hint = (f"check the model name (GET {url}/models lists what it serves) and that "
+                    "the base URL ends in /v1 (or whatever path the server uses)")
+        elif status in (401, 403):
+            text, hint = (f"{url} refused the API key ({status}): {msg}",
+                          "set OPENAI_API_KEY or pass --api-key")
+        elif status == 429:
+            text, hint = (f"{url} is rate limiting (429) {tries}: {msg}",
+                          "lower the concurrency or retry later")
+        else:
+            text, hint = (f"{url} rejected the request ({status}): {msg}",
+                          "the server's message says what it expected")
+        error = f.error or {}
+        return BackendRejected(text, hint, status=status, upstream_message=msg,
+                               error_type=error.get("type"), param=error.get("param"),
+                               code=error.get("code"), retry_after=f.retry_after)
 
     def _timeout(self, request: Request) -> float:
         return request.timeout if request.timeout is not None else self.timeout_s
@@ -346,6 +356,22 @@ class OpenAICompatBackend(Backend):
         if cut:
             completion = replace(completion, finish_reason="timeout")
         return self._finish(request, completion)
+
+    # --- other routes, passed through (the server's /v1/embeddings and /v1/completions) ----
+
+    async def apost(self, path: str, body: Mapping[str, Any], timeout: float | None = None
+                    ) -> Any:
+        """POST ``body`` to ``path`` under the base URL (``/embeddings``, ``/completions``)
+        with this backend's key, retries and errors; the decoded JSON reply as sent."""
+        wait = self.timeout_s if timeout is None else timeout
+        return await self._acall(lambda: self._poster.post(path, body, wait), wait)
+
+    async def apost_stream(self, path: str, body: Mapping[str, Any],
+                           timeout: float | None = None) -> AsyncIterator[bytes]:
+        """``apost`` for ``"stream": true``: the reply's bytes as they come. Opening the
+        stream is retried; a refusal is raised here, before any byte."""
+        wait = self.timeout_s if timeout is None else timeout
+        return await self._acall(lambda: self._poster.open_stream(path, body, wait), wait)
 
     async def aclose(self) -> None:
         """Close the async client of the running loop (a server calls this as it shuts down,

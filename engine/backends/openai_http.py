@@ -37,6 +37,7 @@ class HttpFailure(Exception):
     status: int = 0
     retry_after: str | None = None
     cause: BaseException | None = None
+    error: dict[str, Any] | None = None  # the server's OpenAI error object, when it sent one
 
     def __str__(self) -> str:
         return self.message
@@ -56,11 +57,37 @@ def server_message(body: Any, default: str) -> str:
     return default
 
 
+def error_object(body: Any) -> dict[str, Any] | None:
+    """``type``, ``param`` and ``code`` of an OpenAI-style error body (each a string or None),
+    or None when the body is not one."""
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error", body)
+    if not isinstance(err, dict):
+        return None
+
+    def text(key: str) -> str | None:
+        value = err.get(key)
+        return None if value is None else str(value)
+
+    return {"type": text("type"), "param": text("param"), "code": text("code")}
+
+
 async def _close_with_loop(session: Any) -> AsyncIterator[None]:
     try:
         yield
     finally:
         await session.close()
+
+
+async def _relay(response: Any) -> AsyncIterator[bytes]:
+    """The bytes of an aiohttp response as they arrive; the connection is let go however the
+    reading ends (done, failed, or closed by the caller)."""
+    try:
+        async for chunk in response.content.iter_any():
+            yield chunk
+    finally:
+        response.release()
 
 
 def close_on_loop(loop: asyncio.AbstractEventLoop, close: Any) -> None:
@@ -142,8 +169,39 @@ class JsonPoster:
             decoded = text
         if status >= 400:
             raise HttpFailure("status", server_message(decoded, text[:500] or f"HTTP {status}"),
-                              status=status, retry_after=retry_after)
+                              status=status, retry_after=retry_after,
+                              error=error_object(decoded))
         return decoded
+
+    async def open_stream(self, path: str, body: Any, timeout: float) -> AsyncIterator[bytes]:
+        """POST and relay the reply's bytes as they come (an SSE stream, as sent). A status
+        of 400 or more is an ``HttpFailure`` raised here, before any byte is handed out, so
+        the caller can still answer with a status of its own."""
+        import aiohttp
+
+        data = json.dumps(body, ensure_ascii=False).encode()
+        try:
+            session = await self._session()
+            response = await session.post(self.base_url + path, data=data,
+                                          timeout=aiohttp.ClientTimeout(total=timeout))
+            if response.status >= 400:
+                raw = await response.read()
+                response.release()
+                text = raw.decode("utf-8", errors="replace")
+                try:
+                    decoded: Any = json.loads(text)
+                except ValueError:
+                    decoded = text
+                raise HttpFailure("status", server_message(decoded, text[:500] or
+                                                           f"HTTP {response.status}"),
+                                  status=response.status,
+                                  retry_after=response.headers.get("retry-after"),
+                                  error=error_object(decoded))
+        except asyncio.TimeoutError as exc:
+            raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc
+        return _relay(response)
 
     async def aclose(self) -> None:
         """Close the running loop's session."""
@@ -161,4 +219,4 @@ class JsonPoster:
         for loop, (session, _) in sessions:
             close_on_loop(loop, session.close)
 
-__all__ = ["HttpFailure", "JsonPoster", "close_on_loop", "server_message"]
+__all__ = ["HttpFailure", "JsonPoster", "close_on_loop", "error_object", "server_message"]

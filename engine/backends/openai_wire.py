@@ -74,11 +74,19 @@ def request_to_openai(request: Request, model: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "messages": [message_to_openai(m) for m in request.messages],
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "n": 1,  # one Completion per Request is the backend contract
     }
+    # What the caller left unset is not sent: the upstream's own defaults apply, as they
+    # would without Whetstone in between (a 512-token cap it never asked for cut answers).
+    if "max_tokens" not in request.unset:
+        # Sent under the name the client used: OpenAI's reasoning models refuse max_tokens.
+        name = ("max_completion_tokens" if "max_completion_tokens" in request.passthrough
+                else "max_tokens")
+        body[name] = request.max_tokens
+    for key in ("temperature", "top_p"):
+        if key not in request.unset:
+            body[key] = getattr(request, key)
+    if "n" not in request.unset:
+        body["n"] = 1  # one Completion per Request is the backend contract
     if request.stop:
         body["stop"] = list(request.stop)
     if request.seed is not None:
@@ -356,7 +364,9 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
 
     Raises ``ConfigError`` naming the offending field. ``tool_choice``, ``response_format``
     and the other ``PASSTHROUGH`` fields are kept for the upstream (``Request.passthrough``);
-    other fields are accepted and ignored, as OpenAI-compatible servers do.
+    other fields are accepted and ignored, as OpenAI-compatible servers do. ``max_tokens``,
+    ``temperature``, ``top_p`` and ``n`` the body leaves out are in ``Request.unset``: a model
+    run here uses ``default_max_tokens``, 0.0 and 1.0, an upstream its own defaults.
     """
     if not isinstance(body, Mapping):
         raise _bad("the request body must be a JSON object")
@@ -373,6 +383,7 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
         raise _bad(f"'n' = {n} is not supported; only one choice per request",
                    hint="send n separate requests (with different seeds) instead")
     max_tokens = _number(body, "max_completion_tokens", int, 1)
+    token_field = "max_completion_tokens" if max_tokens is not None else "max_tokens"
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", int, 1)
     stop = body.get("stop")
@@ -386,6 +397,10 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
     temperature = _number(body, "temperature", float, 0.0, 2.0)
     top_p = _number(body, "top_p", float, 0.0, 1.0)
     tools = _tools_from_openai(body)
+    passthrough = _passthrough_from_openai(body, tools)
+    if token_field == "max_completion_tokens":
+        passthrough[token_field] = max_tokens  # the name the upstream gets it under
+    given = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "n": n}
     request = Request(
         messages=messages,
         max_tokens=max_tokens or default_max_tokens,
@@ -396,7 +411,9 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
         tools=tools,
         logprobs=bool(body.get("logprobs")),
         timeout=timeout,
-        passthrough=_passthrough_from_openai(body, tools),
+        passthrough=passthrough,
+        # Left unset, a field holds the local default above and is not sent upstream.
+        unset=frozenset(k for k, v in given.items() if v is None),
     )
     return ChatCall(request=request, model=model, stream=bool(body.get("stream")),
                     include_usage=bool(stream_options.get("include_usage")))

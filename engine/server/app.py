@@ -22,6 +22,7 @@ from engine.server.adapter import ChatAdapter
 from engine.server.guard import Guard
 from engine.server.metrics import Metrics
 from engine.server.naming import upstream_model_name
+from engine.server.passthrough import router as passthrough_router
 from engine.server.pipeline import ChatPipeline, Verifier
 from engine.server.recording import TraceWriter
 from engine.server.responses import install_error_handlers
@@ -130,6 +131,7 @@ def create_app(
     app.add_middleware(Guard, keys=keys, metrics=metrics)
     install_error_handlers(app, metrics)
     app.include_router(router)
+    app.include_router(passthrough_router)
     return app
 
 

@@ -28,7 +28,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 TRACE_HEADER = "X-Whetstone-Trace-Id"
 VERSION_HEADER = "X-Whetstone-Library-Version"
 REQUEST_ID_HEADER = "X-Request-Id"
-KNOWN_ROUTES = ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/health", "/metrics")
+KNOWN_ROUTES = ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/v1/embeddings",
+                "/v1/completions", "/health", "/metrics")
 
 
 # --- API keys --------------------------------------------------------------------------------

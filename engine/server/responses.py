@@ -1,8 +1,9 @@
 """The server's replies that are not answers: OpenAI-style errors, and reading request bodies.
 
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a fitting status, never
-a stack trace nor an upstream's own text or address (a 5xx names the request id; the details
-are in the server log and the trace), and is counted in ``/metrics`` by its code.
+a stack trace nor an upstream's address. An upstream's 4xx (a prompt too long for its context,
+a 429) reaches the client with its status and message; a 5xx names only the request id (the
+details are in the server log and the trace). Each is counted in ``/metrics`` by its code.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from engine.backends.openai_wire import error_to_openai
 from engine.errors import WhetstoneError
 from engine.server.guard import REQUEST_ID_HEADER, BodyTooLarge, read_body
 from engine.server.metrics import Metrics
-from engine.server.service import client_message, error_status
+from engine.server.service import (
+    client_message,
+    error_headers,
+    error_param,
+    error_status,
+    metric_code,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -35,9 +42,11 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 def error_reply(metrics: Metrics, status: int, message: str, kind: str,
                 code: str | None = None, param: str | None = None,
-                headers: dict[str, str] | None = None) -> JSONResponse:
-    """An OpenAI-style error body with ``status``, counted by its code."""
-    metrics.errors.inc(code=code or kind)
+                headers: dict[str, str] | None = None, metric: str | None = None
+                ) -> JSONResponse:
+    """An OpenAI-style error body with ``status``, counted by ``metric`` (default: its code;
+    an upstream's own codes are not label values, there is no bound on them)."""
+    metrics.errors.inc(code=metric or code or kind)
     return JSONResponse(error_to_openai(message, kind, code=code, param=param),
                         status_code=status, headers=headers)
 
@@ -51,7 +60,9 @@ def whetstone_error_reply(metrics: Metrics, exc: WhetstoneError,
     if status >= 500:
         log.warning("request %s failed (%d): %s", request_id, status, exc.message)
     return error_reply(metrics, status, client_message(exc, request_id), kind, code,
-                       headers=headers)
+                       param=error_param(exc), headers={**(headers or {}),
+                                                        **error_headers(exc)},
+                       metric=metric_code(exc))
 
 
 def internal_error_reply(metrics: Metrics, exc: Exception, headers: dict[str, str]

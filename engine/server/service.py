@@ -16,9 +16,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.backends.base import Backend, StreamChunk
 from engine.backends.openai_wire import (
@@ -33,6 +33,7 @@ from engine.backends.openai_wire import (
 )
 from engine.errors import (
     BackendError,
+    BackendRejected,
     BackendTimeout,
     ConfigError,
     NotFound,
@@ -43,6 +44,7 @@ from engine.types import Completion, Request
 from library_store.paths import shown
 
 log = logging.getLogger("whetstone.server")
+_T = TypeVar("_T")
 
 # How long past a request's deadline we wait for a backend that ignores Request.timeout.
 _DEADLINE_GRACE_S = 1.0
@@ -89,7 +91,7 @@ def upstream_fault(exc: BaseException) -> bool:
     first is a 502, the second a 500."""
     if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
         return True
-    if type(exc).__module__.split(".")[0] in ("httpx", "httpcore", "h11", "openai"):
+    if type(exc).__module__.split(".")[0] in ("httpx", "httpcore", "h11", "openai", "aiohttp"):
         return True
     tb, last = exc.__traceback__, None
     while tb is not None:
@@ -131,8 +133,33 @@ def check_ranges(body: Any) -> None:
             raise ConfigError(f"'{key}' must be between {lo} and {hi}, got {shown_value}")
 
 
+# Upstream refusals that are not the client's to fix: the upstream refused Whetstone's own key
+# (401, 403, 407), or does not know the model name Whetstone sends it (404). They stay 502s,
+# the details in the server log; every other 4xx reaches the client as the upstream sent it.
+_OPERATORS_STATUSES = frozenset({401, 403, 404, 407})
+_RETRY_AFTER_S = "1"  # a 429 whose upstream named no wait
+
+
+def forwarded(exc: WhetstoneError) -> BackendRejected | None:
+    """``exc`` when it is an upstream refusal the client is answered with as is, else None."""
+    if isinstance(exc, BackendRejected) and 400 <= exc.status < 500 \
+            and exc.status not in _OPERATORS_STATUSES:
+        return exc
+    return None
+
+
+def _default_type(status: int) -> str:
+    return {429: "rate_limit_error", 413: "invalid_request_error"}.get(
+        status, "invalid_request_error")
+
+
 def error_status(exc: WhetstoneError) -> tuple[int, str, str | None]:
-    """(HTTP status, OpenAI error type, code) for an error raised while answering a request."""
+    """(HTTP status, OpenAI error type, code) for an error raised while answering a request.
+    An upstream's 4xx keeps its status, type and code (``forwarded``)."""
+    refused = forwarded(exc)
+    if refused is not None:
+        return (refused.status, refused.error_type or _default_type(refused.status),
+                refused.code)
     if isinstance(exc, ConfigError):
         return 400, "invalid_request_error", None
     if isinstance(exc, NotFound):
@@ -142,6 +169,26 @@ def error_status(exc: WhetstoneError) -> tuple[int, str, str | None]:
     if isinstance(exc, BackendError):
         return 502, "server_error", "upstream_error"
     return 500, "server_error", None
+
+
+def error_headers(exc: WhetstoneError) -> dict[str, str]:
+    """Headers an error reply carries: ``Retry-After`` on a 429 (the upstream's, else 1 s)."""
+    refused = forwarded(exc)
+    if refused is not None and refused.status == 429:
+        return {"Retry-After": refused.retry_after or _RETRY_AFTER_S}
+    return {}
+
+
+def metric_code(exc: WhetstoneError) -> str | None:
+    """The ``code`` label an error is counted under: ``upstream_<status>`` for a forwarded
+    refusal (its own code is the upstream's, unbounded), else None (the reply's code)."""
+    refused = forwarded(exc)
+    return f"upstream_{refused.status}" if refused is not None else None
+
+
+def error_param(exc: WhetstoneError) -> str | None:
+    refused = forwarded(exc)
+    return refused.param if refused is not None else None
 
 
 def _sse(obj: Any) -> str:
@@ -158,6 +205,9 @@ def client_message(exc: WhetstoneError, request_id: str) -> str:
     wrong; an upstream or server failure says only what kind it was and the request id, so
     no upstream text, address or traceback reaches a client (they are in the server log and
     the exchange's trace)."""
+    refused = forwarded(exc)
+    if refused is not None:  # the upstream's own words, without its address
+        return refused.upstream_message
     status, _, _ = error_status(exc)
     if status < 500:
         return error_message(exc)
@@ -346,6 +396,45 @@ class ChatService:
             raise
         return stream
 
+    async def relay(self, call: Callable[[float], Awaitable[_T]], deadline: float) -> _T:
+        """``call(seconds_left)`` (a passed-through route's upstream call) holding an upstream
+        slot, within the request's deadline."""
+        await self._take_slot(deadline)
+        self.upstream_active += 1
+        start = time.perf_counter()
+        try:
+            left = max(0.001, deadline - time.monotonic())
+            return await asyncio.wait_for(call(left), left + _DEADLINE_GRACE_S)
+        except asyncio.TimeoutError:
+            raise self._expired() from None
+        except Exception as exc:  # re-raised: a 502 when it is the upstream's doing
+            raise _as_upstream_error(exc) from exc
+        finally:
+            self._slots.release()
+            self.upstream_active -= 1
+            self.metrics.upstream_latency.observe(time.perf_counter() - start, stream="false")
+
+    async def open_relay(self, opener: Callable[[float], Awaitable[AsyncIterator[bytes]]],
+                         deadline: float) -> OpenStream:
+        """Open a passed-through stream (``opener(seconds_left)``): an upstream refusal is
+        raised here, before any byte, so it can still be the reply's status. The stream holds
+        an upstream slot until it is closed."""
+        await self._take_slot(deadline)
+        self.upstream_active += 1
+        try:
+            left = max(0.001, deadline - time.monotonic())
+            chunks = await asyncio.wait_for(opener(left), left + _DEADLINE_GRACE_S)
+        except BaseException as exc:
+            self._slots.release()
+            self.upstream_active -= 1
+            if isinstance(exc, asyncio.TimeoutError):
+                raise self._expired() from None
+            if isinstance(exc, Exception):
+                raise _as_upstream_error(exc) from exc
+            raise
+        return OpenStream(chunks, deadline, self.settings.deadline_s, self._slots,  # type: ignore[arg-type]
+                          idle_s=self.settings.stream_idle_s, on_close=self._stream_closed)
+
     def _stream_closed(self, stream: OpenStream) -> None:
         self.upstream_active -= 1
         self.metrics.upstream_latency.observe(time.monotonic() - stream.started, stream="true")
@@ -399,7 +488,7 @@ class ChatService:
                 log.warning("request %s: stream failed (%d): %s", request_id, status,
                             exc.message)
                 failure = exc.message
-                self.metrics.errors.inc(code=code or "server_error")
+                self.metrics.errors.inc(code=metric_code(exc) or code or "server_error")
                 yield _sse(error_to_openai(client_message(exc, request_id), kind, code=code))
             except Exception as exc:
                 log.exception("request %s: stream failed", request_id)
