@@ -271,6 +271,20 @@ def test_choice_scorer_needs_options_and_a_valid_expected() -> None:
         get_scorer("choice")("(B)", _mc(expected="purple ball."))
 
 
+def test_choice_scorer_reads_options_from_a_question_rebuilt_from_a_trace(cache: Path) -> None:
+    """The gate rebuilds tasks from traces (question text and label only, no metadata)."""
+    from engine.evaluation.tasks import tasks_from_traces
+    from engine.types import Trace
+
+    task = load_tasks("bigbench:toy_choice")[0]
+    trace = Trace(id="r1", task=task.question, answer="The answer is (B).", label=task.expected,
+                  meta={"task_id": task.id, "scorer": "choice"})
+    rebuilt = tasks_from_traces([trace])[0]
+    assert not rebuilt.metadata.get("options")
+    assert get_scorer("choice")(trace, rebuilt) == 1.0
+    assert get_scorer("choice")("The answer is (C).", rebuilt) == 0.0
+
+
 def test_choice_scorer_prefers_the_longer_option() -> None:
     task = TaskRecord(id="t", question="q", expected="ball", metadata={
         "options": ["ball", "blue ball"], "letters": ["A", "B"]})

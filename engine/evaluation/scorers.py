@@ -285,15 +285,23 @@ _BARE_LETTER = re.compile(r"^(?:(?:option|choice|letter)\s*:?\s*)?\(?([A-Z])\)?[
 _LEADING_LETTER = re.compile(r"^\(?([A-Z])[.):]\s")  # "B) red ball", "B. red ball"
 
 
+_LISTED_OPTION = re.compile(r"^\(([A-Z])\)\s+(.+?)\s*$", re.MULTILINE)
+
+
 def _options_of(task: TaskRecord) -> tuple[list[str], list[str]]:
+    """The options and their letters: from ``metadata`` (``options``, ``letters``), else read
+    back from "(A) ..." lines of the question (a task rebuilt from a trace keeps only that)."""
     options, letters = task.metadata.get("options"), task.metadata.get("letters")
-    if (not isinstance(options, (list, tuple)) or not isinstance(letters, (list, tuple))
-            or len(options) != len(letters) or not options):
-        raise EvalError(f"task {task.id}: the choice scorer needs metadata['options'] and "
-                        "metadata['letters'] (the options and their letters, same length)",
-                        hint="load the task from a multiple-choice set (bigbench:<task>), or "
-                             "use a text scorer")
-    return [str(o) for o in options], [str(x).upper() for x in letters]
+    if (isinstance(options, (list, tuple)) and isinstance(letters, (list, tuple))
+            and len(options) == len(letters) and options):
+        return [str(o) for o in options], [str(x).upper() for x in letters]
+    listed = _LISTED_OPTION.findall(task.prompt)
+    if len(listed) >= 2 and [x for x, _ in listed] == [chr(65 + i) for i in range(len(listed))]:
+        return [o for _, o in listed], [x for x, _ in listed]
+    raise EvalError(f"task {task.id}: the choice scorer needs the options: metadata['options'] "
+                    "and metadata['letters'], or '(A) ...' lines in the question",
+                    hint="load the task from a multiple-choice set (bigbench:<task>), or "
+                         "use a text scorer")
 
 
 def named_options(text: str, options: Sequence[str], letters: Sequence[str]) -> set[int]:
@@ -316,7 +324,8 @@ def choice(prediction: Prediction, task: TaskRecord) -> float:
     """1 when the final answer names exactly one option and it is a correct one (``expected``:
     the correct option text, or a list of them). Naming two different options scores 0."""
     options, letters = _options_of(task)
-    correct = {i for i, o in enumerate(options) if o in set(_alternatives(task))}
+    wanted = {a.strip() for a in _alternatives(task)}
+    correct = {i for i, o in enumerate(options) if o.strip() in wanted}
     if not correct:
         raise EvalError(f"task {task.id}: expected {task.expected!r} is none of its options",
                         hint="set `expected` to the text of the correct option(s)")
