@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -19,6 +21,8 @@ from middleware_support import SKILLS
 from servers import free_port
 
 from cli import cli
+from engine.errors import AddressInUse, BackendError, ConfigError, ModelNotInstalled
+from engine.runtime.skills_plugin import SkillsConfig
 from library_store.store import Library
 from library_store.traces import TraceStore
 
@@ -32,9 +36,45 @@ def test_a_missing_keys_file_stops_serve_before_loading(tmp_path: Path) -> None:
 
 
 def test_bad_limits_are_usage_errors() -> None:
-    for args in (["--queue", "-1"], ["--max-body-bytes", "0"], ["--upstream-timeout", "0"]):
+    for args in (["--queue", "-1"], ["--max-body-bytes", "0"], ["--upstream-timeout", "0"],
+                 ["--skills-k", "0"], ["--skills-min-score", "1.5"],
+                 ["--skills-min-score", "high"]):
         r = CliRunner().invoke(cli, ["serve", "--upstream", "scripted:", *args])
         assert r.exit_code == 2, (args, r.output)
+
+
+def test_a_port_in_use_has_its_own_exit_code(tmp_path: Path) -> None:
+    """Not 3 ("model missing", uvicorn's start-up failure): 10, with what to do."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(cli, ["serve", "--model", "scripted:", "--port", str(port),
+                                     "--library", str(tmp_path / "lib")])
+    assert r.exit_code == AddressInUse.exit_code == 10, r.output
+    assert f"127.0.0.1:{port}" in r.output and "--port" in r.output
+    assert len({AddressInUse.exit_code, ModelNotInstalled.exit_code, ConfigError.exit_code,
+                BackendError.exit_code}) == 4
+
+
+def test_skills_options_reach_the_retriever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    import engine.server.app as app_module
+
+    lib = Library.open(tmp_path / "lib", create=True)
+    lib.commit(SKILLS, method="test", message="skills")
+    served: list[dict[str, Any]] = []
+    monkeypatch.setattr(app_module, "serve", lambda backend, **kw: served.append(kw))
+    for args in (["--skills-k", "2", "--skills-min-score", "0.6"],
+                 ["--skills-min-score", "none"], []):
+        r = CliRunner().invoke(cli, ["serve", "--model", "scripted:", "--library",
+                                     str(lib.root), "--port", str(free_port()), *args])
+        assert r.exit_code == 0, r.output
+    got = [(kw["adapter"].plugins[0].config.k, kw["adapter"].plugins[0].config.min_score,
+            kw["adapter"].plugins[0].retriever.min_score) for kw in served]
+    default = SkillsConfig()
+    assert got == [(2, 0.6, 0.6), (default.k, None, None),
+                   (default.k, default.min_score, default.min_score)]
 
 
 def test_whetstone_serve_end_to_end(tmp_path: Path) -> None:

@@ -3,10 +3,36 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from engine.commands.common import console, handle_errors, library_option
+from engine.runtime.skills_plugin import SkillsConfig
+
+_SKILLS = SkillsConfig()
+_UNSET: Any = "default"  # --skills-min-score not given (None is a value: no floor)
+
+
+class _Score(click.ParamType):
+    """A cosine floor from -1 to 1, ``none`` (no floor: the top k whatever their score), or
+    ``default`` (the skills method's own)."""
+
+    name = "SCORE|none"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> float | str | None:
+        if value is None or value == _UNSET or isinstance(value, float):
+            return value
+        if str(value).strip().lower() in ("none", "off"):
+            return None
+        try:
+            score = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number from -1 to 1 or 'none'", param, ctx)
+        if not -1.0 <= score <= 1.0:
+            self.fail(f"{score:g} is not a cosine score from -1 to 1", param, ctx)
+        return score
 
 
 @click.command("serve")
@@ -23,6 +49,11 @@ from engine.commands.common import console, handle_errors, library_option
 @click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
               show_default=True, help='The evidence corpus {"whetstone": {"verify": true}} '
                                       "checks replies against (MARCH).")
+@click.option("--skills-k", type=click.IntRange(min=1), default=_SKILLS.k, show_default=True,
+              help="Skills retrieved for each request (the k nearest).")
+@click.option("--skills-min-score", type=_Score(), default=_UNSET,
+              help=f"The lowest retrieval score (cosine) a skill needs to be shown; 'none': "
+                   f"no floor [default: {_SKILLS.min_score}, measured].")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--served-name", default=None,
@@ -59,7 +90,8 @@ from engine.commands.common import console, handle_errors, library_option
               help="uvicorn's log level ('warning' drops the per-request access log).")
 @handle_errors
 def serve(upstream: str, library_path: Path | None, library_version: str | None,
-          no_library: bool, no_record: bool, corpus_name: str, host: str, port: int,
+          no_library: bool, no_record: bool, corpus_name: str, skills_k: int,
+          skills_min_score: float | None, host: str, port: int,
           served_name: str | None,
           api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
           max_body_bytes: int, max_concurrency: int | None,
@@ -67,9 +99,11 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
           upstream_timeout: float | None, stream_idle_timeout: float,
           traces_max_bytes: int | None, log_level: str) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
-    (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics)."""
+    (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
+    /v1/completions pass through to an openai: upstream as sent."""
     from engine.api import Engine
     from engine.backends.registry import BackendOptions, get_backend
+    from engine.server.app import bind
     from engine.server.app import serve as run_server
     from engine.server.guard import load_api_keys
 
@@ -77,22 +111,29 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     keys = load_api_keys(api_keys, api_keys_file)
     options = BackendOptions(api_key=upstream_key, **(
         {"timeout_s": upstream_timeout} if upstream_timeout is not None else {}))
-    with out.status(f"loading {upstream} …", spinner="dots"):
-        engine = Engine(get_backend(upstream, options), library=library_path,
-                        version=library_version, skills=not no_library, checkpointing=False,
-                        corpus=corpus_name)
-        adapter = None if no_library else engine.chat_adapter()
-        if adapter is not None:
-            adapter.warm_up()  # load the embedder and sync the index before the first request
-    version = adapter.library_version() if adapter is not None else None
-    traces = None if no_record else engine.traces
-    if traces is not None and traces_max_bytes is not None:
-        traces.max_bytes = traces_max_bytes
-    out.print(f"serving [bold]{upstream}[/] on http://{host}:{port}/v1 · library "
-              f"{engine.library_path} ({'off' if no_library else version}) · traces "
-              f"{'off' if no_record else 'on'} · API keys {len(keys) or 'off'}", markup=True)
+    skills: dict[str, Any] = {"k": skills_k}
+    if skills_min_score is not _UNSET:
+        skills["min_score"] = skills_min_score
+    sock = bind(host, port)  # a port in use fails now, not after the model has loaded
+    engine: Engine | None = None
     try:
-        run_server(engine.backend, host=host, port=port, log_level=log_level,
+        with out.status(f"loading {upstream} …", spinner="dots"):
+            engine = Engine(get_backend(upstream, options), library=library_path,
+                            version=library_version, skills=not no_library,
+                            checkpointing=False, corpus=corpus_name,
+                            methods=() if no_library else [("skills", skills)])
+            adapter = None if no_library else engine.chat_adapter()
+            if adapter is not None:
+                adapter.warm_up()  # load the embedder and sync the index before a request
+        version = adapter.library_version() if adapter is not None else None
+        traces = None if no_record else engine.traces
+        if traces is not None and traces_max_bytes is not None:
+            traces.max_bytes = traces_max_bytes
+        out.print(f"serving [bold]{upstream}[/] on http://{host}:{port}/v1 · library "
+                  f"{engine.library_path} ({'off' if no_library else version}) · traces "
+                  f"{'off' if no_record else 'on'} · API keys {len(keys) or 'off'}",
+                  markup=True)
+        run_server(engine.backend, host=host, port=port, log_level=log_level, sock=sock,
                    model_name=served_name, adapter=adapter, traces=traces,
                    verifier=engine.verify_report,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
@@ -100,4 +141,6 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
                    retrieval_workers=retrieval_workers,
                    stream_idle_s=stream_idle_timeout)
     finally:
-        engine.close()
+        sock.close()
+        if engine is not None:
+            engine.close()

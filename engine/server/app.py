@@ -10,6 +10,8 @@ backend's own limit by default).
 from __future__ import annotations
 
 import contextlib
+import errno
+import socket
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from engine.backends.base import Backend
-from engine.errors import ConfigError
+from engine.errors import AddressInUse, ConfigError, WhetstoneError
 from engine.server.adapter import ChatAdapter
 from engine.server.guard import Guard
 from engine.server.metrics import Metrics
@@ -135,18 +137,52 @@ def create_app(
     return app
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` now, so a port in use is an ``AddressInUse`` (exit
+    code 10) before a model loads, not uvicorn's exit 3 after it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn does: a server restarted at once may take the port of one that just stopped
+    # (a port someone still listens on stays refused).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise AddressInUse(f"cannot listen on {host}:{port}: another process is using "
+                               "the port", hint=f"stop it (`lsof -i :{port}` names it) or "
+                               "pick another port with --port") from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                          hint="check --host (an address of this machine) and --port (ports "
+                               "below 1024 need root)") from exc
+    return sock
+
+
 def serve(
     backend: Backend,
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
     log_level: str = "info",
+    sock: socket.socket | None = None,
     **app_options: Any,
 ) -> None:
-    """Serve ``backend`` until interrupted (``whetstone serve``). ``app_options`` go to
-    ``create_app`` (``model_name``, ``adapter``, ``traces``, ``api_keys``, ``max_queue`` ...).
-    At shutdown uvicorn lets requests in flight finish, then the trace queue is drained."""
+    """Serve ``backend`` until interrupted (``whetstone serve``) on ``sock`` (default: bound
+    to ``host:port`` here, ``bind``). ``app_options`` go to ``create_app`` (``model_name``,
+    ``adapter``, ``traces``, ``api_keys``, ``max_queue`` ...). At shutdown uvicorn lets
+    requests in flight finish, then the trace queue is drained."""
     import uvicorn
 
     app = create_app(backend, **app_options)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    sock = sock if sock is not None else bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn's exit 3 when start-up fails: not "model missing"
+        if server.started:
+            raise
+        raise WhetstoneError(f"the server on {host}:{port} did not start",
+                             hint="the log above says why") from exc
+    finally:
+        sock.close()
