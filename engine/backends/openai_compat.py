@@ -3,7 +3,9 @@
 vLLM's ``vllm serve``, llama.cpp's server, OpenAI itself, or another ``whetstone serve``. The
 client's own retries are switched off (``max_retries=0``) and replaced by ``RetryPolicy`` so the
 bound and the backoff are ours to set and test. Errors become ``BackendUnavailable`` (cannot
-reach it), ``BackendTimeout`` (no answer in time) or ``BackendError`` (the server said no).
+reach it), ``BackendTimeout`` (no answer in time), ``BackendRejected`` (a 4xx: the server
+refused the request, its status and message kept for a proxy to pass on) or ``BackendError``.
+Fields a ``Request`` leaves unset (``Request.unset``) are not sent: the server's defaults apply.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     app.py        create_app / serve: the FastAPI app and uvicorn
     routes.py     the routes, at module level, reading ``app.state.server``
+    passthrough.py  /v1/embeddings and /v1/completions, passed to an openai: upstream as sent
     service.py    upstream calls: slots, the queue, deadlines, SSE, errors -> HTTP statuses
     guard.py      auth and limits: API keys, request metrics, the body size limit
     pipeline.py   around each call: adapt with the library before, record after
