@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox demo test test-fast bench lint clean
+.PHONY: install sandbox demo test test-fast test-real bench lint clean
 
 install: $(STAMP) sandbox
 
@@ -39,6 +39,13 @@ test: $(STAMP) sandbox
 # Unit tests only: no real model weights.
 test-fast: $(STAMP) sandbox
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# Against real model servers: llama.cpp's when one answers on 127.0.0.1:$$LLAMACPP_PORT (8081;
+# `scripts/real_upstreams.sh llamacpp` builds, starts and tests it), vLLM's or another when
+# WHETSTONE_TEST_VLLM / WHETSTONE_TEST_OPENAI names it; skipped, with the reason, otherwise.
+test-real: $(STAMP) sandbox
+	$(PY) -m pytest -q -rs -m slow tests/test_real_upstreams.py \
+	  tests/test_agent_vs_direct_server.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

