@@ -298,7 +298,14 @@ def test_choice_scorer_prefers_the_longer_option() -> None:
     ("The sorted list is:\n\napple banana cherry", "apple banana cherry", 1.0),
     ("The answer is `apple  banana cherry`", "apple banana cherry", 1.0),
     ("Answer: apple cherry banana", "apple banana cherry", 0.0),
-    ("apple, banana, cherry", "apple banana cherry", 0.0),
+    ("apple, banana, cherry", "apple banana cherry", 1.0),  # list layout aside
+    ("apple, cherry, banana", "apple banana cherry", 0.0),
+    # Replies of the embedded 0.5B model (direct solver) to word-sorting prompts:
+    ("The sorted words alphabetically are:\n\n1. bendix\n2. foxhole", "bendix foxhole", 1.0),
+    ("The sorted words alphabetically are: beat, list, scathe", "beat list scathe", 1.0),
+    ("Here's the sorted list alphabetically:\n\n1. depredation\n2. brainwash",
+     "brainwash depredation", 0.0),
+    ("The sorted words alphabetically are:\n\nheadroom wham", "headroom wham", 1.0),
     ("The closing sequence is: ] )", "] )", 1.0),
     ("Output: ])", "] )", 1.0),
     ("Output: ) ]", "] )", 0.0),
@@ -307,6 +314,21 @@ def test_choice_scorer_prefers_the_longer_option() -> None:
 def test_exact_text_scorer(reply: str, expected: str, score: float) -> None:
     task = TaskRecord(id="t", question="q", expected=expected)
     assert get_scorer("exact_text")(reply, task) == score
+
+
+def test_exact_text_accepts_the_input_continued(cache: Path) -> None:
+    """A completion task: the reply may write the input and then the answer (in a code block,
+    as the 0.5B model does), but not the input alone or another continuation."""
+    task = load_tasks("bigbench:toy_closing")[0]
+    assert task.metadata["continues"] == "( ["
+    scorer = get_scorer("exact_text")
+    assert scorer("Here's the completed sequence:\n\n```python\n( [ ] )\n```\n\nDone.",
+                  task) == 1.0
+    assert scorer("Output: ] )", task) == 1.0
+    assert scorer("```\n( [\n```", task) == 0.0
+    assert scorer("```\n( [ ) ]\n```", task) == 0.0
+    plain = TaskRecord(id="t", question="q", expected="] )")  # no "continues": no prefix
+    assert scorer("( [ ] )", plain) == 0.0
 
 
 def test_exact_text_takes_a_list_of_targets() -> None:

@@ -295,6 +295,9 @@ def _record(ex: Mapping[str, Any], task_id: str, name: str, prefix: str, input_p
         meta |= {"options": options, "target_scores": dict(scores)}
         expected: Any = correct[0] if len(correct) == 1 else correct
         if len(options) > MAX_LISTED_OPTIONS:  # too many to list: write the answer out
+            # BIG-bench scores an option as a continuation of the input, so the input
+            # followed by the option is the same answer.
+            meta["continues"] = str(ex["input"])
             return TaskRecord(id=task_id, question=question, expected=expected,
                               scorer="exact_text", metadata=meta)
         letters = [chr(ord("A") + k) for k in range(len(options))]

@@ -333,28 +333,45 @@ def choice(prediction: Prediction, task: TaskRecord) -> float:
     return float(len(named) == 1 and named <= correct)
 
 
+_LIST_MARKER = re.compile(r"^\s*(?:\d{1,3}[.)]|[-*\u2022])\s+", re.MULTILINE)  # "1. x", "- x"
+_LABEL = re.compile(r"^[A-Za-z][A-Za-z ]{0,60}:\s*")  # "Sorted: ..." opening the final line
+_FENCE = re.compile(r"```[\w+-]*\n(.*?)```", re.DOTALL)
+
+
 def _text_key(text: str) -> str:
-    """Exact text up to case and spacing: lower case, single spaces, no space between two
-    symbols (") ]" equals ")]"), without surrounding quotes, emphasis or a final full stop."""
-    text = unicodedata.normalize("NFKC", text).lower().strip(" \t\n*_`\"'")
+    """Text up to case, spacing and list layout: lower case; items one per line, numbered or
+    bulleted, or separated by ", " read as one space-separated sequence; no space between two
+    symbols (") ]" equals ")]"); no surrounding quotes, emphasis or final full stop."""
+    text = _LIST_MARKER.sub("", unicodedata.normalize("NFKC", text))
+    text = text.lower().replace(", ", " ").strip(" \t\n*_`\"'")
     text = text.removesuffix(".")
     text = " ".join(text.split())
     return re.sub(r"(?<=[^\w\s]) (?=[^\w\s])", "", text)
 
 
-_LABEL = re.compile(r"^[A-Za-z][A-Za-z ]{0,30}:\s*")  # "Sorted: ..." on the final line
+def _text_readings(text: str) -> set[str]:
+    """The parts of a reply that may be its answer: all of it, the answer span, the final
+    line (and without a leading "Label:"), the final paragraph, the last code block."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    last = lines[-1].strip(" *_`") if lines else ""
+    fences = _FENCE.findall(text)
+    return {text, answer_span(text), last, _LABEL.sub("", last),
+            re.split(r"\n\s*\n", text.strip())[-1], *fences[-1:]}
 
 
 def exact_text(prediction: Prediction, task: TaskRecord) -> float:
-    """1 when the reply, its answer span, or its final line (a leading "Label:" dropped)
-    equals an expected text up to case, spacing and surrounding decoration; punctuation
-    inside counts."""
-    text = text_of(prediction)
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    last = lines[-1] if lines else ""
-    readings = {text, answer_span(text), last, _LABEL.sub("", last.strip(" *_`"))}
-    keys = {_text_key(r) for r in readings}
-    return float(any(_text_key(alt) in keys for alt in _alternatives(task)))
+    """1 when a reading of the reply (``_text_readings``) equals an expected text up to case,
+    spacing and list layout (``_text_key``); the words and symbols themselves must match.
+    When ``metadata["continues"]`` holds the text the answer continues (a completion task),
+    that text followed by the expected one counts too."""
+    keys = {_text_key(r) for r in _text_readings(text_of(prediction))}
+    prefix = task.metadata.get("continues")
+    for alt in _alternatives(task):
+        if _text_key(alt) in keys:
+            return 1.0
+        if isinstance(prefix, str) and prefix.strip() and _text_key(f"{prefix} {alt}") in keys:
+            return 1.0
+    return 0.0
 
 
 _UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
