@@ -154,6 +154,21 @@ def test_unset_options_are_not_sent() -> None:
     assert not {"stop", "seed", "tools", "logprobs"} & set(body)
 
 
+def test_fields_left_unset_are_not_sent_and_a_value_given_later_is() -> None:
+    call = request_from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                "top_p": 0.5}, default_max_tokens=99)
+    request = call.request
+    assert request.unset == {"max_tokens", "temperature", "n"}
+    assert (request.max_tokens, request.temperature) == (99, 0.0)  # for a local model
+    body = request_to_openai(request, "m")
+    assert body["top_p"] == 0.5 and not {"max_tokens", "temperature", "n"} & set(body)
+    again = request.with_(max_tokens=5)
+    assert request_to_openai(again, "m")["max_tokens"] == 5 and "max_tokens" not in again.unset
+    assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request
+    with pytest.raises(ValueError, match="seed"):
+        Request(messages=[Message("user", "x")], unset=frozenset({"seed"}))
+
+
 def test_an_image_path_is_sent_inline(tmp_path: Any) -> None:
     from PIL import Image
 
