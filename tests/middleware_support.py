@@ -77,8 +77,12 @@ def shared_embedder() -> Any:
     return TextEmbedder(threads=1)
 
 
-def make_adapter(library: Library, backend: Backend, **kw: Any) -> ChatAdapter:
-    plugin, resources = chat_skills_plugin(library, embedder=shared_embedder())
+def make_adapter(library: Library, backend: Backend, *, skills: dict[str, Any] | None = None,
+                 **kw: Any) -> ChatAdapter:
+    """A chat adapter over ``library``; ``skills``: the skills method's options (``k``,
+    ``min_score`` ...)."""
+    plugin, resources = chat_skills_plugin(library, embedder=shared_embedder(),
+                                           **(skills or {}))
     return ChatAdapter([plugin], backend, version_of=library.current_id, resources=resources,
                        **kw)
 

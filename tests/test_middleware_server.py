@@ -67,7 +67,9 @@ def serve(library: Library, tmp_path: Path) -> Iterator[Callable[..., Served]]:
         def start(backend: Backend, *, lib: Library | None = library, record: bool = True,
                   adapter: ChatAdapter | None = None, **kw: Any) -> Served:
             if adapter is None and lib is not None:
-                adapter = make_adapter(lib, backend)
+                # No floor: these tests check what is injected, in what order, for all three
+                # skills (the floor has its own tests in test_skills_retrieval.py).
+                adapter = make_adapter(lib, backend, skills={"min_score": None})
                 adapters.append(adapter)
             store = TraceStore(tmp_path / f"traces-{len(adapters)}-{time.monotonic_ns()}")
             kw.setdefault("model_name", "tiny")
