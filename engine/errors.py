@@ -133,6 +133,11 @@ class EvalError(WhetstoneError):
     exit_code = 7
 
 
+class TasksFailed(EvalError):
+    """A comparison or a gate was asked to decide on runs where tasks failed (solver or
+    scorer errors): the decision could turn on which tasks happened to fail."""
+
+
 class AddressInUse(WhetstoneError):
     """A server could not listen on its address: another process holds the port."""
 

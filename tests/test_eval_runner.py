@@ -106,7 +106,8 @@ def test_concurrency_runs_tasks_at_the_same_time() -> None:
     assert result.accuracy == 1.0 and peak[0] > 1
 
 
-def test_a_solver_crash_scores_that_task_zero_and_the_run_goes_on() -> None:
+def test_a_solver_crash_fails_that_task_out_of_the_accuracy_and_the_run_goes_on() -> None:
+    """Issue 27: a failed task is a missing measurement, not a 0."""
     tasks = read_jsonl(ARITH)
     base, _ = arith_solver()
 
@@ -116,9 +117,14 @@ def test_a_solver_crash_scores_that_task_zero_and_the_run_goes_on() -> None:
         return base(task, seed)
 
     result = evaluate(tasks, solver)
-    assert result.n == 20 and result.accuracy == 0.95 and result.n_errors == 1
+    assert result.n == 20 and result.n_errors == 1 and result.n_scored == 19
+    assert result.accuracy == 1.0 and result.interval().mean == 1.0
+    assert "add-03" not in result.scores
     bad = next(r for r in result.results if r.task_id == "add-03")
-    assert bad.score == 0.0 and bad.error == "RuntimeError: tool sandbox died"
+    assert bad.error == "RuntimeError: tool sandbox died" and bad.error_type == "RuntimeError"
+    summary = result.summary()
+    assert summary["errors"] == 1 and summary["failed_tasks"] == ["add-03"]
+    assert summary["n_scored"] == 19 and summary["accuracy"] == 1.0
 
 
 def test_a_fatal_error_stops_the_run_but_keeps_what_was_scored(tmp_path: Path) -> None:

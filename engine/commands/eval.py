@@ -24,6 +24,7 @@ from rich.progress import (
 
 from engine.commands.common import (
     EXIT_INTERRUPTED,
+    EXIT_PARTIAL,
     RateColumn,
     concurrency_option,
     console,
@@ -41,6 +42,7 @@ from engine.commands.common import (
 from engine.errors import ConfigError, EvalError
 from engine.evaluation.benchmarks import BENCHMARKS, load_tasks
 from engine.evaluation.compare import Comparison, compare
+from engine.evaluation.gate import check_no_errors
 from engine.evaluation.report import write_report
 from engine.evaluation.results import EvalResult, TaskResult, default_evals_dir, load_results
 from engine.evaluation.runner import Solver, evaluate, solver_concurrency
@@ -67,7 +69,7 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], s
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
          concurrency: int | None,
          seed: int, store: TraceStore, model: str, version: str | None,
-         quiet: bool) -> EvalResult:
+         quiet: bool, run_meta: dict[str, Any]) -> EvalResult:
     """One evaluation with a progress bar (ETA, tasks/min and running accuracy) on stderr.
     ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once."""
     err = console(stderr=True)
@@ -78,16 +80,22 @@ def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
     with Progress(*columns, console=err, disable=quiet, transient=False) as progress:
         bar = progress.add_task(f"{label} -j {concurrency}", total=len(tasks), acc="-")
-        total = [0.0]
+        total, scored, failed = [0.0], [0], [0]
 
         def on_progress(done: int, n: int, r: TaskResult) -> None:
-            total[0] += r.score
-            progress.update(bar, completed=done, acc=f"{total[0] / done:.3f}")
+            if r.scored:
+                total[0] += r.score
+                scored[0] += 1
+            else:
+                failed[0] += 1
+            acc = f"{total[0] / scored[0]:.3f}" if scored[0] else "-"
+            progress.update(bar, completed=done,
+                            acc=acc + (f" ({failed[0]} failed)" if failed[0] else ""))
 
         return evaluate(tasks, solver, scorer, concurrency=concurrency, seed=seed,
                         on_progress=on_progress, store=store, model=model,
                         library_version=version, label=version,
-                        results_dir=default_evals_dir())
+                        results_dir=default_evals_dir(), run_meta=run_meta)
 
 
 def _fmt_s(seconds: float) -> str:
@@ -101,18 +109,21 @@ def _print_result(r: EvalResult) -> None:
     method = "Wilson" if ci.method == "wilson" else "bootstrap"
     out.print(f"[bold]{r.task_set}[/]  model {r.model or '?'}  library "
               f"{r.library_version or 'current'}  seed {r.seed}  scorer {r.scorer}")
-    correct = f"  ({sum(t.score for t in r.results):g}/{r.n})" if ci.method == "wilson" else ""
-    out.print(f"accuracy [bold]{ci.mean:.3f}[/]  95% CI [{ci.low:.3f}, {ci.high:.3f}] "
-              f"({method}){correct}")
+    errors = f"  errors [bold red]{r.n_errors}[/]" if r.n_errors else "  errors 0"
+    if r.aborted:
+        out.print(f"accuracy -  (no task scored){errors}")
+    else:
+        correct = f"  ({sum(t.score for t in r.scored):g}/{r.n_scored})" \
+            if ci.method == "wilson" else ""
+        out.print(f"accuracy [bold]{ci.mean:.3f}[/]  95% CI [{ci.low:.3f}, {ci.high:.3f}] "
+                  f"({method}){correct}{errors}")
     wall = (r.ended or r.started) - r.started
     out.print(f"tokens/task {r.mean_tokens:.0f}  latency/task {_fmt_s(r.mean_latency_s)}  "
               f"wall {_fmt_s(wall)}")
     if r.partial:
-        out.print(f"[yellow]partial: {r.n} of {r.n_planned} tasks scored before the stop[/]")
+        out.print(f"[yellow]partial: {r.n} of {r.n_planned} tasks run before the stop[/]")
     if r.n_errors:
-        first = next(t for t in r.results if t.error)
-        out.print(f"[yellow]{r.n_errors} task(s) failed and scored 0; first: "
-                  f"{escape(first.task_id)}: {escape(first.error or '')}[/]")
+        out.print(f"[yellow]{escape(r.errors_line())}; they are left out of the accuracy[/]")
     for warning in r.meta.get("warnings", ()):
         out.print(f"[yellow]warning: {escape(warning)}[/]")
     if "saved_to" in r.meta:
@@ -127,9 +138,15 @@ def _print_comparison(c: Comparison) -> None:
               f"[bold]{c.difference:+.3f}[/]  {c.confidence:.0%} CI [{c.ci_low:+.3f}, "
               f"{c.ci_high:+.3f}] (paired bootstrap)  McNemar p = {p}")
     out.print(f"wins {len(c.wins)}  losses {len(c.losses)}  ties {c.ties}")
+    if c.left_out:
+        out.print(f"[yellow]{c.left_out} task(s) left out of the pairing (failed in "
+                  f"{c.a_name}: {len(c.failed_in_a)}, in {c.b_name}: {len(c.failed_in_b)}; "
+                  f"not run in both: {len(c.only_in_a) + len(c.only_in_b)})[/]")
 
 
 def _finish(results: list[EvalResult]) -> None:
+    """Exit with what happened: 130 interrupted, 7 every task failed, 11 (``EXIT_PARTIAL``)
+    some tasks failed (the run is saved; the failed ones are listed), else 0."""
     if any(r.partial for r in results):
         err = console(stderr=True)
         err.print("[yellow]interrupted; the tasks scored so far are saved[/]")
@@ -139,9 +156,14 @@ def _finish(results: list[EvalResult]) -> None:
         raise SystemExit(EXIT_INTERRUPTED)
     for r in results:
         if r.n and r.n_errors == r.n:
-            first = next(t for t in r.results if t.error)
+            first = r.failed[0]
             fail(EvalError(f"every task failed ({r.n}); first: {first.task_id}: {first.error}",
                            hint="check the model and library with `whetstone run` first"))
+    if any(r.n_errors for r in results):
+        console(stderr=True).print(
+            "[yellow]some tasks failed (listed above; each saved with its error): exit "
+            f"{EXIT_PARTIAL}[/]", soft_wrap=True)
+        raise SystemExit(EXIT_PARTIAL)
 
 
 _SCORER_EPILOG = """\b
@@ -180,6 +202,10 @@ Example, a HumanEval-style code task scored by running its tests
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="First N tasks only.")
 @click.option("--compare", "compare_versions", nargs=2, default=None, metavar="V1 V2",
               help="Run two library versions on the same tasks and compare them.")
+@click.option("--allow-errors", is_flag=True,
+              help="Let --compare decide on runs where tasks failed (solver or scorer "
+                   "errors), pairing only the tasks scored in both; without it such a "
+                   "comparison is refused.")
 @solver_option
 @methods_option
 @json_option
@@ -187,9 +213,12 @@ Example, a HumanEval-style code task scored by running its tests
 @handle_errors
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
              version: str | None, concurrency: int | None, seed: int, scorer: str | None,
-             limit: int | None, compare_versions: tuple[str, str] | None, solver: str,
-             methods: str, method_config: tuple[str, ...], as_json: bool) -> None:
-    """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task."""
+             limit: int | None, compare_versions: tuple[str, str] | None, allow_errors: bool,
+             solver: str, methods: str, method_config: tuple[str, ...], as_json: bool) -> None:
+    """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task.
+
+    A task whose solver or scorer raises is recorded with its error and left out of the
+    accuracy; the run goes on, is saved, and exits 11 to say tasks failed."""
     if ctx.invoked_subcommand is not None:
         return
     if not tasks_spec:
@@ -208,7 +237,8 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     library = library_path or default_library_path()
     store = TraceStore(library / "traces")
     common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,
-                              "store": store, "model": model, "quiet": as_json}
+                              "store": store, "model": model, "quiet": as_json,
+                              "run_meta": {"solver": solver, "methods": methods}}
     versions = list(compare_versions) if compare_versions else [version]
     results: list[EvalResult] = []
     for v in versions:
@@ -217,8 +247,15 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         results.append(_run(tasks, solve, label=label, version=v, **common))
         if results[-1].partial:
             break
-    comparison = compare(*results) if len(results) == 2 and not any(
-        r.partial for r in results) else None
+    paired = len(results) == 2 and not any(r.partial for r in results)
+    refused: EvalError | None = None
+    if paired and not allow_errors:
+        try:
+            check_no_errors([(str(v), r) for v, r in zip(versions, results)],
+                            what="the comparison")
+        except EvalError as exc:  # reported after the runs are printed: they are saved
+            refused, paired = exc, False
+    comparison = compare(*results) if paired else None
     if as_json:
         payload: dict[str, Any] = {"results": [r.to_dict() for r in results]}
         if comparison is not None:
@@ -229,6 +266,8 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
             _print_result(r)
         if comparison is not None:
             _print_comparison(comparison)
+    if refused is not None:
+        fail(refused)
     _finish(results)
 
 

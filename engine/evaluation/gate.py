@@ -10,6 +10,12 @@ Rules (combine with ``&``; all must hold):
 - ``mcnemar<X``: the candidate is better and McNemar's exact p-value is below X (0/1 scores).
 
 ``Decision.to_dict()`` is what goes into the candidate version's manifest.
+
+A run in which tasks failed (a solver or scorer error) decides nothing unless the caller
+allows it (``allow_errors``, ``--allow-errors``): which tasks fail can differ between the two
+runs by chance (a race, a flaky upstream), and the difference would then be the failures'.
+Allowed, the rule is applied to the tasks scored in both runs and the decision says how many
+were left out.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EvalError
+from engine.errors import EvalError, TasksFailed
 from engine.evaluation.benchmarks import load_tasks
 from engine.evaluation.compare import Comparison, compare
 from engine.evaluation.results import EvalResult
@@ -111,6 +117,7 @@ class Decision:
     current: str
     wins: int
     losses: int
+    left_out: tuple[str, ...] = ()  # tasks failed in either run (only with allow_errors)
     decided_at: float = field(default_factory=time.time)
     results: dict[str, str] = field(default_factory=dict)  # which run -> saved result file
 
@@ -124,18 +131,35 @@ class Decision:
             "mcnemar_p": self.p_value, "n_tasks": self.n_tasks, "task_set": self.task_set,
             "scorer": self.scorer, "seed": self.seed, "candidate": self.candidate,
             "current": self.current, "wins": self.wins, "losses": self.losses,
-            "decided_at": self.decided_at, "results": dict(self.results),
+            "left_out": list(self.left_out), "decided_at": self.decided_at, "results": dict(self.results),
         }
 
 
+def check_no_errors(runs: Sequence[tuple[str, EvalResult]], *, what: str,
+                    option: str = "--allow-errors") -> None:
+    """Raise ``TasksFailed`` naming the failed tasks of each run, if any failed."""
+    bad = [(which, r) for which, r in runs if r.n_errors]
+    if not bad:
+        return
+    lines = "; ".join(f"{which}: {r.errors_line(3)}" for which, r in bad)
+    raise TasksFailed(
+        f"{what} refused: tasks failed, so the result could turn on which ones did ({lines})",
+        hint=f"fix the cause and run again (the saved results list every failed task), or pass "
+             f"{option} to decide on the tasks scored in both runs")
+
+
 def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *,
-         confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0) -> Decision:
-    """Decide whether ``candidate`` may replace ``current``; both must cover the same tasks."""
+         confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0,
+         allow_errors: bool = False) -> Decision:
+    """Decide whether ``candidate`` may replace ``current``; both must cover the same tasks.
+    A run with failed tasks raises ``TasksFailed`` unless ``allow_errors``."""
     conds = parse_rule(rule)
     for r, which in ((candidate, "candidate"), (current, "current")):
         if r.partial:
             raise EvalError(f"the {which} evaluation is partial ({r.n} of {r.n_planned} tasks)",
                             hint="gate only on complete runs; evaluate again")
+    if not allow_errors:
+        check_no_errors((("current", current), ("candidate", candidate)), what="the gate")
     c = compare(current, candidate, confidence=confidence, n_resamples=n_resamples, seed=seed)
     if c.only_in_a or c.only_in_b:
         raise EvalError(
@@ -152,6 +176,7 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         confidence=confidence, p_value=c.p_value, n_tasks=c.n, task_set=candidate.task_set,
         scorer=candidate.scorer, seed=candidate.seed, candidate=candidate.name,
         current=current.name, wins=len(c.wins), losses=len(c.losses), results=results,
+        left_out=tuple(sorted(set(c.failed_in_a) | set(c.failed_in_b))),
     )
 
 
@@ -181,10 +206,12 @@ def run_gate(
     current_version: str | None = None,
     on_progress: ProgressFn | None = None,
     on_run: Callable[[str], None] | None = None,
+    allow_errors: bool = False,
 ) -> Decision:
     """Evaluate the current and the candidate library on the same tasks with the same seed,
     then ``gate`` them. Ctrl-C during either run is re-raised (a partial run decides nothing).
-    ``on_run("current" | "candidate")`` is called as each of the two runs starts."""
+    ``on_run("current" | "candidate")`` is called as each of the two runs starts. Failed
+    tasks in either run raise ``TasksFailed`` (both runs are saved) unless ``allow_errors``."""
     parse_rule(rule)  # a bad rule fails before any task runs
     chosen = gate_tasks(tasks)
     runs: dict[str, EvalResult] = {}
@@ -198,4 +225,4 @@ def run_gate(
             results_dir=results_dir, trace_meta={"gate": which})
         if runs[which].partial:
             raise KeyboardInterrupt
-    return gate(runs["candidate"], runs["current"], rule, seed=seed)
+    return gate(runs["candidate"], runs["current"], rule, seed=seed, allow_errors=allow_errors)

@@ -6,6 +6,10 @@ library needed); then three plots, each an inline base64 PNG made with matplotli
 lazily; the figures are drawn with the Agg canvas directly, so no pyplot global state is
 touched): accuracy per library version over time with its 95% interval, per-task wins and
 losses between two runs, and tokens per task. A table lists every run.
+
+A run with no scored task (aborted before its first, or every task failed) has no accuracy: the
+table shows a dash and says why, and no chart draws it (it used to appear as 0.000). Runs with
+failed tasks are drawn hollow and marked "N failed"; their accuracy is over the scored tasks.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
 th { background: #f2f2f2; } td.l { text-align: left; }
 img { max-width: 100%; display: block; margin: 0.5em 0 2em; }
 .note { color: #666; }
+tr.failed td { background: #fff4e5; }
 """
 
 
@@ -37,6 +42,32 @@ def _short(task_set: str) -> str:
     """A task set's name for plot labels: a file's base name rather than its whole path."""
     head, sep, rest = task_set.partition(".jsonl")
     return Path(head).name + sep + rest if sep else task_set
+
+
+def _marks(r: EvalResult) -> str:
+    """What a chart label adds for a run whose number is not the whole story."""
+    out = []
+    if r.n_errors:
+        out.append(f"{r.n_errors} failed")
+    if r.partial:
+        out.append("partial")
+    return f" ({', '.join(out)})" if out else ""
+
+
+def run_label(r: EvalResult) -> str:
+    """A run told apart from every other: name, run id, start time, solver, tasks."""
+    rid = str(r.meta.get("run_id", ""))[:8]
+    solver = " ".join(str(x) for x in (r.meta.get("solver"), r.meta.get("methods")) if x)
+    when = datetime.fromtimestamp(r.started).strftime("%m-%d %H:%M")
+    head = f"{r.name}" + (f" #{rid}" if rid else "")
+    return (f"{head}\n{when}" + (f" {solver}" if solver else "")
+            + f"\n{_short(r.task_set)} n={r.n}")
+
+
+def charted(results: Sequence[EvalResult]) -> list[EvalResult]:
+    """The runs a chart of accuracy may draw: those with a scored task. An aborted run has
+    no accuracy; drawing its empty mean would show a 0.000 nobody measured."""
+    return [r for r in results if not r.aborted]
 
 
 def _png(fig: Any) -> str:
@@ -61,7 +92,7 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
     fig = Figure(figsize=(10, 4.2), layout="constrained")
     ax = fig.add_subplot()
     by_set: dict[str, list[EvalResult]] = {}
-    for r in results:
+    for r in charted(results):
         by_set.setdefault(r.task_set, []).append(r)
     for name, runs in by_set.items():
         runs = sorted(runs, key=lambda r: r.started)
@@ -69,9 +100,14 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
         cis = [r.interval() for r in runs]
         ys = [ci.mean for ci in cis]
         err = [[ci.mean - ci.low for ci in cis], [ci.high - ci.mean for ci in cis]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=_short(name))
+        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=_short(name))
+        marked = [(x, y) for x, y, r in zip(xs, ys, runs) if r.n_errors or r.partial]
+        if marked:  # hollow: a number over fewer tasks than were asked
+            ax.scatter([x for x, _ in marked], [y for _, y in marked], s=60, zorder=3,
+                       facecolors="white", edgecolors=line.lines[0].get_color())
         for x, y, r in zip(xs, ys, runs):
-            ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+            ax.annotate(r.name + _marks(r), (x, y), textcoords="offset points", xytext=(4, 6),
+                        fontsize=8)
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel("accuracy (95% CI)")
     ax.set_title("Accuracy per library version over time")
@@ -111,23 +147,24 @@ def plot_tokens(results: Sequence[EvalResult]) -> str:
     """Tokens per task of each run (box plot), most recent runs."""
     from matplotlib.figure import Figure
 
-    runs = [r for r in sorted(results, key=lambda r: r.started) if r.n][-MAX_BOXES:]
-    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    runs = [r for r in sorted(results, key=lambda r: r.started) if r.n_scored][-MAX_BOXES:]
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    ax.boxplot([[t.tokens for t in r.results] for r in runs],
-               tick_labels=[f"{r.name}\n{_short(r.task_set)}" for r in runs])
+    ax.boxplot([[t.tokens for t in r.scored] for r in runs],
+               tick_labels=[run_label(r) for r in runs])
     ax.set_ylabel("tokens per task")
     ax.set_title("Tokens per task")
-    ax.tick_params(axis="x", labelsize=8)
+    ax.tick_params(axis="x", labelsize=7)
     ax.grid(alpha=0.3, axis="y")
     return _png(fig)
 
 
 def latest_per_name(results: Sequence[EvalResult]) -> list[EvalResult]:
-    """The latest run of each (task set, name), ordered by task set, then name."""
+    """The latest run with an accuracy (a scored task) of each (task set, name), ordered by
+    task set, then name."""
     latest: dict[tuple[str, str], EvalResult] = {}
     for r in sorted(results, key=lambda r: r.started):
-        if r.n:
+        if not r.aborted:
             latest[(r.task_set, r.name)] = r
     return [latest[k] for k in sorted(latest)]
 
@@ -160,13 +197,16 @@ def svg_accuracy(results: Sequence[EvalResult], *, width: int = 900) -> str:
         for r in (r for r in runs if r.task_set == group):
             ci = r.interval()
             mid = y + row_h / 2
+            fill = "white" if r.n_errors or r.partial else "#0b3d91"
             out.append(
-                f'<text x="16" y="{mid + 4:.1f}">{html.escape(r.name[:48])}</text>'
+                f'<text x="16" y="{mid + 4:.1f}">{html.escape(r.name[:40] + _marks(r))}'
+                '</text>'
                 f'<line x1="{x(ci.low):.1f}" y1="{mid:.1f}" x2="{x(ci.high):.1f}" '
                 f'y2="{mid:.1f}" stroke="#1f77b4" stroke-width="3"/>'
-                f'<circle cx="{x(ci.mean):.1f}" cy="{mid:.1f}" r="4.5" fill="#0b3d91">'
+                f'<circle cx="{x(ci.mean):.1f}" cy="{mid:.1f}" r="4.5" fill="{fill}" '
+                f'stroke="#0b3d91" stroke-width="1.5">'
                 f'<title>{html.escape(r.name)}: {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]'
-                f' n={r.n}</title></circle>'
+                f' over {r.n_scored} scored of {r.n}</title></circle>'
                 f'<text x="{label_w + plot_w + 8}" y="{mid + 4:.1f}" fill="#333">'
                 f'{ci.mean:.3f} [{ci.low:.2f}, {ci.high:.2f}]</text>')
             y += row_h
@@ -177,7 +217,8 @@ def svg_accuracy(results: Sequence[EvalResult], *, width: int = 900) -> str:
 
 def latest_pair(results: Sequence[EvalResult]) -> tuple[EvalResult, EvalResult] | None:
     """The two most recent complete runs on one task set under different names (a, b)."""
-    done = sorted((r for r in results if not r.partial and r.n), key=lambda r: r.started)
+    done = sorted((r for r in results if not r.partial and not r.aborted),
+                  key=lambda r: r.started)
     for b in reversed(done):
         for a in reversed(done):
             if a is not b and a.task_set == b.task_set and a.name != b.name \
@@ -188,21 +229,31 @@ def latest_pair(results: Sequence[EvalResult]) -> tuple[EvalResult, EvalResult] 
 
 def _table(results: Sequence[EvalResult]) -> str:
     head = ("<tr><th>started</th><th>task set</th><th>run</th><th>model</th><th>n</th>"
-            "<th>accuracy</th><th>95% CI</th><th>tokens/task</th><th>latency/task (s)</th>"
-            "<th>notes</th></tr>")
+            "<th>accuracy</th><th>95% CI</th><th>errors</th><th>tokens/task</th>"
+            "<th>latency/task (s)</th><th>notes</th></tr>")
     rows = []
     for r in sorted(results, key=lambda r: r.started, reverse=True):
         ci = r.interval()
         notes = []
+        if "stopped_by" in r.meta:
+            notes.append(f"aborted: {r.meta['stopped_by']}")
         if r.partial:
             notes.append(f"partial ({r.n} of {r.n_planned})")
         if r.n_errors:
-            notes.append(f"{r.n_errors} errors")
+            notes.append(r.errors_line(3) + "; accuracy over the scored tasks")
+        if r.aborted:
+            acc, band = "&mdash;", "no task scored"
+        else:
+            acc, band = f"{ci.mean:.3f}", f"[{ci.low:.3f}, {ci.high:.3f}] {ci.method}"
+        rid = str(r.meta.get("run_id", ""))[:8]
+        cls = " class='failed'" if r.n_errors or r.aborted else ""
         rows.append(
-            f"<tr><td class='l'>{datetime.fromtimestamp(r.started):%Y-%m-%d %H:%M}</td>"
-            f"<td class='l'>{html.escape(r.task_set)}</td><td class='l'>{html.escape(r.name)}</td>"
-            f"<td class='l'>{html.escape(r.model)}</td><td>{r.n}</td><td>{ci.mean:.3f}</td>"
-            f"<td>[{ci.low:.3f}, {ci.high:.3f}] {ci.method}</td><td>{r.mean_tokens:.0f}</td>"
+            f"<tr{cls}>"
+            f"<td class='l'>{datetime.fromtimestamp(r.started):%Y-%m-%d %H:%M}</td>"
+            f"<td class='l'>{html.escape(r.task_set)}</td><td class='l'>{html.escape(r.name)}"
+            f"{' #' + html.escape(rid) if rid else ''}</td>"
+            f"<td class='l'>{html.escape(r.model)}</td><td>{r.n}</td><td>{acc}</td>"
+            f"<td>{band}</td><td>{r.n_errors}</td><td>{r.mean_tokens:.0f}</td>"
             f"<td>{r.mean_latency_s:.2f}</td>"
             f"<td class='l'>{html.escape('; '.join(notes))}</td></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
@@ -234,9 +285,11 @@ def render_report(results: Sequence[EvalResult],
         a, b = pair
         c = compare(a, b)
         p = "n/a" if c.p_value is None else f"{c.p_value:.4g}"
+        left = f"; {c.left_out} task(s) left out (failed or not in both)" if c.left_out \
+            else ""
         parts.append(f"<p>{html.escape(c.b_name)} vs {html.escape(c.a_name)} on "
                      f"{html.escape(b.task_set)} ({c.n} tasks): {len(c.wins)} wins, "
-                     f"{len(c.losses)} losses, {c.ties} ties; McNemar p = {p}.</p>")
+                     f"{len(c.losses)} losses, {c.ties} ties; McNemar p = {p}{left}.</p>")
         parts.append(_img(plot_wins_losses(c, a, b), "per-task wins and losses", "plot-wins"))
     parts.append("<h2>Tokens per task</h2>"
                  + _img(plot_tokens(results), "tokens per task", "plot-tokens"))

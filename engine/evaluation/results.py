@@ -28,7 +28,9 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class TaskResult:
-    """One task's outcome. ``error`` is set when the solver failed on it (scored 0)."""
+    """One task's outcome. ``error`` ("Type: message") is set when the task failed (the
+    solver or the scorer raised): it is not scored, and every summary leaves it out (its
+    ``score`` field stays 0.0 only so the file format keeps a number there)."""
 
     task_id: str
     score: float
@@ -40,6 +42,11 @@ class TaskResult:
     outcome: str = "answered"
     seed: int = 0
     error: str | None = None
+    error_type: str | None = None  # the exception's class name, for filtering
+
+    @property
+    def scored(self) -> bool:
+        return self.error is None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -54,7 +61,9 @@ class EvalResult:
     """A run of one task set through one solver (one library version of one model).
 
     ``partial`` is true when the run was interrupted: ``results`` holds the tasks scored before
-    it stopped, ``n_planned`` how many were asked for.
+    it stopped, ``n_planned`` how many were asked for. Tasks that failed (``error``) are kept
+    in ``results`` but left out of ``scores``, ``accuracy`` and the interval: a failure is a
+    missing measurement, not a wrong answer. ``n_scored`` counts the rest.
     """
 
     task_set: str
@@ -75,29 +84,60 @@ class EvalResult:
         return len(self.results)
 
     @property
+    def scored(self) -> tuple[TaskResult, ...]:
+        """The tasks that were scored (no error)."""
+        return tuple(r for r in self.results if r.scored)
+
+    @property
+    def n_scored(self) -> int:
+        return sum(1 for r in self.results if r.scored)
+
+    @property
+    def failed(self) -> tuple[TaskResult, ...]:
+        """The tasks that failed (solver or scorer error), in run order."""
+        return tuple(r for r in self.results if not r.scored)
+
+    @property
+    def aborted(self) -> bool:
+        """Stopped before any task was scored: there is no accuracy to show."""
+        return self.n_scored == 0
+
+    @property
     def scores(self) -> dict[str, float]:
-        """Task id -> score."""
-        return {r.task_id: r.score for r in self.results}
+        """Task id -> score, for the scored tasks only."""
+        return {r.task_id: r.score for r in self.results if r.scored}
 
     def interval(self, confidence: float = 0.95) -> Interval:
-        """Accuracy (mean score) with its interval: Wilson for 0/1 scores, else bootstrap."""
-        return score_interval([r.score for r in self.results], confidence, seed=self.seed)
+        """Accuracy (mean score over the scored tasks) with its interval: Wilson for 0/1
+        scores, else bootstrap."""
+        return score_interval([r.score for r in self.scored], confidence, seed=self.seed)
 
     @property
     def accuracy(self) -> float:
-        return sum(r.score for r in self.results) / self.n if self.n else 0.0
+        """Mean score over the scored tasks (0.0 when none was: check ``aborted``)."""
+        n = self.n_scored
+        return sum(r.score for r in self.scored) / n if n else 0.0
 
     @property
     def mean_tokens(self) -> float:
-        return sum(r.tokens for r in self.results) / self.n if self.n else 0.0
+        n = self.n_scored
+        return sum(r.tokens for r in self.scored) / n if n else 0.0
 
     @property
     def mean_latency_s(self) -> float:
-        return sum(r.latency_s for r in self.results) / self.n if self.n else 0.0
+        n = self.n_scored
+        return sum(r.latency_s for r in self.scored) / n if n else 0.0
 
     @property
     def n_errors(self) -> int:
-        return sum(1 for r in self.results if r.error)
+        return self.n - self.n_scored
+
+    def errors_line(self, most: int = 5) -> str:
+        """``3 task(s) failed: t1 (IndexError: ...), t2 (...)``: for messages and reports."""
+        failed = self.failed
+        shown = ", ".join(f"{r.task_id} ({r.error})" for r in failed[:most])
+        more = f" and {len(failed) - most} more" if len(failed) > most else ""
+        return f"{len(failed)} task(s) failed: {shown}{more}"
 
     @property
     def name(self) -> str:
@@ -108,11 +148,12 @@ class EvalResult:
         """The headline numbers, JSON-safe."""
         ci = self.interval()
         return {
-            "n": self.n, "n_planned": self.n_planned, "accuracy": ci.mean,
+            "n": self.n, "n_planned": self.n_planned, "n_scored": self.n_scored,
+            "accuracy": ci.mean if self.n_scored else None,
             "ci_low": ci.low, "ci_high": ci.high, "ci_method": ci.method,
             "confidence": ci.confidence, "mean_tokens": self.mean_tokens,
             "mean_latency_s": self.mean_latency_s, "errors": self.n_errors,
-            "partial": self.partial,
+            "failed_tasks": [r.task_id for r in self.failed], "partial": self.partial,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from engine.errors import (
     EvalError,
     ModelLoadError,
     ModelNotInstalled,
+    WhetstoneError,
 )
 from engine.evaluation.results import EvalResult, TaskResult
 from engine.evaluation.scorers import NamedScorer, ScoreFn, as_scorer
@@ -90,27 +91,56 @@ class _Run:
             raise
         except Exception as exc:  # noqa: BLE001 -- one task's crash fails that task, not the run
             log.warning("task %s: solver failed: %s: %s", task.id, type(exc).__name__, exc)
-            return TaskResult(task_id=task.id, score=0.0, expected=task.expected,
-                              latency_s=time.perf_counter() - t0, outcome="error", seed=s,
-                              error=f"{type(exc).__name__}: {exc}")
+            return self._failed(task, s, time.perf_counter() - t0, exc)
         wall = time.perf_counter() - t0
         if not isinstance(trace, Trace):
             raise EvalError(f"the solver returned {type(trace).__name__} for task {task.id}, "
                             "not a Trace", hint="a solver is (task, seed) -> engine.types.Trace")
         scorer = self.scorers.get("*") or self.scorers[task.scorer]
-        score = scorer(trace, task)
         tokens = trace.total_tokens or sum(st.tokens for st in trace.steps)
         duration = trace.duration_s
         latency = duration if duration is not None and duration >= 0 else wall
         meta = {**trace.meta, **self.trace_meta, "task_set": self.task_set, "task_id": task.id,
                 "seed": s, "scorer": scorer.name, "eval_run": self.run_id}
+        try:
+            score: float | None = scorer(trace, task)
+            error: BaseException | None = None
+        except Exception as exc:  # noqa: BLE001 -- a scorer's bug on one task fails that task
+            # NamedScorer words a user scorer's exception as an EvalError: report the original.
+            error = exc.__cause__ if isinstance(exc, EvalError) and exc.__cause__ else exc
+            log.warning("task %s: scorer %s failed: %s", task.id, scorer.name,
+                        _error_text(error))
+            score = None
+            meta["eval_error"] = f"{_error_text(error)} (in scorer {scorer.name!r})"
+        # The trace is kept either way: the model time it cost is not thrown away.
         scored = trace.with_(score=score, label=_label_text(task.expected), meta=meta)
         if self.store is not None:
             self.store.append(scored)
         self.traces[task.id] = scored
+        if error is not None:
+            return self._failed(task, s, latency, error, trace=trace, tokens=tokens,
+                                where=f" (in scorer {scorer.name!r})")
+        assert score is not None
         return TaskResult(task_id=task.id, score=score, answer=trace.answer,
                           expected=task.expected, tokens=tokens, latency_s=latency,
                           trace_id=trace.id, outcome=trace.outcome, seed=s)
+
+    @staticmethod
+    def _failed(task: TaskRecord, seed: int, latency: float, exc: BaseException, *,
+                trace: Trace | None = None, tokens: int = 0, where: str = "") -> TaskResult:
+        """A failed task: not scored, its error kept (``score`` 0.0 is only a placeholder)."""
+        return TaskResult(task_id=task.id, score=0.0, expected=task.expected, seed=seed,
+                          latency_s=latency, outcome="error", error=_error_text(exc) + where,
+                          error_type=type(exc).__name__, tokens=tokens,
+                          answer=trace.answer if trace is not None else None,
+                          trace_id=trace.id if trace is not None else None)
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Type: message``; a scorer's failure is already worded as such (``EvalError``)."""
+    if isinstance(exc, WhetstoneError):
+        return f"{type(exc).__name__}: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _run_serial(run: _Run, tasks: Sequence[TaskRecord], done: dict[int, TaskResult],
@@ -167,17 +197,22 @@ def evaluate(
     label: str | None = None,
     results_dir: Path | str | None = None,
     trace_meta: Mapping[str, Any] | None = None,
+    run_meta: Mapping[str, Any] | None = None,
 ) -> EvalResult:
     """Run every task through ``solver`` and score it.
 
     ``scorer``: a name or a function ``(prediction, task) -> float`` used for every task, or
-    ``None``: each task's own ``scorer``. Each scored trace is appended to ``store`` with its score, its expected answer as
-    label, and ``meta`` holding task_set, task_id, seed, scorer and eval_run. A solver exception
-    scores its task 0 (recorded in ``TaskResult.error``) unless it would hit every task (bad
-    config, missing model, unreachable backend): then the run stops and the error is raised.
+    ``None``: each task's own ``scorer``. Each scored trace is appended to ``store`` with its
+    score, its expected answer as label, and ``meta`` holding task_set, task_id, seed, scorer
+    and eval_run. A task whose solver or scorer raises is a failed task, not a 0: its error is
+    recorded in ``TaskResult.error`` and it is left out of the accuracy (a trace the scorer
+    failed on is stored unscored, with ``meta["eval_error"]``), and the run goes on; only a
+    solver error that would hit every task alike (bad config, missing model, unreachable
+    backend) stops the run and is raised.
     Ctrl-C returns the tasks scored so far, with ``partial=True``. With ``results_dir`` the
     result is saved there (partial ones too) and ``meta["saved_to"]`` says where.
-    ``trace_meta`` is added to every stored trace's ``meta`` (the gate marks its runs with it).
+    ``trace_meta`` is added to every stored trace's ``meta`` (the gate marks its runs with it);
+    ``run_meta`` to the result's (the CLI records the solver, so reports tell runs apart).
     """
     if concurrency < 1:
         raise EvalError(f"concurrency must be >= 1, got {concurrency}", hint="e.g. --concurrency 4")
@@ -220,7 +255,7 @@ def evaluate(
             [t.library_version for t in traces]),
         seed=seed, started=started, ended=time.time(), partial=partial,
         n_planned=len(task_list), label=label,
-        meta={"run_id": run_id, "concurrency": concurrency,
+        meta={**dict(run_meta or {}), "run_id": run_id, "concurrency": concurrency,
               **({"stopped_by": f"{type(fatal).__name__}: {fatal}"} if fatal else {})},
     )
     warning = all_zero_warning(result)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.backends.base import Backend
-from engine.errors import ConfigError
+from engine.errors import ConfigError, TasksFailed
 from engine.evaluation.gate import Decision, run_gate
 from engine.evaluation.runner import ProgressFn, Solver, evaluate
 from engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
@@ -123,9 +123,12 @@ def gate_and_apply(
     on_progress: ProgressFn | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_run: Callable[[str], None] | None = None,
+    allow_errors: bool = False,
 ) -> EvolveResult:
     """Score ``patch`` against the current version and land it as a version or a candidate.
-    ``on_run`` is told which of the gate's two runs ("current", "candidate") starts."""
+    ``on_run`` is told which of the gate's two runs ("current", "candidate") starts. When
+    tasks fail in a gate run, nothing is decided (unless ``allow_errors``): the patch is kept
+    as a candidate and ``note`` names the failed tasks."""
     say = on_phase or (lambda phase: None)
     current = library.snapshot()
     diff = patch_diff(library, patch.changes, current)
@@ -145,10 +148,18 @@ def gate_and_apply(
         return result
     say("gate")
     start = time.perf_counter()
-    decision = run_gate(
-        gate_tasks, make_solver(preview), make_solver(current), rule=rule, seed=seed,
-        concurrency=concurrency, store=library.traces, candidate_version=preview.id,
-        current_version=current.id, on_progress=on_progress, on_run=on_run)
+    try:
+        decision = run_gate(
+            gate_tasks, make_solver(preview), make_solver(current), rule=rule, seed=seed,
+            concurrency=concurrency, store=library.traces, candidate_version=preview.id,
+            current_version=current.id, on_progress=on_progress, on_run=on_run,
+            allow_errors=allow_errors)
+    except TasksFailed as exc:
+        # The fit's work is kept: the gate can be run again once the failures are fixed.
+        result.seconds["gate"] = round(time.perf_counter() - start, 3)
+        result.note = f"{exc.message}; {exc.hint}"
+        result.candidate = _save_candidate(library, patch, candidate_name, None, result.note)
+        return result
     result.seconds["gate"] = round(time.perf_counter() - start, 3)
     result.decision = decision
     scores = {"gate": decision.to_dict()}
@@ -192,13 +203,15 @@ def evolve(
     max_agent_runs: int | None = None,
     on_progress: Progress | None = None,
     on_phase: Callable[[str], None] | None = None,
+    allow_errors: bool = False,
 ) -> EvolveResult:
     """Learn from traces with ``evolver`` and land the patch through the gate.
 
     ``traces`` are used as given; otherwise ``query`` (default: every finished trace)
     selects them from the library's store, newest ``limit``, only ``tasks``' own when given
     (running ``tasks`` first when none are stored). The gate scores on ``gate_tasks``
-    (default: the traces' own tasks).
+    (default: the traces' own tasks); a gate run with failed tasks decides nothing unless
+    ``allow_errors`` (see ``gate_and_apply``).
     """
     report = on_progress or (lambda phase, done, total: None)
     say = on_phase or (lambda phase: None)
@@ -220,7 +233,7 @@ def evolve(
         patch, library, make_solver=make_solver, gate_tasks=gate_set, rule=rule, seed=seed,
         concurrency=concurrency, candidate_name=candidate_name, dry_run=dry_run,
         on_progress=lambda done, n, r: report(f"gate: {which[-1]}", done, n),
-        on_phase=say, on_run=which.append)
+        on_phase=say, on_run=which.append, allow_errors=allow_errors)
     result.traces = len(chosen)
     result.seconds["fit"] = fit_s
     return result
