@@ -492,8 +492,10 @@ def run_plan(runner: Runner, results_dir: Path, *, only: Sequence[str] = (),
             say(f"running {row.id}")
             outcome = runner.run(row)
             save_outcome(results_dir, row, outcome)
-            say(f"  {row.id}: accuracy {outcome.result.accuracy:.3f} on {outcome.result.n} "
-                f"tasks ({outcome.seconds:.0f} s)")
+            res = outcome.result
+            failed = f", {res.n_errors} failed (not scored)" if res.n_errors else ""
+            say(f"  {row.id}: accuracy {res.accuracy:.3f} on {res.n_scored} scored of {res.n} "
+                f"tasks{failed} ({outcome.seconds:.0f} s)")
             outcomes[row.id] = outcome
         elif saved is not None:
             outcomes[row.id] = saved
