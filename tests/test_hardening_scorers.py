@@ -132,9 +132,8 @@ def test_a_scorer_with_the_wrong_signature_or_a_crash_is_a_clear_error(tmp_path:
     else:
         raise AssertionError("a one-argument scorer was accepted")
     tasks = [TaskRecord(id="t1", question="q", metadata={"entry_point": "double"})]
-    try:
-        evaluate(tasks, factory("scripted:", tmp_path, None), f"{bad}:crash")
-    except EvalError as exc:
-        assert "failed on task t1: KeyError" in exc.message
-    else:
-        raise AssertionError("a crashing scorer went unreported")
+    # A crash is that task's error, reported with its type (issue 27: not the run's end).
+    result = evaluate(tasks, factory("scripted:", tmp_path, None), f"{bad}:crash")
+    (failed,) = result.failed
+    assert failed.task_id == "t1" and failed.error_type == "KeyError"
+    assert failed.error is not None and failed.error.startswith("KeyError: 'test' (in scorer")
