@@ -122,12 +122,20 @@ class Toolbox:
                             hint="call one of the available tools by its exact name")
         return self.tools[name]
 
-    def call(self, name: str, arguments: str | Mapping[str, Any]) -> ToolResult:
-        """Run a tool; every failure comes back as ``ToolResult.error``, never as an exception."""
+    def call(self, name: str, arguments: str | Mapping[str, Any], *,
+             task: str | None = None) -> ToolResult:
+        """Run a tool; every failure comes back as ``ToolResult.error``, never as an exception.
+        ``task``: the run's task text, passed to the parameters the tool's spec injects
+        (``ToolSpec.inject``) in place of whatever the model wrote there."""
         start = time.perf_counter()
         try:
             tool = self._get(name)
-            kwargs = self.coerce_arguments(name, arguments)
+            kwargs = self.coerce_arguments(name, arguments) if tool.spec.parameters.get(
+                "properties") or not tool.spec.inject else {}
+            for param, source in tool.spec.inject.items():
+                kwargs.pop(param, None)
+                if source == "task" and task is not None:
+                    kwargs[param] = task
             result = tool.fn(kwargs)
         except ToolError as exc:
             return ToolResult(error=exc.message, duration_s=time.perf_counter() - start)

@@ -15,6 +15,17 @@ it (no tool without its when-to-use skill). The function is named like the file:
         \"\"\"
         ...
 
+Two markers from ``typing.Annotated`` make a tool a small model can use without copying its
+input (the tool reads the task itself) or its output (the tool's result is the answer)::
+
+    def sort_words(question: Annotated[str, "task"]) -> Annotated[str, "answer"]:
+
+A parameter ``Annotated[str, "task"]`` is filled by the runtime with the run's task text and
+is not shown to the model (LangChain's ``InjectedToolArg``); a return ``Annotated[..., "answer"]``
+says the output is the task's answer, so a run that calls the tool successfully ends with it
+(LangChain's ``return_direct``). Dynamo writes such tools only after checking their output
+against labels.
+
 Parameters and the return value are JSON types (``int``, ``float``, ``str``, ``bool``,
 ``list[...]``, ``dict[str, ...]``, ``Literal[...]``, ``X | None``) or ``PIL.Image.Image``: an image
 argument is passed as a file path and opened for the tool; an image result comes back as a PNG
@@ -41,6 +52,10 @@ MAX_DESCRIPTION = 1024
 IMAGE_ANNOTATIONS = frozenset({"Image.Image", "PIL.Image.Image", "Image"})
 _SCALARS = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
 IMAGE_SCHEMA_NOTE = "path of an image file (PNG, JPEG, ...)"
+
+
+INJECT_SOURCES = frozenset({"task"})  # Annotated[str, "task"]: the run's task text
+ANSWER_MARK = "answer"  # -> Annotated[..., "answer"]: the output is the task's answer
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,20 @@ def _literal_values(node: ast.expr) -> list[Any]:
             raise _SchemaError("Literal[...] takes str, int, float or bool constants", e.lineno)
         values.append(e.value)
     return values
+
+
+def _annotated(node: ast.expr | None) -> tuple[ast.expr, str] | None:
+    """``(X, "mark")`` for ``Annotated[X, "mark"]`` (a single string mark), else None."""
+    if not isinstance(node, ast.Subscript) or \
+            _dotted(node.value) not in ("Annotated", "typing.Annotated"):
+        return None
+    elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else []
+    if len(elts) != 2 or not isinstance(elts[1], ast.Constant) or \
+            not isinstance(elts[1].value, str):
+        raise _SchemaError('Annotated takes a type and one mark: Annotated[str, "task"] for '
+                           'a parameter, Annotated[str, "answer"] for the return value',
+                           node.lineno)
+    return elts[0], elts[1].value
 
 
 def _optional_inner(node: ast.expr) -> ast.expr | None:
@@ -184,8 +213,33 @@ def _default(node: ast.expr) -> Any:
     return value
 
 
-def _schema(fn: ast.FunctionDef) -> tuple[str, dict[str, Any], tuple[str, ...], bool]:
-    """(description, parameters schema, image parameters, returns an image)."""
+@dataclass(frozen=True)
+class _Signature:
+    description: str
+    schema: dict[str, Any]  # what the model sees: injected parameters left out
+    images: tuple[str, ...]
+    returns_image: bool
+    inject: dict[str, str]
+    returns_answer: bool
+
+
+def _param(p: ast.arg) -> tuple[ast.expr | None, str | None]:
+    """A parameter's type annotation and its injection source (None: the model fills it)."""
+    marked = _annotated(p.annotation)
+    if marked is None:
+        return p.annotation, None
+    inner, mark = marked
+    if mark not in INJECT_SOURCES:
+        raise _SchemaError(f'parameter {p.arg!r}: unknown mark {mark!r}; a parameter may be '
+                           'Annotated[str, "task"] (the runtime passes the task text)', p.lineno)
+    if _dotted(inner) != "str":
+        raise _SchemaError(f'parameter {p.arg!r}: the task text is a str: '
+                           'Annotated[str, "task"]', p.lineno)
+    return inner, mark
+
+
+def _schema(fn: ast.FunctionDef) -> _Signature:
+    """The signature as the model sees it, and what the runtime adds."""
     doc = ast.get_docstring(fn)
     if not doc:
         raise _SchemaError("needs a docstring saying what it computes", fn.lineno)
@@ -202,9 +256,14 @@ def _schema(fn: ast.FunctionDef) -> tuple[str, dict[str, Any], tuple[str, ...], 
                      if d is not None})
     props: dict[str, Any] = {}
     images = []
+    inject: dict[str, str] = {}
     for p in params:
+        annotation, source = _param(p)
+        if source is not None:
+            inject[p.arg] = source
+            continue
         try:
-            schema, image = annotation_schema(p.annotation)
+            schema, image = annotation_schema(annotation)
         except _SchemaError as exc:
             raise _SchemaError(f"parameter {p.arg!r}: {exc.detail}", p.lineno) from exc
         if param_docs.get(p.arg):
@@ -214,13 +273,22 @@ def _schema(fn: ast.FunctionDef) -> tuple[str, dict[str, Any], tuple[str, ...], 
             schema["default"] = _default(defaults[p.arg])
         props[p.arg] = schema
         images += [p.arg] if image else []
+    returns, returns_answer = fn.returns, False
+    marked = _annotated(fn.returns)
+    if marked is not None:
+        if marked[1] != ANSWER_MARK:
+            raise _SchemaError(f'return value: unknown mark {marked[1]!r}; use '
+                               'Annotated[str, "answer"] when the output is the answer',
+                               fn.lineno)
+        returns, returns_answer = marked[0], True
     try:
-        _, returns_image = annotation_schema(fn.returns)
+        _, returns_image = annotation_schema(returns)
     except _SchemaError as exc:
         raise _SchemaError(f"return value: {exc.detail}", fn.lineno) from exc
-    required = [p.arg for p in params if p.arg not in defaults]
+    required = [p.arg for p in params if p.arg not in defaults and p.arg not in inject]
     schema = {"type": "object", "properties": props, "required": required}
-    return description[:MAX_DESCRIPTION], schema, tuple(images), returns_image
+    return _Signature(description[:MAX_DESCRIPTION], schema, tuple(images), returns_image,
+                      inject, returns_answer)
 
 
 def define_tool(source: str, *, name: str, skill: str, path: str | None = None
@@ -240,16 +308,16 @@ def define_tool(source: str, *, name: str, skill: str, path: str | None = None
             path, "tool-function", f"no top-level function named {name!r}",
             hint=f"define `def {name}(...)` in {name}.py")]
     try:
-        description, schema, images, returns_image = _schema(fn)
+        sig = _schema(fn)
     except _SchemaError as exc:
         problems.append(ValidationError(path, "signature", exc.detail, line=exc.line,
                                         hint="type every parameter and the return value with "
                                              "JSON types or PIL.Image.Image; document them"))
     if problems:
         return None, problems
-    spec = ToolSpec(name=name, description=description, parameters=schema, source=path,
-                    skill=skill)
-    return ToolDefinition(name, skill, path, source, spec, images, returns_image), []
+    spec = ToolSpec(name=name, description=sig.description, parameters=sig.schema, source=path,
+                    skill=skill, inject=sig.inject, returns_answer=sig.returns_answer)
+    return ToolDefinition(name, skill, path, source, spec, sig.images, sig.returns_image), []
 
 
 def _script_names(skill: Skill) -> list[tuple[str, str]]:
@@ -303,6 +371,12 @@ def check_arguments(definition: ToolDefinition, args: Mapping[str, Any]) -> dict
     """The arguments, coerced where the model wrote a number as text; ``ValueError`` names
     what is missing, unknown or of the wrong type."""
     props: Mapping[str, Any] = definition.spec.parameters.get("properties", {})
+    injected = {k: v for k, v in args.items() if k in definition.spec.inject}
+    args = {k: v for k, v in args.items() if k not in injected}
+    missing_injected = sorted(set(definition.spec.inject) - set(injected))
+    if missing_injected:
+        raise ValueError(f"{definition.name} reads the task text ({', '.join(missing_injected)})"
+                         "; it runs inside an agent run, which passes it")
     unknown = sorted(set(args) - set(props))
     if unknown:
         raise ValueError(f"unknown argument(s) {', '.join(unknown)}; {definition.name} takes "
@@ -310,7 +384,8 @@ def check_arguments(definition: ToolDefinition, args: Mapping[str, Any]) -> dict
     missing = [p for p in definition.spec.parameters.get("required", []) if p not in args]
     if missing:
         raise ValueError(f"missing argument(s) {', '.join(missing)}")
-    return {k: _coerce(k, v, props[k]) for k, v in args.items()}
+    return {**{k: _coerce(k, v, props[k]) for k, v in args.items()},
+            **{k: str(v) for k, v in injected.items()}}
 
 
 def _coerce(name: str, value: Any, schema: Mapping[str, Any]) -> Any:

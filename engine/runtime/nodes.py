@@ -213,7 +213,7 @@ def _arguments(call: Mapping[str, Any], answer_tools: set[str]) -> tuple[Any, st
 
 
 def _run_one(call: Mapping[str, Any], args: Any, offered: set[str],
-             earlier: Mapping[str, tuple[str, bool]], ctx: AgentContext
+             earlier: Mapping[str, tuple[str, bool]], ctx: AgentContext, task: str
              ) -> tuple[str, str | None, bool, float, str, dict[str, Any]]:
     """Run one call: (observation, error, timed out, seconds, outcome, how it ran) where
     outcome is ``ran`` (output), ``empty``, ``failed`` or ``repeated`` and how it ran is the
@@ -230,10 +230,24 @@ def _run_one(call: Mapping[str, Any], args: Any, offered: set[str],
         if failed:
             return obs, "repeated a call that failed", False, 0.0, "failed", {}
         return obs, None, False, 0.0, "repeated", {}
-    result = ctx.toolbox.call(name, args)
+    result = ctx.toolbox.call(name, args, task=task)
     outcome = "failed" if not result.ok else "ran" if result.output.strip() else "empty"
     return (result.observation(name), result.error, result.timed_out, result.duration_s,
             outcome, dict(result.metadata))
+
+
+def _returns_answer(ctx: AgentContext, name: str) -> bool:
+    tool = ctx.toolbox.tools.get(name)
+    return tool is not None and tool.spec.returns_answer
+
+
+def _answer_text(output: str) -> str:
+    """A learned tool's result is JSON: a string result is the answer's text itself."""
+    try:
+        value = json.loads(output)
+    except json.JSONDecodeError:
+        return output.strip()
+    return value.strip() if isinstance(value, str) else output.strip()
 
 
 def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
@@ -267,13 +281,15 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             obs, err, timed_out, dur, outcome = (f"Error in {name}: {bad_json}", bad_json,
                                                  False, 0.0, "failed")
         else:
-            obs, err, timed_out, dur, outcome, tool_meta = _run_one(call, args, offered,
-                                                                    earlier, ctx)
+            obs, err, timed_out, dur, outcome, tool_meta = _run_one(
+                call, args, offered, earlier, ctx, str(state.get("task") or ""))
         repeated = repeated or outcome == "repeated"
         outcomes.append(outcome)
         if call.get("final_program") and outcome == "ran" \
                 and ctx.config.answer_with_program_output and output_is_answer(obs, offered):
             program_answer = obs.strip()
+        if outcome == "ran" and _returns_answer(ctx, name):
+            program_answer = _answer_text(obs)  # an answer tool: its output is the answer
         if call.get("native"):
             messages.append({"role": "tool", "tool_call_id": call["id"], "name": name,
                              "content": obs})
