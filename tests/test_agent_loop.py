@@ -76,8 +76,9 @@ def test_every_call_form_runs_as_a_call_and_is_never_the_answer(form: str,
     [act] = acts(trace)
     assert act.input["tool"] == tool and act.error is None
     assert act.output["observation"].strip() == "391"
-    if tool == "python":
-        # A program's real output answers; the prose after it was written before it ran.
+    if "```python" in reply:
+        # Written as a program (the call, or the code): its real output answers; the prose
+        # after it was written before it ran.
         assert trace.answer == "391" and len(backend.requests) == 1
         return
     # The model saw the real result, then answered; the call itself never became the answer.
@@ -321,11 +322,14 @@ def test_the_issue_27_reply_answers_through_the_calculator_not_with_the_echo() -
     # The exact reply llama.cpp's server gave (no function-calling chat format): the loop ran
     # it as a program and answered with the printed dict.
     reply = ("```python\n{'name': 'calculator', 'arguments': {'expression': '17 * 23'}}\n```")
-    backend = ScriptedBackend([reply, "17 * 23 = 391."], tool_calls=True)  # as openai: is
+    backend = ScriptedBackend([reply + "\nThe result of `17 * 23` is `409`."],
+                              tool_calls=True)  # as openai: is
     trace = Agent(backend).run("Use the calculator: what is 17 * 23?")
     [act] = acts(trace)
     assert act.input["tool"] == "calculator" and act.output["observation"] == "391"
-    assert trace.answer == "17 * 23 = 391." and "391" in backend.requests[1].messages[-1].text
+    # As for a program that ends the reply: the real result answers, not the guess after it
+    # (through llama.cpp the model, shown the result, chained calls on it to the horizon).
+    assert trace.answer == "391" and len(backend.requests) == 1
 
 
 @pytest.mark.parametrize("program", [
@@ -346,8 +350,8 @@ def test_a_program_that_prints_no_answer_is_shown_to_the_model_not_taken(program
 def test_a_program_and_a_call_block_in_one_reply_both_run() -> None:
     reply = ("```python\nprint(17 * 23)\n```\nAnd to check:\n```python\n{'name': "
              "'calculator', 'arguments': {'expression': '23 * 17'}}\n```")
-    backend = ScriptedBackend([reply, ANSWER], tool_calls=True)
+    backend = ScriptedBackend([reply], tool_calls=True)
     trace = Agent(backend).run(TASK)
     assert [(a.input["tool"], a.output["observation"].strip()) for a in acts(trace)] == [
         ("python", "391"), ("calculator", "391")]
-    assert trace.answer == ANSWER
+    assert trace.answer == "391"  # the last one, written as a program, answers

@@ -85,7 +85,8 @@ def test_a_call_object_is_a_call_wherever_it_stands(text: str) -> None:
     p = parse_code(text)
     assert p.kind == "action" and [c.name for c in p.calls] == ["calculator"]
     assert json.loads(p.calls[0].arguments) == {"expression": "17 * 23"}
-    assert not p.ends_with_program  # the model answers once it has seen the result
+    # In a python fence it is written as a program: its result answers when it ends the reply.
+    assert p.ends_with_program is ("```py" in text)
 
 
 def test_data_inside_a_program_is_not_a_call() -> None:

@@ -241,7 +241,9 @@ def _block_calls(block: re.Match[str], tool_names: Collection[str]) -> list[Foun
     rest = "".join(code[edges[i]:edges[i + 1]] for i in range(0, len(edges), 2))
     if not (any(f.call.name in tool_names for f in calls) or _ONLY_CALLS.fullmatch(rest)):
         return []
-    out = [Found(offset + f.start, offset + f.end, f.call) for f in calls]
+    # Written as a program (form "code"): as for a program, text after it was written before
+    # it ran (often a guessed result), and its result answers when it ends the reply.
+    out = [Found(offset + f.start, offset + f.end, replace(f.call, form="code")) for f in calls]
     out[0] = replace(out[0], start=block.start())
     out[-1] = replace(out[-1], end=block.end())
     return out
