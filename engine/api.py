@@ -255,7 +255,7 @@ class Engine:
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
-               **options: Any) -> EvolveResult:
+               allow_errors: bool = False, **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
         object) and land the change through the regression gate.
 
@@ -268,7 +268,8 @@ class Engine:
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
-        ``agent`` or ``direct``.
+        ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
+        kept as a candidate) unless ``allow_errors``.
         """
         from engine.backends import auto_concurrency
         from engine.evaluation.benchmarks import load_tasks
@@ -300,7 +301,8 @@ class Engine:
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.spec,
-                max_agent_runs=max_agent_runs, on_progress=on_progress)
+                max_agent_runs=max_agent_runs, on_progress=on_progress,
+                allow_errors=allow_errors)
         finally:
             if own:
                 analyst_backend.close()

@@ -21,7 +21,8 @@ import numpy as np
 from engine.errors import NotFound
 from engine.prompts import render_prompt
 from library_store.store import Library, Snapshot
-from skills.format import SKILL_FILE, parse_skill_md
+from skills.examples import ExampleRetriever
+from skills.format import EXAMPLES_FILE, SKILL_FILE, Example, parse_examples, parse_skill_md
 from skills.index import Hit, LibraryIndex, SkillSource
 from skills.loader import SKILLS_DIR, skill_names
 
@@ -127,6 +128,8 @@ class SkillRetriever:
         self._pinned: dict[str, LibraryIndex] = {}
         self._bodies: OrderedDict[str, str] = OrderedDict()  # SKILL.md hash -> body
         self._lock = threading.Lock()
+        self._examples: ExampleRetriever | None = None  # built on first use
+        self._example_files: dict[str, list[Example]] = {}  # examples.md hash -> examples
 
     def search(self, task: str | None, *, snapshot: Snapshot | None = None, k: int | None = None,
                query_vector: np.ndarray | None = None,
@@ -138,8 +141,42 @@ class SkillRetriever:
         index.ensure(snap)
         vector = query_vector if query_vector is not None else index.embed_query(task or "")
         hits = index.query(vector, kind="skill", k=k or self.k)
-        return [m for m in (self._match(snap, h) for h in hits) if m is not None
-                and (not floor or self.min_score is None or m.score >= self.min_score)]
+        matches = [m for m in (self._match(snap, h) for h in hits) if m is not None]
+        if self.min_score is not None and task:
+            matches = self._through_examples(snap, task, matches)
+        return [m for m in matches
+                if not floor or self.min_score is None or m.score >= self.min_score]
+
+    def _through_examples(self, snap: Snapshot, task: str, matches: list[SkillMatch]
+                          ) -> list[SkillMatch]:
+        """A skill under the floor that keeps worked examples scores as its nearest example's
+        task: a generic description ("word problems that add quantities") sits far from any
+        one task, while a task of the same kind as an example the skill was verified on sits
+        close to it. Re-ranked by the new scores."""
+        out = []
+        for m in matches:
+            path = f"{SKILLS_DIR}/{m.name}/{EXAMPLES_FILE}"
+            if m.score < (self.min_score or 0.0) and snap.exists(path):
+                best = self._example_score(snap, path, task)
+                if best > m.score:
+                    m = SkillMatch(m.name, m.description, best)
+            out.append(m)
+        return sorted(out, key=lambda m: -m.score)
+
+    def _example_score(self, snap: Snapshot, path: str, task: str) -> float:
+        digest = snap.hash_of(path) or path
+        with self._lock:
+            if self._examples is None:
+                self._examples = ExampleRetriever(self.index.embedder)
+            examples = self._example_files.get(digest)
+        if examples is None:
+            examples = parse_examples(snap.read_text(path), path=path)[0]
+            with self._lock:
+                if len(self._example_files) > 256:
+                    self._example_files.clear()
+                self._example_files[digest] = examples
+        ranked = self._examples.rank(task, examples)
+        return ranked[0][1] if ranked else 0.0
 
     def _index_for(self, snap: Snapshot) -> LibraryIndex:
         """The shared index follows the current version; any other version (pinned for an

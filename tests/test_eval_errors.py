@@ -225,3 +225,12 @@ def test_evolve_keeps_the_patch_as_a_candidate_when_gate_tasks_fail(tmp_path: Pa
                          allow_errors=True)
     assert out.decision is not None and out.decision.left_out == ("add-01",)
     assert out.version is not None
+
+
+def test_evolve_takes_allow_errors_from_the_command_line() -> None:
+    from click.testing import CliRunner
+
+    from cli import cli
+
+    res = CliRunner().invoke(cli, ["evolve", "memory", "--help"])
+    assert res.exit_code == 0 and "--allow-errors" in res.output

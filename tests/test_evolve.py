@@ -18,6 +18,9 @@ from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
 from engine.types import Request
 
 LESSON = "- Add the two quantities before answering."
+# A description a task must match to see the skill (the skills floor, SkillsConfig.min_score):
+# "Lessons learned for adding tasks" scores under it against these questions.
+ADDING = "Word problems where someone has some apples and gets more: add the two quantities."
 TASKS = [TaskRecord(id=f"q{i}", question=f"Tom has {i} apples and gets {i} more. How many?",
                     expected=str(2 * i), scorer="numeric") for i in range(1, 5)]
 
@@ -71,7 +74,7 @@ def test_a_harmful_skill_is_rejected_and_kept_as_a_candidate(tmp_path: Path) -> 
     engine = Engine(ScriptedBackend(responder=contrary), library=tmp_path / "lib",
                     checkpointing=False)
     traces = collect(engine)
-    patch = Trace2Skill(Trace2SkillConfig("adding", create=True)).fit(
+    patch = Trace2Skill(Trace2SkillConfig("adding", create=True, description=ADDING)).fit(
         traces, {}, ScriptedBackend(responder=analyst_reply))
     result = gate_and_apply(patch, engine.library, make_solver=lambda s: engine.solver(snapshot=s),
                             gate_tasks=tasks_from_traces(traces, scorer="numeric"),
@@ -89,7 +92,7 @@ def test_a_harmful_skill_is_rejected_and_kept_as_a_candidate(tmp_path: Path) -> 
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
                     library=tmp_path / "lib", checkpointing=False)
-    patch = Trace2Skill(Trace2SkillConfig("adding", create=True)).fit(
+    patch = Trace2Skill(Trace2SkillConfig("adding", create=True, description=ADDING)).fit(
         collect(engine), {}, ScriptedBackend(responder=analyst_reply))
     result = gate_and_apply(patch, engine.library, make_solver=lambda s: engine.solver(snapshot=s),
                             gate_tasks=TASKS, dry_run=True)
@@ -143,7 +146,7 @@ def test_cli_dry_run_and_trace_filters(tmp_path: Path) -> None:
 def test_a_candidate_can_be_evaluated_without_applying_it(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
                     library=tmp_path / "lib", checkpointing=False)
-    patch = Trace2Skill(Trace2SkillConfig("adding", create=True)).fit(
+    patch = Trace2Skill(Trace2SkillConfig("adding", create=True, description=ADDING)).fit(
         collect(engine), {}, ScriptedBackend(responder=analyst_reply))
     engine.library.candidates.save("try", patch.changes, method="trace2skill")
     cand = Engine(engine.backend, library=tmp_path / "lib", version="candidate:try",
@@ -156,7 +159,7 @@ def test_python_api_evolve_in_three_lines(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
                     library=tmp_path / "lib", checkpointing=False)
     collect(engine)
-    result = engine.evolve("trace2skill", skill="adding", create=True,
+    result = engine.evolve("trace2skill", skill="adding", create=True, description=ADDING,
                            analyst=ScriptedBackend(responder=analyst_reply))
     assert result.version is not None and result.version.id == "v2"
     assert result.decision is not None and result.decision.candidate_score == 1.0
@@ -174,7 +177,8 @@ def test_the_gates_own_runs_are_not_training_traces(tmp_path: Path) -> None:
         analysed.append(request.messages[-1].text)
         return analyst_reply(request)
 
-    engine.evolve("trace2skill", skill="adding", create=True, gate_tasks=held_out,
+    engine.evolve("trace2skill", skill="adding", create=True, description=ADDING,
+                  gate_tasks=held_out,
                   analyst=ScriptedBackend(responder=analyst))
     stored = engine.traces.query()
     gate_runs = [t for t in stored if "gate" in t.meta]

@@ -168,3 +168,13 @@ def test_an_unrelated_task_gets_no_skill_by_default(tmp_path: Path) -> None:
     assert [m.role for m in backend.requests[0].messages] == ["user"]  # nothing injected
     assert trace.meta["skills"]["shown"] == []
     assert trace.meta["skills"]["matches"][0][0] == "unit-conversion"  # scored, under the floor
+
+
+def test_skills_options_need_no_methods_flag() -> None:
+    """Skill retrieval runs by default, so ``--method-config skills.k=3`` alone sets it."""
+    from engine.commands.common import parse_methods
+
+    assert parse_methods("", ("skills.k=3", "skills.turns=true")) == [
+        ("skills", {"k": 3, "turns": True})]
+    with pytest.raises(ConfigError, match="which --methods does not list"):
+        parse_methods("", ("memory.k=3",))

@@ -279,6 +279,10 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
         if not eq or not dot or not key:
             raise ConfigError(f"cannot read --method-config {item!r}",
                               hint="write NAME.KEY=VALUE, e.g. skills.k=3")
+        if name not in raw and name == "skills":
+            # Skill retrieval runs by default; setting its options must not require naming it.
+            names.append(name)
+            raw[name] = {}
         if name not in raw:
             raise ConfigError(f"--method-config sets {name!r}, which --methods does not list",
                               hint=f"add it: --methods {','.join([*names, name])}")

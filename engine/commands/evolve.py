@@ -59,6 +59,9 @@ def _shared_options() -> list[click.Option]:
         click.option("--gate-tasks", default=None, metavar="SET",
                      help="Held-out tasks for the gate (default: the traces' own tasks)."),
         click.option("--gate-rule", default="not_worse", show_default=True),
+        click.option("--allow-errors", is_flag=True,
+                     help="Let the gate decide even when some of its tasks failed (their "
+                          "errors are listed; by default the change is kept as a candidate)."),
         concurrency_option,
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--candidate", "candidate_name", default=None,
@@ -195,7 +198,8 @@ def _bar(err: Any) -> Progress:
 
 def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          trace_filter: str | None, limit: int | None, model: str, analyst: str | None,
-         gate_tasks: str | None, gate_rule: str, concurrency: int | None, seed: int,
+         gate_tasks: str | None, gate_rule: str, allow_errors: bool,
+         concurrency: int | None, seed: int,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
          solver: str, as_json: bool) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
@@ -219,7 +223,7 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
                 analyst=analyst, gate_tasks=load_tasks(gate_tasks) if gate_tasks else None,
                 rule=gate_rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, on_progress=on_progress,
-                **options)
+                allow_errors=allow_errors, **options)
     finally:
         engine.close()
     if as_json:
