@@ -28,6 +28,9 @@ def shop(i: int, prefix: str = "t") -> TaskRecord:
                       "What do they cost together?", expected=str(a + b + c), scorer="numeric")
 
 
+# The tool maker (tests/test_dynamo_maker.py) would run first on these all-failed tasks; these
+# tests are about the diagnosis path, so it is switched off.
+DIAGNOSE = {"maker_share": 2.0}
 TRAIN = TaskSet("shop-train", tuple(shop(i) for i in range(4)))
 DEV = TaskSet("shop-dev", tuple(shop(i, "d") for i in range(10, 13)))
 
@@ -120,7 +123,7 @@ def test_dynamo_learns_a_skill_and_tool_pair_that_passes_its_test_and_the_gate(
         tmp_path: Path) -> None:
     engine = engine_at(tmp_path)
     analyst = Analyst(tools=[EVAL_TOOL, GOOD_TOOL])
-    result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4, rounds=2,
+    result = engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4, rounds=2,
                            analyst=ScriptedBackend(responder=analyst))
     d = result.decision
     assert d is not None and d.accepted and (d.current_score, d.candidate_score) == (0.0, 1.0)
@@ -157,7 +160,7 @@ def test_dynamo_learns_a_skill_and_tool_pair_that_passes_its_test_and_the_gate(
 def test_a_tool_that_crashes_on_the_failing_inputs_is_dropped_with_the_reason(
         tmp_path: Path) -> None:
     engine = engine_at(tmp_path)
-    result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4,
+    result = engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4,
                            analyst=ScriptedBackend(responder=Analyst(tools=[CRASHING_TOOL])))
     assert result.patch.empty and result.version is None
     proposal = result.patch.details["rounds"][0]["proposals"][0]
@@ -170,7 +173,7 @@ def test_a_round_without_gain_is_not_kept(tmp_path: Path) -> None:
     # A cognitive diagnosis becomes a reasoning skill; this model ignores it: no gain.
     engine = engine_at(tmp_path)
     analyst = Analyst(kind="cognitive")
-    result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4, rounds=3,
+    result = engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4, rounds=3,
                            analyst=ScriptedBackend(responder=analyst))
     rnd = result.patch.details["rounds"][0]
     assert rnd["proposals"][0]["kind"] == "reasoning" and rnd["proposals"][0]["kept"]
@@ -181,7 +184,7 @@ def test_a_round_without_gain_is_not_kept(tmp_path: Path) -> None:
 def test_malformed_diagnoses_are_dropped_with_a_count(tmp_path: Path) -> None:
     engine = engine_at(tmp_path)
     analyst = Analyst(diagnosis_reply="The agent was wrong. {not json")
-    result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4,
+    result = engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4,
                            analyst=ScriptedBackend(responder=analyst))
     stats = result.patch.details["analyst"]
     assert stats["calls"] == 2 and stats["retries"] == 1 and stats["dropped"] == 1
@@ -241,7 +244,7 @@ def test_code_using_os_system_or_dunder_import_is_refused_before_it_runs(bad: st
 def test_given_toolset_mode_learns_only_when_to_call_python(tmp_path: Path) -> None:
     engine = engine_at(tmp_path)
     analyst = Analyst()
-    result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4, toolset="python",
+    result = engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4, toolset="python",
                            analyst=ScriptedBackend(responder=analyst))
     assert not any("Write ONE Python function" in p for p in analyst.prompts)
     assert result.version is not None, result.note
@@ -259,7 +262,7 @@ def test_an_unknown_given_tool_is_a_clear_error(tmp_path: Path) -> None:
     from engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown tool.*abacus"):
-        engine_at(tmp_path).evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4,
+        engine_at(tmp_path).evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4,
                                    toolset="abacus", analyst=ScriptedBackend(
                                        responder=Analyst()))
 
@@ -276,13 +279,13 @@ def test_an_interrupted_evolve_resumes_where_it_stopped(tmp_path: Path) -> None:
         return analyst(request)
 
     with pytest.raises(KeyboardInterrupt):
-        engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4,
+        engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4,
                       analyst=ScriptedBackend(responder=interrupting))
     saved = list((tmp_path / "lib" / "work" / "dynamo").glob("*.json"))
     assert len(saved) == 1
     assert json.loads(saved[0].read_text())["rounds"][0]["clusters"]  # the diagnosis is kept
     diagnosed = sum("Group the failures" in p for p in analyst.prompts)
-    result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4,
+    result = engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4,
                            analyst=ScriptedBackend(responder=analyst))
     assert sum("Group the failures" in p for p in analyst.prompts) == diagnosed  # not again
     assert result.version is not None and "sum_prices" in result.patch.message
@@ -303,11 +306,11 @@ def test_an_interrupted_agent_run_resumes_with_the_tasks_left(tmp_path: Path) ->
 
     engine = engine_at(tmp_path, agent)
     with pytest.raises(KeyboardInterrupt):  # one run at a time, so the interrupt lands at #3
-        engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4, traces=[],
+        engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4, traces=[],
                       analyst=ScriptedBackend(responder=Analyst()), concurrency=1)
     assert len(ran) == 3
     ran.clear()
-    result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=4, traces=[],
+    result = engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4, traces=[],
                            analyst=ScriptedBackend(responder=Analyst()), concurrency=1)
     # The two attempts that finished before the interrupt are not run again.
     assert ran[:2] == [t.question for t in TRAIN.tasks[2:]]

@@ -5,6 +5,10 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
 
     ATTEMPT    run the agent (round 1 reuses the stored runs of the current library), split
                correct from incorrect attempts;
+    MAKE       when the agent fails most tasks (``maker_share``), the tool maker
+               (``engine.methods.dynamo_maker``) writes tools that read the task and answer it,
+               admitted only if they answer held-in training tasks (labels) well enough; an
+               admitted one is the round's proposal (no diagnosis), else the round goes on;
     DIAGNOSE   the analyst reads failures beside similar correct attempts and groups them by
                cause: cognitive (-> a reasoning skill) or computational / perceptual (-> a tool
                plus the skill that says when to call it);
@@ -56,7 +60,15 @@ from engine.methods.dynamo_parts import (
     parse_when,
     words,
 )
-from engine.methods.dynamo_sandbox import allowed_modules, judge_tests, run_tests, skill_files
+from engine.methods.dynamo_sandbox import (
+    allowed_modules,
+    build_patch,
+    image_params,
+    judge_tests,
+    run_tests,
+    skill_files,
+    source_parameters,
+)
 from engine.prompts import load_prompt, render_prompt
 from engine.types import Trace
 
@@ -85,6 +97,18 @@ class DynamoConfig:
     require_match: bool = knob(False, help="Keep a tool only if a test result holds the "
                                            "expected answer.")
     test_timeout_s: float = knob(10.0, help="Seconds per sandboxed tool test.", min=0.1)
+    maker_share: float = knob(0.5, help="The tool maker runs when the agent fails at least this "
+                                        "share of the training tasks (above 1: never).", min=0)
+    maker_samples: int = knob(3, help="Sampled tool candidates per maker call (plus one "
+                                      "greedy).", min=0)
+    maker_temperature: float = knob(0.7, help="The tool maker's sampling temperature.", min=0)
+    maker_shown: int = knob(3, help="Training tasks (with answers) shown to the tool maker.",
+                            min=1)
+    maker_check: int = knob(16, help="Held-in training tasks a made tool is checked on.", min=1)
+    maker_accuracy: float = knob(0.8, help="A made tool enters the library only if it answers "
+                                           "at least this share of them.", min=0)
+    maker_repair: bool = knob(True, help="With no tool admitted, show the best one its "
+                                         "failures and check its fix once.")
     workers: int = knob(4, help="Analyst calls in flight at once.", min=1)
     temperature: float = knob(0.3, help="The analyst's sampling temperature.", min=0)
     max_tokens: int = knob(1024, help="Most tokens per analyst reply.", min=1)
@@ -218,6 +242,15 @@ class _Run:
 
     def _round(self, rnd: Round) -> None:
         st = self.state
+        if rnd.maker is None and rnd.clusters is None and self._wants_maker():
+            self.context.on_phase(f"dynamo round {rnd.number}: make a tool")
+            rnd.maker = self._ask(self._make())
+            self.save()
+        if rnd.maker is not None and rnd.maker.kept and rnd.proposals is None:
+            # A verified tool answers the training tasks: no diagnosis is needed this round.
+            rnd.clusters = [rnd.maker.cluster]
+            rnd.proposals = self._finish([rnd.maker], rnd.number)
+            self.save()
         if rnd.clusters is None:
             self.context.on_phase(f"dynamo round {rnd.number}: diagnose")
             rnd.clusters = self._ask(self._diagnose())
@@ -439,8 +472,23 @@ class _Run:
         from tools.base import Toolbox
 
         box = Toolbox.of([tool])
-        self._test(proposal, lambda args: box.call(tool.name, args), _image_params(tool))
+        self._test(proposal, lambda args: box.call(tool.name, args), image_params(tool))
         return proposal
+
+    def _wants_maker(self) -> bool:
+        st = self.state
+        failing = sum(not a.correct for a in st.attempts.values())
+        return (not self.cfg.toolset and not any(r.maker for r in st.rounds)
+                and failing >= self.cfg.maker_share * max(1, len(st.attempts)) and failing > 0)
+
+    async def _make(self) -> Proposal:
+        """The tool maker (``engine.methods.dynamo_maker``) on the failed training tasks."""
+        from engine.methods.dynamo_maker import ToolMaker
+
+        st = self.state
+        maker = ToolMaker(self.cfg, self.analyst, st.analyst, st.repairs,
+                          call_tool=self._run_learned, taken=self._tool_taken())
+        return await maker.make_for(self.tasks, st.attempts)
 
     # -- tools ------------------------------------------------------------------------------
 
@@ -520,12 +568,18 @@ class _Run:
                            if n not in taken)
             taken.add(p.skill)
             params = None
-            if p.tool:
+            if p.kind == "task_tool":
+                from engine.methods.dynamo_maker import task_tool_files
+
+                p.files = task_tool_files(p, round_no=round_no, questions={
+                    i: t.prompt for i, t in self.tasks.items()})
+            elif p.tool:
                 given = self._given_tools() if p.kind == "when" else {}
                 params = given[p.tool].spec.parameters if p.tool in given else \
-                    _source_parameters(p)
-            p.files = skill_files(p, round_no=round_no, attempts=self.state.attempts,
-                                  parameters=params)
+                    source_parameters(p)
+            if p.kind != "task_tool":
+                p.files = skill_files(p, round_no=round_no, attempts=self.state.attempts,
+                                      parameters=params)
             prefix = f"skills/{p.skill}/"
             problems = check_skill_files(p.skill, {k[len(prefix):]: v.encode() for k, v in
                                                    p.files.items()}, base=prefix.rstrip("/"))[1]
@@ -536,42 +590,5 @@ class _Run:
     # -- the patch --------------------------------------------------------------------------
 
     def patch(self) -> LibraryPatch:
-        st = self.state
-        kept = [p for r in st.rounds if r.kept for p in r.proposals or [] if p.kept]
-        pairs = [f"{p.skill} + {p.tool}" for p in kept if p.kind == "tool"]
-        whens = [f"{p.skill} -> {p.tool}" for p in kept if p.kind == "when"]
-        lessons = [p.skill for p in kept if p.kind == "reasoning"]
-        parts = ([f"skill + tool {', '.join(pairs)}"] if pairs else []) + \
-            ([f"when to call {', '.join(whens)}"] if whens else []) + \
-            ([f"reasoning skill {', '.join(lessons)}"] if lessons else [])
-        score = " -> ".join(f"{s:.2f}" for s in st.scores)
-        summary = (("; ".join(parts) or "no change") + f" (training accuracy {score}; "
-                   f"stopped: {st.stop})")
-        a = st.analyst
-        return LibraryPatch(
-            method="dynamo", changes=dict(st.changes),
-            message=render_prompt("dynamo_parts.yaml#message", summary=summary)[:500],
-            details={"mode": "given-toolset" if self.cfg.toolset else "learn",
-                     "train_tasks": list(self.tasks), "training_accuracy": st.scores,
-                     "stopped": st.stop, "rounds": [r.to_dict() | {"trial": None}
-                                                    for r in st.rounds],
-                     "pairs": [{"skill": p.skill, "tool": p.tool, "kind": p.kind,
-                                "failures": p.cluster.failures} for p in kept],
-                     "repairs": st.repairs.counts, "dropped_replies": a.dropped,
-                     "analyst": a.to_dict(), "checkpoint": str(self.path or "")},
-            costs={"analyst_calls": a.calls, "analyst_prompt_tokens": a.prompt_tokens,
-                   "analyst_completion_tokens": a.completion_tokens,
-                   "agent_runs": st.agent_runs, "seconds": {"fit": round(st.seconds, 3)}})
-
-
-def _image_params(tool: Tool) -> list[str]:
-    """The parameters of a given tool that take an image file (the visual tools' ``image``)."""
-    props = tool.spec.parameters.get("properties") or {}
-    return [k for k, v in props.items() if v.get("type") == "string" and "image" in k]
-
-
-def _source_parameters(p: Proposal) -> dict[str, Any]:
-    from tools.learned import define_tool
-
-    definition, _ = define_tool(p.source, name=p.tool, skill=p.skill)
-    return definition.spec.parameters if definition is not None else {}
+        return build_patch(self.state, toolset=self.cfg.toolset, tasks=list(self.tasks),
+                           checkpoint=str(self.path or ""))

@@ -80,7 +80,7 @@ class Proposal:
     """What one cluster became: a reasoning skill, a new tool with its when-to-call skill, or
     a when-to-call skill for a tool the agent has already; kept or dropped with the reason."""
 
-    kind: str  # reasoning | tool | when
+    kind: str  # reasoning | tool | when | task_tool (reads the task, answers it)
     cluster: Cluster
     skill: str = ""
     description: str = ""
@@ -92,6 +92,12 @@ class Proposal:
     kept: bool = False
     reason: str = ""
     files: dict[str, str] = field(default_factory=dict)
+    # A task tool's verification on held-in training tasks (engine.methods.dynamo_maker).
+    accuracy: float | None = None
+    checked: int = 0
+    analyst: str = ""
+    date: str = ""
+    candidates: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,7 +230,9 @@ def _tests(value: Any, labels: Mapping[str, str], repairs: Repairs) -> list[Tool
     return out
 
 
-def _code(raw: str) -> str:
+def code_block(raw: str) -> str:
+    """The first fenced block that defines a function (or, with no fence, the code from the
+    first import or def on)."""
     blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", raw, re.DOTALL)
     code = next((b for b in blocks if "def " in b), "")
     if not code and "def " in raw:  # no fence: from the first def (or import) to the JSON
@@ -239,7 +247,7 @@ def parse_tool(raw: str, cluster: Cluster, labels: Mapping[str, str], taken: set
                repairs: Repairs) -> tuple[Proposal, ToolDefinition]:
     """A new-tool proposal: the function must pass the admission check (``ValidationError``
     with every rule it breaks, so the analyst can fix it) and come with test arguments."""
-    code = _code(raw)
+    code = code_block(raw)
     fn = re.search(r"^def\s+([A-Za-z_]\w*)\s*\(", code, re.MULTILINE)
     if fn is None:
         raise ParseError("the reply has no ```python block defining a function", raw)
@@ -307,9 +315,11 @@ class Round:
     trial: dict[str, Attempt] | None = None  # attempts over the preview with this round's files
     kept: bool | None = None
     note: str = ""
+    maker: Proposal | None = None  # the tool maker's proposal, when it ran this round
 
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "note": self.note, "kept": self.kept,
+                "maker": None if self.maker is None else self.maker.to_dict(),
                 "clusters": None if self.clusters is None else [asdict(c) for c in self.clusters],
                 "proposals": None if self.proposals is None else
                 [p.to_dict() for p in self.proposals],
@@ -324,7 +334,8 @@ class Round:
                    [Proposal.from_dict(p) for p in d["proposals"]],
                    None if d.get("trial") is None else
                    {k: Attempt(**a) for k, a in d["trial"].items()},
-                   d.get("kept"), d.get("note", ""))
+                   d.get("kept"), d.get("note", ""),
+                   None if d.get("maker") is None else Proposal.from_dict(d["maker"]))
 
 
 @dataclass

@@ -9,14 +9,26 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ToolError
-from engine.methods.dynamo_parts import IMAGE_WORD, PROVENANCE, Attempt, Proposal, ToolTest
+from engine.methods.base import LibraryPatch
+from engine.methods.dynamo_parts import (
+    IMAGE_WORD,
+    PROVENANCE,
+    Attempt,
+    DynamoState,
+    Proposal,
+    Round,
+    ToolTest,
+)
 from engine.prompts import render_prompt
 from engine.types import Skill
 from skills.format import render_skill_md
 from tools.validate import ALLOWED_MODULES
+
+if TYPE_CHECKING:
+    from tools.base import Tool
 
 # -- testing tools in the sandbox -------------------------------------------------------------
 
@@ -132,3 +144,73 @@ def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
 def allowed_modules() -> str:
     """The modules a tool may import, for the tool prompt."""
     return ", ".join(sorted(ALLOWED_MODULES - {"__future__", "typing", "abc", "enum"}))
+
+
+def image_params(tool: Tool) -> list[str]:
+    """The parameters of a given tool that take an image file (the visual tools' ``image``)."""
+    props = tool.spec.parameters.get("properties") or {}
+    return [k for k, v in props.items() if v.get("type") == "string" and "image" in k]
+
+
+def source_parameters(p: Proposal) -> dict[str, Any]:
+    """The JSON schema of a proposed tool's parameters, read from its code."""
+    from tools.learned import define_tool
+
+    definition, _ = define_tool(p.source, name=p.tool, skill=p.skill)
+    return definition.spec.parameters if definition is not None else {}
+
+
+
+# -- the patch --------------------------------------------------------------------------------
+
+def call_rate(attempts: Mapping[str, Attempt], tool: str) -> float | None:
+    """The share of ``attempts`` whose run called ``tool`` (None: no attempts)."""
+    if not attempts:
+        return None
+    mark = render_prompt("analyst_trace.yaml#tool", tool=tool, observation="").rstrip()
+    return sum(mark in a.text for a in attempts.values()) / len(attempts)
+
+
+def build_patch(st: DynamoState, *, toolset: str, tasks: list[str], checkpoint: str
+                ) -> LibraryPatch:
+    """The run's patch: the kept files, a one-line summary, and the report of every round."""
+    kept = [(r, p) for r in st.rounds if r.kept for p in r.proposals or [] if p.kept]
+    pairs = [f"{p.skill} + {p.tool}" for _, p in kept if p.kind in ("tool", "task_tool")]
+    whens = [f"{p.skill} -> {p.tool}" for _, p in kept if p.kind == "when"]
+    lessons = [p.skill for _, p in kept if p.kind == "reasoning"]
+    parts = ([f"skill + tool {', '.join(pairs)}"] if pairs else []) + \
+        ([f"when to call {', '.join(whens)}"] if whens else []) + \
+        ([f"reasoning skill {', '.join(lessons)}"] if lessons else [])
+    score = " -> ".join(f"{s:.2f}" for s in st.scores)
+    summary = (("; ".join(parts) or "no change") + f" (training accuracy {score}; "
+               f"stopped: {st.stop})")
+    a = st.analyst
+    return LibraryPatch(
+        method="dynamo", changes=dict(st.changes),
+        message=render_prompt("dynamo_parts.yaml#message", summary=summary)[:500],
+        details={"mode": "given-toolset" if toolset else "learn", "train_tasks": tasks,
+                 "training_accuracy": st.scores, "stopped": st.stop,
+                 "rounds": [r.to_dict() | {"trial": None} for r in st.rounds],
+                 # How often the agent called each kept tool in its round's check run.
+                 "pairs": [{"skill": p.skill, "tool": p.tool, "kind": p.kind,
+                            "failures": p.cluster.failures,
+                            "check_call_rate": call_rate(r.trial or {}, p.tool) if p.tool
+                            else None} for r, p in kept],
+                 "tool_maker": maker_report(st.rounds),
+                 "repairs": st.repairs.counts, "dropped_replies": a.dropped,
+                 "analyst": a.to_dict(), "checkpoint": checkpoint},
+        costs={"analyst_calls": a.calls, "analyst_prompt_tokens": a.prompt_tokens,
+               "analyst_completion_tokens": a.completion_tokens,
+               "agent_runs": st.agent_runs, "seconds": {"fit": round(st.seconds, 3)}})
+
+
+def maker_report(rounds: Sequence[Round]) -> dict[str, Any] | None:
+    """What the tool maker did: its candidates (each admitted or dropped with the reason) and
+    the tool it admitted, with its accuracy on the training tasks it was checked on."""
+    made = [r.maker for r in rounds if r.maker is not None]
+    if not made:
+        return None
+    p = made[-1]
+    return {"candidates": p.candidates, "admitted": sum(c["admitted"] for c in p.candidates),
+            "tool": p.tool if p.kept else None, "train_accuracy": p.accuracy,
+            "train_checked": p.checked, "reason": p.reason}

@@ -1,0 +1,438 @@
+"""Dynamo's tool maker: the analyst writes tools that read a task and answer it, and only
+those that answer held-in training tasks correctly enter the library (LATM: the strong model
+writes, verification on labels picks).
+
+    WRITE    the analyst is shown a few training tasks WITH their expected answers and asked
+             for the code alone, in one ```python block: a function
+             ``f(question: Annotated[str, "task"]) -> Annotated[str, "answer"]``. A reply with
+             no usable function is sent back once with a message saying what was missing.
+             ``maker_samples`` candidates are sampled at ``maker_temperature``, plus one greedy.
+    VERIFY   each candidate runs in the sandbox on training tasks it was not shown, each output
+             scored by the task's own scorer; a candidate is admitted when its accuracy reaches
+             ``maker_accuracy``, and the best admitted one is kept. A crash, a time-out or a
+             wrong answer is recorded with the reason. With none admitted, one repair round
+             shows the best candidate its failing tasks and checks the fix on the rest.
+    SKILL    the analyst names the kind of task and says when to call the tool; the skill says
+             to call it with no arguments, that its result is the answer, how it was verified
+             (``metadata``: accuracy, tasks checked, analyst, date) and carries verified calls
+             on training tasks in ``references/examples.md``.
+
+Nothing here knows a task family: what a tool does is learned from the tasks and their labels.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import datetime as dt
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine.backends.base import Backend
+from engine.errors import BackendError, ParseError, ToolError, WhetstoneError
+from engine.methods.analyst import AnalystStats
+from engine.methods.dynamo_parts import (
+    PROVENANCE,
+    Cluster,
+    Proposal,
+    Repairs,
+    ToolTest,
+    code_block,
+    skill_name,
+)
+from engine.prompts import load_prompt, render_prompt
+from engine.types import Request, Skill
+from skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
+from tools.learned import TOOL_NAME, ToolDefinition, define_tool
+
+if TYPE_CHECKING:
+    from engine.evaluation.tasks import TaskRecord
+
+TASK_MARK = 'Annotated[str, "task"]'
+ANSWER_MARK = 'Annotated[str, "answer"]'
+FALLBACK_DOC = "Answer the task from its text."
+
+
+@dataclass
+class Candidate:
+    """One tool the analyst wrote, and what verification made of it."""
+
+    sample: str  # "greedy", "sample 2", "repair of greedy"
+    tool: str = ""
+    source: str = ""
+    accuracy: float = 0.0
+    checked: int = 0
+    admitted: bool = False
+    reason: str = ""  # why it was not admitted
+    tests: list[ToolTest] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        return {"sample": self.sample, "tool": self.tool, "accuracy": round(self.accuracy, 4),
+                "checked": self.checked, "admitted": self.admitted, "reason": self.reason}
+
+
+# -- reading a reply --------------------------------------------------------------------------
+
+def _entry(tree: ast.Module) -> ast.FunctionDef | None:
+    """The function the tool is: the one with a task parameter, else the last top-level
+    function of one parameter (helpers come first), else the last one."""
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    marked = [f for f in fns if f.args.args and f.args.args[0].annotation is not None
+              and "task" in ast.unparse(f.args.args[0].annotation)]
+    single = [f for f in fns if len(f.args.args) == 1]
+    return (marked or single or fns or [None])[-1]
+
+
+def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, str]:
+    """``(name, source)`` of a task tool from the analyst's code: the entry function gets the
+    task-reading signature, a docstring and the ``Annotated`` import where it lacks them, and
+    top-level statements that are not definitions (demo calls, prints) are dropped; each
+    repair is counted. ``ParseError`` says what is missing."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        raise ParseError(f"the code does not parse: line {exc.lineno}: {exc.msg}", code) from exc
+    fn = _entry(tree)
+    if fn is None:
+        raise ParseError("the code defines no function", code)
+    if len(fn.args.args) != 1 or fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs:
+        raise ParseError(f"{fn.name}() must take exactly one parameter, the task text "
+                         "(question)", code)
+    kept = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                                   ast.ClassDef, ast.Assign, ast.AnnAssign))]
+    if len(kept) != len(tree.body):
+        repairs.add("maker-statements-dropped", len(tree.body) - len(kept))
+    tree.body = kept
+    arg = fn.args.args[0]
+    if arg.annotation is None or ast.unparse(arg.annotation) != TASK_MARK:
+        arg.annotation, _ = ast.parse(TASK_MARK, mode="eval").body, repairs.add("maker-signature")
+    if fn.returns is None or ast.unparse(fn.returns) != ANSWER_MARK:
+        fn.returns, _ = ast.parse(ANSWER_MARK, mode="eval").body, repairs.add("maker-signature")
+    if ast.get_docstring(fn) is None:
+        fn.body.insert(0, ast.Expr(ast.Constant(FALLBACK_DOC)))
+        repairs.add("maker-docstring")
+    imports = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "typing"
+               for a in n.names}
+    if "Annotated" not in imports:
+        tree.body.insert(0, ast.ImportFrom("typing", [ast.alias("Annotated")], 0))
+    name = fn.name.lower()
+    if not TOOL_NAME.match(name):
+        name, _ = "answer_task", repairs.add("maker-renamed")
+    if name in taken:
+        name = next(f"{name}_{i}" for i in range(2, 999) if f"{name}_{i}" not in taken)
+        repairs.add("maker-renamed")
+    fn.name = name
+    return name, ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def parse_made(raw: str, taken: set[str], repairs: Repairs) -> ToolDefinition:
+    """A task tool from a maker reply (``ParseError`` / ``ValidationError`` say what to fix)."""
+    code = code_block(raw)
+    if "def " not in code:
+        raise ParseError(render_prompt("dynamo_parts.yaml#maker_missing_code"), raw)
+    name, source = normalise_tool(code, taken, repairs)
+    definition, problems = define_tool(source, name=name, skill="dynamo-draft")
+    if definition is None:
+        raise ParseError("the function breaks the tool rules: " + "; ".join(
+            f"line {p.line}: {p.detail}" if p.line else p.detail for p in problems[:4]), raw)
+    return definition
+
+
+def parse_naming(raw: str, repairs: Repairs) -> tuple[str, str]:
+    """``(name, use when)`` from the two-line naming reply; "" for a line it lacks."""
+    found = {m.group(1).lower(): " ".join(m.group(2).split()).strip("`*\"' ") for m in
+             re.finditer(r"^[\s*#-]*(name|use when)\s*[:=-]\s*(.+)$", raw, re.IGNORECASE | re.MULTILINE)}
+    name = skill_name(found.get("name", ""), "", repairs)
+    return name, found.get("use when", "")
+
+
+# -- the maker --------------------------------------------------------------------------------
+
+def spread(items: Sequence[Any], n: int) -> list[Any]:
+    """``n`` items evenly spaced over ``items`` (all of them when there are fewer)."""
+    if len(items) <= n:
+        return list(items)
+    return [items[math.floor(i * len(items) / n)] for i in range(n)]
+
+
+def _expected(task: TaskRecord) -> str:
+    e = task.expected
+    return e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)
+
+
+class ToolMaker:
+    """Write task tools with the analyst, verify them on labels, and keep the best."""
+
+    def __init__(self, cfg: Any, analyst: Backend, stats: AnalystStats, repairs: Repairs, *,
+                 call_tool: Callable[[ToolDefinition, dict[str, Any]], Any],
+                 taken: set[str]) -> None:
+        self.cfg = cfg
+        self.analyst = analyst
+        self.stats = stats
+        self.repairs = repairs
+        self.call_tool = call_tool  # (definition, arguments) -> ToolResult, in the sandbox
+        self.taken = taken
+
+    async def make_for(self, tasks: Mapping[str, TaskRecord], attempts: Mapping[str, Any]
+                       ) -> Proposal:
+        """Make a tool for the failed training tasks: ``maker_shown`` of them are shown with
+        their answers, the others (failed or not, up to ``maker_check``) check it."""
+        failing = [i for i, a in attempts.items() if not a.correct]
+        shown = spread(failing, self.cfg.maker_shown)
+        check = spread([i for i in tasks if i not in shown], self.cfg.maker_check)
+        cluster = Cluster("computational", failing, load_prompt(
+            "dynamo_parts.yaml#maker_diagnosis"), load_prompt("dynamo_parts.yaml#maker_fix"))
+        return await self.make(cluster, [tasks[i] for i in shown], [tasks[i] for i in check])
+
+    async def make(self, cluster: Cluster, shown: Sequence[TaskRecord],
+                   check: Sequence[TaskRecord]) -> Proposal:
+        """Write, verify and (for the best admitted candidate) name the tool: a ``task_tool``
+        proposal, kept or dropped with each candidate's reason in ``candidates``."""
+        examples = "\n\n".join(render_prompt(
+            "dynamo_parts.yaml#maker_example", number=i, task=t.prompt.strip(),
+            expected=_expected(t)) for i, t in enumerate(shown, 1))
+        user = render_prompt("dynamo_maker", examples=examples, modules=_modules())
+        plan = [("greedy", 0.0)] + [(f"sample {i}", self.cfg.maker_temperature)
+                                    for i in range(1, self.cfg.maker_samples + 1)]
+        sem = asyncio.Semaphore(self.cfg.workers)
+
+        async def one(n: int, label: str, temperature: float) -> Candidate:
+            async with sem:
+                return await self._write(label, user, temperature, self.cfg.seed + 7 * n)
+
+        cands = list(await asyncio.gather(*(one(n, lb, t) for n, (lb, t) in enumerate(plan))))
+        await asyncio.to_thread(self._verify_all, cands, check)
+        best = self._best(cands)
+        if best is None and self.cfg.maker_repair:
+            repaired = await self._repair(cands, check)
+            if repaired is not None:
+                cands.append(repaired)
+                best = self._best(cands)
+        proposal = Proposal("task_tool", cluster, candidates=[c.report() for c in cands])
+        if best is None:
+            tried = [c for c in cands if c.reason]
+            proposal.reason = "no tool reached the training accuracy needed (" + "; ".join(
+                f"{c.sample}: {c.reason}" for c in tried[:4]) + ")"
+            return proposal
+        await self._name(proposal, best, shown)
+        return proposal
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def _ask(self, convo: list[dict[str, str]], temperature: float, seed: int) -> str:
+        start = time.perf_counter()
+        self.stats.calls += 1
+        try:
+            completion = await self.analyst.acomplete(Request(
+                messages=convo, max_tokens=self.cfg.max_tokens,  # type: ignore[arg-type]
+                temperature=temperature, seed=seed))
+        except BackendError as exc:
+            self.stats.dropped += 1
+            self.stats.errors.append(f"analyst call failed: {exc.message}")
+            return ""
+        finally:
+            self.stats.seconds += time.perf_counter() - start
+        self.stats.prompt_tokens += completion.prompt_tokens
+        self.stats.completion_tokens += completion.completion_tokens
+        return completion.text
+
+    async def _write(self, label: str, user: str, temperature: float, seed: int) -> Candidate:
+        """One candidate: ask for the code; a reply without a usable function is sent back
+        once with ``dynamo_maker_retry`` saying what was missing."""
+        convo = [{"role": "system", "content": load_prompt("dynamo_system")},
+                 {"role": "user", "content": user}]
+        cand = Candidate(label)
+        for attempt in range(2):
+            raw = await self._ask(convo, temperature, seed + attempt)
+            try:
+                definition = parse_made(raw, self.taken, self.repairs)
+            except WhetstoneError as exc:
+                cand.reason = f"no usable function: {exc.message}"
+                if attempt == 0 and raw:
+                    self.stats.retries += 1
+                    convo += [{"role": "assistant", "content": raw},
+                              {"role": "user", "content": render_prompt(
+                                  "dynamo_maker_retry", missing=exc.message).strip()}]
+                    continue
+                self.stats.dropped += 1
+                self.stats.errors.append(f"{cand.reason} | raw reply: {raw[:300]}")
+                return cand
+            cand.tool, cand.source, cand.reason = definition.name, definition.source, ""
+            return cand
+        return cand
+
+    # -- verifying --------------------------------------------------------------------------
+
+    def _verify_all(self, cands: list[Candidate], check: Sequence[TaskRecord]) -> None:
+        seen: dict[str, Candidate] = {}
+        for c in cands:
+            if not c.source:
+                continue
+            twin = seen.get(c.source)
+            if twin is not None:  # the same code twice (greedy and a sample often agree)
+                c.accuracy, c.checked, c.tests = twin.accuracy, twin.checked, twin.tests
+                c.reason = f"the same code as {twin.sample}"
+                continue
+            seen[c.source] = c
+            self._verify(c, check)
+
+    def _verify(self, c: Candidate, check: Sequence[TaskRecord]) -> None:
+        """Run ``c`` on ``check``, scoring each output with the task's scorer; stop as soon as
+        the misses rule the threshold out (a wrong tool costs a few sandbox runs, not all)."""
+        from engine.evaluation.scorers import get_scorer
+
+        definition, problems = define_tool(c.source, name=c.tool, skill="dynamo-draft")
+        if definition is None or not check:
+            c.reason = problems[0].message if problems else "no training task left to check on"
+            return
+        allowed = math.floor((1 - self.cfg.maker_accuracy) * len(check) + 1e-9)
+        misses: list[ToolTest] = []
+        for task in check:
+            test = ToolTest(task.id, {})
+            try:
+                res = self.call_tool(definition, {k: task.prompt for k in definition.spec.inject})
+                test.ok, test.output, test.error = res.ok, res.output[:2000], res.error
+                test.seconds = round(res.duration_s, 3)
+            except ToolError as exc:
+                test.error = exc.message
+            if test.ok:
+                try:
+                    test.matched = get_scorer(task.scorer)(answer_text(test.output),
+                                                           task) >= 1.0
+                except Exception:  # noqa: BLE001 -- a scorer that cannot read the output: a miss
+                    test.matched = False
+            c.tests.append(test)
+            if not test.matched:
+                misses.append(test)
+                if len(misses) > allowed:
+                    break
+        c.checked = len(c.tests)
+        c.accuracy = sum(t.matched for t in c.tests) / c.checked
+        c.admitted = c.checked == len(check) and c.accuracy >= self.cfg.maker_accuracy
+        if not c.admitted:
+            c.reason = _why(c, misses, {t.id: t for t in check})
+
+    def _best(self, cands: Sequence[Candidate]) -> Candidate | None:
+        admitted = [c for c in cands if c.admitted]
+        # Most accurate first; on a tie, the shorter code (it guessed less).
+        return min(admitted, key=lambda c: (-c.accuracy, len(c.source)), default=None)
+
+    async def _repair(self, cands: list[Candidate], check: Sequence[TaskRecord]
+                      ) -> Candidate | None:
+        """One repair: the most accurate candidate that ran sees up to three tasks it got wrong
+        and is checked again on the tasks it was not shown."""
+        ran = [c for c in cands if c.tests and not c.reason.startswith("the same code")]
+        if not ran:
+            return None
+        base = max(ran, key=lambda c: (c.accuracy, -len(c.source)))
+        by_id = {t.id: t for t in check}
+        wrong = [t for t in base.tests if not t.matched][:3]
+        failures = "\n\n".join(render_prompt(
+            "dynamo_parts.yaml#maker_failure", number=i, task=by_id[t.task_id].prompt.strip(),
+            output=(answer_text(t.output) if t.ok else f"(an error: {t.error})")[:300],
+            expected=_expected(by_id[t.task_id])) for i, t in enumerate(wrong, 1))
+        user = render_prompt("dynamo_maker_repair", code=base.source.strip(), failures=failures)
+        fixed = await self._write(f"repair of {base.sample}", user, 0.0, self.cfg.seed + 97)
+        if fixed.source:
+            shown = {t.task_id for t in wrong}
+            await asyncio.to_thread(self._verify, fixed, [t for t in check if t.id not in shown])
+        return fixed
+
+    # -- the skill --------------------------------------------------------------------------
+
+    async def _name(self, p: Proposal, best: Candidate, shown: Sequence[TaskRecord]) -> None:
+        """Fill ``p`` from the admitted candidate; the analyst names the skill (a reply it
+        cannot use falls back to the tool's name and docstring)."""
+        definition, _ = define_tool(best.source, name=best.tool, skill="dynamo-draft")
+        summary = definition.spec.description if definition is not None else FALLBACK_DOC
+        examples = "\n\n".join(f"Task: {t.prompt.strip()}" for t in shown[:2])
+        raw = await self._ask([{"role": "system", "content": load_prompt("dynamo_system")},
+                               {"role": "user", "content": render_prompt(
+                                   "dynamo_maker_skill", tool=best.tool, examples=examples)}],
+                              0.0, self.cfg.seed + 131)
+        name, when = parse_naming(raw, self.repairs)
+        if not when:
+            self.repairs.add("maker-naming-fallback")
+            first = shown[0].prompt.strip().splitlines()[0] if shown else ""
+            when = render_prompt("dynamo_parts.yaml#maker_when", summary=summary,
+                                 task=first[:160])
+        p.skill = name or best.tool.replace("_", "-")
+        p.when = when
+        p.description = f"{summary.rstrip('.')}. {when}"[:MAX_DESCRIPTION]
+        p.tool, p.source, p.tests = best.tool, best.source, best.tests
+        p.accuracy, p.checked, p.kept = best.accuracy, best.checked, True
+        p.analyst = self.analyst.spec
+        p.date = dt.datetime.now(dt.timezone.utc).date().isoformat()
+
+
+def answer_text(output: str) -> str:
+    """The answer an answer tool gives a run: its JSON result, a string decoded (what the
+    runtime does, ``engine.runtime.nodes``), so the check scores what the agent would answer."""
+    try:
+        value = json.loads(output)
+    except json.JSONDecodeError:
+        return output.strip()
+    return value.strip() if isinstance(value, str) else output.strip()
+
+
+def _why(c: Candidate, misses: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> str:
+    first = misses[0] if misses else None
+    head = (f"{sum(t.matched for t in c.tests)} of {c.checked} checked training tasks "
+            f"answered correctly")
+    if first is None:
+        return head
+    if not first.ok:
+        kind = "timed out" if "time" in (first.error or "").lower() else "crashed"
+        return f"{head}; {kind} on {first.task_id}: {(first.error or '')[:160]}"
+    return (f"{head}; on {first.task_id} it returned {answer_text(first.output)[:80]!r}, expected "
+            f"{_expected(tasks[first.task_id])[:80]!r}")
+
+
+def _modules() -> str:
+    from engine.methods.dynamo_sandbox import allowed_modules
+
+    return allowed_modules()
+
+
+# -- the files --------------------------------------------------------------------------------
+
+def _tool_call(tool: str) -> str:
+    return render_prompt("examples.yaml#tool_call", call=json.dumps(
+        {"name": tool, "arguments": {}}))
+
+
+def task_tool_files(p: Proposal, *, round_no: int, questions: Mapping[str, str]
+                    ) -> dict[str, str]:
+    """SKILL.md (when to call, the verified call, the measured accuracy in ``metadata``), the
+    script, two verified calls on training tasks, and the provenance with every candidate."""
+    correct = sum(t.matched for t in p.tests)
+    body = render_prompt("dynamo_parts.yaml#task_tool_body", title=p.skill.replace(
+        "-", " ").capitalize(), when=p.when, tool=p.tool, checked=p.checked, correct=correct)
+    meta = {"source": "dynamo", "kind": "task-tool", "round": str(round_no), "tool": p.tool,
+            "train-accuracy": f"{p.accuracy or 0.0:.3f}", "train-checked": str(p.checked),
+            "analyst": p.analyst, "verified": p.date}
+    base = f"skills/{p.skill}"
+    files = {f"{base}/SKILL.md": render_skill_md(Skill(
+        name=p.skill, description=p.description, body=body.rstrip() + "\n", metadata=meta)),
+        f"{base}/scripts/{p.tool}.py": p.source}
+    shown = [t for t in p.tests if t.matched and t.task_id in questions][:2]
+    if shown:
+        files[f"{base}/references/examples.md"] = render_examples(
+            [Example(t.task_id, questions[t.task_id], "\n".join([
+                _tool_call(p.tool),
+                render_prompt("examples.yaml#tool_response", output=t.output.strip()),
+                answer_text(t.output)])) for t in shown],
+            title=load_prompt("dynamo_parts.yaml#task_tool_examples_title"),
+            intro=render_prompt("dynamo_parts.yaml#task_tool_examples_intro", tool=p.tool))
+    provenance = {"method": "dynamo", "round": round_no, "kind": "task_tool", "tool": p.tool,
+                  "train_accuracy": p.accuracy, "train_checked": p.checked,
+                  "analyst": p.analyst, "verified": p.date, "cluster": asdict(p.cluster),
+                  "candidates": p.candidates,
+                  "checks": [asdict(t) for t in p.tests]}
+    files[f"{base}/{PROVENANCE}"] = json.dumps(provenance, indent=1, ensure_ascii=False) + "\n"
+    return files
