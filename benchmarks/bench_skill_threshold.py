@@ -14,6 +14,11 @@ on the fixture library (34 skills) it prints, for each candidate floor on the co
 
 The default floor (``SkillsConfig.min_score``) is read from this table: the highest floor that
 keeps top-3 of the labelled queries, chosen where unrelated prompts inject nothing.
+
+With ``--examples`` (needs the BIG-bench cache: ``whetstone data fetch bigbench``) it prints,
+for the hand-written procedure skills of ``benchmarks/fixtures/procedure_tools``, how close
+30 test tasks of each family (and GSM8K, and the unrelated prompts) are to each skill's
+verified examples: the evidence behind ``SkillsConfig.require_tool_at``.
 """
 
 from __future__ import annotations
@@ -41,10 +46,45 @@ def scores(retriever: SkillRetriever, queries: list[str], k: int) -> list[list[t
     return [[(m.name, m.score) for m in retriever.search(q, k=k)] for q in queries]
 
 
+def examples_table(unrelated: list[str]) -> None:
+    """Nearest-example similarity of each family's test tasks to each procedure skill."""
+    import numpy as np
+
+    from engine.evaluation.benchmarks import load_tasks
+    from skills.examples import ExampleRetriever
+    from skills.format import parse_examples
+
+    base = REPO / "benchmarks" / "fixtures" / "procedure_tools"
+    skills = sorted(p.name for p in base.iterdir() if (p / "references").is_dir())
+    examples = {s: parse_examples((base / s / "references" / "examples.md").read_text())[0]
+                for s in skills}
+    ranker = ExampleRetriever(skill_embedder(threads=1))
+    sets = ["bigbench:word_sorting", "bigbench:dyck_languages",
+            "bigbench:tracking_shuffled_objects/three_objects",
+            "bigbench:tracking_shuffled_objects/five_objects",
+            "bigbench:logical_deduction/three_objects",
+            "bigbench:logical_deduction/five_objects", "gsm8k"]
+    rows = {s: [t.question for t in load_tasks(f"{s}@test:0:30")] for s in sets}
+    rows["unrelated prompts"] = unrelated
+    print("nearest verified example, min / median / max over each row's tasks:")
+    print(" " * 50 + "".join(f"{s:>22}" for s in skills))
+    for name, questions in rows.items():
+        cells = []
+        for s in skills:
+            sc = [ranker.rank(q, examples[s])[0][1] for q in questions]
+            cells.append(f"{min(sc):.2f}/{float(np.median(sc)):.2f}/{max(sc):.2f}")
+        print(f"{name:<50}" + "".join(f"{c:>22}" for c in cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gsm8k", type=int, default=0, help="GSM8K dev questions to add (0: none)")
+    ap.add_argument("--examples", action="store_true",
+                    help="only the verified-example table of the procedure skills")
     args = ap.parse_args()
+    if args.examples:
+        examples_table(json.loads((FIXTURES / "unrelated.json").read_text()))
+        return
     labelled = json.loads((FIXTURES / "queries.json").read_text())
     unrelated = json.loads((FIXTURES / "unrelated.json").read_text())
     embedder = skill_embedder(threads=1)

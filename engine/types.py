@@ -167,6 +167,10 @@ class Request:
     # for a model run here, and the openai: backend leaves them out of the upstream body, so
     # a proxied client gets the upstream's own defaults, as it would without Whetstone.
     unset: frozenset[str] = frozenset()
+    # The start of the assistant's reply, written for the model, which continues it (vLLM's
+    # continue_final_message, Anthropic's prefill); the Completion's text begins with it.
+    # Only backends with the ``prefill`` capability take it.
+    prefix: str = ""
 
     def __post_init__(self) -> None:
         # Accept lists and dicts from callers; keep the record immutable.

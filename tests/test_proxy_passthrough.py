@@ -175,9 +175,8 @@ def test_an_upstream_400_reaches_the_client_as_its_400(proxy: Any) -> None:
 def test_an_upstream_429_reaches_the_client_with_retry_after(proxy: Any) -> None:
     url, calls = proxy
     ask = [{"role": "user", "content": "rate me"}]
-    with client(url, max_retries=1) as c:
-        with pytest.raises(openai.RateLimitError) as info:
-            c.chat.completions.create(model="front", messages=ask)
+    with client(url, max_retries=1) as c, pytest.raises(openai.RateLimitError) as info:
+        c.chat.completions.create(model="front", messages=ask)
     assert info.value.response.headers["retry-after"] == "0.05"  # the upstream's own
     assert "slow down" in info.value.body["message"]
     # 2 client tries x 2 backend attempts (its retry policy: 1 retry): no more.

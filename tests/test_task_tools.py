@@ -89,3 +89,62 @@ def test_an_answer_tool_ends_the_run_with_its_output(tmp_path: Path) -> None:
     # The model saw a tool with no task parameter to copy.
     system = backend.requests[0].messages[0].text
     assert "sort_words(" in system and "question" not in system.split("sort_words(")[1][:20]
+
+
+EXAMPLES = """# Verified calls
+
+## Example t1
+
+Task: Sort the following words alphabetically: List: stick gelatine
+
+````
+<tool_call>{"name": "sort_words", "arguments": {}}</tool_call>
+<tool_response>
+gelatine stick
+</tool_response>
+````
+"""
+
+
+def _sorting_library(tmp_path: Path) -> Library:
+    lib = Library.open(tmp_path / "lib", create=True)
+    lib.commit({"skills/word-sorting/SKILL.md": SKILL,
+                "skills/word-sorting/scripts/sort_words.py": SORT,
+                "skills/word-sorting/references/examples.md": EXAMPLES},
+               method="test", message="a task tool with a verified call")
+    return lib
+
+
+def test_a_task_like_a_verified_example_must_call_the_skills_tool(tmp_path: Path) -> None:
+    """The first decision is prefilled up to the tool's arguments (tool_choice naming it) when
+    the task is close to one the tool was verified on; the model only closes the call."""
+    lib = _sorting_library(tmp_path)
+    backend = ScriptedBackend(["}}</tool_call>"], tool_calls=True, prefill=True)
+    trace = Engine(backend, library=lib.root, checkpointing=False).run(TASK)
+    assert backend.requests[0].prefix == '<tool_call>{"name": "sort_words", "arguments": {'
+    assert trace.answer == "apple fig pear"
+    assert trace.meta["skills"]["strong"] == ["word-sorting"]
+    # A backend that cannot prefill is only offered the tool.
+    plain = ScriptedBackend(["apple fig pear"], tool_calls=True)
+    Engine(plain, library=lib.root, checkpointing=False).run(TASK)
+    assert plain.requests[0].prefix == ""
+
+
+def test_an_unlike_task_or_a_later_decision_is_not_forced(tmp_path: Path) -> None:
+    lib = _sorting_library(tmp_path)
+    backend = ScriptedBackend(["Final Answer: 4"], tool_calls=True, prefill=True)
+    engine = Engine(backend, library=lib.root, checkpointing=False)
+    trace = engine.run("What is 2 + 2? Think about the apples.")
+    assert backend.requests[0].prefix == "" and "strong" not in trace.meta["skills"]
+    # After a forced call fails (the tool cannot read this task), the model decides freely.
+    failing = ScriptedBackend(["}}</tool_call>", "Final Answer: none"], tool_calls=True, prefill=True)
+    trace = Engine(failing, library=lib.root, checkpointing=False).run(
+        "Sort the following words alphabetically: stick gelatine")
+    assert failing.requests[0].prefix and failing.requests[1].prefix == ""
+    assert trace.answer == "none"
+    assert any(s.kind == "act" and s.error for s in trace.steps)
+    # require_tool_at=None turns it off.
+    off = ScriptedBackend(["apple fig pear"], tool_calls=True, prefill=True)
+    Engine(off, library=lib.root, checkpointing=False,
+           methods=[("skills", {"require_tool_at": None})]).run(TASK)
+    assert off.requests[0].prefix == ""

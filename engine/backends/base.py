@@ -30,6 +30,8 @@ class Capabilities:
     tool_calls: bool = False  # native tool calls (the model's own format)
     streaming: bool = False
     max_concurrency: int = 1
+    # Request.prefix is honoured: the reply continues text written for the model.
+    prefill: bool = False
 
 
 @dataclass(frozen=True)

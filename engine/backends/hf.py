@@ -79,7 +79,7 @@ class HFBackend(Backend):
         self._stop_criteria: dict[tuple[str, ...], Any] = {}
         self.capabilities = Capabilities(
             vision=processor is not None, white_box=True, logprobs=True, streaming=True,
-            max_concurrency=1, tool_calls=template_supports_tools(template),
+            max_concurrency=1, tool_calls=template_supports_tools(template), prefill=True,
         )
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])

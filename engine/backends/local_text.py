@@ -32,7 +32,7 @@ def prompt_text(tokenizer: Any, request: Request, native_tools: bool) -> str:
     return tokenizer.apply_chat_template(
         msgs, tools=[dict(t) for t in request.tools] or None,
         add_generation_prompt=True, tokenize=False,
-    )
+    ) + request.prefix
 
 
 def prompt_ids(tokenizer: Any, request: Request, native_tools: bool,
@@ -65,7 +65,7 @@ def completion_from_tokens(request: Request, *, decode: Callable[[Sequence[int]]
     generated token counts in ``completion_tokens``, the end-of-sequence token included.
     """
     hit_eos = bool(new) and new[-1] in eos_ids
-    raw = decode(list(new[:-1]) if hit_eos else list(new))
+    raw = request.prefix + decode(list(new[:-1]) if hit_eos else list(new))
     cuts = [raw.find(s) for s in request.stop if s and s in raw]
     if cuts:
         raw, finish = raw[:min(cuts)], "stop"

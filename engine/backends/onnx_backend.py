@@ -91,7 +91,7 @@ class OnnxBackend(Backend):
         self._eos_ids = frozenset(eos)
         self.capabilities = Capabilities(
             logprobs=True, streaming=True, tool_calls=template_supports_tools(template),
-            max_concurrency=self._decoder.max_batch,
+            max_concurrency=self._decoder.max_batch, prefill=True,
         )
 
     # -- tokens <-> text ------------------------------------------------------------------

@@ -38,6 +38,8 @@ def _as_completion(reply: Reply, request: Request, latency: float) -> Completion
         for i, c in enumerate(reply.get("tool_calls") or ())
     )
     text = reply.get("text", "")
+    if request.prefix and not text.startswith(request.prefix):
+        text = request.prefix + text  # a reply scripted as the model's continuation
     prompt_tokens = sum(len(m.text) // 4 + 1 for m in request.messages)
     return Completion(
         text=text,
@@ -66,6 +68,7 @@ class ScriptedBackend(Backend):
         tool_calls: bool = False,
         vision: bool = False,
         max_concurrency: int = 64,
+        prefill: bool = False,
     ) -> None:
         self._replies = list(replies)
         self._responder = responder
@@ -74,7 +77,8 @@ class ScriptedBackend(Backend):
         self.requests: list[Request] = []
         self.spec = "scripted:"
         self.capabilities = Capabilities(
-            vision=vision, tool_calls=tool_calls, streaming=True, max_concurrency=max_concurrency
+            vision=vision, tool_calls=tool_calls, streaming=True, max_concurrency=max_concurrency,
+            prefill=prefill,
         )
 
     def __getstate__(self) -> dict[str, Any]:

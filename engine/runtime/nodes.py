@@ -23,6 +23,7 @@ from engine.runtime.prompting import (
     build_system_prompt,
     code_tool,
     offered_tools,
+    required_tools,
     results_message,
     tool_format,
 )
@@ -38,14 +39,17 @@ def prepare(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """Build the system message (retrieving guidance) once per run."""
     start = time.time()
     system, guidance, meta, tools, turns = build_system_prompt(state, ctx)
+    required = required_tools(ctx, meta, tools)
     return {
         "system": system,
         "guidance": guidance,
         "demo_turns": turns,
         "tools": tools,
+        "require_tools": required,
         "meta": {**(state.get("meta") or {}), **meta},
         "steps": [_step("prepare", "prepare", input={"task": state["task"]},
-                        output={"system": system, "guidance": meta, "tools": tools},
+                        output={"system": system, "guidance": meta, "tools": tools,
+                                **({"require_tools": required} if required else {})},
                         started=start, duration_s=time.time() - start, route="think")],
     }
 

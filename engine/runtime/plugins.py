@@ -130,6 +130,13 @@ class Plugin:
         ``max_steps``); called once per run, in plugin order."""
         return config
 
+    def required_tools(self, shown: Mapping[str, Any]) -> list[str]:
+        """Tools the run's first decision must call one of (OpenAI's ``tool_choice``
+        "required", over these), for what this plugin's guidance showed (``shown``: its
+        ``Guidance.meta``). Honoured by backends that can prefill a reply (the
+        ``prefill`` capability); elsewhere the tools are offered as usual."""
+        return []
+
     def wrap_model(self, call: ModelCall, backend: Backend) -> ModelCall:
         """The model call the ``think`` node makes, wrapped (latent test-time scaling refines
         a white-box ``backend``'s decoding); wrappers nest in plugin order."""

@@ -126,6 +126,36 @@ def choose_tools(ctx: AgentContext, meta: Mapping[str, Any], *, answer_tools: bo
     return list(dict.fromkeys(names))
 
 
+def required_tools(ctx: AgentContext, meta: Mapping[str, Any], offered: Sequence[str]
+                   ) -> list[str]:
+    """The offered tools the plugins require the first decision to call one of."""
+    names: list[str] = []
+    for plugin in ctx.plugins:
+        names += [n for n in plugin.required_tools(meta.get(plugin.name) or {}) if n in offered]
+    return list(dict.fromkeys(names))
+
+
+# How a reply that calls a tool begins, per tool format: with one tool, up to its arguments
+# (OpenAI's tool_choice naming a function); with several, up to the name (tool_choice
+# "required": the model picks).
+# The prefix ends on a token boundary the model would write itself ("{", not ": "): a prefix
+# ending in a space made the 0.5B continue with "1}".
+_CALL_PREFIX = {"tags": ('<tool_call>{"name": "', '", "arguments": {'),
+                "native": ('<tool_call>\n{"name": "', '", "arguments": {'),
+                "react": ("Action: ", "[")}
+
+
+def call_prefix(state: Mapping[str, Any], ctx: AgentContext, fmt: str) -> str:
+    """The prefill that makes this decision a call of a required tool ('' for none: not the
+    first decision, a fresh start, tools off, or a backend that cannot prefill)."""
+    names = state.get("require_tools") or []
+    if not names or state.get("n_calls", 0) or state.get("fresh_start") \
+            or state.get("force_answer") or not ctx.backend.capabilities.prefill:
+        return ""
+    head, after_name = _CALL_PREFIX[fmt]
+    return head + (names[0] + after_name if len(names) == 1 else "")
+
+
 def build_system_prompt(state: AgentState, ctx: AgentContext
                         ) -> tuple[str, str, dict[str, Any], list[str], list[dict[str, str]]]:
     """The system message (instructions, the tools, then the plugins' guidance within the
@@ -201,6 +231,7 @@ def build_request(state: AgentState, ctx: AgentContext) -> Request:
         messages=messages,  # type: ignore[arg-type]
         max_tokens=cfg.max_tokens_per_call, temperature=cfg.temperature, top_p=cfg.top_p,
         stop=stops, seed=seed, tools=tuple(tools), timeout=max(1.0, remaining_time),
+        prefix=call_prefix(state, ctx, fmt),
     )
 
 

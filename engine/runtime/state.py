@@ -40,6 +40,9 @@ class AgentState(TypedDict, total=False):
     demo_turns: list[dict[str, str]]
     answer_tools: list[dict[str, Any]]  # task-given tools whose call *is* the answer (BFCL)
     tools: list[str]  # the tools this run offers (prepare chooses them)
+    # The first decision must call one of these (Plugin.required_tools), where the backend
+    # can prefill the reply.
+    require_tools: list[str]
     answer: str | None
     outcome: str | None
     reason: str | None  # why the run stopped, in words

@@ -352,5 +352,6 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
                                min_score=cfg.min_score, template="skills_retrieved_chat")
     plugin = _chat_skills_class()(library, snapshot=snapshot, retriever=retriever, k=cfg.k,
                                   max_bodies=cfg.max_bodies, min_score=cfg.min_score,
-                                  learned_tools=cfg.learned_tools, examples=cfg.examples)
+                                  learned_tools=cfg.learned_tools, examples=cfg.examples,
+                                  turns=cfg.turns, require_tool_at=cfg.require_tool_at)
     return plugin, [retriever, index]
