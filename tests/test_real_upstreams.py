@@ -17,6 +17,7 @@ the packaged Qwen2.5-0.5B and runs these tests against them (``pytest -m slow``)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -49,11 +50,12 @@ WEATHER = {"type": "function", "function": {
 pytestmark = pytest.mark.slow
 
 
+@functools.cache  # probed once a session
 def running_llamacpp() -> str:
     """``openai:<id>@<url>`` of a server answering on 127.0.0.1:$LLAMACPP_PORT, else ""."""
     url = f"http://127.0.0.1:{os.environ.get('LLAMACPP_PORT', '8081')}/v1"
-    try:
-        ids = [m["id"] for m in httpx.get(url + "/models", timeout=2).json()["data"]]
+    try:  # a busy llama.cpp server answers /models only between generations
+        ids = [m["id"] for m in httpx.get(url + "/models", timeout=60).json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return ""
     return f"openai:{ids[0]}@{url}" if ids else ""
