@@ -73,7 +73,8 @@ class Candidate:
 
     def report(self) -> dict[str, Any]:
         return {"sample": self.sample, "tool": self.tool, "accuracy": round(self.accuracy, 4),
-                "checked": self.checked, "admitted": self.admitted, "reason": self.reason}
+                "checked": self.checked, "admitted": self.admitted, "reason": self.reason,
+                "source": self.source[:3000]}
 
 
 # -- reading a reply --------------------------------------------------------------------------
@@ -193,9 +194,9 @@ class ToolMaker:
                    check: Sequence[TaskRecord]) -> Proposal:
         """Write, verify and (for the best admitted candidate) name the tool: a ``task_tool``
         proposal, kept or dropped with each candidate's reason in ``candidates``."""
-        examples = "\n\n".join(render_prompt(
-            "dynamo_parts.yaml#maker_example", number=i, task=t.prompt.strip(),
-            expected=_expected(t)) for i, t in enumerate(shown, 1))
+        # Tests in Python (MBPP's form): a coder model reads a literal's escapes exactly.
+        examples = "\n".join(render_prompt("dynamo_parts.yaml#maker_example", task=repr(
+            t.prompt), expected=repr(_expected(t))) for t in shown)
         user = render_prompt("dynamo_maker", examples=examples, modules=_modules())
         plan = [("greedy", 0.0)] + [(f"sample {i}", self.cfg.maker_temperature)
                                     for i in range(1, self.cfg.maker_samples + 1)]
@@ -332,10 +333,10 @@ class ToolMaker:
         base = max(ran, key=lambda c: (c.accuracy, -len(c.source)))
         by_id = {t.id: t for t in check}
         wrong = [t for t in base.tests if not t.matched][:3]
-        failures = "\n\n".join(render_prompt(
-            "dynamo_parts.yaml#maker_failure", number=i, task=by_id[t.task_id].prompt.strip(),
-            output=(answer_text(t.output) if t.ok else f"(an error: {t.error})")[:300],
-            expected=_expected(by_id[t.task_id])) for i, t in enumerate(wrong, 1))
+        failures = "\n".join(render_prompt(
+            "dynamo_parts.yaml#maker_failure", task=repr(by_id[t.task_id].prompt),
+            output=(repr(answer_text(t.output)) if t.ok else f"an error: {t.error}")[:300],
+            expected=repr(_expected(by_id[t.task_id]))) for t in wrong)
         user = render_prompt("dynamo_maker_repair", code=base.source.strip(), failures=failures)
         fixed = await self._write(f"repair of {base.sample}", user, 0.0, self.cfg.seed + 97)
         if fixed.source:
@@ -359,15 +360,31 @@ class ToolMaker:
         if not when:
             self.repairs.add("maker-naming-fallback")
             first = shown[0].prompt.strip().splitlines()[0] if shown else ""
-            when = render_prompt("dynamo_parts.yaml#maker_when", summary=summary,
-                                 task=first[:160])
+            when = render_prompt("dynamo_parts.yaml#maker_when", task=first[:160])
         p.skill = name or best.tool.replace("_", "-")
-        p.when = when
-        p.description = f"{summary.rstrip('.')}. {when}"[:MAX_DESCRIPTION]
+        if name:  # the code says `solve`: the tool is named after what it does, like its skill
+            best.tool, best.source = _renamed(best.tool, best.source, name.replace("-", "_"),
+                                              self.taken)
+        when = re.sub(r"^(?:use it |call it |use |call )?when\s+", "", when, flags=re.IGNORECASE)
+        when = when[:1].lower() + when[1:].rstrip(".") + "."
+        p.when = render_prompt("dynamo_parts.yaml#maker_use_when", when=when)
+        p.description = render_prompt("dynamo_parts.yaml#maker_description", when=when,
+                                      summary=summary.rstrip("."))[:MAX_DESCRIPTION]
         p.tool, p.source, p.tests = best.tool, best.source, best.tests
         p.accuracy, p.checked, p.kept = best.accuracy, best.checked, True
         p.analyst = self.analyst.spec
         p.date = dt.datetime.now(dt.timezone.utc).date().isoformat()
+
+
+def _renamed(old: str, source: str, new: str, taken: set[str]) -> tuple[str, str]:
+    """``(name, source)`` with the tool function renamed to ``new`` where that name is free
+    and the renamed code still passes the checks; else unchanged."""
+    if new == old or new in taken or not TOOL_NAME.match(new) or re.search(
+            rf"\b{new}\b", source):
+        return old, source
+    renamed = re.sub(rf"\b{old}(?=\s*\()", new, source)
+    definition, _ = define_tool(renamed, name=new, skill="dynamo-draft")
+    return (new, renamed) if definition is not None else (old, source)
 
 
 def answer_text(output: str) -> str:
