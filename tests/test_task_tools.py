@@ -11,6 +11,7 @@ import pytest
 
 from engine.api import Engine
 from engine.backends.scripted import ScriptedBackend
+from engine.evaluation.tasks import TaskRecord
 from library_store.store import Library
 from tools.base import Tool, Toolbox
 from tools.learned import define_tool
@@ -148,3 +149,22 @@ def test_an_unlike_task_or_a_later_decision_is_not_forced(tmp_path: Path) -> Non
     Engine(off, library=lib.root, checkpointing=False,
            methods=[("skills", {"require_tool_at": None})]).run(TASK)
     assert off.requests[0].prefix == ""
+
+
+def test_a_generic_description_is_matched_through_its_examples(tmp_path: Path) -> None:
+    """An evolved skill's description is often generic; a task like its verified examples
+    still finds it (the skills floor would hide it by its description alone)."""
+    lib = Library.open(tmp_path / "lib", create=True)
+    vague = "---\nname: lessons\ndescription: Lessons learned for misc tasks.\n---\n\n# Lessons\n"
+    lib.commit({"skills/lessons/SKILL.md": vague}, method="test", message="vague")
+    backend = ScriptedBackend(["x"] * 2)
+    engine = Engine(backend, library=lib.root, checkpointing=False, solver="direct")
+    assert engine.solver()(TASK_RECORD, 0).meta["skills"]["shown"] == []
+    lib.commit({"skills/lessons/references/examples.md": EXAMPLES}, method="test",
+               message="examples")
+    trace = engine.solver()(TASK_RECORD, 0)
+    assert trace.meta["skills"]["shown"] == ["lessons"]
+    assert dict(trace.meta["skills"]["matches"])["lessons"] >= 0.6
+
+
+TASK_RECORD = TaskRecord(id="s1", question=TASK, expected="apple fig pear", scorer="exact_text")
