@@ -120,6 +120,10 @@ def test_whetstone_serve_end_to_end(tmp_path: Path) -> None:
                         headers={"authorization": "Bearer sk-test"},
                         json={"trace_id": trace_id, "score": 1})
         assert fb.status_code == 200, fb.text
+        # A request no skill is about gets none of their bodies (the skills floor).
+        hello = c.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "say hello world"}])
+        hello_id = hello.headers["x-whetstone-trace-id"]
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down, the trace queue drains
         out, _ = proc.communicate(timeout=60)
@@ -127,3 +131,6 @@ def test_whetstone_serve_end_to_end(tmp_path: Path) -> None:
     assert "Traceback" not in out, out
     trace = TraceStore(lib.root / "traces").get(trace_id)
     assert trace.answer == "first answer" and trace.score == 1.0
+    assert trace.meta["skills"]["shown"] == ["unit-conversion"]
+    hello_trace = TraceStore(lib.root / "traces").get(hello_id)
+    assert hello_trace.meta["skills"]["shown"] == [] and hello_trace.answer == "second answer"
