@@ -386,3 +386,15 @@ def test_real_families_give_50_test_tasks(family: str) -> None:
     assert len({t.id for t in tasks}) == len(tasks)
     expected_scorer = "exact_text" if family in ("word_sorting", "dyck_languages") else "choice"
     assert {t.scorer for t in tasks} == {expected_scorer}
+
+
+def test_exact_text_reads_a_printed_list_of_strings() -> None:
+    """The agent sorts with a program and answers with its output, a Python list."""
+    from engine.evaluation.scorers import exact_text
+    from engine.evaluation.tasks import TaskRecord
+
+    task = TaskRecord(id="w", question="Sort: pear apple", expected="apple pear",
+                      scorer="exact_text")
+    assert exact_text("['apple', 'pear']", task) == 1.0
+    assert exact_text("['pear', 'apple']", task) == 0.0
+    assert exact_text("[1, 2]", task) == 0.0

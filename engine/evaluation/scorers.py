@@ -355,8 +355,24 @@ def _text_readings(text: str) -> set[str]:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     last = lines[-1].strip(" *_`") if lines else ""
     fences = _FENCE.findall(text)
-    return {text, answer_span(text), last, _LABEL.sub("", last),
-            re.split(r"\n\s*\n", text.strip())[-1], *fences[-1:]}
+    readings = {text, answer_span(text), last, _LABEL.sub("", last),
+                re.split(r"\n\s*\n", text.strip())[-1], *fences[-1:]}
+    return readings | {r for r in map(_listed, readings) if r is not None}
+
+
+def _listed(text: str) -> str | None:
+    """A printed list of strings (``['apple', 'fig']``, the output of ``print(sorted(w))``) as
+    the space-separated sequence it stands for; None when the text is not one."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")) or len(text) > 100_000:
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return " ".join(value)
+    return None
 
 
 def exact_text(prediction: Prediction, task: TaskRecord) -> float:
