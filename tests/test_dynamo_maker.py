@@ -204,3 +204,13 @@ def test_the_naming_reply_is_read_leniently() -> None:
     assert parse_naming("Name: Price Totals\nUse when: a task lists prices.", Repairs()) == (
         "price-totals", "a task lists prices.")
     assert parse_naming("sure!", Repairs()) == ("", "")
+
+
+def test_the_repair_starts_from_the_greedy_candidate_on_a_tie(tmp_path: Path) -> None:
+    # Both answer nothing right; the short sampled one guesses a constant. The repair works on
+    # the greedy candidate (the earliest), not on the shortest code.
+    guess = ('```python\nfrom typing import Annotated\n\ndef total(question: Annotated[str, '
+             '"task"]) -> Annotated[str, "answer"]:\n    """Guess."""\n    return "6"\n```')
+    _, result = evolve(tmp_path, Analyst(greedy=WRONG, sampled=guess), maker_samples=1)
+    samples = [c["sample"] for c in result.patch.details["tool_maker"]["candidates"]]
+    assert samples == ["greedy", "sample 1", "repair of greedy"]

@@ -325,12 +325,14 @@ class ToolMaker:
 
     async def _repair(self, cands: list[Candidate], check: Sequence[TaskRecord]
                       ) -> Candidate | None:
-        """One repair: the most accurate candidate that ran sees up to three tasks it got wrong
-        and is checked again on the tasks it was not shown."""
+        """One repair: the best candidate that ran sees up to three tasks it got wrong and is
+        checked again on the tasks it was not shown."""
         ran = [c for c in cands if c.tests and not c.reason.startswith("the same code")]
         if not ran:
             return None
-        base = max(ran, key=lambda c: (c.accuracy, -len(c.source)))
+        # The most accurate; on a tie, one that did not crash, then the earliest (greedy first):
+        # a short sampled guess that hard-codes a shown answer is the worst base to repair.
+        base = max(ran, key=lambda c: (c.accuracy, all(t.ok for t in c.tests), -ran.index(c)))
         by_id = {t.id: t for t in check}
         wrong = [t for t in base.tests if not t.matched][:3]
         failures = "\n".join(render_prompt(
