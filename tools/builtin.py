@@ -119,7 +119,9 @@ def calculate(expression: str) -> str:
 
 CALCULATOR_SPEC = ToolSpec(
     name="calculator",
-    description="Evaluate an arithmetic expression exactly, e.g. 17 * 23 or (1200 - 350) / 5. "
+    # No worked numbers here: a small model copied "17 * 23" from this line into calls on
+    # tasks that never mention them, and answered 391 (seen on both engines).
+    description="Evaluate an arithmetic expression written with the task's numbers, exactly. "
                 "Supports + - * / // % **, parentheses, sqrt, abs, round, min, max, floor, ceil, "
                 "log, exp, pi.",
     parameters={
