@@ -37,6 +37,7 @@ syntax tree: the host never imports a learned tool; it runs only in the sandbox
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -365,6 +366,16 @@ def load_learned_tools(skills: Iterable[Skill], *, reserved: Iterable[str] = ()
             taken.add(name)
             loaded.tools.append(definition)
     return loaded
+
+
+def answer_text(output: str) -> str:
+    """The answer an answer tool (``-> Annotated[str, "answer"]``) gives a run: its result is
+    JSON, and a string result is the answer's text itself."""
+    try:
+        value = json.loads(output)
+    except json.JSONDecodeError:
+        return output.strip()
+    return value.strip() if isinstance(value, str) else output.strip()
 
 
 def check_arguments(definition: ToolDefinition, args: Mapping[str, Any]) -> dict[str, Any]:

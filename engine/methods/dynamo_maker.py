@@ -48,7 +48,7 @@ from engine.methods.dynamo_parts import (
 from engine.prompts import load_prompt, render_prompt
 from engine.types import Request, Skill
 from skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
-from tools.learned import TOOL_NAME, ToolDefinition, define_tool
+from tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
 
 if TYPE_CHECKING:
     from engine.evaluation.tasks import TaskRecord
@@ -387,16 +387,6 @@ def _renamed(old: str, source: str, new: str, taken: set[str]) -> tuple[str, str
     renamed = re.sub(rf"\b{old}(?=\s*\()", new, source)
     definition, _ = define_tool(renamed, name=new, skill="dynamo-draft")
     return (new, renamed) if definition is not None else (old, source)
-
-
-def answer_text(output: str) -> str:
-    """The answer an answer tool gives a run: its JSON result, a string decoded (what the
-    runtime does, ``engine.runtime.nodes``), so the check scores what the agent would answer."""
-    try:
-        value = json.loads(output)
-    except json.JSONDecodeError:
-        return output.strip()
-    return value.strip() if isinstance(value, str) else output.strip()
 
 
 def _why(c: Candidate, misses: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> str:

@@ -29,6 +29,7 @@ from engine.runtime.prompting import (
 )
 from engine.runtime.state import AgentContext, AgentState
 from engine.types import Completion, Request, Step, Trace
+from tools.learned import answer_text
 
 
 def _step(kind: str, module: str, **kw: Any) -> dict[str, Any]:
@@ -245,15 +246,6 @@ def _returns_answer(ctx: AgentContext, name: str) -> bool:
     return tool is not None and tool.spec.returns_answer
 
 
-def _answer_text(output: str) -> str:
-    """A learned tool's result is JSON: a string result is the answer's text itself."""
-    try:
-        value = json.loads(output)
-    except json.JSONDecodeError:
-        return output.strip()
-    return value.strip() if isinstance(value, str) else output.strip()
-
-
 def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """Run the pending tool calls; each result becomes an observation for the model.
 
@@ -293,7 +285,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                 and ctx.config.answer_with_program_output and output_is_answer(obs, offered):
             program_answer = obs.strip()
         if outcome == "ran" and _returns_answer(ctx, name):
-            program_answer = _answer_text(obs)  # an answer tool: its output is the answer
+            program_answer = answer_text(obs)  # an answer tool: its output is the answer
         if call.get("native"):
             messages.append({"role": "tool", "tool_call_id": call["id"], "name": name,
                              "content": obs})
