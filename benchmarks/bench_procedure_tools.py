@@ -87,8 +87,9 @@ def run_row(spec: str, row: str, tool: str, work: Path) -> dict[str, Any]:
 
 
 def render(specs: list[str], rows: list[str]) -> str:
-    lines = ["| family (test tasks) | row | accuracy | vs agent, empty library (95% CI) | tool called | "
-             "tokens/task |", "|---|---|---|---|---|---|"]
+    head = ("| family (test tasks) | row | accuracy | vs agent, empty library (95% CI) | "
+            "tool called | tokens/task |")
+    lines = [head, "|---|---|---|---|---|---|"]
     for spec in specs:
         saved = {r: json.loads(_file(spec, r).read_text()) for r in rows if _file(spec, r).exists()}
         base = EvalResult.from_dict(saved["agent"]["result"]) if "agent" in saved else None

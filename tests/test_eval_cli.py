@@ -157,9 +157,10 @@ def factory(model, library, version):
     inner = direct_solver(ScriptedBackend(responder=lambda r: "#### 0"))
     def solve(task, seed):
         time.sleep(0.3)
-        with open(marker, "a") as f:
+        result = inner(task, seed)
+        with open(marker, "a") as f:  # after solving: a listed task has its result
             f.write(task.id + "\\n")
-        return inner(task, seed)
+        return result
     return solve
 
 eval_cmd.main(["--tasks", {tasks!r}], obj={{"solver_factory": factory}})
@@ -183,7 +184,11 @@ def test_ctrl_c_exits_130_and_saves_the_tasks_scored_so_far(whetstone_home: Path
     assert "interrupted; the tasks scored so far are saved" in err
     assert "partial:" in out
     (saved,), _ = load_results(whetstone_home / "evals")
-    assert saved.partial and 3 <= saved.n < 20 and saved.n_planned == 20
+    # Every task solved before the signal is saved; on a busy machine the last one solved may
+    # still be on its way to the results when the signal lands.
+    solved = len(marker.read_text().split())
+    assert saved.partial and solved - 1 <= saved.n < 20 and saved.n >= 2
+    assert saved.n_planned == 20
 
 
 def test_concurrency_auto_follows_the_backend_and_rejects_nonsense() -> None:

@@ -118,8 +118,9 @@ def test_a_runtime_method_is_chosen_by_name_and_recorded_in_the_trace(
     assert trace["outcome"] == "horizon" and "2 model calls" in trace["meta"]["reason"]
     methods = {m["name"]: m["config"] for m in trace["meta"]["methods"]}
     assert methods["toy-horizon"] == {"max_steps": 2, "tag": "kiwi"}
-    assert methods["skills"] == {"k": 5, "max_bodies": 2, "min_score": None,
-                                 "learned_tools": True, "examples": 2}
+    assert methods["skills"] == {"k": 5, "max_bodies": 2, "min_score": 0.25,
+                                 "learned_tools": True, "examples": 2, "turns": False,
+                                 "require_tool_at": 0.6}
     assert trace["meta"]["toy-horizon"]["calls"] == 2  # every model call went through it
     assert "Remember the kiwi." in trace["steps"][0]["output"]["system"]
     engine = Engine(ScriptedBackend(["Final Answer: 4"]), library=tmp_path / "lib",
@@ -140,7 +141,7 @@ def test_bad_method_names_and_options_fail_before_any_model_loads(tmp_path: Path
                                    "--method-config", "skills.k"])
     assert bad.exit_code == 2 and "NAME.KEY=VALUE" in bad.output
     stray = CliRunner().invoke(cli, ["run", "x", "--model", "embedded",
-                                     "--method-config", "skills.k=3"])
+                                     "--method-config", "memory.k=3"])
     assert stray.exit_code == 2 and "--methods does not list" in stray.output
 
 
