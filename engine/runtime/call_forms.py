@@ -113,9 +113,14 @@ def _repaired(body: str) -> object | None:
     return None
 
 
-def _object_end(text: str, start: int) -> int | None:
-    """The end of the ``{...}`` opening at ``start`` (braces in quoted strings, either quote,
-    do not count); None when it never closes."""
+_CLOSER = {"{": "}", "[": "]", "(": ")"}
+
+
+def bracket_end(text: str, start: int, *, quotes: bool = True) -> int | None:
+    """The end (one past the closer) of the bracket opening at ``start``: ``{``, ``[`` or
+    ``(``. With ``quotes``, brackets inside quoted strings (either quote) do not count. None
+    when it never closes."""
+    opener, closer = text[start], _CLOSER[text[start]]
     depth, quote, i = 0, "", start
     while i < len(text):
         ch = text[i]
@@ -124,11 +129,11 @@ def _object_end(text: str, start: int) -> int | None:
                 i += 1
             elif ch == quote:
                 quote = ""
-        elif ch in "\"'":
+        elif quotes and ch in "\"'":
             quote = ch
-        elif ch == "{":
+        elif ch == opener:
             depth += 1
-        elif ch == "}":
+        elif ch == closer:
             depth -= 1
             if depth == 0:
                 return i + 1
@@ -144,7 +149,7 @@ def object_at(text: str, start: int) -> tuple[object, int] | None:
         return json.JSONDecoder().raw_decode(text, start)
     except json.JSONDecodeError:
         pass
-    end = _object_end(text, start)
+    end = bracket_end(text, start)
     if end is None or not _NAME_KEY.search(text, start, end):
         return None
     try:

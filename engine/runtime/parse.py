@@ -17,6 +17,7 @@ from engine.answer_text import has_answer
 from engine.runtime.call_forms import (
     Found,
     ParsedCall,
+    bracket_end,
     code_blocks,
     json_calls,
     object_at,
@@ -71,26 +72,8 @@ def _bracketed(text: str, open_at: int) -> tuple[str, bool]:
 
 
 def _scan_bracket(text: str, open_at: int, quotes: bool) -> str | None:
-    opener = text[open_at]
-    closer = _CLOSERS[opener]
-    depth, quote, i = 0, "", open_at
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif quotes and ch in "\"'":
-            quote = ch
-        elif ch == opener:
-            depth += 1
-        elif ch == closer:
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1:i]
-        i += 1
-    return None
+    end = bracket_end(text, open_at, quotes=quotes)
+    return None if end is None else text[open_at + 1:end - 1]
 
 
 def parse_action(text: str) -> ParsedCall | None | str:
