@@ -351,22 +351,8 @@ class ChatService:
         """One completion, or ``DeadlineExceeded`` when the deadline passes (the wait for a
         slot included)."""
         deadline = self.deadline() if deadline is None else deadline
-        await self._take_slot(deadline)
-        self.upstream_active += 1
-        start = time.perf_counter()
-        try:
-            left = max(0.0, deadline - time.monotonic())
-            completion = await asyncio.wait_for(
-                self.backend.acomplete(self._timed(call.request, deadline)),
-                left + _DEADLINE_GRACE_S)
-        except asyncio.TimeoutError:
-            raise self._expired() from None
-        except Exception as exc:  # re-raised: a 502 when it is the upstream's doing
-            raise _as_upstream_error(exc) from exc
-        finally:
-            self._slots.release()
-            self.upstream_active -= 1
-            self.metrics.upstream_latency.observe(time.perf_counter() - start, stream="false")
+        completion = await self.relay(
+            lambda _left: self.backend.acomplete(self._timed(call.request, deadline)), deadline)
         self._count_tokens(completion)
         return completion
 
