@@ -199,6 +199,10 @@ Example, a HumanEval-style code task scored by running its tests
               help="exact, normalised, numeric[:TOL], contains, f1, bfcl, or a user scorer "
                    "FILE.py:FUNCTION / module:FUNCTION called as FUNCTION(answer, task) with "
                    "the answer text (see below; default: the set's own).")
+@click.option("--trust-task-scorers", is_flag=True,
+              help="Let a task file's own `scorer` fields name code (FILE.py:FUNCTION / "
+                   "module:FUNCTION), imported and run in this process with your rights. "
+                   "Without it a task file may name only built-in scorers.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="First N tasks only.")
 @click.option("--compare", "compare_versions", nargs=2, default=None, metavar="V1 V2",
               help="Run two library versions on the same tasks and compare them.")
@@ -213,7 +217,7 @@ Example, a HumanEval-style code task scored by running its tests
 @handle_errors
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
              version: str | None, concurrency: int | None, seed: int, scorer: str | None,
-             limit: int | None, compare_versions: tuple[str, str] | None, allow_errors: bool,
+             trust_task_scorers: bool, limit: int | None, compare_versions: tuple[str, str] | None, allow_errors: bool,
              solver: str, methods: str, method_config: tuple[str, ...], as_json: bool) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task.
 
@@ -227,7 +231,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         raise ConfigError("--version and --compare cannot be combined",
                           hint="--compare V1 V2 names both versions")
     factory = _factory(ctx, methods, method_config, solver)
-    tasks = load_tasks(tasks_spec, limit=limit)
+    # With --scorer the tasks' own scorer names are never resolved, so none of them can run.
+    tasks = load_tasks(tasks_spec, limit=limit,
+                       trust_scorers=trust_task_scorers or scorer is not None)
     err = console(stderr=True)
     for problem in tasks.problems:
         err.print(f"[yellow]warning:[/] {escape(str(problem))}", soft_wrap=True)

@@ -256,14 +256,15 @@ def load_named(source: str) -> TaskSet:
     return loader(name)
 
 
-def load_tasks(spec: str, *, limit: int | None = None) -> TaskSet:
+def load_tasks(spec: str, *, limit: int | None = None, trust_scorers: bool = False) -> TaskSet:
     """Load a task set from a spec string (``SET[@SPLIT][:START:END]`` or a .jsonl path; see
-    ``engine.evaluation.tasks``). ``limit`` keeps the first N tasks after split and slice."""
+    ``engine.evaluation.tasks``). ``limit`` keeps the first N tasks after split and slice.
+    A task file may name only built-in scorers unless ``trust_scorers`` (``read_jsonl``)."""
     if limit is not None and limit < 0:
         raise EvalError(f"limit must be >= 0, got {limit}", hint="e.g. --limit 20")
     parsed = parse_spec(spec)
     if parsed.source.endswith(".jsonl") or Path(parsed.source).is_file():
-        base = read_jsonl(parsed.source)
+        base = read_jsonl(parsed.source, trust_scorers=trust_scorers)
     else:
         base = load_named(parsed.source)
     tasks = select(base.tasks, parsed.split, parsed.start, parsed.end)

@@ -519,8 +519,21 @@ def _user_scorer(name: str) -> ScoreFn:
     return user_scorer(fn)
 
 
+def is_user_scorer(name: str) -> bool:
+    """Whether ``get_scorer(name)`` would import code: a ``module:function`` or
+    ``file.py:function`` name rather than a built-in or ``numeric:TOL``. A data file (a task
+    file) may not name one (``engine.evaluation.tasks.read_jsonl``): that would let the file
+    choose code to run."""
+    key = name.strip().lower()
+    if _ALIASES.get(key, key) in BUILTIN:
+        return False
+    head, sep, tail = name.strip().partition(":")
+    return bool(sep and tail) and head.lower() != "numeric"
+
+
 def get_scorer(name: str) -> NamedScorer:
-    """A scorer by name: a built-in, ``numeric:TOL``, or a user ``module:function``."""
+    """A scorer by name: a built-in, ``numeric:TOL``, or a user ``module:function``. Only pass
+    a user scorer name that the person running whetstone chose (``is_user_scorer``)."""
     key = _ALIASES.get(name.strip().lower(), name.strip().lower())
     if key in BUILTIN:
         return NamedScorer(key, BUILTIN[key])
@@ -534,7 +547,7 @@ def get_scorer(name: str) -> NamedScorer:
         if tol < 0:
             raise EvalError(f"numeric tolerance must be >= 0, got {tol}", hint="e.g. numeric:0.01")
         return NamedScorer(name, lambda p, t: numeric(p, t, rel_tol=tol, abs_tol=tol))
-    if sep and tail:
+    if is_user_scorer(name):
         return NamedScorer(name.strip(), _user_scorer(name.strip()))
     raise EvalError(f"unknown scorer {name!r}",
                     hint="built-in scorers: " + ", ".join(BUILTIN)

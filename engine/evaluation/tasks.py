@@ -191,11 +191,15 @@ class TaskSet:
         return max(set(names), key=names.count) if names else "normalised"
 
 
-def read_jsonl(path: Path | str) -> TaskSet:
+def read_jsonl(path: Path | str, *, trust_scorers: bool = False) -> TaskSet:
     """Read task records from a JSONL file. A broken line is reported with its line number
     in ``TaskSet.problems`` and skipped; reading goes on. Duplicate ids too. The log gets one
     warning per file that lost lines (the CLI prints each problem itself). A file where no line
-    gives a task is an ``EvalError`` that says why (the first problem)."""
+    gives a task is an ``EvalError`` that says why (the first problem).
+
+    A task's ``scorer`` may name a built-in scorer only: a ``module:function`` scorer would
+    let the file choose code to run, so it is an ``EvalError`` naming the line, unless
+    ``trust_scorers`` (the person running whetstone vouches for the file and its code)."""
     path = Path(path)
     if not path.is_file():
         raise EvalError(f"task file {path} does not exist",
@@ -217,6 +221,8 @@ def read_jsonl(path: Path | str) -> TaskSet:
                 msg = exc.message if isinstance(exc, EvalError) else str(exc)
                 problems.append(f"{path}:{lineno}: bad task record ({msg}); line skipped")
                 continue
+            if not trust_scorers:
+                _refuse_code_scorer(task, f"{path}:{lineno}")
             if task.id in seen:
                 problems.append(f"{path}:{lineno}: duplicate task id {task.id!r}; line skipped")
                 continue
@@ -227,6 +233,25 @@ def read_jsonl(path: Path | str) -> TaskSet:
     if problems:
         log.warning("%s: %d line(s) skipped, the first: %s", path, len(problems), problems[0])
     return TaskSet(name=str(path), tasks=tuple(tasks), problems=tuple(problems))
+
+
+def _refuse_code_scorer(task: TaskRecord, where: str) -> None:
+    """Stop when a task file's own ``scorer`` names code (``module:function``): reading a
+    data file must not import or run anything. Raised, not a skipped line, so the run does not
+    go on quietly without the tasks the file meant."""
+    # Imported here: scorers imports this module for TaskRecord.
+    from engine.evaluation.scorers import BUILTIN, is_user_scorer
+
+    if not is_user_scorer(task.scorer):
+        return
+    raise EvalError(
+        f"{where}: task {task.id!r} names the scorer {task.scorer!r}, which is code to "
+        f"import and run; a task file may name only a built-in scorer "
+        f"({', '.join(BUILTIN)}, numeric:TOL)",
+        hint=f"choose the scorer yourself: `whetstone eval --scorer {task.scorer}` (it then "
+             "scores every task), or, if you trust this file and the code it names, "
+             "`whetstone eval --trust-task-scorers` (Python: load_tasks(spec, "
+             "trust_scorers=True), or evaluate(tasks, solver, scorer=...))")
 
 
 def _refuse_empty(path: Path, problems: Sequence[str]) -> None:
