@@ -25,6 +25,10 @@ from typing import Any
 # uvicorn (and so vLLM and whetstone serve) drops an idle connection after 5 s; reusing one it
 # is closing at that moment fails, so idle ones are let go first.
 _KEEPALIVE_S = 4.0
+# The most bytes a reply may hold once decoded (gzip, deflate): a chat completion is a few KB,
+# a large embeddings batch tens of MB; a compressed reply that inflates past it is a bomb.
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
+_READ_CHUNK = 64 * 1024
 
 
 @dataclass
@@ -111,8 +115,10 @@ class JsonPoster:
     """POST JSON to ``base_url`` + path with one aiohttp session per event loop (a session's
     connection pool belongs to the loop that made it)."""
 
-    def __init__(self, base_url: str, api_key: str, *, user_agent: str = "whetstone") -> None:
+    def __init__(self, base_url: str, api_key: str, *, user_agent: str = "whetstone",
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_reply_bytes = max_reply_bytes
         self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": user_agent,
                          "Content-Type": "application/json", "Accept": "application/json"}
         # loop -> (its session, the async generator that closes it with the loop)
@@ -145,19 +151,39 @@ class JsonPoster:
             self._sessions[loop] = (session, keeper)
         return session
 
+    async def _read_capped(self, response: Any) -> bytes:
+        """The reply's body as decoded, read a chunk at a time: past ``max_reply_bytes`` an
+        ``HttpFailure`` (kind ``too_large``, not retried) before the rest is inflated. aiohttp
+        inflates only as the body is read, so a gzip bomb costs at most the cap."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_chunked(_READ_CHUNK):
+            size += len(chunk)
+            if size > self.max_reply_bytes:
+                raise HttpFailure(
+                    "too_large", f"the reply passed {self.max_reply_bytes:,} bytes once decoded "
+                    f"(Content-Encoding: {response.headers.get('content-encoding', 'none')}); "
+                    "it was cut there")
+            parts.append(chunk)
+        return b"".join(parts)
+
     async def post(self, path: str, body: Any, timeout: float) -> Any:
         """The decoded JSON reply of a 2xx (or its text when it is not JSON: the caller says
-        what came back); ``HttpFailure`` otherwise."""
+        what came back); ``HttpFailure`` otherwise. ``timeout`` bounds the whole call, the
+        reading and decoding of the reply included."""
         import aiohttp
 
         data = json.dumps(body, ensure_ascii=False).encode()
         url = self.base_url + path
         try:
-            session = await self._session()
-            async with session.post(
-                    url, data=data, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                raw = await r.read()
-                status, retry_after = r.status, r.headers.get("retry-after")
+            # aiohttp's own total timeout is checked between reads; the outer one is the
+            # deadline whatever the reply does (inflating included).
+            async with asyncio.timeout(timeout):
+                session = await self._session()
+                async with session.post(
+                        url, data=data, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                    raw = await self._read_capped(r)
+                    status, retry_after = r.status, r.headers.get("retry-after")
         except asyncio.TimeoutError as exc:
             raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -185,8 +211,10 @@ class JsonPoster:
             response = await session.post(self.base_url + path, data=data,
                                           timeout=aiohttp.ClientTimeout(total=timeout))
             if response.status >= 400:
-                raw = await response.read()
-                response.release()
+                try:
+                    raw = await self._read_capped(response)
+                finally:
+                    response.release()
                 text = raw.decode("utf-8", errors="replace")
                 try:
                     decoded: Any = json.loads(text)

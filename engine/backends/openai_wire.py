@@ -8,6 +8,7 @@ sit behind a Whetstone backend. Plain dicts only: no ``openai`` import, no I/O.
 from __future__ import annotations
 
 import base64
+import logging
 import math
 import mimetypes
 import time
@@ -27,6 +28,11 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 # Content parts a request may carry over HTTP. The ``image`` part (a local path or PIL image) is
 # for the Python API only: from the wire it would let a client make the server read its files.
 WIRE_PART_TYPES = ("text", "image_url")
+# The most tokens one reply may report per kind: far past any context window, far below what
+# would make a token counter meaningless. A count past it (or not a count) is dropped.
+MAX_USAGE_TOKENS = 100_000_000
+
+log = logging.getLogger("whetstone.backends.openai")
 
 
 def new_completion_id() -> str:
@@ -119,6 +125,41 @@ def _logprobs_from(choice: Mapping[str, Any]) -> tuple[float, ...] | None:
     return tuple(float(t["logprob"]) for t in content)
 
 
+def _token_count(value: Any) -> int | None:
+    """``value`` as a token count: an integer (or a float holding one) from 0 to
+    ``MAX_USAGE_TOKENS``; None for anything else (a bool, a string, 1e30, -5, 2.5, NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if 0 <= value <= MAX_USAGE_TOKENS else None
+
+
+def usage_from_openai(usage: Any) -> tuple[int, int] | None:
+    """``(prompt_tokens, completion_tokens)`` from an upstream's ``usage`` object, or None when
+    it sent none or an impossible one (a warning is logged; the backend then estimates).
+
+    The one place upstream usage is read, for replies and streams alike: whatever an upstream
+    claims, a count that reaches the server's token counters is a sane integer.
+    """
+    if not usage:
+        return None
+    if not isinstance(usage, Mapping):
+        log.warning("ignoring the upstream's usage: an object was expected, got %s",
+                    type(usage).__name__)
+        return None
+    counts = []
+    for key in ("prompt_tokens", "completion_tokens"):
+        raw = usage.get(key)
+        count = 0 if raw is None else _token_count(raw)
+        if count is None:
+            log.warning("ignoring the upstream's usage: %s is %.60r, not a token count from 0 "
+                        "to %d", key, raw, MAX_USAGE_TOKENS)
+            return None
+        counts.append(count)
+    return counts[0], counts[1]
+
+
 def completion_from_openai(data: Mapping[str, Any], latency_s: float) -> Completion:
     """A ``chat.completion`` body as a ``Completion``. Usage is left 0 when the server sent none
     (the backend estimates it, since only it can count tokens)."""
@@ -127,13 +168,13 @@ def completion_from_openai(data: Mapping[str, Any], latency_s: float) -> Complet
         raise ValueError(f"response has no choices: {str(dict(data))[:300]}")
     choice = choices[0]
     msg = choice.get("message") or {}
-    usage = data.get("usage") or {}
+    prompt_tokens, completion_tokens = usage_from_openai(data.get("usage")) or (0, 0)
     calls = _tool_calls_from(msg.get("tool_calls"))
     return Completion(
         text=msg.get("content") or "",
         finish_reason=choice.get("finish_reason") or ("tool_calls" if calls else "stop"),
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         latency_s=latency_s,
         tool_calls=calls,
         logprobs=_logprobs_from(choice),
@@ -162,11 +203,10 @@ class StreamAccumulator:
     def feed(self, chunk: Mapping[str, Any]) -> str:
         """Take one chunk; return the new text it carries ('' when none)."""
         self.model = str(chunk.get("model") or self.model)
-        usage = chunk.get("usage")
-        if usage:
+        usage = usage_from_openai(chunk.get("usage"))
+        if usage is not None:
             self.got_usage = True
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            self.prompt_tokens, self.completion_tokens = usage
         text = ""
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:

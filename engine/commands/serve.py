@@ -81,6 +81,17 @@ class _Score(click.ParamType):
               default=120.0, show_default=True,
               help="Seconds a stream may go without a chunk before it is cut (an upstream "
                    "sending keep-alives only).")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=10.0, show_default=True,
+              help="Seconds a client may take to send a request's headers (from connecting, "
+                   "or from the first byte after the previous reply) before a 408 and close.")
+@click.option("--max-connections", type=click.IntRange(min=0), default=None,
+              help="Client connections open at once; more are refused with a 503 as soon as "
+                   "accepted (default: 1024, or half the open-file limit if lower; 0: no cap).")
+@click.option("--max-connections-per-ip", type=click.IntRange(min=0), default=256,
+              show_default=True,
+              help="Connections open at once from one client address (0: no cap); behind a "
+                   "reverse proxy every client has its address: raise it or use 0.")
 @click.option("--traces-max-bytes", type=click.IntRange(min=0), default=None,
               help="Keep at most this many bytes of traces, dropping the oldest files after "
                    "each write (default: library.json's trace_max_bytes, else 1 GiB; 0: no "
@@ -97,6 +108,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
           max_body_bytes: int, max_concurrency: int | None,
           retrieval_workers: int, max_queue: int,
           upstream_timeout: float | None, stream_idle_timeout: float,
+          header_timeout: float, max_connections: int | None, max_connections_per_ip: int,
           traces_max_bytes: int | None, log_level: str) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
@@ -105,10 +117,13 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     from engine.backends.registry import BackendOptions, get_backend
     from engine.server.app import bind
     from engine.server.app import serve as run_server
+    from engine.server.connections import ConnectionLimits
     from engine.server.guard import load_api_keys
 
     out = console(stderr=True)
     keys = load_api_keys(api_keys, api_keys_file)
+    limits = ConnectionLimits(header_timeout_s=header_timeout, max_connections=max_connections,
+                              max_per_ip=max_connections_per_ip)
     options = BackendOptions(api_key=upstream_key, **(
         {"timeout_s": upstream_timeout} if upstream_timeout is not None else {}))
     skills: dict[str, Any] = {"k": skills_k}
@@ -134,6 +149,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
                   f"{'off' if no_record else 'on'} · API keys {len(keys) or 'off'}",
                   markup=True)
         run_server(engine.backend, host=host, port=port, log_level=log_level, sock=sock,
+                   limits=limits,
                    model_name=served_name, adapter=adapter, traces=traces,
                    verifier=engine.verify_report,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,

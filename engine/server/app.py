@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from engine.backends.base import Backend
 from engine.errors import AddressInUse, ConfigError, WhetstoneError
 from engine.server.adapter import ChatAdapter
+from engine.server.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from engine.server.guard import Guard
 from engine.server.metrics import Metrics
 from engine.server.naming import upstream_model_name
@@ -166,17 +167,22 @@ def serve(
     *,
     log_level: str = "info",
     sock: socket.socket | None = None,
+    limits: ConnectionLimits | None = None,
     **app_options: Any,
 ) -> None:
     """Serve ``backend`` until interrupted (``whetstone serve``) on ``sock`` (default: bound
-    to ``host:port`` here, ``bind``). ``app_options`` go to ``create_app`` (``model_name``,
-    ``adapter``, ``traces``, ``api_keys``, ``max_queue`` ...). At shutdown uvicorn lets
-    requests in flight finish, then the trace queue is drained."""
+    to ``host:port`` here, ``bind``). ``limits`` bound each connection's headers and the
+    connections open (default: ``ConnectionLimits()``, see ``connections.py``).
+    ``app_options`` go to ``create_app`` (``model_name``, ``adapter``, ``traces``,
+    ``api_keys``, ``max_queue`` ...). At shutdown uvicorn lets requests in flight finish,
+    then the trace queue is drained."""
     import uvicorn
 
     app = create_app(backend, **app_options)
+    guard = ConnectionGuard(limits or ConnectionLimits(), app.state.server.metrics)
     sock = sock if sock is not None else bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           http=guarded_protocol(guard)))
     try:
         server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn's exit 3 when start-up fails: not "model missing"

@@ -62,8 +62,8 @@ class Counter(_Metric):
     _values: dict[LabelKey, float] = field(default_factory=dict, repr=False)
 
     def inc(self, amount: float = 1.0, **labels: object) -> None:
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter cannot go down ({amount})")
+        if not 0 <= amount < math.inf:  # NaN fails both comparisons
+            raise ValueError(f"{self.name}: a counter only takes finite steps up ({amount})")
         key = self._key(labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
@@ -172,11 +172,19 @@ class Metrics:
         self.traces_pending = Gauge("whetstone_traces_pending",
                                     "Traces queued for the background writer.",
                                     read=traces_pending)
+        self.connections_open = Gauge("whetstone_connections_open",
+                                      "Client connections open (whetstone serve only).")
+        self.connections_closed = Counter(
+            "whetstone_connections_closed_total",
+            "Client connections the server closed on its own, by reason: max_connections and "
+            "max_per_ip (refused when accepted), header_timeout (headers too slow).",
+            ("reason",))
 
     def all(self) -> list[Counter | Gauge | Histogram]:
         return [self.requests, self.latency, self.upstream_latency, self.retrieval_latency,
                 self.tokens, self.errors, self.library, self.traces_written, self.trace_errors,
-                self.feedback, self.in_flight, self.queued, self.traces_pending]
+                self.feedback, self.in_flight, self.queued, self.traces_pending,
+                self.connections_open, self.connections_closed]
 
     def render(self) -> str:
         """The exposition text, one metric family after another."""

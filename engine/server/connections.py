@@ -1,0 +1,205 @@
+"""Connection-level limits under uvicorn: a header deadline, and caps on open connections.
+
+uvicorn bounds the idle time between two requests on a keep-alive connection, but nothing
+else: a socket that connects and sends nothing, or sends one header line every few seconds
+(slow-loris), is held forever, and enough of them use up the process's file descriptors
+while ``/health`` and keyed requests fail. ``guarded_protocol(limits)`` is uvicorn's own HTTP
+protocol class (httptools, else h11) with three checks added:
+
+- a request's head (request line and headers) must arrive in full within
+  ``header_timeout_s`` of the connection opening, or of the first byte after the previous
+  response; past it the client gets ``408`` and the connection is closed;
+- at most ``max_connections`` are open at once, and at most ``max_per_ip`` from one client
+  address; one more is answered ``503`` and closed as soon as it is accepted, so it holds a
+  descriptor for no time at all.
+
+Request bodies are not timed here (the per-address cap bounds what a slow body can hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import ConfigError
+from engine.server.metrics import Metrics
+
+log = logging.getLogger("whetstone.server")
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_CONNECTIONS_PER_IP = 256
+_WARN_EVERY_S = 10.0  # a flood of refusals logs one line per this many seconds, not one each
+
+_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n"
+            b"connection: close\r\ncontent-length: 21\r\n\r\ntoo many connections\n")
+_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\n"
+              b"connection: close\r\ncontent-length: 33\r\n\r\nthe request headers came too slow\n")
+
+
+def default_max_connections() -> int:
+    """``DEFAULT_MAX_CONNECTIONS``, or half the open-file limit when that is lower, so clients
+    can never take the descriptors the server needs for its upstream and its traces."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft // 2))
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """``header_timeout_s``: seconds a request's head may take (None: no limit);
+    ``max_connections`` / ``max_per_ip``: open connections in all / from one address (None:
+    no cap; ``max_connections`` None means ``default_max_connections()``, 0 no cap)."""
+
+    header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S
+    max_connections: int | None = None
+    max_per_ip: int | None = DEFAULT_MAX_CONNECTIONS_PER_IP
+
+    def __post_init__(self) -> None:
+        if self.header_timeout_s is not None and not self.header_timeout_s > 0:
+            raise ConfigError(f"header_timeout_s must be positive, got {self.header_timeout_s}",
+                              hint="None turns the header deadline off")
+        for key in ("max_connections", "max_per_ip"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise ConfigError(f"{key} must be 0 (no cap) or more, got {value}")
+
+    def total_cap(self) -> int | None:
+        if self.max_connections is None:
+            return default_max_connections()
+        return self.max_connections or None
+
+
+class ConnectionGuard:
+    """Counts open connections, in all and per client address, for one server."""
+
+    def __init__(self, limits: ConnectionLimits, metrics: Metrics | None = None) -> None:
+        self.limits = limits
+        self.metrics = metrics
+        self.total_cap = limits.total_cap()
+        self.open = 0
+        self.per_ip: Tally[str] = Tally()
+        self._refused_since_warning = 0
+        self._last_warning = -_WARN_EVERY_S
+
+    def admit(self, ip: str) -> str | None:
+        """Count a new connection from ``ip`` in, or say why it is refused."""
+        if self.total_cap is not None and self.open >= self.total_cap:
+            return self._refuse(f"{self.open} connections are open (--max-connections "
+                                f"{self.total_cap})", "max_connections")
+        cap = self.limits.max_per_ip
+        if cap and self.per_ip[ip] >= cap:
+            return self._refuse(f"{ip} has {self.per_ip[ip]} connections open "
+                                f"(--max-connections-per-ip {cap})", "max_per_ip")
+        self.open += 1
+        self.per_ip[ip] += 1
+        self._gauge()
+        return None
+
+    def release(self, ip: str) -> None:
+        self.open -= 1
+        self.per_ip[ip] -= 1
+        if self.per_ip[ip] <= 0:
+            del self.per_ip[ip]  # the tally must not grow with every address ever seen
+        self._gauge()
+
+    def closed(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_closed.inc(reason=reason)
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_open.set(self.open)
+
+    def _refuse(self, why: str, reason: str) -> str:
+        self.closed(reason)
+        self._refused_since_warning += 1
+        now = time.monotonic()
+        if now - self._last_warning >= _WARN_EVERY_S:
+            log.warning("refused %d connection(s): %s", self._refused_since_warning, why)
+            self._refused_since_warning, self._last_warning = 0, now
+        return why
+
+
+def _peer_ip(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, (tuple, list)) and peer:
+        return str(peer[0])
+    return "unix"  # a Unix socket: all its clients are one
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (``auto``: httptools when installed, else h11) with
+    ``guard``'s limits, for ``uvicorn.Config(http=...)``."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    header_timeout = guard.limits.header_timeout_s
+
+    class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _ip: str | None = None
+        _head_timer: asyncio.TimerHandle | None = None
+        _head_cycle: Any = None  # the request cycle current when the deadline was armed
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            ip = _peer_ip(transport)
+            if guard.admit(ip) is not None:
+                # Before uvicorn sees it: not in its connection set, and no request is read.
+                transport.write(_REFUSED)
+                transport.close()
+                return
+            self._ip = ip
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._ip is None:
+                return  # refused in connection_made: uvicorn never knew it
+            self._disarm()
+            guard.release(self._ip)
+            self._ip = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_timer is None and self._between_requests():
+                self._arm()  # the first byte of the next request on a kept-alive connection
+            super().data_received(data)
+            if self._head_timer is not None and self._head_done():
+                self._disarm()
+
+        def _between_requests(self) -> bool:
+            return self.cycle is None or bool(self.cycle.response_complete)
+
+        def _head_done(self) -> bool:
+            return self.cycle is not None and self.cycle is not self._head_cycle
+
+        def _arm(self) -> None:
+            if header_timeout is None:
+                return
+            self._head_cycle = self.cycle
+            self._head_timer = self.loop.call_later(header_timeout, self._head_expired)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_expired(self) -> None:
+            self._head_timer = None
+            if self._head_done() or self.transport.is_closing():
+                return  # the head completed in a callback data_received did not see
+            guard.closed("header_timeout")
+            self.transport.write(_TIMED_OUT)
+            self.transport.close()
+
+    return GuardedHTTPProtocol
+
+
+__all__ = ["ConnectionGuard", "ConnectionLimits", "DEFAULT_HEADER_TIMEOUT_S",
+           "DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_CONNECTIONS_PER_IP",
+           "default_max_connections", "guarded_protocol"]
