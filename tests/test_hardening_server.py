@@ -202,9 +202,9 @@ def test_the_wait_for_a_slot_counts_against_the_deadline(tmp_path: Path) -> None
 # --- 8. numbers, flags and echoes ------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, words", [
-    ({"max_tokens": 10 ** 100}, "'max_tokens' must be between 1 and 1000000"),
-    ({"max_completion_tokens": 2 ** 40}, "'max_completion_tokens' must be between"),
-    ({"seed": 2 ** 70}, "'seed' must be between"),
+    ({"max_tokens": 10 ** 100}, "'max_tokens' must be an integer between 1 and 1000000"),
+    ({"max_completion_tokens": 2 ** 40}, "'max_completion_tokens' must be an integer between"),
+    ({"seed": 2 ** 70}, "'seed' must be an integer between"),
     ({"stream": "yes"}, "'stream' must be true or false"),
     ({"logprobs": "yes"}, "'logprobs' must be true or false"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "'include_usage'"),

@@ -101,7 +101,8 @@ def test_whetstone_serve_end_to_end(tmp_path: Path) -> None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"whetstone serve did not start:\n{proc.stdout.read()}")
             time.sleep(0.2)
-        health = httpx.get(base + "/health", timeout=5).json()
+        health = httpx.get(base + "/health", timeout=5,  # the library's state: keyed only
+                           headers={"authorization": "Bearer sk-test"}).json()
         assert health["library_version"] == "v2" and health["recording"] is True
         c = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0, timeout=30)
         raw = c.chat.completions.with_raw_response.create(

@@ -125,8 +125,10 @@ def create_app(
             if aclose is not None:
                 await aclose()
 
+    # No /openapi.json, /docs or /redoc: the API is OpenAI's (docs/middleware.md), and a
+    # schema served without a key would map the server for anyone who can reach it.
     app = FastAPI(title="Whetstone", version="0.1.0", docs_url=None, redoc_url=None,
-                  lifespan=lifespan)
+                  openapi_url=None, lifespan=lifespan)
     app.state.server = ServerState(backend=backend, settings=settings, service=service,
                                    metrics=metrics, pipeline=pipeline, writer=writer,
                                    adapter=adapter, started_at=int(time.time()),

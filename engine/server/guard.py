@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import time
@@ -63,15 +64,26 @@ def load_api_keys(keys: Iterable[str] = (), keys_file: str | Path | None = None
 
 def key_matches(authorization: str | None, keys: frozenset[str]) -> bool:
     """Whether an ``Authorization: Bearer <key>`` header carries one of ``keys``."""
+    return key_owner(authorization, keys) is not None
+
+
+def key_hash(key: str) -> str:
+    """What a trace keeps of the key it was recorded for: its SHA-256 (hex), never the key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_owner(authorization: str | None, keys: frozenset[str]) -> str | None:
+    """``key_hash`` of the server key an ``Authorization: Bearer`` header carries, or None
+    (no header, or not one of ``keys``). Every key is compared, in constant time."""
     if not authorization:
-        return False
+        return None
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        return False
+        return None
     given = token.strip().encode()
     # Compare against every key in constant time (no early exit), so timing reveals nothing.
-    matches = [hmac.compare_digest(given, k.encode()) for k in keys]
-    return any(matches)
+    found = [k for k in keys if hmac.compare_digest(given, k.encode())]
+    return key_hash(found[0]) if found else None
 
 
 def _route_of(path: str) -> str:

@@ -4,7 +4,7 @@ the finished exchange to the trace writer after.
 Retrieval embeds the query, which would stall the event loop, so ``ChatPipeline`` adapts in a
 thread pool (a cached question is answered on the loop); when retrieval fails the request is
 served without the library (logged and counted): the model answering matters more than the
-guidance.
+guidance. A failed ``verify`` is reported to the client without the paths its error names.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, WhetstoneError
 from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from engine.server.metrics import Metrics
 from engine.server.recording import TraceWriter
+from engine.server.service import error_message, without_paths
 from engine.types import Request, Trace
 
 log = logging.getLogger("whetstone.server")
@@ -28,6 +29,14 @@ Verifier = Callable[[str, str], Mapping[str, Any]]
 
 
 VERIFY_WORKERS = 4
+
+
+def verify_error(exc: Exception) -> str:
+    """What the client is told of a failed check: the error and its hint without the paths
+    it names (an empty corpus's folder), or, for a bug, only where the details are."""
+    if isinstance(exc, WhetstoneError):
+        return without_paths(error_message(exc))
+    return "the verification failed (the details are in the server log)"
 
 
 class ChatPipeline:
@@ -100,7 +109,7 @@ class ChatPipeline:
         except Exception as exc:  # noqa: BLE001 - the answer matters more than its check
             log.warning("verification failed: %s", getattr(exc, "message", None) or repr(exc))
             self.metrics.errors.inc(code="verify_failed")
-            return {"error": getattr(exc, "message", None) or repr(exc)}
+            return {"error": verify_error(exc)}
 
     def record(self, trace: Trace) -> None:
         if self.traces is not None:

@@ -3,7 +3,7 @@
 ``TraceWriter``: an asyncio queue drained by one background task that writes traces in
 batches in a worker thread; ``stop()`` drains it, so a shutdown loses no trace; ``label``
 attaches feedback to a trace once its own write has landed, finding it through the store's
-index.
+index; on a server with API keys only the key an exchange was recorded for may label it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.server")
 
+# The trace meta field holding the SHA-256 of the API key an exchange was recorded for.
+OWNER_KEY = "api_key_sha256"
 # How long feedback waits for the trace it labels to leave the write queue.
 LABEL_WAIT_S = 10.0
 # How long the writer lets traces gather after the first one arrives. A write pays a fixed
@@ -141,14 +143,19 @@ class TraceWriter:
                 f"the trace {trace_id!r} is still waiting to be written after {timeout:g} s",
                 hint="the trace store is slow or backed up; retry the feedback shortly") from None
 
-    async def label(self, trace_id: str, score: float, comment: str | None) -> Trace:
+    async def label(self, trace_id: str, score: float, comment: str | None, *,
+                    owner: str | None = None) -> Trace:
         """Attach feedback to a trace by its exact id; ``NotFound`` when there is none,
-        ``WhetstoneError`` when the trace is still queued after ``LABEL_WAIT_S``."""
+        ``WhetstoneError`` when the trace is still queued after ``LABEL_WAIT_S``.
+
+        ``owner`` (the ``key_hash`` of the caller's API key; None when the server has no
+        keys) must be the key the trace was recorded for: another key's trace is ``NotFound``
+        as well, so a client learns nothing about ids that are not its own."""
         # Wait for the trace's own write: the labelled copy must land after it (the latest
         # line for an id wins).
         await self.written(trace_id)
         trace = await asyncio.to_thread(self.store.find, trace_id)  # the index, not a scan
-        if trace is None:
+        if trace is None or (owner is not None and trace.meta.get(OWNER_KEY) != owner):
             raise NotFound(f"no trace with id {trace_id!r}",
                            hint=f"use the {TRACE_HEADER} header of the response")
         meta = dict(trace.meta)

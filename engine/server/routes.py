@@ -25,11 +25,17 @@ from engine.errors import ConfigError, NotFound, WhetstoneError
 from engine.runtime.agent import new_trace_id
 from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
 from engine.server.exchange import chat_trace, check_feedback
-from engine.server.guard import REQUEST_ID_HEADER, TRACE_HEADER, VERSION_HEADER, key_matches
+from engine.server.guard import (
+    REQUEST_ID_HEADER,
+    TRACE_HEADER,
+    VERSION_HEADER,
+    key_matches,
+    key_owner,
+)
 from engine.server.metrics import CONTENT_TYPE, Metrics
-from engine.server.naming import public_spec
+from engine.server.naming import public_spec, upstream_model_name
 from engine.server.pipeline import ChatPipeline
-from engine.server.recording import TraceWriter
+from engine.server.recording import OWNER_KEY, TraceWriter
 from engine.server.responses import (
     error_reply,
     failure_text,
@@ -46,6 +52,7 @@ router = APIRouter()
 
 MAX_TRACE_ID_CHARS = 128
 _TRACE_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_TRACE_ID_CHARS}}}")
+_DRIVE = re.compile(r"[A-Za-z]:[\\/]")  # a Windows path's start
 
 
 @dataclass
@@ -65,6 +72,14 @@ class ServerState:
 
 def _state(request: Request) -> ServerState:
     return request.app.state.server
+
+
+def _owner(request: Request, state: ServerState) -> str | None:
+    """The hash of the API key the request came with (``Guard`` has checked it); None on a
+    server without keys, where every client may label every exchange."""
+    if not state.api_keys:
+        return None
+    return key_owner(request.headers.get("authorization"), state.api_keys)
 
 
 class EventStream(StreamingResponse):
@@ -111,7 +126,7 @@ async def chat_completions(request: Request) -> Response:
                            "requests are being answered or are waiting, the most it takes; "
                            "retry shortly", "requests", "rate_limit_exceeded",
                            headers={**headers, "Retry-After": "1"})
-    exchange = _Exchange(state, call, started, rid, headers, deadline)
+    exchange = _Exchange(state, call, started, rid, headers, deadline, _owner(request, state))
     try:
         adapted = await state.pipeline.adapt(call.request, switches)
         return await exchange.answer(adapted, switches)
@@ -124,8 +139,9 @@ class _Exchange:
     """One admitted chat call: answers it (JSON or a stream) and records it once."""
 
     def __init__(self, state: ServerState, call: ChatCall, started: float, rid: str,
-                 headers: dict[str, str], deadline: float) -> None:
+                 headers: dict[str, str], deadline: float, owner: str | None = None) -> None:
         self.state, self.call, self.started = state, call, started
+        self.owner = owner  # the key's hash: only that key may label this exchange
         self.request_id, self.headers, self.deadline = rid, headers, deadline
         self.model = call.model or state.settings.model_name
         self.trace_id: str | None = None
@@ -180,6 +196,8 @@ class _Exchange:
                 **meta: Any) -> None:
         if self.trace_id is None or self.adapted is None:
             return
+        if self.owner is not None:
+            meta[OWNER_KEY] = self.owner
         self.state.pipeline.record(chat_trace(
             self.trace_id, self.adapted, model=self.state.backend.spec, started=self.started,
             completion=completion, error=failure, outcome=outcome, request_id=self.request_id,
@@ -245,7 +263,8 @@ async def feedback(request: Request) -> Response | dict[str, Any]:
         return error_reply(metrics, 400, error_message(exc), "invalid_request_error",
                            param=param)
     try:
-        trace: Trace = await state.writer.label(trace_id.strip(), score, comment)
+        trace: Trace = await state.writer.label(trace_id.strip(), score, comment,
+                                                owner=_owner(request, state))
     except NotFound as exc:
         return error_reply(metrics, 404, error_message(exc), "invalid_request_error",
                            "trace_not_found", param="trace_id")
@@ -279,23 +298,46 @@ async def get_model(request: Request, model_id: str) -> Response | dict[str, Any
 
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
-    """Status, the served name and the upstream's kind; its address only to a client that
-    sends one of the server's API keys."""
+    """Status, the served name and the upstream's kind for anyone (a probe needs no key).
+    The upstream's address and the library's state only to a client that sends one of the
+    server's API keys (to every client when there are none); never a path on this host."""
     state = _state(request)
-    spec = state.backend.spec
-    if not (state.api_keys and key_matches(request.headers.get("authorization"),
-                                           state.api_keys)):
-        spec = public_spec(spec)
+    keyed = not state.api_keys or key_matches(request.headers.get("authorization"),
+                                              state.api_keys)
+    spec = shown_spec(state.backend.spec, with_address=keyed and bool(state.api_keys))
     out: dict[str, Any] = {"status": "ok", "model": state.settings.model_name, "backend": spec}
-    if state.adapter is not None or state.writer is not None:
-        out["upstream"] = spec
-        out["recording"] = state.writer is not None
-        try:
-            out["library_version"] = state.pipeline.library_version()
-        except WhetstoneError as exc:
-            out["library_version"] = None
-            out["library_error"] = exc.message
+    if state.adapter is None and state.writer is None:
+        return out
+    out["upstream"] = spec
+    if not keyed:
+        return out
+    out["recording"] = state.writer is not None
+    try:
+        out["library_version"] = state.pipeline.library_version()
+    except WhetstoneError as exc:
+        out["library_version"] = None
+        out["library_error"] = library_state(exc)
     return out
+
+
+def shown_spec(spec: str, *, with_address: bool) -> str:
+    """The upstream's spec as ``/health`` shows it: its kind and model name, a local model's
+    folder or file by its name only (``hf:/srv/models/qwen`` -> ``hf:qwen``), and the
+    ``@<url>`` part only ``with_address``."""
+    public = public_spec(spec)
+    address = spec[len(public):] if with_address else ""
+    kind, sep, arg = public.partition(":")
+    if sep and (arg.startswith(("/", "~", "./", "../", "\\")) or _DRIVE.match(arg)):
+        public = f"{kind}:{upstream_model_name(spec)}"
+    return public + address
+
+
+def library_state(exc: WhetstoneError) -> str:
+    """A state name for a library that cannot be read, for ``/health``: its message names the
+    library's folder on this host, which no client is shown (the CLI says it in full)."""
+    if isinstance(exc, NotFound) or isinstance(exc.__cause__, FileNotFoundError):
+        return "missing"
+    return "unreadable"
 
 
 @router.get("/metrics")

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -114,9 +116,58 @@ def _flag(body: Mapping[str, Any], key: str) -> None:
         raise ConfigError(f"'{key}' must be true or false, got {shown(repr(value), 40)}")
 
 
+# Every integer field a client may send (chat, completions, embeddings), with its range. A
+# JSON float is refused even when it is whole (5.0, 1e300): it is not an integer on the wire,
+# and int(1e300) is a 301-digit token count.
+INTEGER_FIELDS: dict[str, tuple[int, int]] = {
+    "max_tokens": (1, MAX_TOKENS_LIMIT),
+    "max_completion_tokens": (1, MAX_TOKENS_LIMIT),
+    "n": (1, 128),  # OpenAI's own bound; chat here answers one choice (request_from_openai)
+    "best_of": (1, 128),  # /v1/completions
+    "top_logprobs": (0, 20),
+    "seed": (-_SEED_LIMIT, _SEED_LIMIT - 1),
+    "dimensions": (1, 65_536),  # /v1/embeddings
+}
+# Number fields (an integer or a float), with their ranges: the passed-through routes send
+# them upstream unread, so they are checked here for every route.
+NUMBER_FIELDS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+}
+
+
+def _shown_number(value: Any) -> str:
+    if isinstance(value, int) and abs(value) >= 10 ** 30:
+        return f"a {len(str(abs(value)))}-digit number"
+    return shown(repr(value), 40)
+
+
+def _check_integer(key: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi:
+        return
+    raise ConfigError(f"'{key}' must be an integer between {lo} and {hi}, got "
+                      f"{_shown_number(value)}",
+                      hint='send a JSON integer: 5, not 5.0, "5" or true')
+
+
+def _check_number(key: str, value: Any, lo: float, hi: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"'{key}' must be a number, got {_shown_number(value)}")
+    # json.loads takes NaN and Infinity, and NaN passes every comparison below.
+    if not math.isfinite(value):
+        raise ConfigError(f"'{key}' must be a finite number, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"'{key}' must be between {lo!r} and {hi!r}, got "
+                          f"{_shown_number(value)}")
+
+
 def check_ranges(body: Any) -> None:
-    """What the wire format leaves open: flags are booleans, token counts and seeds within
-    sane ranges (a 10**100 ``max_tokens`` is refused, not forwarded)."""
+    """What the wire format leaves open: flags are booleans, every integer field
+    (``INTEGER_FIELDS``) is a JSON integer within its range, every number field
+    (``NUMBER_FIELDS``) a finite number within its range. A ``max_tokens`` of 10**100 or
+    1e300 is refused here, never forwarded. A field that is absent or null is left out."""
     if not isinstance(body, Mapping):
         return  # request_from_openai says what is wrong
     _flag(body, "stream")
@@ -124,13 +175,18 @@ def check_ranges(body: Any) -> None:
     options = body.get("stream_options")
     if isinstance(options, Mapping):
         _flag(options, "include_usage")
-    for key, lo, hi in (("max_tokens", 1, MAX_TOKENS_LIMIT),
-                        ("max_completion_tokens", 1, MAX_TOKENS_LIMIT),
-                        ("seed", -_SEED_LIMIT, _SEED_LIMIT - 1)):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
-            shown_value = str(value) if abs(value) < 10 ** 30 else f"a {len(str(value))}-digit number"
-            raise ConfigError(f"'{key}' must be between {lo} and {hi}, got {shown_value}")
+    for key, (lo, hi) in INTEGER_FIELDS.items():
+        if body.get(key) is not None:
+            _check_integer(key, body[key], lo, hi)
+    for key, (flo, fhi) in NUMBER_FIELDS.items():
+        if body.get(key) is not None:
+            _check_number(key, body[key], flo, fhi)
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, Mapping):
+            raise ConfigError("'logit_bias' must be an object of token id -> bias")
+        for token, value in bias.items():
+            _check_number(f"logit_bias[{shown(str(token), 20)}]", value, -100.0, 100.0)
 
 
 # Upstream refusals that are not the client's to fix: the upstream refused Whetstone's own key
@@ -200,6 +256,20 @@ def error_message(exc: WhetstoneError) -> str:
     return exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
 
 
+# An absolute path on this host: /..., ~/..., C:\... (not the path of a URL: "//" and
+# "host/" come before it there, nor a model id like org/name).
+_ABS_PATH = r"""(?<![\w:/.~-])(?:~|[A-Za-z]:)?[/\\][^\s'"()<>\[\]{},;]+"""
+_PATH_IN_BRACKETS = re.compile(rf"\s*\(\s*{_ABS_PATH}\s*\)")
+_PATH = re.compile(_ABS_PATH)
+
+
+def without_paths(text: str) -> str:
+    """``text`` with every absolute path on this host taken out: a path in brackets goes
+    with its brackets, any other becomes ``<path>``. For what a client is told: an error
+    about a library or corpus names its folder, which is the operator's to know."""
+    return _PATH.sub("<path>", _PATH_IN_BRACKETS.sub("", text))
+
+
 def client_message(exc: WhetstoneError, request_id: str) -> str:
     """What a client is told about ``exc``. An error of its own request (4xx) says what is
     wrong; an upstream or server failure says only what kind it was and the request id, so
@@ -210,7 +280,7 @@ def client_message(exc: WhetstoneError, request_id: str) -> str:
         return refused.upstream_message
     status, _, _ = error_status(exc)
     if status < 500:
-        return error_message(exc)
+        return without_paths(error_message(exc))
     if isinstance(exc, DeadlineExceeded):
         return f"{error_message(exc)} (request {request_id})"
     what = {504: "the upstream model did not answer in time",
