@@ -20,7 +20,6 @@ from click.testing import CliRunner
 from cli import cli
 from engine.errors import EvalError
 from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.scorers import is_user_scorer
 
 # --- finding 1: a task file's scorer field -------------------------------------------------
 
@@ -80,6 +79,8 @@ def test_python_loaders_apply_the_same_rule(tmp_path: Path) -> None:
 
 
 def test_builtin_scorer_names_stay_allowed(tmp_path: Path) -> None:
+    from engine.evaluation.scorers import is_user_scorer
+
     lines = [{"id": f"t{i}", "question": "q", "expected": "1", "scorer": s}
              for i, s in enumerate(["exact", "normalized", "numeric:0.01", "NUMERIC", "f1",
                                     "bfcl", "choice", "number", "exact_text"])]
@@ -88,3 +89,153 @@ def test_builtin_scorer_names_stay_allowed(tmp_path: Path) -> None:
     assert len(load_tasks(str(path))) == len(lines)
     assert not any(is_user_scorer(x["scorer"]) for x in lines)
     assert all(is_user_scorer(s) for s in ["a:b", "x.py:f", "os:system", "numericx:1"])
+
+
+# --- finding 2: the admission check --------------------------------------------------------
+
+@pytest.mark.parametrize("source,rule,words", [
+    ("import typing\ntyping.sys.modules['os'].system('sh')", "attribute", ".sys"),
+    ("import random\nrandom._os.system('sh')", "private", "_os"),
+    ("from PIL import Image\nImage.os.system('sh')", "attribute", ".os"),
+    ("import json.decoder\njson.decoder.re.sys.modules['os']", "attribute", ".sys"),
+    ("import numpy as np\nnp.ctypeslib.as_array", "attribute", ".ctypeslib"),
+    ("import numpy as np\nnp.load('x.npy', allow_pickle=True)", "pickle", "allow_pickle"),
+    ("import numpy as np\nflag = True\nnp.load('x.npy', allow_pickle=flag)", "pickle",
+     "allow_pickle"),
+    ("import numpy as np\nnp.lib.format.read_array", "attribute", "numpy.lib.format"),
+    ("from PIL.Image import os", "attribute", "imports os from PIL.Image"),
+    ("from random import _os", "private", "imports _os"),
+    ("import operator\noperator.attrgetter('__class__')(1)", "attribute", "attrgetter"),
+    ("import typing\ndef f(x: \"__import__('os')\"): pass\ntyping.get_type_hints(f)",
+     "attribute", "get_type_hints"),
+    ("import dataclasses as d\nd.inspect.currentframe()", "attribute", ".inspect"),
+])
+def test_module_reached_through_an_attribute_is_refused(source: str, rule: str,
+                                                        words: str) -> None:
+    from tools.validate import check_tool_code
+
+    problems = check_tool_code(source)
+    assert problems, source
+    assert any(p.rule == rule and words in p.detail for p in problems), problems
+
+
+def test_denied_attributes_cover_every_module_the_allowed_ones_hold() -> None:
+    """Walk what the allowed modules (and the PIL modules tools use) hold, as installed here:
+    every public attribute that is a module a tool may not import must be a denied name, so
+    a numpy or PIL upgrade that adds one fails here instead of opening a road."""
+    import importlib
+    import types
+
+    from tools.validate import ALLOWED_MODULES, DENIED_ATTRIBUTES, _module_problem
+
+    roots = [*sorted(ALLOWED_MODULES - {"__future__"}), "PIL.Image", "PIL.ImageDraw",
+             "PIL.ImageOps", "PIL.ImageFilter", "PIL.ImageChops", "PIL.ImageEnhance",
+             "PIL.ImageStat", "PIL.ImageColor", "PIL.ImageFont", "PIL.ImageMath",
+             "PIL.ImageSequence", "PIL.ImageFile", "json.decoder", "json.encoder"]
+    seen: set[int] = set()
+    missing: dict[str, str] = {}
+
+    def walk(module: types.ModuleType, path: str, depth: int) -> None:
+        if id(module) in seen or depth > 4:
+            return
+        seen.add(id(module))
+        for name in dir(module):
+            value = getattr(module, name, None)
+            if name.startswith("_") or not isinstance(value, types.ModuleType):
+                continue  # private names are refused whatever they hold
+            if _module_problem(value.__name__) is None:
+                walk(value, f"{path}.{name}", depth + 1)
+            elif name not in DENIED_ATTRIBUTES and not (name == "format"
+                                                         and path.endswith(".lib")):
+                missing[f"{path}.{name}"] = value.__name__
+
+    for root in roots:
+        walk(importlib.import_module(root), root, 0)
+    assert len(seen) > 50  # numpy and PIL were walked, not skipped
+    assert missing == {}
+
+
+def test_plain_image_and_number_code_still_passes() -> None:
+    from tools.validate import check_tool_code
+
+    source = ("import numpy as np\nfrom PIL import Image\n"
+              "def f(image: Image.Image, path: str) -> dict:\n"
+              "    px = image.load()\n"
+              "    arr = np.load(path, allow_pickle=False) if path else np.zeros(3)\n"
+              "    return {'format': image.format, 'mode': image.mode, 'px': px[0, 0],\n"
+              "            'n': int(arr.size)}\n")
+    assert check_tool_code(source) == []
+
+
+# --- finding 2: what a tool leaves in out/ -------------------------------------------------
+
+_LEAVE_SPECIALS = r'''
+import json, os, socket, sys, tempfile, time
+from dataclasses import replace
+from pathlib import Path
+
+from tools.images import ImageFiles
+from tools.learned import define_tool
+from tools.learned_run import run_learned
+from tools.sandbox import Sandbox
+
+MAKE = """
+import os, socket
+os.makedirs("out/sub", exist_ok=True)
+os.mkfifo("out/pipe")
+os.mkfifo("out/sub/result.json")
+os.symlink("/etc/hostname", "out/host")
+s = socket.socket(socket.AF_UNIX); s.bind("out/sock")
+open("out/kept.txt", "w").write("kept")
+"""
+report = {}
+for mode in ("auto", "process"):
+    box = Sandbox.detect(isolation=mode)
+    start = time.monotonic()
+    res = box.run_python(MAKE, collect="out", timeout_s=10)
+    report[mode] = {"s": time.monotonic() - start, "outputs": sorted(res.outputs),
+                    "skipped": list(res.skipped), "stderr": res.stderr,
+                    "isolation": res.isolation, "rc": res.returncode}
+    # A learned tool (admitted as plain code, its source swapped behind the check's back, as a
+    # bypass would) that leaves a FIFO where its result goes: the harness replaces it.
+    definition, problems = define_tool(
+        'def f(n: int) -> int:\n    "Add one."\n    return n + 1\n', name="f", skill="s")
+    assert definition is not None, problems
+    evil = replace(definition, source=definition.source.replace(
+        "return n + 1", "import os\n    os.mkfifo('out/result.json')\n"
+        "    os.mkfifo('out/image-0.png')\n    return n + 1"))
+    start = time.monotonic()
+    tool = run_learned(evil, {"n": 1}, images=ImageFiles(Path(sys.argv[1]) / "img", ()),
+                       sandbox=box, timeout_s=10)
+    report[mode + "-tool"] = {"s": time.monotonic() - start, "output": tool.output,
+                              "error": tool.error, "meta": tool.metadata}
+print(json.dumps(report))
+'''
+
+
+def test_fifo_socket_and_link_in_out_do_not_block_and_leave_no_folder(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    # Its own process, with a bound: on the old code this hung forever in _collect's open().
+    run = subprocess.run([sys.executable, "-c", _LEAVE_SPECIALS, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for mode in ("auto", "process"):
+        got = report[mode]
+        assert got["rc"] == 0 and got["s"] < 30, got
+        assert got["outputs"] == ["kept.txt"]
+        assert sorted(got["skipped"]) == ["out/host (a link)", "out/pipe (a FIFO)",
+                                          "out/sock (a socket)", "out/sub/result.json (a FIFO)"]
+        assert "not collected, only regular files come back" in got["stderr"]
+        tool = report[mode + "-tool"]
+        assert tool["s"] < 30 and tool["error"] is None and tool["output"] == "2", tool
+        assert tool["meta"]["not_collected"] == ["out/image-0.png (a FIFO)"]
+    assert report["auto"]["isolation"] in ("bwrap", "process")
+    assert sorted(os.listdir(tmp)) == []  # every call's folder was removed

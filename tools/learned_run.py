@@ -66,9 +66,11 @@ def _restore_images(value: Any, outputs: Mapping[str, bytes], images: ImageFiles
     return value
 
 
-def _parse_result(raw: bytes | None) -> dict[str, Any]:
+def _parse_result(raw: bytes | None, skipped: tuple[str, ...] = ()) -> dict[str, Any]:
     if raw is None:
-        raise ToolError("the tool ended without a result")
+        why = next((s for s in skipped if s.startswith("out/result.json ")), None)
+        raise ToolError("the tool ended without a result" + (
+            f": {why} is not a regular file, so it was not read" if why else ""))
     if len(raw) > MAX_RESULT_BYTES:
         raise ToolError(f"the tool's result is larger than {MAX_RESULT_BYTES} bytes",
                         hint="return a summary: counts, a few values, an image")
@@ -103,7 +105,7 @@ def run_learned(definition: ToolDefinition, args: Mapping[str, Any], *, images: 
     failure = res.failure(timeout_s=timeout, memory_mb=memory_mb, max_tasks=max_tasks)
     if failure is not None:
         return ToolResult(res.stderr[-2000:], failure, res.duration_s, res.timed_out, meta)
-    result = _parse_result(res.outputs.get("result.json"))
+    result = _parse_result(res.outputs.get("result.json"), res.skipped)
     if not result["ok"]:
         tail = "\n".join(str(result.get("traceback", "")).strip().splitlines()[-TRACEBACK_LINES:])
         return ToolResult(tail, str(result.get("error") or "the tool failed"), res.duration_s,

@@ -102,6 +102,7 @@ class SandboxResult:
     limits: LimitKind = "watchdog"
     warnings: tuple[str, ...] = ()
     outputs: Mapping[str, bytes] = field(default_factory=dict)  # files left under collect/
+    skipped: tuple[str, ...] = ()  # what under collect/ was not read: "out/x (a FIFO)"
 
     @property
     def ok(self) -> bool:
@@ -135,6 +136,8 @@ class SandboxResult:
         meta: dict[str, Any] = {"sandbox": sandbox}
         if self.leftovers:
             meta["leftovers_killed"] = self.leftovers
+        if self.skipped:
+            meta["not_collected"] = list(self.skipped)
         return meta
 
 
@@ -234,30 +237,60 @@ def _disk_use(root: Path) -> tuple[int, int]:
     return total, entries
 
 
-def _collect(folder: Path) -> dict[str, bytes]:
-    """Regular files under ``folder`` (relative name -> bytes), bounded; links (to files or
-    folders) are skipped, so a call cannot make the caller read a host file for it."""
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a link"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+# Non-blocking: opening a FIFO waits for a writer, which a finished call never brings; no
+# controlling terminal; no link followed. Only a regular file is then read.
+_COLLECT_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                  | getattr(os, "O_CLOEXEC", 0))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _read_regular(path: Path, budget: int) -> bytes | str:
+    """The bytes of ``path`` (at most ``budget + 1``), or why it is not read: what it is
+    instead of a regular file. The check is on the opened descriptor, so a file swapped for a
+    FIFO or a link after the walk saw it is not read either."""
+    try:
+        fd = os.open(path, _COLLECT_FLAGS)
+    except OSError as exc:  # ELOOP: a link; ENXIO: a socket; or gone
+        with contextlib.suppress(OSError):
+            return _kind(os.lstat(path).st_mode)
+        return f"unreadable ({exc.strerror or exc})"
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return _kind(mode)
+        return fh.read(budget + 1)
+
+
+def _collect(folder: Path) -> tuple[dict[str, bytes], list[str]]:
+    """Regular files under ``folder`` (relative name -> bytes), bounded, and what was left
+    out ("out/x (a FIFO)"). Links (to files or folders), FIFOs, sockets and devices are never
+    opened for reading: a call can neither make the caller read a host file for it nor block
+    it on a pipe that no one writes."""
     out: dict[str, bytes] = {}
+    skipped: list[str] = []
     if folder.is_symlink() or not folder.is_dir():
-        return out
+        return out, skipped
     budget = MAX_COLLECT_BYTES
     for here, dirs, names in os.walk(folder):  # does not descend into linked folders
         dirs.sort()
         for name in sorted(names):
             path = Path(here) / name
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                continue  # a link (ELOOP), or gone
-            with os.fdopen(fd, "rb") as fh:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    continue
-                data = fh.read(budget + 1)
+            rel = path.relative_to(folder)
+            data = _read_regular(path, budget)
+            if isinstance(data, str):
+                skipped.append(f"{folder.name}/{rel} ({data})")
+                continue
             if len(data) > budget:
-                return out
+                skipped.append(f"{folder.name}/{rel} (over {MAX_COLLECT_BYTES} bytes in all)")
+                return out, skipped
             budget -= len(data)
-            out[str(path.relative_to(folder))] = data
-    return out
+            out[str(rel)] = data
+    return out, skipped
 
 
 def _marked(nonce: str) -> list[int]:
@@ -343,8 +376,13 @@ class Sandbox:
             call = _Call(self, root, limits, max_disk_mb)
             data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
             result = call.run(args, data, timeout_s, env or {})
-            outputs = _collect(root / collect) if collect else {}
-        return replace(result, outputs=outputs, duration_s=time.perf_counter() - start)
+            outputs, skipped = _collect(root / collect) if collect else ({}, [])
+        stderr = result.stderr
+        if skipped:
+            stderr += (f"\n... [not collected, only regular files come back: "
+                       f"{', '.join(skipped[:5])}]")
+        return replace(result, outputs=outputs, skipped=tuple(skipped), stderr=stderr,
+                       duration_s=time.perf_counter() - start)
 
 
 class _Call:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -95,7 +96,15 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 -- every failure of the tool is its result
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc(limit=-8)}
-    Path("out/result.json").write_text(json.dumps(result), encoding="utf-8")
+    # A new file renamed into place: whatever the tool left at out/result.json (a FIFO that
+    # would block the write, a link) is replaced, not written through.
+    tmp = "out/.result.tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(result))
+    os.replace(tmp, "out/result.json")
     return 0
 
 

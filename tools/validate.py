@@ -1,26 +1,36 @@
 """The AST check a learned tool's code must pass before it is admitted to a library.
 
 A learned tool is written by a model and runs on users' machines. The sandbox
-(``tools/sandbox.py``) is the wall; this check is the gate in front of it: it refuses, with the
-rule and the line, code that reaches for what a tool never needs, so a bad tool is turned away
-at admission with a reason the analyst can act on instead of failing at run time.
+(``tools/sandbox.py``) is the wall, and the only thing that stops a hostile tool: this check is
+a courtesy in front of it. It refuses, with the rule and the line, code that reaches for what a
+tool never needs, so a bad tool is turned away at admission with a reason the analyst can act
+on instead of failing at run time. It reads names and attributes as written; it does not follow
+values (``m = np; m.lib``), strings, containers or what a library function does inside, so code
+that passes it is not thereby safe (docs/sandbox.md, "What is defended").
 
 The rules (documented in docs/sandbox.md):
 - imports only from ``ALLOWED_MODULES`` (a pure-computation stdlib subset, PIL and numpy), no
   relative or ``*`` imports, none of the ``DENIED_SUBMODULES`` (PIL's screen grabbing and
-  viewers, numpy's compilers and C bridges);
+  viewers, numpy's compilers and C bridges), no private or ``DENIED_ATTRIBUTES`` name imported
+  from them (``from PIL.Image import os``);
 - none of the ``DENIED_NAMES`` builtins, referenced at all (``f = eval`` is as bad as a call):
   dynamic code (``eval``, ``exec``, ``compile``, ``__import__``), attribute access by string
   (``getattr``, ``setattr``, ``delattr``, ``vars``, ``globals``, ``locals``), file and console
   I/O (``open``, ``input``, ``print`` is allowed), interpreter control (``exit``, ``quit``,
   ``breakpoint``, ``help``);
-- no dunder names or attributes (``__class__``, ``__globals__``, ``__builtins__``): the usual
-  road from any object back to the interpreter;
+- no dunder names, and no private or dunder attributes (``__class__``, ``__globals__``,
+  ``random._os``): the usual roads from any object back to the interpreter;
+- no attribute named like a module that the allowed modules hold but tools may not import
+  (``typing.sys``, ``PIL.Image.os``, ``json.decoder.re.sys``, ``np.ctypeslib``: the
+  ``DENIED_ATTRIBUTES``, kept complete for the installed numpy and PIL by a test), nor the
+  helpers that read attributes by string or evaluate strings (``operator.attrgetter``,
+  ``typing.get_type_hints``);
 - no ``.format()`` / ``.format_map()`` calls (a format string can read attributes, dunders
   included; f-strings are checked like code and allowed);
 - no file I/O through the allowed libraries (``Image.open``, ``img.save``, ``np.save``,
-  ``np.fromfile``, ...): a tool gets its inputs as arguments, images as ``PIL.Image.Image``
-  objects the harness opened for it, and returns its result.
+  ``np.fromfile``, ...), and no ``allow_pickle=`` other than ``False`` (unpickling runs code):
+  a tool gets its inputs as arguments, images as ``PIL.Image.Image`` objects the harness
+  opened for it, and returns its result.
 """
 
 from __future__ import annotations
@@ -56,6 +66,20 @@ DENIED_NAMES = {
     "exit": "stops the interpreter", "quit": "stops the interpreter",
     "help": "starts the interactive help", "memoryview": "raw memory access",
 }
+_HELD_MODULE = "a module the allowed modules hold, which tools may not use"
+# Attribute names under which ALLOWED_MODULES hold modules a tool may not import (found by
+# walking numpy, PIL and the allowed stdlib; tests/test_attack_tasks_tools.py walks again),
+# plus the usual escape hatches by name, and helpers that reach attributes or code by string.
+DENIED_ATTRIBUTES: dict[str, str] = {
+    **{name: _HELD_MODULE for name in (
+        "atexit", "base64", "bltns", "builtins", "codecs", "contextlib", "copyreg",
+        "ctypes", "ctypeslib", "f2py", "gc", "importlib", "inspect", "io", "keyword",
+        "logging", "marshal", "mmap", "modules", "npyio", "os", "pathlib", "pickle", "posix",
+        "shutil", "signal", "socket", "struct", "subprocess", "sys", "tempfile", "testing",
+        "threading", "types", "warnings")},
+    "attrgetter": "reads attributes by name", "methodcaller": "calls methods by name",
+    "get_type_hints": "evaluates annotation strings as code",
+}
 FORMAT_CALLS = frozenset({"format", "format_map", "vformat", "get_field"})
 FILE_IO_CALLS = frozenset({
     "open", "save", "tofile", "fromfile", "memmap", "savetxt", "loadtxt", "genfromtxt",
@@ -67,6 +91,25 @@ IO_HINT = ("a tool gets its inputs as arguments (images as PIL.Image.Image objec
 
 def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _attribute_problem(name: str) -> tuple[str, str, str] | None:
+    """(rule, detail, hint) when a tool may not read the attribute (or import the name)."""
+    if _is_dunder(name):
+        return "dunder", f"reads the attribute {name}", "tools do not touch interpreter internals"
+    if name.startswith("_"):
+        return ("private", f"reads the private attribute {name}",
+                "use the library's public API")
+    if name in DENIED_ATTRIBUTES:
+        return ("attribute", f"reads .{name}: {DENIED_ATTRIBUTES[name]}",
+                "compute with the allowed modules' public functions")
+    return None
+
+
+def _named(node: ast.expr, name: str) -> bool:
+    """Whether ``node`` is written as ``name`` or ``something.name``."""
+    return (isinstance(node, ast.Name) and node.id == name) or (
+        isinstance(node, ast.Attribute) and node.attr == name)
 
 
 def _module_problem(module: str) -> tuple[str, str] | None:
@@ -98,6 +141,12 @@ def _import_problems(node: ast.Import | ast.ImportFrom) -> Iterator[tuple[str, s
             if found:
                 yield "import", *found
                 return
+        # `from PIL.Image import os` reads an attribute as much as `PIL.Image.os` does.
+        for alias in node.names:
+            held = _attribute_problem(alias.name)
+            if held:
+                yield held[0], f"imports {alias.name} from {base}: " + held[1], held[2]
+                return
         return
     for alias in node.names:
         found = _module_problem(alias.name)
@@ -114,20 +163,33 @@ def _node_problems(node: ast.AST) -> Iterator[tuple[str, str, str]]:
             yield "builtin", f"uses {node.id}: {DENIED_NAMES[node.id]}", "compute directly"
         elif _is_dunder(node.id):
             yield "dunder", f"uses {node.id}", "tools do not touch interpreter internals"
-    elif isinstance(node, ast.Attribute) and _is_dunder(node.attr):
-        yield "dunder", f"reads the attribute {node.attr}", \
-            "tools do not touch interpreter internals"
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        attr = node.func.attr
-        if attr in FORMAT_CALLS:
-            yield "format", f".{attr}() can read attributes through its format string", \
-                "use an f-string"
-        elif attr in FILE_IO_CALLS:
-            yield "file-io", f".{attr}() does file I/O", IO_HINT
+    elif isinstance(node, ast.Attribute):
+        found = _attribute_problem(node.attr)
+        if found:
+            yield found
+        elif node.attr == "format" and _named(node.value, "lib"):  # numpy.lib.format
+            yield "attribute", "reads numpy.lib.format: it reads and writes .npy files", IO_HINT
+    elif isinstance(node, ast.Call):
+        yield from _call_problems(node)
     elif isinstance(node, (ast.Global, ast.Nonlocal)):
         pass  # harmless inside one module
     elif isinstance(node, ast.alias) and _is_dunder(node.asname or ""):
         yield "dunder", f"imports as {node.asname}", "pick a plain name"
+
+
+def _call_problems(node: ast.Call) -> Iterator[tuple[str, str, str]]:
+    for kw in node.keywords:
+        if kw.arg == "allow_pickle" and not (isinstance(kw.value, ast.Constant)
+                                             and kw.value.value is False):
+            yield "pickle", "allow_pickle= other than False: unpickling runs code", IO_HINT
+    if not isinstance(node.func, ast.Attribute):
+        return
+    attr = node.func.attr
+    if attr in FORMAT_CALLS:
+        yield "format", f".{attr}() can read attributes through its format string", \
+            "use an f-string"
+    elif attr in FILE_IO_CALLS:
+        yield "file-io", f".{attr}() does file I/O", IO_HINT
 
 
 def parse_tool_source(source: str, *, path: str) -> tuple[ast.Module | None,
