@@ -35,7 +35,7 @@ import pytest
 from servers import Servers, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 REPO = Path(__file__).resolve().parent.parent
@@ -348,17 +348,6 @@ def gzip_bomb() -> Iterator[bytes]:
     yield crc.to_bytes(4, "little") + (INFLATED % (1 << 32)).to_bytes(4, "little")
 
 
-def test_gzip_bomb_fixture_is_what_it_claims() -> None:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    sent = inflated = 0
-    for piece in gzip_bomb():
-        sent += len(piece)
-        while piece:
-            inflated += len(d.decompress(piece, 1 << 24))
-            piece = d.unconsumed_tail
-    assert d.eof and inflated == INFLATED and sent < 4 * 1024 * 1024
-
-
 async def bomb_upstream(request: HttpRequest) -> Response:
     await request.body()
     return StreamingResponse(gzip_bomb(), media_type="application/json",
@@ -392,3 +381,43 @@ def test_a_gzip_bomb_from_the_upstream_is_cut_at_the_cap(tmp_path: Path, path: s
     assert took < 20, took
     # The cap (64 MiB) and a copy of it, not the gigabyte.
     assert peak - before < 400, (before, peak)
+
+
+@pytest.mark.parametrize("usage, expected", [
+    ({"prompt_tokens": 11, "completion_tokens": 3}, (11, 3)),
+    ({"prompt_tokens": 11.0, "completion_tokens": None}, (11, 0)),
+    *[(u, None) for u in USAGES.values() if u is not USAGES["sane"]],
+    (None, None), ({}, None),
+])
+def test_usage_is_read_in_one_place_and_only_sane_counts_pass(usage: Any,
+                                                               expected: Any) -> None:
+    from engine.backends.openai_wire import StreamAccumulator, completion_from_openai
+
+    done = completion_from_openai(_completion(usage), 0.1)
+    assert (done.prompt_tokens, done.completion_tokens) == (expected or (0, 0))
+    acc = StreamAccumulator()
+    acc.feed({"choices": [], "usage": usage})
+    assert acc.got_usage is (expected is not None)
+    assert (acc.prompt_tokens, acc.completion_tokens) == (expected or (0, 0))
+
+
+def test_connection_limits_are_checked_and_counted() -> None:
+    from engine.errors import ConfigError
+    from engine.server.connections import ConnectionGuard, ConnectionLimits
+    from engine.server.metrics import Metrics
+
+    with pytest.raises(ConfigError):
+        ConnectionLimits(header_timeout_s=0)
+    with pytest.raises(ConfigError):
+        ConnectionLimits(max_per_ip=-1)
+    metrics = Metrics()
+    guard = ConnectionGuard(ConnectionLimits(max_connections=3, max_per_ip=2), metrics)
+    assert [guard.admit(ip) is None for ip in ("a", "a", "a", "b", "c")] == [
+        True, True, False, True, False]
+    guard.release("a")
+    guard.release("a")
+    assert guard.per_ip == {"b": 1} and guard.admit("c") is None  # no address is kept for good
+    assert metrics.connections_closed.value(reason="max_per_ip") == 1
+    assert metrics.connections_closed.value(reason="max_connections") == 1
+    with pytest.raises(ValueError):
+        metrics.tokens.inc(float("inf"), kind="prompt")
