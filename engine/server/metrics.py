@@ -63,7 +63,8 @@ class Counter(_Metric):
 
     def inc(self, amount: float = 1.0, **labels: object) -> None:
         if not 0 <= amount < math.inf:  # NaN fails both comparisons
-            raise ValueError(f"{self.name}: a counter only takes finite steps up ({amount})")
+            raise ValueError(f"{self.name}: a counter cannot go down or by a non-finite step "
+                             f"({amount})")
         key = self._key(labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
