@@ -42,7 +42,7 @@ from engine.answer_text import answer_span
 from engine.errors import EvalError, WhetstoneError
 from engine.evaluation.answers import extract_number, normalise, tokens
 from engine.evaluation.bfcl import check_calls
-from engine.evaluation.tasks import TaskRecord
+from engine.evaluation.tasks import TaskRecord, is_user_scorer
 from engine.types import ToolCall, Trace
 
 Prediction = Trace | str | ToolCall | Sequence[Any] | Mapping[str, Any] | None
@@ -517,18 +517,6 @@ def _user_scorer(name: str) -> ScoreFn:
         raise EvalError(f"{module_name!r} has no function {attr!r}", hint=USER_SCORER_HELP)
     _check_arity(fn, name)
     return user_scorer(fn)
-
-
-def is_user_scorer(name: str) -> bool:
-    """Whether ``get_scorer(name)`` would import code: a ``module:function`` or
-    ``file.py:function`` name rather than a built-in or ``numeric:TOL``. A data file (a task
-    file) may not name one (``engine.evaluation.tasks.read_jsonl``): that would let the file
-    choose code to run."""
-    key = name.strip().lower()
-    if _ALIASES.get(key, key) in BUILTIN:
-        return False
-    head, sep, tail = name.strip().partition(":")
-    return bool(sep and tail) and head.lower() != "numeric"
 
 
 def get_scorer(name: str) -> NamedScorer:

@@ -235,19 +235,25 @@ def read_jsonl(path: Path | str, *, trust_scorers: bool = False) -> TaskSet:
     return TaskSet(name=str(path), tasks=tuple(tasks), problems=tuple(problems))
 
 
+def is_user_scorer(name: str) -> bool:
+    """Whether ``engine.evaluation.scorers.get_scorer(name)`` would import code: a
+    ``module:function`` or ``file.py:function`` name. Built-in names hold no colon but
+    ``numeric:TOL``. A data file may not name one (``read_jsonl``): that would let the file
+    choose code to run."""
+    head, sep, tail = name.strip().partition(":")
+    return bool(sep and tail) and head.strip().lower() != "numeric"
+
+
 def _refuse_code_scorer(task: TaskRecord, where: str) -> None:
     """Stop when a task file's own ``scorer`` names code (``module:function``): reading a
     data file must not import or run anything. Raised, not a skipped line, so the run does not
     go on quietly without the tasks the file meant."""
-    # Imported here: scorers imports this module for TaskRecord.
-    from engine.evaluation.scorers import BUILTIN, is_user_scorer
-
     if not is_user_scorer(task.scorer):
         return
     raise EvalError(
         f"{where}: task {task.id!r} names the scorer {task.scorer!r}, which is code to "
-        f"import and run; a task file may name only a built-in scorer "
-        f"({', '.join(BUILTIN)}, numeric:TOL)",
+        "import and run; a task file may name only a built-in scorer (exact, normalised, "
+        "numeric[:TOL], contains, f1, ...: `whetstone eval --help`)",
         hint=f"choose the scorer yourself: `whetstone eval --scorer {task.scorer}` (it then "
              "scores every task), or, if you trust this file and the code it names, "
              "`whetstone eval --trust-task-scorers` (Python: load_tasks(spec, "
