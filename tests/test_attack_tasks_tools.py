@@ -74,6 +74,11 @@ def test_python_loaders_apply_the_same_rule(tmp_path: Path) -> None:
         load_tasks(str(tasks))
     with pytest.raises(EvalError, match="built-in scorer"):
         load_tasks(f"{tasks}@test")  # a split of the file is the same file
+    # The evolve gate (--gate-tasks, Engine.evolve) reads files through the same reader.
+    from engine.evaluation.gate import gate_tasks
+
+    with pytest.raises(EvalError, match="built-in scorer"):
+        gate_tasks(str(tasks))
     assert not marker.exists()
     assert load_tasks(str(tasks), trust_scorers=True)[1].scorer.endswith("helper.py:score")
 
