@@ -3,6 +3,8 @@
 - ``Guard``: ASGI middleware (the only thing the server calls middleware) that checks API keys
   (``Authorization: Bearer``) on ``/v1/*`` and counts every response by route and status, with
   its latency (streams: until the last byte).
+- ``key_owner``: the SHA-256 of the key a request carries, which an exchange's trace keeps so
+  that only that key may label it (never the key itself).
 - ``read_body``: the request body, refused past ``max_body_bytes`` (413) before it is all read.
 - The queue and upstream concurrency limits live with the upstream calls, in ``service.py``.
 """
