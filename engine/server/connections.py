@@ -200,6 +200,12 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
     return GuardedHTTPProtocol
 
 
-__all__ = ["ConnectionGuard", "ConnectionLimits", "DEFAULT_HEADER_TIMEOUT_S",
-           "DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_CONNECTIONS_PER_IP",
-           "default_max_connections", "guarded_protocol"]
+__all__ = [
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_IP",
+    "ConnectionGuard",
+    "ConnectionLimits",
+    "default_max_connections",
+    "guarded_protocol",
+]
