@@ -60,12 +60,13 @@ async def completions(request: Request) -> Response:
     return await _pass(request, "/completions", can_stream=True)
 
 
-def _upstream_body(state: ServerState, body: Any, relay: Relay) -> dict[str, Any]:
-    """The body to send: the client's, with a served model name mapped to the upstream's."""
+def _upstream_body(state: ServerState, body: Any, relay: Relay, path: str) -> dict[str, Any]:
+    """The body to send to ``path``: the client's, with a served model name mapped to the
+    upstream's."""
     if not isinstance(body, dict):
         raise ConfigError("the request body must be a JSON object",
                           hint="see https://platform.openai.com/docs/api-reference")
-    check_ranges(body)
+    check_ranges(body, path)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"'model' must be a string, got {type(model).__name__}")
@@ -92,7 +93,7 @@ async def _pass(request: Request, path: str, *, can_stream: bool) -> Response:
                            "unsupported_endpoint",
                            headers={**headers, "x-should-retry": "false"})
     try:
-        sent = _upstream_body(state, body, relay)
+        sent = _upstream_body(state, body, relay, path)
     except WhetstoneError as exc:
         return whetstone_error_reply(state.metrics, exc, headers, request_id=rid)
     stream = can_stream and sent.get("stream") is True

@@ -163,15 +163,23 @@ def _check_number(key: str, value: Any, lo: float, hi: float) -> None:
                           f"{_shown_number(value)}")
 
 
-def check_ranges(body: Any) -> None:
+def check_ranges(body: Any, route: str = "/chat/completions") -> None:
     """What the wire format leaves open: flags are booleans, every integer field
     (``INTEGER_FIELDS``) is a JSON integer within its range, every number field
     (``NUMBER_FIELDS``) a finite number within its range. A ``max_tokens`` of 10**100 or
-    1e300 is refused here, never forwarded. A field that is absent or null is left out."""
+    1e300 is refused here, never forwarded. A field that is absent or null is left out.
+    ``logprobs`` depends on the ``route``: a flag for chat, but on the legacy
+    ``/completions`` the number of log probabilities per token (lm-eval sends 1), or false."""
     if not isinstance(body, Mapping):
         return  # request_from_openai says what is wrong
     _flag(body, "stream")
-    _flag(body, "logprobs")
+    logprobs = body.get("logprobs")
+    if route == "/completions" and logprobs is not None and logprobs is not False:
+        # 0..20: OpenAI's own limit is 5, vLLM's default max_logprobs 20; the upstream
+        # answers past its own.
+        _check_integer("logprobs", logprobs, 0, 20)
+    else:
+        _flag(body, "logprobs")
     options = body.get("stream_options")
     if isinstance(options, Mapping):
         _flag(options, "include_usage")
