@@ -11,6 +11,7 @@ Fields a ``Request`` leaves unset (``Request.unset``) are not sent: the server's
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -22,7 +23,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.backends.openai_http import HttpFailure, JsonPoster, close_on_loop, server_message
+from engine.backends.openai_http import (
+    HttpFailure,
+    JsonPoster,
+    SseParser,
+    close_on_loop,
+    server_message,
+    sse_events,
+)
 from engine.backends.openai_wire import (
     StreamAccumulator,
     completion_from_openai,
@@ -308,48 +316,90 @@ class OpenAICompatBackend(Backend):
         return {**request_to_openai(request, self.model), "stream": True,
                 "stream_options": {"include_usage": True}}
 
+    def _chunk(self, event: str, data: str) -> dict[str, Any] | None:
+        """One server-sent event as a ``chat.completion.chunk`` dict; None for ``[DONE]``.
+        An error event (``{"error": ...}``, as vLLM sends) or data that is not a JSON object
+        is an ``HttpFailure``, as the SDK's stream raised them."""
+        if data.startswith("[DONE]"):
+            return None
+        try:
+            decoded = json.loads(data)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict) and (decoded.get("error") or event == "error"):
+            raise HttpFailure("api", server_message(decoded, data[:500]))
+        if not isinstance(decoded, dict):
+            raise HttpFailure("other", f"an event of the stream is not a JSON object: "
+                              f"{data[:300]!r}")
+        return decoded
+
     def stream(self, request: Request) -> Iterator[StreamChunk]:
         """Text as it arrives, then the ``Completion``. Retries cover opening the stream only:
         once text has been handed out it cannot be taken back. Past the request's deadline the
-        stream is cut and the completion ends with ``finish_reason="timeout"``."""
+        stream is cut and the completion ends with ``finish_reason="timeout"``. The events are
+        read through ``SseParser``: one over its cap, or the stream in all over
+        ``max_reply_bytes`` once decoded, is a ``BackendError``, not memory without end."""
         kwargs, timeout = self._stream_kwargs(request), self._timeout(request)
         start = time.perf_counter()
-        stream = self._call(
-            lambda: self._client.chat.completions.create(**kwargs, timeout=timeout), timeout)
-        acc, cut = StreamAccumulator(), False
+        opened = self._call(lambda: self._client.chat.completions.with_streaming_response
+                            .create(**kwargs, timeout=timeout).__enter__(), timeout)
+        parser = SseParser(max_total_bytes=self._poster.max_reply_bytes)
+        acc, cut, done = StreamAccumulator(), False, False
         try:
-            for chunk in stream:
-                text = acc.feed(chunk.to_dict())
-                if text:
-                    yield StreamChunk(text=text)
+            for raw in opened.iter_bytes():
+                for event, data in parser.feed(raw):
+                    chunk = self._chunk(event, data)
+                    if done := chunk is None:
+                        break
+                    text = acc.feed(chunk)
+                    if text:
+                        yield StreamChunk(text=text)
+                if done:
+                    break
                 if time.perf_counter() - start > timeout:
                     cut = True
                     break
-        except self._openai.OpenAIError as exc:
+        except (self._openai.OpenAIError, HttpFailure) as exc:
             raise self._to_error(self._failure(exc), 1, timeout) from exc
+        except Exception as exc:  # iter_bytes raises the SDK's transport's (httpx's) own
+            if not type(exc).__module__.startswith(("httpx", "httpcore")):
+                raise
+            if "Timeout" not in type(exc).__name__:
+                raise self._to_error(HttpFailure("connection", f"{type(exc).__name__}: {exc}"),
+                                     1, timeout) from exc
+            cut = True  # no byte for `timeout` s: the deadline has passed, as in astream
         finally:
-            stream.close()
+            opened.close()
         yield StreamChunk(completion=self._stream_result(request, acc, start, cut))
 
     async def astream(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """``stream`` on an event loop, over aiohttp (``JsonPoster.open_stream``): the same
+        retries, deadline, caps and errors. A read that passes the deadline cuts the stream
+        (``finish_reason="timeout"``) like the check between chunks."""
         kwargs, timeout = self._stream_kwargs(request), self._timeout(request)
-        client = self._aclient()
         start = time.perf_counter()
-        stream = await self._acall(
-            lambda: client.chat.completions.create(**kwargs, timeout=timeout), timeout)
+        chunks = await self._acall(
+            lambda: self._poster.open_stream("/chat/completions", kwargs, timeout), timeout)
+        events = sse_events(chunks, SseParser(max_total_bytes=self._poster.max_reply_bytes))
         acc, cut = StreamAccumulator(), False
         try:
-            async for chunk in stream:
-                text = acc.feed(chunk.to_dict())
+            async for event, data in events:
+                chunk = self._chunk(event, data)
+                if chunk is None:
+                    break
+                text = acc.feed(chunk)
                 if text:
                     yield StreamChunk(text=text)
                 if time.perf_counter() - start > timeout:
                     cut = True
                     break
-        except self._openai.OpenAIError as exc:
-            raise self._to_error(self._failure(exc), 1, timeout) from exc
+        except HttpFailure as exc:
+            if exc.kind != "timeout":
+                raise self._to_error(exc, 1, timeout) from exc
+            cut = True
         finally:
-            await stream.close()
+            await events.aclose()
+            await chunks.aclose()  # type: ignore[attr-defined]
         yield StreamChunk(completion=self._stream_result(request, acc, start, cut))
 
     def _stream_result(self, request: Request, acc: StreamAccumulator, start: float,

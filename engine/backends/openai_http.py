@@ -5,8 +5,9 @@ Every non-streamed request ``whetstone serve`` proxies is one ``acomplete``. Thr
 auth-retry wrapper and httpx's connection pool) against ~0.25 ms for the same POST over aiohttp,
 and that difference was most of what the proxy spent per request besides the library
 (``benchmarks/bench_middleware.py``). ``OpenAICompatBackend.acomplete`` posts through
-``JsonPoster``; streaming and the blocking calls keep the SDK. Failures come back as
-``HttpFailure`` (a timeout, a connection error, or the server's status and message), which the
+``JsonPoster``, and ``astream`` reads its event stream from ``open_stream`` through
+``SseParser`` (bounded per event and in all); the blocking calls keep the SDK. Failures come
+back as ``HttpFailure`` (a timeout, a connection error, or the server's status and message), which the
 backend maps to the same errors and retries as the SDK's.
 """
 
@@ -28,6 +29,9 @@ _KEEPALIVE_S = 4.0
 # The most bytes a reply may hold once decoded (gzip, deflate): a chat completion is a few KB,
 # a large embeddings batch tens of MB; a compressed reply that inflates past it is a bomb.
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
+# The most bytes one server-sent event may hold: a chat chunk is a few KB (top-20 logprobs
+# included); a "line" that never ends would otherwise be buffered for good.
+DEFAULT_MAX_EVENT_BYTES = 4 * 1024 * 1024
 _READ_CHUNK = 64 * 1024
 
 
@@ -92,6 +96,70 @@ async def _relay(response: Any) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         response.release()
+
+
+class SseParser:
+    """Cuts an event stream's bytes (as decoded) into ``(event, data)`` pairs, one per event.
+
+    Bounded: an event over ``max_event_bytes`` (a line that never ends included) or a stream
+    over ``max_total_bytes`` in all is an ``HttpFailure`` of kind ``too_large``, so neither an
+    endless line nor a compressed bomb is buffered past the caps.
+    """
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+                 max_total_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self.max_total_bytes = max_total_bytes
+        self.total = 0
+        self._partial = bytearray()  # the line not ended yet
+        self._event = ""
+        self._data: list[bytes] = []
+        self._size = 0  # the bytes of the event so far, its ended lines
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        """The events that ``chunk`` completes."""
+        self.total += len(chunk)
+        if self.total > self.max_total_bytes:
+            raise HttpFailure("too_large", f"the event stream passed {self.max_total_bytes:,} "
+                              "bytes once decoded; it was cut there")
+        self._partial += chunk
+        out: list[tuple[str, str]] = []
+        start = 0
+        while (end := self._partial.find(b"\n", start)) >= 0:
+            line = bytes(self._partial[start:end]).rstrip(b"\r")
+            start = end + 1
+            self._size += len(line)
+            if not line:
+                if self._data:
+                    out.append((self._event, b"\n".join(self._data).decode(
+                        "utf-8", errors="replace")))
+                self._event, self._data, self._size = "", [], 0
+            elif line.startswith(b"data:"):
+                self._data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+            elif line.startswith(b"event:"):
+                self._event = line[6:].strip().decode("utf-8", errors="replace")
+        del self._partial[:start]
+        if self._size + len(self._partial) > self.max_event_bytes:
+            raise HttpFailure("too_large", f"an event of the stream passed "
+                              f"{self.max_event_bytes:,} bytes without ending; it was cut "
+                              "there")
+        return out
+
+
+async def sse_events(chunks: AsyncIterator[bytes], parser: SseParser
+                     ) -> AsyncIterator[tuple[str, str]]:
+    """The ``(event, data)`` pairs of a stream's bytes (``open_stream``'s); a read that fails
+    is an ``HttpFailure`` (``timeout`` or ``connection``)."""
+    import aiohttp
+
+    try:
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                yield event
+    except TimeoutError as exc:  # before OSError: TimeoutError is one
+        raise HttpFailure("timeout", "the stream passed its deadline", cause=exc) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc
 
 
 def close_on_loop(loop: asyncio.AbstractEventLoop, close: Any) -> None:
@@ -247,4 +315,5 @@ class JsonPoster:
         for loop, (session, _) in sessions:
             close_on_loop(loop, session.close)
 
-__all__ = ["HttpFailure", "JsonPoster", "close_on_loop", "error_object", "server_message"]
+__all__ = ["HttpFailure", "JsonPoster", "SseParser", "close_on_loop", "error_object",
+           "server_message", "sse_events"]
