@@ -80,6 +80,7 @@ class Analyst:
 
 
 def evolve(tmp_path: Path, analyst: Analyst, **options: object):  # type: ignore[no-untyped-def]
+    options = {"maker_probe": 0, "maker_rounds": 1, "maker_beam": 1, **options}
     engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib",
                     checkpointing=False)
     result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=8, rounds=1,
@@ -147,7 +148,7 @@ def test_no_tool_reaching_the_threshold_enters_the_library(tmp_path: Path) -> No
     assert result.patch.empty and result.version is None
     # Greedy and the samples wrote the same code: checked once; the repair was tried too.
     samples = [c["sample"] for c in report["candidates"]]
-    assert samples == ["greedy", "sample 1", "sample 2", "repair of greedy"]
+    assert samples == ["greedy", "sample 1", "sample 2", "repair 1 of greedy"]
     assert report["candidates"][1]["reason"] == "the same code as greedy"
     assert "no tool reached the training accuracy needed" in report["reason"]
     repair = next(r.messages[1].text for r in analyst.requests
@@ -213,4 +214,58 @@ def test_the_repair_starts_from_the_greedy_candidate_on_a_tie(tmp_path: Path) ->
              '"task"]) -> Annotated[str, "answer"]:\n    """Guess."""\n    return "6"\n```')
     _, result = evolve(tmp_path, Analyst(greedy=WRONG, sampled=guess), maker_samples=1)
     samples = [c["sample"] for c in result.patch.details["tool_maker"]["candidates"]]
-    assert samples == ["greedy", "sample 1", "repair of greedy"]
+    assert samples == ["greedy", "sample 1", "repair 1 of greedy"]
+
+
+def test_the_search_repairs_the_closest_candidates_on_probe_tasks_only(tmp_path: Path) -> None:
+    # Greedy adds two prices; the sample crashes. Round 1 repairs greedy into a tool that adds all but one price, round 2 into the
+    # right one, which the check tasks (never shown to any prompt) then admit.
+    almost = RIGHT.replace("re.findall(r\"\\d+\", question)", "re.findall(r\"\\d+\", question)[1:]")
+    crash = RIGHT.replace("return str(", "return str(1 // 0 + ")
+    requests: list[Request] = []
+
+    def analyst(request: Request) -> str:
+        requests.append(request)
+        first = request.messages[1].text
+        if "Reply with exactly two lines" in first:
+            return "name: Price Totals\nuse when: a question lists prices to add up."
+        if "It fails these tests" in first:
+            return almost if "[:2]" in first else RIGHT  # greedy's code, then almost's
+        if "Your code should pass these tests" in first:
+            return WRONG if request.temperature == 0 else crash
+        raise AssertionError(first[:200])
+
+    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib",
+                    checkpointing=False)
+    tasks = TaskSet("shop", tuple(shop(i) for i in range(20)))
+    result = engine.evolve("dynamo", tasks=tasks, gate_tasks=DEV, train=20, rounds=1,
+                           maker_shown=3, maker_probe=4, maker_check=8, maker_samples=1,
+                           maker_beam=1, maker_rounds=4, analyst=ScriptedBackend(
+                               responder=analyst))
+    report = result.patch.details["tool_maker"]
+    cands = {c["sample"]: c for c in report["candidates"]}
+    assert list(cands) == ["greedy", "sample 1", "repair 1 of greedy",
+                           "repair 2 of repair 1 of greedy"]
+    # Greedy answers (wrongly), the sample crashes: greedy is the base to repair.
+    assert cands["greedy"]["closeness"] >= cands["sample 1"]["closeness"] == 0
+    assert cands["greedy"]["probe_accuracy"] == 0.0 and cands["greedy"]["checked"] == 0
+    last = cands["repair 2 of repair 1 of greedy"]
+    assert last["admitted"] and last["probe_accuracy"] == 1.0 and last["checked"] == 8
+    assert report["tool"] == "price_totals" and report["train_checked"] == 8
+    # Repairs were shown probe tasks only; no prompt ever showed a task that admitted it.
+    prompts = "\n".join(m.text for r in requests for m in r.messages)
+    checked = {c["task_id"] for c in json.loads(engine.library.snapshot().read_text(
+        "skills/price-totals/assets/dynamo.json"))["checks"]}
+    assert len(checked) == 8
+    assert not any(tasks.tasks[int(i[1:])].question in prompts for i in checked)
+
+
+def test_a_module_used_without_its_import_is_imported() -> None:
+    code = "def f(q):\n    return ' '.join(sorted(re.findall(r'\\w+', q)))\n"
+    repairs = Repairs()
+    _, source = normalise_tool(code, set(), repairs)
+    assert "\nimport re\n" in source and repairs.counts["maker-import-added"] == 1
+    # A name the code binds itself is not a module to import.
+    _, source = normalise_tool("def f(q):\n    re = q.split()\n    return re.pop()\n",
+                               set(), Repairs())
+    assert "import re" not in source

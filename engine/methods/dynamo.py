@@ -107,8 +107,14 @@ class DynamoConfig:
     maker_check: int = knob(16, help="Held-in training tasks a made tool is checked on.", min=1)
     maker_accuracy: float = knob(0.8, help="A made tool enters the library only if it answers "
                                            "at least this share of them.", min=0)
-    maker_repair: bool = knob(True, help="With no tool admitted, show the best one its "
-                                         "failures and check its fix once.")
+    maker_probe: int = knob(6, help="Training tasks that guide the maker's search: every "
+                                    "candidate runs on all of them, and repairs see the ones it "
+                                    "fails (never the tasks that admit a tool).", min=0)
+    maker_rounds: int = knob(4, help="Repair rounds of the maker's search while no tool is "
+                                     "admitted (0: none).", min=0)
+    maker_beam: int = knob(2, help="Best candidates so far repaired in each round.", min=1)
+    maker_seconds: float = knob(600.0, help="No new repair round starts after this many "
+                                            "seconds of tool making.", min=0)
     workers: int = knob(4, help="Analyst calls in flight at once.", min=1)
     temperature: float = knob(0.3, help="The analyst's sampling temperature.", min=0)
     max_tokens: int = knob(1024, help="Most tokens per analyst reply.", min=1)

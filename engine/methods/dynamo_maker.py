@@ -7,11 +7,16 @@ writes, verification on labels picks).
              ``f(question: Annotated[str, "task"]) -> Annotated[str, "answer"]``. A reply with
              no usable function is sent back once with a message saying what was missing.
              ``maker_samples`` candidates are sampled at ``maker_temperature``, plus one greedy.
-    VERIFY   each candidate runs in the sandbox on training tasks it was not shown, each output
-             scored by the task's own scorer; a candidate is admitted when its accuracy reaches
-             ``maker_accuracy``, and the best admitted one is kept. A crash, a time-out or a
-             wrong answer is recorded with the reason. With none admitted, one repair round
-             shows the best candidate its failing tasks and checks the fix on the rest.
+    VERIFY   each candidate runs in the sandbox on ``maker_probe`` training tasks (the search's
+             signal: accuracy, then how close its answers come to the labels); one that
+             reaches ``maker_accuracy`` there is checked on up to ``maker_check`` others that no
+             prompt ever showed, each output scored by the task's own scorer, and admitted when
+             it reaches ``maker_accuracy`` on them too. A crash, a time-out or a wrong answer is
+             recorded with the reason.
+    SEARCH   while none is admitted (``maker_rounds``, ``maker_seconds``), the ``maker_beam``
+             best candidates so far are each shown the probe tasks they fail (their output or
+             error beside the label) and asked for a fix; the fixes join the pool and are
+             verified the same way (self-debugging from execution feedback, as a beam).
     SKILL    the analyst names the kind of task and says when to call the tool; the skill says
              to call it with no arguments, that its result is the answer, how it was verified
              (``metadata``: accuracy, tasks checked, analyst, date) and carries verified calls
@@ -25,6 +30,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import datetime as dt
+import difflib
 import json
 import math
 import re
@@ -62,19 +68,30 @@ FALLBACK_DOC = "Answer the task from its text."
 class Candidate:
     """One tool the analyst wrote, and what verification made of it."""
 
-    sample: str  # "greedy", "sample 2", "repair of greedy"
+    sample: str  # "greedy", "sample 2", "repair 1 of sample 2"
     tool: str = ""
     source: str = ""
-    accuracy: float = 0.0
+    accuracy: float = 0.0  # on the check tasks (the ones no prompt showed)
     checked: int = 0
     admitted: bool = False
     reason: str = ""  # why it was not admitted
     tests: list[ToolTest] = field(default_factory=list)
+    probe: list[ToolTest] = field(default_factory=list)  # the search's signal
+    probe_accuracy: float = 0.0
+    closeness: float = 0.0  # mean similarity of its probe answers to the labels
+    repaired: int = 0  # how often it was the base of a repair
+    seen: frozenset[str] = frozenset()  # signal tasks its repairs were shown
+
+    @property
+    def rank(self) -> tuple[float, float, bool]:
+        """Search order: probe accuracy, then closeness, then not crashing."""
+        return (self.probe_accuracy, self.closeness, all(t.ok for t in self.probe))
 
     def report(self) -> dict[str, Any]:
         return {"sample": self.sample, "tool": self.tool, "accuracy": round(self.accuracy, 4),
                 "checked": self.checked, "admitted": self.admitted, "reason": self.reason,
-                "source": self.source[:3000]}
+                "probe_accuracy": round(self.probe_accuracy, 4),
+                "closeness": round(self.closeness, 4), "source": self.source[:3000]}
 
 
 # -- reading a reply --------------------------------------------------------------------------
@@ -117,6 +134,10 @@ def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, s
     if ast.get_docstring(fn) is None:
         fn.body.insert(0, ast.Expr(ast.Constant(FALLBACK_DOC)))
         repairs.add("maker-docstring")
+    missing = _unimported_modules(tree)
+    for module in missing:  # `re.findall(...)` with no `import re`: a NameError on every task
+        tree.body.insert(0, ast.Import([ast.alias(module)]))
+        repairs.add("maker-import-added")
     imports = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "typing"
                for a in n.names}
     if "Annotated" not in imports:
@@ -129,6 +150,25 @@ def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, s
         repairs.add("maker-renamed")
     fn.name = name
     return name, ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def _unimported_modules(tree: ast.Module) -> list[str]:
+    """Allowed modules the code uses by name (``re.sub``) but never imports or binds."""
+    from tools.validate import ALLOWED_MODULES
+
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    used = {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and isinstance(n.value.ctx, ast.Load)}
+    return sorted(m for m in used - bound if m in ALLOWED_MODULES)
 
 
 def parse_made(raw: str, taken: set[str], repairs: Repairs) -> ToolDefinition:
@@ -182,18 +222,24 @@ class ToolMaker:
     async def make_for(self, tasks: Mapping[str, TaskRecord], attempts: Mapping[str, Any]
                        ) -> Proposal:
         """Make a tool for the failed training tasks: ``maker_shown`` of them are shown with
-        their answers, the others (failed or not, up to ``maker_check``) check it."""
+        their answers, ``maker_probe`` others guide the search, and up to ``maker_check`` more
+        (failed or not, never in a prompt) admit it."""
         failing = [i for i, a in attempts.items() if not a.correct]
         shown = spread(failing, self.cfg.maker_shown)
-        check = spread([i for i in tasks if i not in shown], self.cfg.maker_check)
+        rest = [i for i in tasks if i not in shown]
+        # Half the rest at most: the check tasks, never in a prompt, are what admits a tool.
+        probe = spread(rest, min(self.cfg.maker_probe, len(rest) // 2))
+        check = spread([i for i in rest if i not in probe], self.cfg.maker_check)
         cluster = Cluster("computational", failing, load_prompt(
             "dynamo_parts.yaml#maker_diagnosis"), load_prompt("dynamo_parts.yaml#maker_fix"))
-        return await self.make(cluster, [tasks[i] for i in shown], [tasks[i] for i in check])
+        return await self.make(cluster, [tasks[i] for i in shown], [tasks[i] for i in probe],
+                               [tasks[i] for i in check])
 
     async def make(self, cluster: Cluster, shown: Sequence[TaskRecord],
-                   check: Sequence[TaskRecord]) -> Proposal:
-        """Write, verify and (for the best admitted candidate) name the tool: a ``task_tool``
+                   probe: Sequence[TaskRecord], check: Sequence[TaskRecord]) -> Proposal:
+        """Write, search and verify; name the best admitted candidate: a ``task_tool``
         proposal, kept or dropped with each candidate's reason in ``candidates``."""
+        start = time.monotonic()
         # Tests in Python (MBPP's form): a coder model reads a literal's escapes exactly.
         examples = "\n".join(render_prompt("dynamo_parts.yaml#maker_example", task=repr(
             t.prompt), expected=repr(_expected(t))) for t in shown)
@@ -207,16 +253,29 @@ class ToolMaker:
                 return await self._write(label, user, temperature, self.cfg.seed + 7 * n)
 
         cands = list(await asyncio.gather(*(one(n, lb, t) for n, (lb, t) in enumerate(plan))))
-        await asyncio.to_thread(self._verify_all, cands, check)
+        # With no probe tasks the check tasks guide the search; a repair then never counts
+        # the tasks its prompt showed.
+        signal = list(probe) or list(check)
+        await asyncio.to_thread(self._judge_all, cands, cands, probe, check)
+        for round_no in range(1, self.cfg.maker_rounds + 1):
+            if (self._best(cands) is not None or time.monotonic() - start > self.cfg.maker_seconds
+                    or self.stats.calls >= self.cfg.max_analyst_calls):
+                break
+            beam = self._beam(cands)
+            if not beam:
+                break
+
+            async def fix(n: int, base: Candidate) -> Candidate:
+                async with sem:
+                    return await self._repair(base, signal, round_no, n)
+
+            new = list(await asyncio.gather(*(fix(n, b) for n, b in enumerate(beam))))
+            await asyncio.to_thread(self._judge_all, new, cands + new, probe, check)
+            cands += new
         best = self._best(cands)
-        if best is None and self.cfg.maker_repair:
-            repaired = await self._repair(cands, check)
-            if repaired is not None:
-                cands.append(repaired)
-                best = self._best(cands)
         proposal = Proposal("task_tool", cluster, candidates=[c.report() for c in cands])
         if best is None:
-            tried = [c for c in cands if c.reason]
+            tried = sorted((c for c in cands if c.reason), key=lambda c: c.rank, reverse=True)
             proposal.reason = "no tool reached the training accuracy needed (" + "; ".join(
                 f"{c.sample}: {c.reason}" for c in tried[:4]) + ")"
             return proposal
@@ -269,44 +328,72 @@ class ToolMaker:
 
     # -- verifying --------------------------------------------------------------------------
 
-    def _verify_all(self, cands: list[Candidate], check: Sequence[TaskRecord]) -> None:
-        seen: dict[str, Candidate] = {}
-        for c in cands:
+    def _judge_all(self, new: list[Candidate], pool: Sequence[Candidate],
+                   probe: Sequence[TaskRecord], check: Sequence[TaskRecord]) -> None:
+        """Run each new candidate on the probe tasks and, if it does well there, on the
+        check tasks; code already in ``pool`` is not run twice."""
+        for c in new:
             if not c.source:
                 continue
-            twin = seen.get(c.source)
+            twin = next((o for o in pool if o is not c and o.source == c.source and
+                         (o.probe or o.tests or o.reason)), None)
             if twin is not None:  # the same code twice (greedy and a sample often agree)
-                c.accuracy, c.checked, c.tests = twin.accuracy, twin.checked, twin.tests
+                c.accuracy, c.checked, c.tests, c.probe = (twin.accuracy, twin.checked,
+                                                           twin.tests, twin.probe)
+                c.probe_accuracy, c.closeness = twin.probe_accuracy, twin.closeness
+                c.repaired = 1_000_000  # never a base again: its twin already is one
                 c.reason = f"the same code as {twin.sample}"
                 continue
-            seen[c.source] = c
-            self._verify(c, check)
+            self._judge(c, probe, check)
 
-    def _verify(self, c: Candidate, check: Sequence[TaskRecord]) -> None:
-        """Run ``c`` on ``check``, scoring each output with the task's scorer; stop as soon as
-        the misses rule the threshold out (a wrong tool costs a few sandbox runs, not all)."""
+    def _judge(self, c: Candidate, probe: Sequence[TaskRecord],
+               check: Sequence[TaskRecord]) -> None:
+        definition, problems = define_tool(c.source, name=c.tool, skill="dynamo-draft")
+        if definition is None:
+            c.reason = problems[0].message if problems else "the code breaks the tool rules"
+            return
+        if probe:
+            c.probe = [self._run(definition, t) for t in probe]
+            c.probe_accuracy = sum(t.matched for t in c.probe) / len(c.probe)
+            c.closeness = _closeness(c.probe, {t.id: t for t in probe})
+            if c.probe_accuracy < self.cfg.maker_accuracy:
+                c.reason = "on the probe tasks: " + _why(
+                    c.probe, [t for t in c.probe if not t.matched], {t.id: t for t in probe})
+                return
+        self._verify(c, definition, [t for t in check if t.id not in c.seen])
+        if not probe:  # the check tasks were the signal
+            c.probe, c.probe_accuracy = c.tests, c.accuracy
+            c.closeness = _closeness(c.tests, {t.id: t for t in check})
+
+    def _run(self, definition: ToolDefinition, task: TaskRecord) -> ToolTest:
+        """One sandboxed call of the tool on ``task``, scored by the task's own scorer."""
         from engine.evaluation.scorers import get_scorer
 
-        definition, problems = define_tool(c.source, name=c.tool, skill="dynamo-draft")
-        if definition is None or not check:
-            c.reason = problems[0].message if problems else "no training task left to check on"
+        test = ToolTest(task.id, {})
+        try:
+            res = self.call_tool(definition, {k: task.prompt for k in definition.spec.inject})
+            test.ok, test.output, test.error = res.ok, res.output[:2000], res.error
+            test.seconds = round(res.duration_s, 3)
+        except ToolError as exc:
+            test.error = exc.message
+        if test.ok:
+            try:
+                test.matched = get_scorer(task.scorer)(answer_text(test.output), task) >= 1.0
+            except Exception:  # noqa: BLE001 -- a scorer that cannot read the output: a miss
+                test.matched = False
+        return test
+
+    def _verify(self, c: Candidate, definition: ToolDefinition,
+                check: Sequence[TaskRecord]) -> None:
+        """Run ``c`` on ``check``; stop as soon as the misses rule the threshold out (a wrong
+        tool costs a few sandbox runs, not all)."""
+        if not check:
+            c.reason = "no training task left to check on"
             return
         allowed = math.floor((1 - self.cfg.maker_accuracy) * len(check) + 1e-9)
         misses: list[ToolTest] = []
         for task in check:
-            test = ToolTest(task.id, {})
-            try:
-                res = self.call_tool(definition, {k: task.prompt for k in definition.spec.inject})
-                test.ok, test.output, test.error = res.ok, res.output[:2000], res.error
-                test.seconds = round(res.duration_s, 3)
-            except ToolError as exc:
-                test.error = exc.message
-            if test.ok:
-                try:
-                    test.matched = get_scorer(task.scorer)(answer_text(test.output),
-                                                           task) >= 1.0
-                except Exception:  # noqa: BLE001 -- a scorer that cannot read the output: a miss
-                    test.matched = False
+            test = self._run(definition, task)
             c.tests.append(test)
             if not test.matched:
                 misses.append(test)
@@ -316,34 +403,40 @@ class ToolMaker:
         c.accuracy = sum(t.matched for t in c.tests) / c.checked
         c.admitted = c.checked == len(check) and c.accuracy >= self.cfg.maker_accuracy
         if not c.admitted:
-            c.reason = _why(c, misses, {t.id: t for t in check})
+            c.reason = _why(c.tests, misses, {t.id: t for t in check})
 
     def _best(self, cands: Sequence[Candidate]) -> Candidate | None:
         admitted = [c for c in cands if c.admitted]
         # Most accurate first; on a tie, the shorter code (it guessed less).
         return min(admitted, key=lambda c: (-c.accuracy, len(c.source)), default=None)
 
-    async def _repair(self, cands: list[Candidate], check: Sequence[TaskRecord]
-                      ) -> Candidate | None:
-        """One repair: the best candidate that ran sees up to three tasks it got wrong and is
-        checked again on the tasks it was not shown."""
-        ran = [c for c in cands if c.tests and not c.reason.startswith("the same code")]
-        if not ran:
-            return None
-        # The most accurate; on a tie, one that did not crash, then the earliest (greedy first):
-        # a short sampled guess that hard-codes a shown answer is the worst base to repair.
-        base = max(ran, key=lambda c: (c.accuracy, all(t.ok for t in c.tests), -ran.index(c)))
-        by_id = {t.id: t for t in check}
-        wrong = [t for t in base.tests if not t.matched][:3]
+    def _beam(self, cands: Sequence[Candidate]) -> list[Candidate]:
+        """The ``maker_beam`` best candidates that ran, the least repaired first on a tie;
+        on equal rank the earliest (greedy first): a short sampled guess that hard-codes a
+        shown answer is the worst base to repair."""
+        ran = [c for c in cands if c.probe and c.repaired < 1_000_000]
+        order = sorted(ran, key=lambda c: (c.rank, -c.repaired, -cands.index(c)), reverse=True)
+        return order[:self.cfg.maker_beam]
+
+    async def _repair(self, base: Candidate, signal: Sequence[TaskRecord], round_no: int,
+                      n: int) -> Candidate:
+        """``base`` sees up to three signal tasks it got wrong and is asked for a fix (greedy
+        the first time, sampled after: the same prompt twice would give the same fix; a small
+        analyst often answers a greedy repair with the code unchanged, so ``maker_beam``
+        repairs of one base differ)."""
+        by_id = {t.id: t for t in signal}
+        wrong = [t for t in base.probe if not t.matched][:3]
         failures = "\n".join(render_prompt(
             "dynamo_parts.yaml#maker_failure", task=repr(by_id[t.task_id].prompt),
-            output=(repr(answer_text(t.output)) if t.ok else f"an error: {t.error}")[:300],
+            output=(repr(answer_text(t.output)) if t.ok else
+                    f"an error: {_last_line(t.error)}")[:300],
             expected=repr(_expected(by_id[t.task_id]))) for t in wrong)
         user = render_prompt("dynamo_maker_repair", code=base.source.strip(), failures=failures)
-        fixed = await self._write(f"repair of {base.sample}", user, 0.0, self.cfg.seed + 97)
-        if fixed.source:
-            shown = {t.task_id for t in wrong}
-            await asyncio.to_thread(self._verify, fixed, [t for t in check if t.id not in shown])
+        temperature = 0.0 if base.repaired == 0 else self.cfg.maker_temperature
+        base.repaired += 1
+        fixed = await self._write(f"repair {round_no} of {base.sample}", user, temperature,
+                                  self.cfg.seed + 97 * round_no + 13 * n + base.repaired)
+        fixed.seen = base.seen | {t.task_id for t in wrong}
         return fixed
 
     # -- the skill --------------------------------------------------------------------------
@@ -389,17 +482,38 @@ def _renamed(old: str, source: str, new: str, taken: set[str]) -> tuple[str, str
     return (new, renamed) if definition is not None else (old, source)
 
 
-def _why(c: Candidate, misses: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> str:
+def _why(tests: Sequence[ToolTest], misses: Sequence[ToolTest],
+         tasks: Mapping[str, TaskRecord]) -> str:
     first = misses[0] if misses else None
-    head = (f"{sum(t.matched for t in c.tests)} of {c.checked} checked training tasks "
+    head = (f"{sum(t.matched for t in tests)} of {len(tests)} checked training tasks "
             f"answered correctly")
     if first is None:
         return head
     if not first.ok:
         kind = "timed out" if "time" in (first.error or "").lower() else "crashed"
-        return f"{head}; {kind} on {first.task_id}: {(first.error or '')[:160]}"
+        return f"{head}; {kind} on {first.task_id}: {_last_line(first.error)[:160]}"
     return (f"{head}; on {first.task_id} it returned {answer_text(first.output)[:80]!r}, expected "
             f"{_expected(tasks[first.task_id])[:80]!r}")
+
+
+def _last_line(error: str | None) -> str:
+    """The line of a traceback that says what went wrong (its last non-empty one)."""
+    lines = [ln.strip() for ln in (error or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _closeness(tests: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> float:
+    """Mean similarity (difflib's ratio, 0..1) of each answer to its label; a crash is 0.
+    Ranks candidates that answer nothing right yet: one that returns ``'] ('`` for
+    ``'] > )'`` is a better base for a repair than one that returns a sentence."""
+    def one(t: ToolTest) -> float:
+        if not t.ok:
+            return 0.0
+        if t.matched:
+            return 1.0
+        got, want = answer_text(t.output).strip().lower(), _expected(tasks[t.task_id]).lower()
+        return difflib.SequenceMatcher(None, got[:500], want[:500]).ratio()
+    return sum(one(t) for t in tests) / len(tests) if tests else 0.0
 
 
 def _modules() -> str:
