@@ -265,11 +265,12 @@ class ToolMaker:
             if not beam:
                 break
 
-            async def fix(n: int, base: Candidate) -> Candidate:
+            async def fix(n: int, base: Candidate, r: int) -> Candidate:
                 async with sem:
-                    return await self._repair(base, signal, round_no, n)
+                    return await self._repair(base, signal, r, n)
 
-            new = list(await asyncio.gather(*(fix(n, b) for n, b in enumerate(beam))))
+            new = list(await asyncio.gather(*(fix(n, b, round_no)
+                                              for n, b in enumerate(beam))))
             await asyncio.to_thread(self._judge_all, new, cands + new, probe, check)
             cands += new
         best = self._best(cands)
