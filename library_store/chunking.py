@@ -12,13 +12,22 @@ Pure functions of their input: the corpus (``library_store/corpus.py``) decides 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, LibraryError
+from library_store.fsutil import (
+    NotRegular,
+    is_kernel_file,
+    kind_of,
+    read_regular,
+    walk_entries,
+)
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -190,16 +199,33 @@ def chunk_document(doc: SourceDoc, spec: ChunkSpec) -> list[str]:
 
 # --- reading sources -------------------------------------------------------------------------
 
-def _read_text(path: Path) -> str:
+# The most bytes one source file may hold (a JSONL of a whole benchmark is a few hundred MB
+# at most); past it the file is skipped, not read into memory.
+MAX_SOURCE_BYTES = 1 << 30
+
+
+class _Refused(Exception):
+    """A file the corpus does not read (a link, a FIFO, a device, a kernel file)."""
+
+
+def _read_text(name: str | Path, shown_as: Path, dir_fd: int | None = None) -> str:
+    """The UTF-8 text of one regular file, read through the descriptor that was checked
+    (``read_regular``): links are not followed, FIFOs, devices and /proc are not read."""
     try:
-        return path.read_text(encoding="utf-8")
+        data = read_regular(name, MAX_SOURCE_BYTES, dir_fd=dir_fd)
+    except NotRegular as exc:
+        raise _Refused(f"{shown_as}: {exc.kind}; only regular files are read") from None
+    except OSError as exc:
+        raise LibraryError(f"cannot read {shown_as}: {exc.strerror or exc}",
+                           hint="check the path and its permissions") from exc
+    if len(data) > MAX_SOURCE_BYTES:
+        raise _Refused(f"{shown_as}: more than {MAX_SOURCE_BYTES} bytes; split it")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LibraryError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+        raise LibraryError(f"{shown_as} is not UTF-8 text ({exc.reason} at byte {exc.start})",
                            hint="convert it to UTF-8 (e.g. iconv -t utf-8), or pass text, "
                                 "markdown or JSONL files") from exc
-    except OSError as exc:
-        raise LibraryError(f"cannot read {path}: {exc.strerror or exc}",
-                           hint="check the path and its permissions") from exc
 
 
 def _field(record: dict[str, Any], names: Sequence[str]) -> str | None:
@@ -246,29 +272,64 @@ def jsonl_docs(text: str, source: str, text_field: str | None = None) -> ReadRep
 def read_path(path: Path, text_field: str | None = None) -> ReadReport:
     """The documents of a file, or of every text/markdown/JSONL file under a folder (hidden
     files and folders skipped). Sources are resolved absolute paths, so re-adding a file from
-    another working directory is recognised."""
-    if not path.exists():
-        raise LibraryError(f"{path} does not exist", hint="check the path")
-    if path.is_dir():
-        report = ReadReport()
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
-            part.startswith(".") for part in p.relative_to(path).parts))
-        for f in files:
-            if f.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES:
-                sub = read_path(f, text_field)
-                report.docs += sub.docs
-                report.skipped += sub.skipped
-            else:
-                report.skipped.append(f"{f}: not a text, markdown or JSONL file")
-        if not report.docs and not report.skipped:
-            raise LibraryError(f"{path} holds no file", hint="point at files or a folder of "
-                               "text, markdown or JSONL files")
-        return report
-    source = str(path.resolve())
-    suffix = path.suffix.lower()
-    text = _read_text(path)
+    another working directory is recognised.
+
+    Only regular files are read: a symbolic link (to a file or a folder, named or found
+    inside a folder), a FIFO, a socket, a device or a file of /proc or /sys is skipped and
+    listed in ``skipped`` with why; nothing it points at is read."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise LibraryError(f"{path} does not exist", hint="check the path") from None
+    except OSError as exc:
+        raise LibraryError(f"cannot read {path}: {exc.strerror or exc}",
+                           hint="check the path and its permissions") from exc
+    if is_kernel_file(st):
+        why = "a kernel file or folder (/proc, /sys or /dev); only regular files are read"
+        return ReadReport(skipped=[f"{path}: {why}"])
+    if stat.S_ISDIR(st.st_mode):
+        return _read_folder(path, text_field)
+    source = path.parent.resolve() / path.name
+    try:
+        return _file_docs(path, source, text_field)
+    except _Refused as exc:
+        return ReadReport(skipped=[str(exc)])
+
+
+def _file_docs(name: str | Path, source: Path, text_field: str | None,
+               dir_fd: int | None = None) -> ReadReport:
+    """The documents of one file (``name``, relative to ``dir_fd`` when given)."""
+    suffix = source.suffix.lower()
+    text = _read_text(name, source, dir_fd)
     if suffix in JSONL_SUFFIXES:
-        return jsonl_docs(text, source, text_field)
+        return jsonl_docs(text, str(source), text_field)
     if not text.strip():
         return ReadReport(skipped=[f"{source}: empty"])
-    return ReadReport([SourceDoc(text, source, markdown=suffix in MARKDOWN_SUFFIXES)])
+    return ReadReport([SourceDoc(text, str(source), markdown=suffix in MARKDOWN_SUFFIXES)])
+
+
+def _read_folder(path: Path, text_field: str | None) -> ReadReport:
+    report = ReadReport()
+    root = path.resolve()
+    for rel, name, dir_fd, st in walk_entries(root, skip=lambda n: n.startswith(".")):
+        where = root / rel
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            report.skipped.append(f"{where}: {kind_of(st.st_mode)}; only regular files "
+                                  "are read")
+            continue
+        if where.suffix.lower() not in TEXT_SUFFIXES + JSONL_SUFFIXES:
+            report.skipped.append(f"{where}: not a text, markdown or JSONL file")
+            continue
+        try:
+            sub = _file_docs(name, where, text_field, dir_fd)
+        except _Refused as exc:
+            report.skipped.append(str(exc))
+            continue
+        report.docs += sub.docs
+        report.skipped += sub.skipped
+    if not report.docs and not report.skipped:
+        raise LibraryError(f"{path} holds no file", hint="point at files or a folder of "
+                           "text, markdown or JSONL files")
+    return report

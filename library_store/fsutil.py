@@ -7,12 +7,15 @@ removes (see ``clean_dir``).
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import os
 import shutil
+import stat
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -109,6 +112,107 @@ def remove_empty_parents(path: Path, stop: Path) -> None:
         except OSError:
             return
         parent = parent.parent
+
+
+# -- reading what a user names, without following links -------------------------------------
+
+# Folders of kernel files: they stat as regular files, yet read the running process's
+# environment (/proc/self/environ) or the machine's state. Never a source of documents.
+_PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegular(Exception):
+    """A path that ``read_regular`` will not read: ``kind`` says what it is."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+@functools.cache
+def _pseudo_devices() -> frozenset[int]:
+    out = set()
+    for root in _PSEUDO_ROOTS:
+        try:
+            out.add(os.stat(root).st_dev)
+        except OSError:
+            continue
+    return frozenset(out)
+
+
+def is_kernel_file(st: os.stat_result) -> bool:
+    """Whether ``st`` (a stat) is of /proc, /sys or /dev: such files look regular, yet are
+    the kernel's (the running process's environment, devices)."""
+    return st.st_dev in _pseudo_devices()
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` is, in words, for a refusal."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link (links are not followed)"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a special file"
+
+
+def read_regular(name: str | Path, limit: int, *, dir_fd: int | None = None) -> bytes:
+    """The bytes of the regular file ``name`` (relative to ``dir_fd`` when given), at most
+    ``limit + 1`` of them, so a caller sees it is over ``limit``.
+
+    Opened with ``O_NOFOLLOW`` and checked by ``fstat`` on the descriptor it then reads, so a
+    file swapped for a link, a FIFO or a device after any earlier check is refused, not read
+    (``O_NONBLOCK``: opening a FIFO cannot hang). Files of /proc, /sys and /dev are refused.
+    Raises ``NotRegular`` for such a path, ``OSError`` when it cannot be read.
+    """
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link in the last part
+            raise NotRegular(kind_of(stat.S_IFLNK)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(kind_of(st.st_mode))
+        if is_kernel_file(st):
+            raise NotRegular("a kernel file (/proc, /sys or /dev)")
+        chunks, got = [], 0
+        while got <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def walk_entries(root: Path, skip: Callable[[str], bool] = lambda name: False
+                 ) -> Iterator[tuple[str, str, int, os.stat_result]]:
+    """``(relative path, name, dir_fd, lstat)`` for every entry under the folder ``root``,
+    folders included, never descending through a link (``os.fwalk``: each folder is opened
+    by descriptor, so one swapped for a link mid-walk is not entered). Names for which
+    ``skip`` is true are neither listed nor entered. Read a file with
+    ``read_regular(name, limit, dir_fd=dir_fd)`` while the walk is on its folder."""
+    for top, dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
+        dirs[:] = sorted(d for d in dirs if not skip(d))
+        files = [f for f in files if not skip(f)]
+        rel_top = os.path.relpath(top, root)
+        prefix = "" if rel_top == "." else rel_top.replace(os.sep, "/") + "/"
+        for name in sorted([*dirs, *files]):
+            try:
+                st = os.lstat(name, dir_fd=dir_fd)
+            except OSError:
+                continue  # gone since the folder was listed
+            yield prefix + name, name, dir_fd, st
 
 
 class FileMemo(Generic[_T]):

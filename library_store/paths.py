@@ -59,7 +59,8 @@ def shown(text: str, limit: int = 60) -> str:
 
 def name_problem(part: str) -> tuple[str, str] | None:
     """(rule, detail) when one part of a path (a file or folder name) cannot be kept, else
-    None: too long, not encodable as UTF-8, or holding a control character or a backslash."""
+    None: too long, not encodable as UTF-8, holding a control character, a backslash or an
+    invisible format character (bidi, zero-width), or not in Unicode NFC form."""
     try:
         size = len(part.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate: bytes that were not UTF-8 on disk
@@ -71,6 +72,17 @@ def name_problem(part: str) -> tuple[str, str] | None:
     if bad is not None:
         return "path-characters", (f"the name {shown(part)} holds the character {bad!r}; "
                                    "names may not hold control characters or backslashes")
+    # Invisible format characters (bidi overrides such as U+202E, zero-width U+200B..U+200D,
+    # U+2060, U+FEFF) make a name read as another one; so do two spellings of one accent.
+    bad = next((c for c in part if unicodedata.category(c) == "Cf"), None)
+    if bad is not None:
+        return "path-characters", (f"the name {part[:60]!a} holds the invisible "
+                                   f"character U+{ord(bad):04X}; names may not hold bidi "
+                                   "controls or zero-width characters")
+    if not unicodedata.is_normalized("NFC", part):
+        return "path-normalization", (f"the name {shown(part)} is not in Unicode NFC form "
+                                      "(an accent spelled as two characters); write it "
+                                      f"composed, as {unicodedata.normalize('NFC', part)!r}")
     return None
 
 

@@ -7,17 +7,28 @@ and encodings survive the round trip unchanged.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
+import os
 import stat
 import tarfile
+import unicodedata
+import uuid
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from engine.errors import ConfigError, NotFound
-from library_store.paths import MAX_FILE_BYTES
+from library_store.fsutil import (
+    NotRegular,
+    atomic_write,
+    kind_of,
+    read_regular,
+    walk_entries,
+)
+from library_store.paths import MAX_FILE_BYTES, shown
 
 SKIPPED_NAMES = {"__pycache__", ".git", ".DS_Store", ".hg", ".svn"}
 
@@ -75,15 +86,22 @@ class _Reader:
         self.src, self.limits = src, limits
         self.out = FolderContents()
         self.total = 0
+        self.entries = 0
+        self.given: dict[str, str] = {}  # NFC path -> the path as the source spelled it
 
     def refuse(self, rel: str, rule: str, detail: str) -> None:
         self.out.refused.append(Refused(rel, rule, detail))
 
+    def count(self, rel: str) -> None:
+        """One more entry of the source (a file, a folder, a link): past ``max_files`` the
+        read stops, so a million empty folders cost no more than that many files."""
+        self.entries += 1
+        if self.entries > self.limits.max_files:
+            raise ConfigError(f"{self.src} holds more than {self.limits.max_files} entries "
+                              "(files and folders)", hint="import it in smaller parts")
+
     def admit(self, rel: str, size: int) -> bool:
         """Whether a file of ``size`` bytes may be read; refusals and the source caps here."""
-        if len(self.out.files) + 1 > self.limits.max_files:
-            raise ConfigError(f"{self.src} holds more than {self.limits.max_files} files",
-                              hint="import it in smaller parts")
         if size > self.limits.max_file_bytes:
             self.refuse(rel, "file-size", f"{size} bytes; a library file holds at most "
                                           f"{self.limits.max_file_bytes}")
@@ -95,65 +113,104 @@ class _Reader:
         return True
 
     def add(self, rel: str, data: bytes) -> None:
-        if rel in self.out.files:
-            self.refuse(rel, "duplicate", "the archive holds this path more than once")
+        """Keep a file under its NFC name: ``café.md`` composed and decomposed is one name,
+        and a source holding both is refused rather than imported as two look-alike files."""
+        key = unicodedata.normalize("NFC", rel)
+        if key in self.out.files:
+            first = self.given[key]
+            detail = "the archive holds this path more than once" if first == rel else (
+                f"{shown(first, 120)!r} and {shown(rel, 120)!r} are two spellings of one "
+                "name (Unicode NFC); rename one of them")
+            self.refuse(rel, "duplicate", detail)
             return
-        self.out.files[rel] = data
+        self.given[key] = rel
+        self.out.files[key] = data
+
+
+# The most bytes one extended header (a GNU long name or link, a pax record set) may declare:
+# tarfile reads such a header whole into memory before any member is seen, so a 1.5 GB
+# "long name" in a 1.5 MB archive must be refused from its declared size.
+MAX_HEADER_BYTES = 64 * 1024
+_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+             tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+
+
+class _HeaderBomb(Exception):
+    """An archive header declaring more than ``MAX_HEADER_BYTES`` (or a sparse file)."""
+
+
+class _BoundedInfo(tarfile.TarInfo):
+    """A ``TarInfo`` that refuses an extended header over ``MAX_HEADER_BYTES`` before tarfile
+    reads it, and sparse entries (their chains of headers are read whole too)."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED and self.size > MAX_HEADER_BYTES:
+            raise _HeaderBomb(f"an extended header of the entry at byte {self.offset} "
+                              f"declares {self.size} bytes; at most {MAX_HEADER_BYTES}")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _HeaderBomb(f"the entry at byte {self.offset} is a sparse file")
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
 def _read_archive(src: Path, reader: _Reader) -> None:
-    scanned = 0
+    limit = reader.limits.max_total_bytes
     try:
-        with tarfile.open(src, "r:gz") as tar:
+        with tarfile.open(src, "r:gz", tarinfo=_BoundedInfo) as tar:
             for member in tar:
-                # Skipping a member still inflates it: bound what is inflated, read or not.
-                scanned += max(0, member.size)
-                if scanned > reader.limits.max_total_bytes:
-                    raise ConfigError(f"{src} inflates to more than "
-                                      f"{reader.limits.max_total_bytes} bytes",
+                reader.count(member.name)
+                # The inflated stream up to this member's end, headers included: skipping a
+                # member still inflates it, so what is read or not counts the same.
+                if member.offset_data + max(0, member.size) > limit:
+                    raise ConfigError(f"{src} inflates to more than {limit} bytes",
                                       hint="import it in smaller parts")
-                rel = _safe_rel(member.name)
-                if rel is None:
-                    reader.refuse(member.name, "path", "the entry's path is absolute or "
-                                  "leaves the archive ('..')")
-                    continue
-                if member.isdir() or _skipped(rel):
-                    continue
-                if not member.isfile():
-                    kind = "a link" if member.issym() or member.islnk() else "a special file"
-                    reader.refuse(rel, "file-type", f"{kind}; only plain files are imported")
-                    continue
-                if not reader.admit(rel, member.size):
-                    continue
-                f = tar.extractfile(member)
-                if f is not None:
-                    reader.add(rel, f.read(member.size + 1)[:member.size])
-    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as exc:
+                tar.members.clear()  # tarfile keeps every header; nothing here looks back
+                _archive_member(tar, member, reader)
+    except _HeaderBomb as exc:
+        raise ConfigError(f"refused the archive {src}: {exc}",
+                          hint="an archive of skills needs no such header; re-create it "
+                               "with `whetstone library export`") from None
+    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, RecursionError) as exc:
         raise ConfigError(f"cannot read the archive {src}: {exc}",
                           hint="check that it is a complete .tar.gz (gzip -t FILE)") from exc
 
 
+def _archive_member(tar: tarfile.TarFile, member: tarfile.TarInfo, reader: _Reader) -> None:
+    rel = _safe_rel(member.name)
+    if rel is None:
+        reader.refuse(member.name, "path", "the entry's path is absolute or leaves the archive "
+                                           "('..')")
+        return
+    if member.isdir() or _skipped(rel):
+        return
+    if not member.isfile():
+        kind = "a link" if member.issym() or member.islnk() else "a special file"
+        reader.refuse(rel, "file-type", f"{kind}; only plain files are imported")
+        return
+    if not reader.admit(rel, member.size):
+        return
+    f = tar.extractfile(member)
+    if f is not None:
+        reader.add(rel, f.read(member.size + 1)[:member.size])
+
+
 def _read_tree(src: Path, reader: _Reader) -> None:
-    for path in sorted(src.rglob("*")):
-        rel = path.relative_to(src).as_posix()
-        if _skipped(rel):
-            continue
-        try:
-            st = path.lstat()
-        except OSError as exc:
-            reader.refuse(rel, "unreadable", exc.strerror or str(exc))
-            continue
+    # Walked by descriptor and read through the descriptor that was checked: a file swapped
+    # for a link (or a FIFO) between any check and the read is refused, never read.
+    for rel, name, dir_fd, st in walk_entries(src, skip=_skipped):
+        reader.count(rel)
         if stat.S_ISDIR(st.st_mode):
             continue
         if not stat.S_ISREG(st.st_mode):
-            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a special file"
-            reader.refuse(rel, "file-type", f"{kind}; only plain files are imported")
+            reader.refuse(rel, "file-type", f"{kind_of(st.st_mode)}; only plain files are "
+                                            "imported")
             continue
         if not reader.admit(rel, st.st_size):
             continue
-        try:
-            with open(path, "rb") as f:  # no more than the limit, whatever it grew to
-                data = f.read(reader.limits.max_file_bytes + 1)
+        try:  # no more than the limit, whatever it grew to
+            data = read_regular(name, reader.limits.max_file_bytes, dir_fd=dir_fd)
+        except NotRegular as exc:
+            reader.refuse(rel, "file-type", f"{exc.kind}; only plain files are imported")
+            continue
         except OSError as exc:
             reader.refuse(rel, "unreadable", exc.strerror or str(exc))
             continue
@@ -179,9 +236,9 @@ def read_folder(src: Path, limits: ReadLimits | None = None) -> FolderContents:
             raise ConfigError(f"{src} is neither a folder nor a .tar.gz archive",
                               hint="give a folder of <name>/SKILL.md skills or a .tar.gz")
         _read_archive(src, reader)
-        reader.out.files = dict(sorted(reader.out.files.items()))
     else:
         _read_tree(src, reader)
+    reader.out.files = dict(sorted(reader.out.files.items()))
     return reader.out
 
 
@@ -190,29 +247,96 @@ def write_folder(files: Mapping[str, bytes], dest: Path, *, overwrite: bool = Fa
     """Write ``files`` (relative path -> bytes) to a new folder or ``.tar.gz`` at ``dest``.
 
     An archive is deterministic (sorted entries, fixed owner and ``mtime``), so exporting the
-    same version twice gives the same bytes.
+    same version twice gives the same bytes. Nothing is written through a link: ``dest``
+    itself may be one (it is what the caller named), but a link found inside it (``--force``
+    over an old export) is removed and replaced, never followed; each file is written aside
+    and renamed into place.
     """
     dest = Path(dest).expanduser()
-    if dest.exists() and not overwrite and (dest.is_file() or any(dest.iterdir())):
+    if os.path.lexists(dest) and not overwrite and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(f"{dest} already exists and is not empty",
                           hint="choose a new path or pass --force to overwrite")
     if is_archive(dest):
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        # gzip stamps its own header with a time; pin it so the archive is reproducible.
-        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=int(mtime)) as gz, \
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for rel, data in sorted(files.items()):
-                info = tarfile.TarInfo(rel)
-                info.size = len(data)
-                info.mtime = int(mtime)
-                info.mode = 0o755 if rel.split("/")[1:2] == ["scripts"] else 0o644
-                tar.addfile(info, io.BytesIO(data))
-        dest.write_bytes(buf.getvalue())
-        return dest
-    for rel, data in files.items():
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        return _write_archive(files, dest, mtime)
+    if os.path.lexists(dest) and not dest.is_dir():
+        raise ConfigError(f"{dest} is a file, not a folder",
+                          hint="choose a new path, or name a .tar.gz to export an archive")
     dest.mkdir(parents=True, exist_ok=True)
+    dirs: dict[str, int] = {"": os.open(dest, os.O_RDONLY | os.O_DIRECTORY)}
+    try:
+        for rel, data in files.items():
+            folder, _, name = rel.rpartition("/")
+            if name in ("", ".", "..") or any(p in ("", ".", "..") for p in folder.split("/")
+                                               if folder):
+                raise ConfigError(f"cannot export the path {shown(rel, 200)!r}",
+                                  hint="`whetstone library check` finds such paths")
+            _write_at(_folder_fd(dirs, folder), name, data)
+    finally:
+        for fd in dirs.values():
+            os.close(fd)
     return dest
+
+
+def _write_archive(files: Mapping[str, bytes], dest: Path, mtime: float) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    # gzip stamps its own header with a time; pin it so the archive is reproducible.
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=int(mtime)) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel, data in sorted(files.items()):
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mtime = int(mtime)
+            info.mode = 0o755 if rel.split("/")[1:2] == ["scripts"] else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    try:  # the rename replaces a link at dest; it never writes where the link points
+        atomic_write(dest, buf.getvalue(), tmp_dir=dest.parent)
+    except IsADirectoryError as exc:
+        raise ConfigError(f"{dest} is a folder", hint="remove it or choose another name "
+                          "for the archive") from exc
+    return dest
+
+
+def _folder_fd(dirs: dict[str, int], folder: str) -> int:
+    """A descriptor of ``folder`` (relative to the export), made as needed; a link or file
+    where a folder belongs is removed, never followed."""
+    if folder in dirs:
+        return dirs[folder]
+    parent, _, name = folder.rpartition("/")
+    parent_fd = _folder_fd(dirs, parent)
+    for _ in range(2):
+        try:
+            os.mkdir(name, 0o777, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        try:
+            dirs[folder] = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                   dir_fd=parent_fd)
+            return dirs[folder]
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            os.unlink(name, dir_fd=parent_fd)  # a link or a file: replaced by the folder
+    raise ConfigError(f"cannot make the folder {shown(folder, 200)!r} in the export: "
+                      "something keeps replacing it", hint="export into a folder only you write")
+
+
+def _write_at(dir_fd: int, name: str, data: bytes) -> None:
+    """Write ``name`` in the folder ``dir_fd`` aside, then rename it over whatever is there (a
+    link included: the rename replaces the link itself)."""
+    tmp = f".{name[:32]}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666,
+                 dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise ConfigError(f"cannot write {name!r} in the export: {exc.strerror or exc}",
+                          hint="remove what is in its place, or export to a new folder"
+                          ) from exc
