@@ -326,3 +326,11 @@ def test_bidi_and_zero_width_characters_are_refused_in_names(tmp_path: Path,
         assert not any(char in p for p in lib.snapshot().files())
     with pytest.raises(ValidationError, match="invisible"):
         check_path(f"skills/good/SKILL{char}.md")
+
+
+def test_the_tool_name_rule_has_no_trailing_newline() -> None:
+    # `$` matches before a final newline: "count\n" passed the tool-name rule (other checks
+    # caught it later; the rule itself must not).
+    from tools.learned import TOOL_NAME
+
+    assert TOOL_NAME.match("count") and not TOOL_NAME.match("count\n")

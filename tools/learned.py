@@ -48,7 +48,7 @@ from engine.types import Skill, ToolSpec
 from tools.validate import parse_tool_source
 
 SCRIPTS_DIR = "scripts"
-TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")  # \Z: `$` would let "name\n" through
 MAX_DESCRIPTION = 1024
 IMAGE_ANNOTATIONS = frozenset({"Image.Image", "PIL.Image.Image", "Image"})
 _SCALARS = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
