@@ -17,6 +17,7 @@ from engine.commands.data import data_group
 from engine.commands.eval import eval_cmd
 from engine.commands.evolve import evolve_group
 from engine.commands.library import library_group, skill_group
+from engine.commands.mcp import mcp
 from engine.commands.methods import methods_cmd
 from engine.commands.models import models
 from engine.commands.policies import policies_group
@@ -45,7 +46,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
                  evolve_group, methods_cmd, corpus_group, policies_group, verify, tools_group,
-                 data_group):
+                 data_group, mcp):
     cli.add_command(_command)
 
 

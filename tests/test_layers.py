@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/evaluation", 4),
     ("engine/methods", 5),
     ("engine/server", 6),
+    ("engine/integrations", 6),
     ("engine/api.py", 6),
     ("engine/scoreboard.py", 6),
     ("engine/scoreboard_page.py", 6),
