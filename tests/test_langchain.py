@@ -1,0 +1,294 @@
+"""A Whetstone library inside LangChain and LangGraph: ``WhetstoneChatModel`` around
+langchain-core's own fake chat models, in real compiled graphs (``create_react_agent``, a
+``StateGraph`` over ``MessagesState``), with a real library, the real embedder and the sandbox.
+Nothing of Whetstone is mocked; the only doubles are the LangChain models."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models.fake_chat_models import (
+    FakeMessagesListChatModel,
+    GenericFakeChatModel,
+)
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from cli import cli
+from engine.api import Engine
+from engine.errors import ConfigError, NotFound
+from engine.integrations.langchain import (
+    LangChainBackend,
+    WhetstoneChatModel,
+    library_tools_for_langchain,
+    trace_id_of,
+    whetstone_node,
+)
+from engine.methods.memory import Memory, MemoryConfig
+from engine.runtime.library_tools import validate_library
+from engine.types import Step, Trace
+from library_store.store import Library
+
+UNITS = """---
+name: unit-conversion
+description: Convert between units (hours, minutes, metres, kilometres) in word problems.
+---
+
+# Unit conversion
+
+## Procedure
+1. Write every quantity with its unit.
+2. Convert to one unit before adding.
+"""
+SUM_SKILL = textwrap.dedent("""\
+    ---
+    name: sum-amounts
+    description: Add up a list of amounts. Use when a word problem sums several prices.
+    ---
+    # Sum amounts
+    Call `sum_amounts` with the amounts.
+    """)
+SUM_TOOL = textwrap.dedent('''\
+    def sum_amounts(amounts: list[float]) -> float:
+        """Add up amounts exactly.
+
+        Args:
+            amounts: the numbers to add.
+        """
+        return sum(amounts)
+    ''')
+TASK = "How many minutes are 2.5 hours?"
+PRICES = "A pen costs 1.5 and a book costs 4.25. Add up the prices: what do they cost together?"
+
+
+class Seen(BaseCallbackHandler):
+    """What the inner model was sent, call by call (a LangChain callback, not a mock)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[BaseMessage]] = []
+        self.params: list[dict[str, Any]] = []
+
+    def on_chat_model_start(self, serialized: Any, messages: list[list[BaseMessage]],
+                            **kwargs: Any) -> None:
+        self.calls.append(list(messages[0]))
+        self.params.append(dict(kwargs.get("invocation_params") or {}))
+
+
+class ToolCallingFake(FakeMessagesListChatModel):
+    """langchain-core's list-replaying fake with the ``bind_tools`` it ships without."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
+
+def skills_library(path: Path) -> Library:
+    lib = Library.open(path, create=True)
+    lib.commit({"skills/unit-conversion/SKILL.md": UNITS,
+                "skills/sum-amounts/SKILL.md": SUM_SKILL,
+                "skills/sum-amounts/scripts/sum_amounts.py": SUM_TOOL},
+               method="test", message="two skills, one learned tool", validate=validate_library)
+    return lib
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> Library:
+    return skills_library(tmp_path / "lib")
+
+
+def fake(replies: Sequence[str | AIMessage], seen: Seen) -> GenericFakeChatModel:
+    return GenericFakeChatModel(messages=iter([AIMessage(r) if isinstance(r, str) else r
+                                               for r in replies]), callbacks=[seen])
+
+
+def system_text(messages: Sequence[BaseMessage]) -> str:
+    return "\n".join(str(m.text) for m in messages if isinstance(m, SystemMessage))
+
+
+def test_the_inner_model_gets_the_skill_and_the_exchange_is_a_trace_with_feedback(
+        library: Library) -> None:
+    seen = Seen()
+    model = WhetstoneChatModel(inner=fake(["150 minutes"], seen), library=library.root)
+    reply = model.invoke([SystemMessage("Be brief."), HumanMessage(TASK)])
+    assert reply.content == "150 minutes"
+    sent = seen.calls[0]
+    # Appended to the caller's own system message; the unrelated skill stays out.
+    assert isinstance(sent[0], SystemMessage) and sent[0].content.startswith("Be brief.\n\n")
+    assert "## Skill: unit-conversion" in sent[0].content and "sum-amounts" not in sent[0].content
+    assert sent[1:] == [HumanMessage(TASK)]
+    trace_id = trace_id_of(reply)
+    assert trace_id and reply.response_metadata["whetstone_library_version"] == "v2"
+    assert reply.response_metadata["whetstone_skills"] == ["unit-conversion"]
+    trace = library.traces.get(trace_id)
+    assert trace.task == TASK and trace.answer == "150 minutes" and trace.outcome == "answered"
+    assert trace.meta["source"] == "chat" and trace.meta["client"] == "langchain"
+    assert trace.model == "langchain:GenericFakeChatModel" and trace.library_version == "v2"
+    assert trace.meta["skills"]["shown"] == ["unit-conversion"]
+    # The trace keeps what the model was sent: the guidance included.
+    assert "## Skill: unit-conversion" in trace.steps[0].input["messages"][0]["content"]
+    labelled = model.feedback(trace_id, 1.0, "right")
+    assert labelled.score == 1.0
+    out = CliRunner().invoke(cli, ["traces", "ls", "--library", str(library.root), "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {row["id"]: row for row in json.loads(out.output)}
+    assert rows[trace_id]["score"] == 1.0
+
+
+def test_a_react_agent_runs_a_learned_tool_in_the_sandbox_with_its_skill_shown(
+        library: Library) -> None:
+    from langgraph.prebuilt import create_react_agent
+
+    seen = Seen()
+    call = {"name": "sum_amounts", "args": {"amounts": [1.5, 4.25]}, "id": "call_1",
+            "type": "tool_call"}
+    inner = ToolCallingFake(responses=[AIMessage("", tool_calls=[call]),
+                                       AIMessage("Together they cost 5.75.")], callbacks=[seen])
+    model = WhetstoneChatModel(inner=inner, library=library.root)
+    tools = library_tools_for_langchain(library.root)
+    assert [t.name for t in tools] == ["sum_amounts"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_react_agent is marked as moving to langchain
+        graph = create_react_agent(model, tools)
+    state = graph.invoke({"messages": [HumanMessage(PRICES)]})
+    messages = state["messages"]
+    assert messages[-1].content == "Together they cost 5.75."
+    result = messages[2]
+    assert result.type == "tool" and json.loads(result.content) == 5.75
+    assert result.artifact["ok"] and result.artifact["sandbox"]["isolation"] in ("bwrap",
+                                                                                 "process")
+    # Both decisions saw the skill that says when to call the tool, and the tool itself.
+    assert len(seen.calls) == 2
+    for sent, params in zip(seen.calls, seen.params):
+        assert "sum-amounts" in system_text(sent)
+        assert [t["function"]["name"] for t in params["tools"]] == ["sum_amounts"]
+    traces = {t.id: t for t in library.traces.query()}
+    ids = [trace_id_of(messages[1]), trace_id_of(messages[-1])]
+    assert all(i in traces for i in ids)
+    first, last = traces[ids[0]], traces[ids[1]]
+    assert first.answer == 'sum_amounts({"amounts": [1.5, 4.25]})'
+    assert first.steps[0].input["tools"] == ["sum_amounts"]
+    assert last.answer == "Together they cost 5.75." and last.task == PRICES
+
+
+def test_a_state_graph_node_streams_each_token_once_and_leaves_a_trace(
+        library: Library) -> None:
+    seen = Seen()
+    graph_builder = StateGraph(MessagesState)
+    graph_builder.add_node("model", whetstone_node(fake(["It is 150 minutes"], seen),
+                                                   library=library.root))
+    graph_builder.add_edge(START, "model")
+    graph_builder.add_edge("model", END)
+    graph = graph_builder.compile()
+    pieces = [chunk for chunk, _ in graph.stream({"messages": [HumanMessage(TASK)]},
+                                                 stream_mode="messages")]
+    assert "".join(str(p.content) for p in pieces) == "It is 150 minutes"
+    assert "unit-conversion" in system_text(seen.calls[0])
+    trace_id = next(p.response_metadata["whetstone_trace_id"] for p in pieces
+                    if p.response_metadata.get("whetstone_trace_id"))
+    trace = library.traces.get(trace_id)
+    assert trace.answer == "It is 150 minutes" and trace.meta["stream"] is True
+
+
+async def test_async_calls_and_streams_are_recorded(library: Library) -> None:
+    seen = Seen()
+    model = WhetstoneChatModel(inner=fake(["150 minutes", "one two"], seen), library=library)
+    reply = await model.ainvoke(TASK)
+    pieces = [c async for c in model.astream("How many metres are 2 kilometres?")]
+    assert "".join(str(p.content) for p in pieces) == "one two"
+    streamed = next(trace_id_of(p) for p in pieces if trace_id_of(p))
+    for trace_id, answer in ((trace_id_of(reply), "150 minutes"), (streamed, "one two")):
+        assert trace_id is not None
+        assert (await asyncio.to_thread(library.traces.get, trace_id)).answer == answer
+    assert all("unit-conversion" in system_text(sent) for sent in seen.calls)
+    assert (await model.afeedback(streamed, 0.0)).score == 0.0
+
+
+@pytest.mark.parametrize(("method", "hooks"), [
+    ("co_react", "before_think, wrap_model"), ("march", "verify"),
+    ("horizon", "adjust_config"), ("self_consistency", "wrap_solver, adjust_config"),
+])
+def test_a_method_that_needs_the_agent_loop_is_refused_not_dropped(
+        library: Library, method: str, hooks: str) -> None:
+    with pytest.raises(ConfigError, match=f"its {hooks} act") as err:
+        WhetstoneChatModel(inner=fake([], Seen()), library=library.root, methods=[method])
+    assert "agent" in err.value.hint
+    engine = Engine(LangChainBackend(fake([], Seen())), library=library.root,
+                    methods=[method], checkpointing=False)
+    with pytest.raises(ConfigError, match=method):
+        WhetstoneChatModel(inner=fake([], Seen()), library=engine)
+    engine.close()
+
+
+def test_memory_demonstrations_come_before_the_conversation(tmp_path: Path) -> None:
+    lib = Library.open(tmp_path / "lib", create=True)
+    runs = [Trace(id=f"tr{i}", task=f"Ann has {i} pens and gets {i} more. How many pens?",
+                  answer=str(2 * i), label=str(2 * i), score=1.0, outcome="answered",
+                  steps=(Step(kind="think", module="think",
+                              output={"completion": {"text": f"She has {2 * i} pens."}}),),
+                  meta={"scorer": "numeric", "task_id": f"tr{i}"}) for i in (1, 2)]
+    patch = Memory(MemoryConfig(name="pens")).fit(runs, lib.snapshot(), None)  # type: ignore
+    lib.commit(patch.changes, message="memory", method="memory")
+    seen = Seen()
+    model = WhetstoneChatModel(inner=fake(["8"], seen), library=lib,
+                               methods=[("memory", {"k": 1, "turns": True})])
+    reply = model.invoke("Ann has 4 pens and gets 4 more. How many pens?")
+    sent = seen.calls[0]
+    assert [m.type for m in sent] == ["human", "ai", "human"]
+    assert sent[0].content.startswith("Ann has") and sent[1].content.startswith("She has")
+    trace = lib.traces.get(trace_id_of(reply) or "")
+    assert len(trace.meta["memory"]["shown"]) == 1
+
+
+def test_switches_per_call_and_a_bad_one_says_what_is_known(library: Library) -> None:
+    seen = Seen()
+    model = WhetstoneChatModel(inner=fake(["a", "b"], seen), library=library.root)
+    plain = model.bind(whetstone={"library": False}).invoke(TASK)
+    assert seen.calls[0] == [HumanMessage(TASK)]
+    assert library.traces.get(trace_id_of(plain) or "").meta["library"] is False
+    unrecorded = model.bind(whetstone={"record": False}).invoke(TASK)
+    assert trace_id_of(unrecorded) is None and "unit-conversion" in system_text(seen.calls[1])
+    with pytest.raises(ConfigError, match="server"):
+        model.bind(whetstone={"verify": True}).invoke(TASK)
+    with pytest.raises(ConfigError, match="librar") as err:
+        model.bind(whetstone={"libary": False}).invoke(TASK)
+    assert "known" in err.value.hint
+    with pytest.raises(ConfigError, match="chat model"):
+        WhetstoneChatModel(inner=object(), library=library.root)
+
+
+def test_a_failure_or_an_abandoned_stream_is_recorded_and_feedback_is_checked(
+        library: Library) -> None:
+    model = WhetstoneChatModel(inner=fake([], Seen()), library=library.root)
+    with pytest.raises(StopIteration):  # the fake has no reply left: the app sees its error
+        model.invoke(TASK)
+    failed = [t for t in library.traces.query() if t.outcome == "error"]
+    assert len(failed) == 1 and "StopIteration" in (failed[0].meta["reason"] or "")
+    streaming = WhetstoneChatModel(inner=fake(["one two three"], Seen()), library=library.root)
+    stream: Iterator[Any] = streaming.stream(TASK)
+    assert next(stream).content == "one"
+    stream.close()  # type: ignore[attr-defined]
+    interrupted = [t for t in library.traces.query() if t.outcome == "interrupted"]
+    assert len(interrupted) == 1 and interrupted[0].meta["partial"] == "one"
+    with pytest.raises(ConfigError, match="from 0 to 1"):
+        model.feedback(failed[0].id, 2.0)
+    with pytest.raises(NotFound):
+        model.feedback("20990101-000000-00000000", 1.0)
+
+
+def test_the_engine_over_a_langchain_model_answers_engine_chat(library: Library) -> None:
+    seen = Seen()
+    engine = Engine(LangChainBackend(fake(["150"], seen)), library=library.root,
+                    checkpointing=False)
+    reply = engine.chat(TASK)
+    assert reply.text == "150" and "unit-conversion" in system_text(seen.calls[0])
+    assert engine.traces.get(reply.trace_id or "").model == "langchain:GenericFakeChatModel"
+    engine.close()
