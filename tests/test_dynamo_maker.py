@@ -269,3 +269,31 @@ def test_a_module_used_without_its_import_is_imported() -> None:
     _, source = normalise_tool("def f(q):\n    re = q.split()\n    return re.pop()\n",
                                set(), Repairs())
     assert "import re" not in source
+
+
+def test_a_repair_sees_where_it_crashed_and_an_unchanged_fix_is_sent_back(
+        tmp_path: Path) -> None:
+    crashing = RIGHT.replace("return str(", "return str(1 // 0 + ")
+    requests: list[Request] = []
+
+    def analyst(request: Request) -> str:
+        requests.append(request)
+        first, last = request.messages[1].text, request.messages[-1].text
+        if "Reply with exactly two lines" in first:
+            return "name: Price Totals\nuse when: a question lists prices to add up."
+        if "It fails these tests" in first:
+            return RIGHT if "same code as before" in last else crashing
+        return crashing
+
+    _, result = evolve(tmp_path, analyst, maker_samples=0)  # type: ignore[arg-type]
+    report = result.patch.details["tool_maker"]
+    assert [c["sample"] for c in report["candidates"]] == ["greedy", "repair 1 of greedy"]
+    assert report["candidates"][1]["admitted"] and report["tool"] == "price_totals"
+    repair = next(r for r in requests if "It fails these tests" in r.messages[1].text)
+    # The failing line and the exception, not only the exception's name.
+    assert re.search(r"# it returned: an error:\n# line \d+ of \w+: return str\(1 // 0",
+                     repair.messages[1].text)
+    assert "ZeroDivisionError" in repair.messages[1].text
+    unchanged = [r for r in requests if len(r.messages) > 2]
+    assert len(unchanged) == 1 and "same code as before" in unchanged[0].messages[-1].text
+    assert result.patch.details["repairs"]["maker-unchanged-retry"] == 1

@@ -302,9 +302,11 @@ class ToolMaker:
         self.stats.completion_tokens += completion.completion_tokens
         return completion.text
 
-    async def _write(self, label: str, user: str, temperature: float, seed: int) -> Candidate:
+    async def _write(self, label: str, user: str, temperature: float, seed: int,
+                     unchanged: str = "") -> Candidate:
         """One candidate: ask for the code; a reply without a usable function is sent back
-        once with ``dynamo_maker_retry`` saying what was missing."""
+        once with ``dynamo_maker_retry`` saying what was missing, and a repair that returns
+        ``unchanged`` (the code it was asked to fix) once with ``dynamo_maker_unchanged``."""
         convo = [{"role": "system", "content": load_prompt("dynamo_system")},
                  {"role": "user", "content": user}]
         cand = Candidate(label)
@@ -324,6 +326,13 @@ class ToolMaker:
                 self.stats.errors.append(f"{cand.reason} | raw reply: {raw[:300]}")
                 return cand
             cand.tool, cand.source, cand.reason = definition.name, definition.source, ""
+            if attempt == 0 and unchanged and definition.source == unchanged:
+                # A small analyst often answers "fix this" with the code as it was.
+                self.stats.retries += 1
+                self.repairs.add("maker-unchanged-retry")
+                convo += [{"role": "assistant", "content": raw},
+                          {"role": "user", "content": load_prompt("dynamo_maker_unchanged")}]
+                continue
             return cand
         return cand
 
@@ -429,14 +438,15 @@ class ToolMaker:
         wrong = [t for t in base.probe if not t.matched][:3]
         failures = "\n".join(render_prompt(
             "dynamo_parts.yaml#maker_failure", task=repr(by_id[t.task_id].prompt),
-            output=(repr(answer_text(t.output)) if t.ok else
-                    f"an error: {_last_line(t.error)}")[:300],
+            output=repr(answer_text(t.output))[:300] if t.ok else
+            "an error:\n# " + "\n# ".join(_crash_lines(t)),
             expected=repr(_expected(by_id[t.task_id]))) for t in wrong)
         user = render_prompt("dynamo_maker_repair", code=base.source.strip(), failures=failures)
         temperature = 0.0 if base.repaired == 0 else self.cfg.maker_temperature
         base.repaired += 1
         fixed = await self._write(f"repair {round_no} of {base.sample}", user, temperature,
-                                  self.cfg.seed + 97 * round_no + 13 * n + base.repaired)
+                                  self.cfg.seed + 97 * round_no + 13 * n + base.repaired,
+                                  unchanged=base.source)
         fixed.seen = base.seen | {t.task_id for t in wrong}
         return fixed
 
@@ -501,6 +511,20 @@ def _last_line(error: str | None) -> str:
     """The line of a traceback that says what went wrong (its last non-empty one)."""
     lines = [ln.strip() for ln in (error or "").splitlines() if ln.strip()]
     return lines[-1] if lines else "no output"
+
+
+def _crash_lines(t: ToolTest) -> list[str]:
+    """Where a tool crashed and why: the traceback's last frame (its line and the code on it)
+    and the exception, so a repair can find the line; the error alone without a traceback."""
+    lines = [ln.rstrip() for ln in t.output.splitlines() if ln.strip()]
+    frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("File ")]
+    if not frames:
+        return [_last_line(t.error)[:200]]
+    frame = lines[frames[-1]]
+    where = frame[frame.find("line "):].replace(", in ", " of ") if "line " in frame else frame
+    return [f"{where.strip()[:80]}: {ln.strip()[:160]}" for ln in lines[frames[-1] + 1:
+                                                                       frames[-1] + 2]] + [
+        _last_line(t.error)[:200]]
 
 
 def _closeness(tests: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> float:
