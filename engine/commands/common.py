@@ -297,3 +297,49 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
     registry = default_registry()
     return [(n, options_from_text(registry.entry("runtime", n).load().config_class, raw[n],
                                   method=n)) for n in names]
+
+
+# -- the skills retrieval options of `serve` and `mcp` ----------------------------------------
+
+_UNSET_SCORE: Any = "default"  # --skills-min-score not given (None is a value: no floor)
+
+
+class SkillScore(click.ParamType):
+    """A cosine floor from -1 to 1, ``none`` (no floor: the top k whatever their score), or
+    ``default`` (the skills method's own)."""
+
+    name = "SCORE|none"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> float | str | None:
+        if value is None or value == _UNSET_SCORE or isinstance(value, float):
+            return value
+        if str(value).strip().lower() in ("none", "off"):
+            return None
+        try:
+            score = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number from -1 to 1 or 'none'", param, ctx)
+        if not -1.0 <= score <= 1.0:
+            self.fail(f"{score:g} is not a cosine score from -1 to 1", param, ctx)
+        return score
+
+
+def skills_options(k_help: str, score_help: str) -> Callable[[F], F]:
+    """``--skills-k`` and ``--skills-min-score``, with the skills method's own defaults."""
+    from engine.runtime.skills_plugin import SkillsConfig
+
+    defaults = SkillsConfig()
+
+    def add(fn: F) -> F:
+        fn = click.option("--skills-min-score", type=SkillScore(), default=_UNSET_SCORE,
+                          help=f"{score_help}; 'none': no floor [default: "
+                               f"{defaults.min_score}, measured].")(fn)
+        return click.option("--skills-k", type=click.IntRange(min=1), default=defaults.k,
+                            show_default=True, help=k_help)(fn)
+    return add
+
+
+def skills_config(k: int, min_score: float | str | None) -> dict[str, Any]:
+    """The skills options given: ``k``, and ``min_score`` only when it was set."""
+    return {"k": k} | ({} if min_score is _UNSET_SCORE else {"min_score": min_score})

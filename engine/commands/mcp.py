@@ -4,12 +4,16 @@ stdio or streamable HTTP (see docs/mcp.md)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from engine.commands.common import console, handle_errors, library_option
-from engine.commands.serve import _SKILLS, _UNSET, _Score
+from engine.commands.common import (
+    console,
+    handle_errors,
+    library_option,
+    skills_config,
+    skills_options,
+)
 
 
 @click.command("mcp")
@@ -32,11 +36,8 @@ from engine.commands.serve import _SKILLS, _UNSET, _Score
 @click.option("--allow-writes", is_flag=True,
               help="Offer record_feedback and log_run (they write traces); read-only "
                    "without it.")
-@click.option("--skills-k", type=click.IntRange(min=1), default=_SKILLS.k, show_default=True,
-              help="Skills the guidance prompt shows at most, and search_skills' default k.")
-@click.option("--skills-min-score", type=_Score(), default=_UNSET,
-              help=f"The lowest retrieval score (cosine) a skill needs to be shown or found; "
-                   f"'none': no floor [default: {_SKILLS.min_score}, measured].")
+@skills_options("Skills the guidance prompt shows at most, and search_skills' default k.",
+                "The lowest retrieval score (cosine) a skill needs to be shown or found")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="HTTP: uvicorn's log level.")
 @handle_errors
@@ -62,9 +63,7 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
         raise ConfigError("API keys protect the HTTP transport; a stdio server has one "
                           "client, the process that started it",
                           hint="add --transport http, or leave out --api-key")
-    skills: dict[str, Any] = {"k": skills_k}
-    if skills_min_score is not _UNSET:
-        skills["min_score"] = skills_min_score
+    skills = skills_config(skills_k, skills_min_score)
     sock = None
     if transport == "http":
         from engine.server.app import bind

@@ -3,36 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from engine.commands.common import console, handle_errors, library_option
-from engine.runtime.skills_plugin import SkillsConfig
-
-_SKILLS = SkillsConfig()
-_UNSET: Any = "default"  # --skills-min-score not given (None is a value: no floor)
-
-
-class _Score(click.ParamType):
-    """A cosine floor from -1 to 1, ``none`` (no floor: the top k whatever their score), or
-    ``default`` (the skills method's own)."""
-
-    name = "SCORE|none"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-                ) -> float | str | None:
-        if value is None or value == _UNSET or isinstance(value, float):
-            return value
-        if str(value).strip().lower() in ("none", "off"):
-            return None
-        try:
-            score = float(value)
-        except ValueError:
-            self.fail(f"{value!r} is not a number from -1 to 1 or 'none'", param, ctx)
-        if not -1.0 <= score <= 1.0:
-            self.fail(f"{score:g} is not a cosine score from -1 to 1", param, ctx)
-        return score
+from engine.commands.common import (
+    console,
+    handle_errors,
+    library_option,
+    skills_config,
+    skills_options,
+)
 
 
 @click.command("serve")
@@ -49,11 +29,8 @@ class _Score(click.ParamType):
 @click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
               show_default=True, help='The evidence corpus {"whetstone": {"verify": true}} '
                                       "checks replies against (MARCH).")
-@click.option("--skills-k", type=click.IntRange(min=1), default=_SKILLS.k, show_default=True,
-              help="Skills retrieved for each request (the k nearest).")
-@click.option("--skills-min-score", type=_Score(), default=_UNSET,
-              help=f"The lowest retrieval score (cosine) a skill needs to be shown; 'none': "
-                   f"no floor [default: {_SKILLS.min_score}, measured].")
+@skills_options("Skills retrieved for each request (the k nearest).",
+                "The lowest retrieval score (cosine) a skill needs to be shown")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--served-name", default=None,
@@ -126,9 +103,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
                               max_per_ip=max_connections_per_ip)
     options = BackendOptions(api_key=upstream_key, **(
         {"timeout_s": upstream_timeout} if upstream_timeout is not None else {}))
-    skills: dict[str, Any] = {"k": skills_k}
-    if skills_min_score is not _UNSET:
-        skills["min_score"] = skills_min_score
+    skills = skills_config(skills_k, skills_min_score)
     sock = bind(host, port)  # a port in use fails now, not after the model has loaded
     engine: Engine | None = None
     try:
