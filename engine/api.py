@@ -25,7 +25,7 @@ from engine.methods.base import make_config
 from engine.methods.registry import MethodRegistry, default_registry
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from engine.runtime.plugins import MethodEnv, wrap_solvers
+from engine.runtime.plugins import MethodEnv, loop_hooks, wrap_solvers
 from engine.runtime.skills_plugin import SkillsPlugin
 from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from engine.server.client import WrappedClient, wrap_client
@@ -377,6 +377,7 @@ class Engine:
         only the methods' ``guidance`` acts."""
         adapter: ChatAdapter | None = self.__dict__.get("_chat_adapter")
         if adapter is None:
+            self.check_chat_methods()
             plugins: list[Plugin] = []
             resources: list[Any] = []
             named = self._named("skills")
@@ -392,6 +393,25 @@ class Engine:
                 resources=resources)
             self.__dict__["_chat_adapter"] = adapter
         return adapter
+
+    def check_chat_methods(self) -> None:
+        """``ConfigError`` for a method chat mode cannot run: a chat completion applies only
+        the methods' guidance, so Co-ReAct's rubric node, MARCH's verification, latent
+        refinement, self-consistency and Elastic Horizon would be dropped without a word."""
+        for m in self.methods:
+            name = m.name if isinstance(m, Plugin) else m[0]
+            if name == "skills":
+                continue  # chat mode renders the skills without read_skill and their tools
+            cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
+                                                                            name).load()
+            hooks = loop_hooks(cls)
+            if hooks:
+                raise ConfigError(
+                    f"method {name!r} cannot run in chat mode: its {', '.join(hooks)} "
+                    f"act{'s' if len(hooks) == 1 else ''} only in the agent loop",
+                    hint="chat mode applies methods that add guidance (skills, memory, nlpg); "
+                         f"run {name} in the agent (Engine(methods=[{name!r}]).run(task)) or "
+                         "leave it out")
 
     def _chat_runner(self) -> ChatRunner:
         return ChatRunner(self.backend, self.chat_adapter(), self.traces)

@@ -314,3 +314,28 @@ def test_a_repeated_question_is_served_from_the_caches(engine: Engine, library: 
     moved = engine.chat("How many minutes are 2.5 hours?")  # a new version: a new key
     assert adapter.cache_hits == 1 and moved.library_version == "v3"
     assert "baking-recipes" not in moved.guidance["skills"]["shown"]
+
+
+@pytest.mark.parametrize("method", ["co_react", "self_consistency", "horizon"])
+def test_chat_refuses_a_method_it_cannot_run(library: Library, method: str) -> None:
+    # Chat mode applies only guidance; Co-ReAct's rubric node and the others were dropped
+    # without a word. The same engine still runs the method in the agent loop.
+    e = Engine(ScriptedBackend(responder=echo), library=library.root, methods=[method],
+               checkpointing=False)
+    try:
+        with pytest.raises(ConfigError) as err:
+            e.chat("hello")
+        assert f"method {method!r} cannot run in chat mode" in err.value.message
+        assert "agent loop" in err.value.message and ".run(task)" in (err.value.hint or "")
+        assert e.plugins()[-1].name == method  # the agent builds it
+    finally:
+        e.close()
+
+
+def test_chat_keeps_methods_that_add_guidance(library: Library) -> None:
+    e = Engine(ScriptedBackend(responder=echo), library=library.root, methods=["memory"],
+               checkpointing=False)
+    try:
+        assert e.chat("hello").text
+    finally:
+        e.close()

@@ -51,7 +51,6 @@ from engine.api import Engine
 from engine.backends.base import Backend, Capabilities
 from engine.errors import ConfigError
 from engine.integrations.langchain_tools import library_tools_for_langchain
-from engine.runtime.plugins import Plugin
 from engine.server.adapter import Adapted, ChatSwitches, chat_query
 from engine.server.exchange import chat_trace
 from engine.types import Completion, Message, Request, ToolCall
@@ -71,9 +70,6 @@ SKILLS_KEY = "whetstone_skills"
 OWN_CALLBACKS: Any = {"callbacks": []}
 # Plugin hooks that act only inside the agent loop (a node, a model wrapper, a whole-task
 # wrapper, per-run budgets, tools of its own): a chat model has one call and no loop.
-LOOP_HOOKS = ("before_think", "verify", "wrap_model", "wrap_solver", "adjust_config", "tools",
-              "required_tools")
-
 
 # --- messages both ways -----------------------------------------------------------------------
 
@@ -197,22 +193,9 @@ def _open_engine(inner: Runnable[Any, Any], library: Any, *, methods: Sequence[A
 
 
 def check_chat_methods(engine: Engine) -> None:
-    """``ConfigError`` for a runtime method that needs the agent loop: chat mode applies only
-    the methods' guidance, so Co-ReAct's rubric node, MARCH's verification, latent
-    refinement, self-consistency and Elastic Horizon would be dropped without a word."""
-    for m in engine.methods:
-        name = m.name if isinstance(m, Plugin) else m[0]
-        cls = type(m) if isinstance(m, Plugin) else engine.registry.entry("runtime", name).load()
-        if name == "skills":
-            continue  # chat mode renders the skills without read_skill and their tools
-        hooks = [h for h in LOOP_HOOKS if getattr(cls, h, None) is not getattr(Plugin, h)]
-        if hooks:
-            raise ConfigError(
-                f"method {name!r} cannot run in a chat model: its {', '.join(hooks)} "
-                f"act{'s' if len(hooks) == 1 else ''} only in the agent loop",
-                hint="a chat model applies methods that add guidance (skills, memory, nlpg); "
-                     f"run {name} in the agent (Engine(methods=[{name!r}]).run(task)) or "
-                     "leave it out")
+    """``ConfigError`` for a runtime method that needs the agent loop (``Engine``'s own
+    check: a chat model, like chat mode, applies only the methods' guidance)."""
+    engine.check_chat_methods()
 
 
 class WhetstoneChatModel(BaseChatModel):

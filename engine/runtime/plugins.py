@@ -82,6 +82,17 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dict(config) if isinstance(config, Mapping) else {"value": repr(config)}
 
 
+# The hooks only the agent graph runs; a chat completion (one call, no loop) applies a
+# method's ``guidance`` alone.
+LOOP_HOOKS = ("before_think", "verify", "wrap_model", "wrap_solver", "adjust_config", "tools",
+              "required_tools")
+
+
+def loop_hooks(plugin_class: type[Plugin]) -> list[str]:
+    """The agent-loop hooks (``LOOP_HOOKS``) that ``plugin_class`` overrides."""
+    return [h for h in LOOP_HOOKS if getattr(plugin_class, h, None) is not getattr(Plugin, h)]
+
+
 class Plugin:
     """Base for runtime methods. ``name`` keys its meta in the trace."""
 
