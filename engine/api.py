@@ -25,7 +25,7 @@ from engine.methods.base import make_config
 from engine.methods.registry import MethodRegistry, default_registry
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from engine.runtime.plugins import MethodEnv, loop_hooks, wrap_solvers
+from engine.runtime.plugins import MethodEnv, check_host, wrap_solvers
 from engine.runtime.skills_plugin import SkillsPlugin
 from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from engine.server.client import WrappedClient, wrap_client
@@ -152,10 +152,37 @@ class Engine:
 
     def plugins(self, snapshot: Snapshot | None = None) -> list[Plugin]:
         """The runtime methods for one agent: skills retrieval first, then ``methods``."""
-        out: list[Plugin] = []
-        if self.skills and self._named("skills") is None:
-            out.append(SkillsPlugin(self.library, snapshot=snapshot or self.pinned_snapshot()))
-        return out + self.runtime_methods(snapshot)
+        return self._host_plugins("agent", snapshot)[0]
+
+    def _host_plugins(self, host: str, snapshot: Snapshot | None = None
+                      ) -> tuple[list[Plugin], list[Any]]:
+        """The runtime methods ``host`` (``HOST_HOOKS``: agent, direct, chat) runs, the
+        library's skills first, and the retrieval indexes that opened; ``ConfigError`` for a
+        method with a hook the host cannot run (``check_host``), never a silent drop. The
+        agent retrieves skills with ``read_skill`` (``SkillsPlugin``); the one-call hosts
+        show them whole (``chat_skills_plugin``)."""
+        self._check_host(host)
+        snap = snapshot or self.pinned_snapshot()
+        named = self._named("skills")
+        if host == "agent":
+            skills = [SkillsPlugin(self.library, snapshot=snap)] \
+                if self.skills and named is None else []
+            return skills + self.runtime_methods(snap), []
+        plugins: list[Plugin] = []
+        resources: list[Any] = []
+        if self.skills or named is not None:
+            shown, resources = chat_skills_plugin(self.library, snap, **dict(named or {}))
+            plugins.append(shown)
+        return plugins + self.runtime_methods(snap, skip=frozenset({"skills"})), resources
+
+    def _check_host(self, host: str) -> None:
+        for m in self.methods:
+            name = m.name if isinstance(m, Plugin) else m[0]
+            if name == "skills" and host != "agent":
+                continue  # the one-call hosts show the skills without read_skill's tools
+            cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
+                                                                            name).load()
+            check_host(name, cls, host)
 
     def pinned_snapshot(self) -> Snapshot | None:
         """The snapshot ``version`` names (None: follow the current version)."""
@@ -206,7 +233,9 @@ class Engine:
         """What ``whetstone eval`` runs per task (traces are stored by the eval): the agent
         loop, or with ``kind="direct"`` (default: the engine's ``solver``) one call with the
         library's guidance (the skills the agent would be shown, the methods' guidance) in the
-        system message. Tagged with the backend's batch for ``-j auto``."""
+        system message; a method with a hook that needs the loop (Co-ReAct's rubric node,
+        MARCH's verification, latent refinement) is a ``ConfigError`` there. Tagged with the
+        backend's batch for ``-j auto``."""
         from engine.backends import auto_concurrency
         from engine.evaluation.runner import with_concurrency
 
@@ -215,13 +244,8 @@ class Engine:
             agent = self.build_agent(snapshot=snapshot, store_traces=False)
             return with_concurrency(wrap_solvers(agent_solver(agent), agent.plugins), n)
         snap = snapshot or self.pinned_snapshot()
-        plugins: list[Plugin] = []
-        named = self._named("skills")
-        if self.skills or named is not None:
-            skills, resources = chat_skills_plugin(self.library, snap, **dict(named or {}))
-            self._resources += resources
-            plugins.append(skills)
-        plugins += self.runtime_methods(snap, skip=frozenset({"skills"}))
+        plugins, resources = self._host_plugins("direct", snap)
+        self._resources += resources
         version = snap.id if snap is not None else None
         return with_concurrency(wrap_solvers(direct_solver(
             self.backend, model=self.backend.spec, library_version=version, plugins=plugins,
@@ -374,20 +398,12 @@ class Engine:
     def chat_adapter(self) -> ChatAdapter:
         """What chat mode injects (built once): the library's skills, then ``methods``'
         guidance, within ``config.guidance_budget_tokens``. Chat mode has no agent loop, so
-        only the methods' ``guidance`` acts."""
+        only the methods' ``guidance`` acts (``check_chat_methods``)."""
         adapter: ChatAdapter | None = self.__dict__.get("_chat_adapter")
         if adapter is None:
-            self.check_chat_methods()
-            plugins: list[Plugin] = []
-            resources: list[Any] = []
-            named = self._named("skills")
-            if self.skills or named is not None:
-                options = dict(named or {})
-                skills, resources = chat_skills_plugin(self.library, self.pinned_snapshot(),
-                                                       **options)
-                plugins.append(skills)
+            plugins, resources = self._host_plugins("chat")
             adapter = ChatAdapter(
-                plugins + self.runtime_methods(skip=frozenset({"skills"})), self.backend,
+                plugins, self.backend,
                 budget_tokens=self.config.guidance_budget_tokens,
                 version_of=lambda: self.version or self.library.current_id(),
                 resources=resources)
@@ -398,20 +414,7 @@ class Engine:
         """``ConfigError`` for a method chat mode cannot run: a chat completion applies only
         the methods' guidance, so Co-ReAct's rubric node, MARCH's verification, latent
         refinement, self-consistency and Elastic Horizon would be dropped without a word."""
-        for m in self.methods:
-            name = m.name if isinstance(m, Plugin) else m[0]
-            if name == "skills":
-                continue  # chat mode renders the skills without read_skill and their tools
-            cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
-                                                                            name).load()
-            hooks = loop_hooks(cls)
-            if hooks:
-                raise ConfigError(
-                    f"method {name!r} cannot run in chat mode: its {', '.join(hooks)} "
-                    f"act{'s' if len(hooks) == 1 else ''} only in the agent loop",
-                    hint="chat mode applies methods that add guidance (skills, memory, nlpg); "
-                         f"run {name} in the agent (Engine(methods=[{name!r}]).run(task)) or "
-                         "leave it out")
+        self._check_host("chat")
 
     def _chat_runner(self) -> ChatRunner:
         return ChatRunner(self.backend, self.chat_adapter(), self.traces)

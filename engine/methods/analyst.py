@@ -1,4 +1,4 @@
-"""Shared by the evolvers: render a trace for an analyst, and ask for JSON with one retry.
+"""Shared by the methods: render a trace for an analyst, and ask for JSON with one retry.
 
 An analyst reply that does not parse (or fails the caller's check) is sent back once with the
 error and the raw reply; a second failure is dropped and counted, never fatal.
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from engine.backends.base import Backend
 from engine.errors import BackendError, WhetstoneError
 from engine.prompts import render_prompt
-from engine.types import Request, Trace
+from engine.types import Completion, Request, Trace
 
 T = TypeVar("T")
 
@@ -97,35 +97,28 @@ class AnalystReply(Generic[T]):
     raw: str = ""
 
 
-async def ask_parsed(
-    analyst: Backend,
-    messages: Sequence[Mapping[str, Any]],
-    parse: Callable[[str], T],
-    *,
-    temperature: float = 0.3,
-    max_tokens: int = 1024,
-    seed: int | None = None,
-    retries: int = 1,
-) -> AnalystReply[T]:
-    """Ask, parse with ``parse`` (which raises ``WhetstoneError`` on a bad reply), retry once
-    showing the error and the raw reply, then give up and count the drop."""
+def _exchange(messages: Sequence[Mapping[str, Any]], parse: Callable[[str], T], *,
+              temperature: float, max_tokens: int, seed: int | None, retries: int,
+              stop: tuple[str, ...]) -> Generator[Request, Completion, AnalystReply[T]]:
+    """The ask-parse-retry loop, without I/O: yields each request, is sent its completion (or
+    thrown the call's ``BackendError``) and returns the reply, so the async evolvers and the
+    synchronous graph nodes (Co-ReAct) share one loop."""
     stats = AnalystStats()
     convo = [dict(m) for m in messages]
     raw = ""
     for attempt in range(retries + 1):
         start = time.perf_counter()
+        stats.calls += 1
         try:
-            completion = await analyst.acomplete(Request(
+            completion = yield Request(
                 messages=convo, max_tokens=max_tokens, temperature=temperature,  # type: ignore
-                seed=None if seed is None else seed + attempt))
+                seed=None if seed is None else seed + attempt, stop=stop)
         except BackendError as exc:
             stats.seconds += time.perf_counter() - start
-            stats.calls += 1
             stats.dropped += 1
             stats.errors.append(f"analyst call failed: {exc.message}")
-            return AnalystReply(None, stats)
+            return AnalystReply(None, stats, raw)
         stats.seconds += time.perf_counter() - start
-        stats.calls += 1
         stats.prompt_tokens += completion.prompt_tokens
         stats.completion_tokens += completion.completion_tokens
         raw = completion.text
@@ -142,3 +135,60 @@ async def ask_parsed(
                 stats.dropped += 1
                 stats.errors.append(f"{error} | raw reply: {_clip(raw, 300)}")
     return AnalystReply(None, stats, raw)
+
+
+async def ask_parsed(
+    analyst: Backend,
+    messages: Sequence[Mapping[str, Any]],
+    parse: Callable[[str], T],
+    *,
+    temperature: float = 0.3,
+    max_tokens: int = 1024,
+    seed: int | None = None,
+    retries: int = 1,
+    stop: tuple[str, ...] = (),
+) -> AnalystReply[T]:
+    """Ask, parse with ``parse`` (which raises ``WhetstoneError`` on a bad reply), retry once
+    showing the error and the raw reply, then give up and count the drop. Never raises for a
+    bad reply or a failed call."""
+    loop = _exchange(messages, parse, temperature=temperature, max_tokens=max_tokens,
+                     seed=seed, retries=retries, stop=stop)
+    try:
+        request = next(loop)
+        while True:
+            try:
+                completion = await analyst.acomplete(request)
+            except BackendError as exc:
+                request = loop.throw(exc)
+            else:
+                request = loop.send(completion)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def ask_parsed_sync(
+    analyst: Backend,
+    messages: Sequence[Mapping[str, Any]],
+    parse: Callable[[str], T],
+    *,
+    temperature: float = 0.3,
+    max_tokens: int = 1024,
+    seed: int | None = None,
+    retries: int = 1,
+    stop: tuple[str, ...] = (),
+) -> AnalystReply[T]:
+    """``ask_parsed`` for a caller that cannot await (a graph node): the same loop, with
+    ``analyst.complete``."""
+    loop = _exchange(messages, parse, temperature=temperature, max_tokens=max_tokens,
+                     seed=seed, retries=retries, stop=stop)
+    try:
+        request = next(loop)
+        while True:
+            try:
+                completion = analyst.complete(request)
+            except BackendError as exc:
+                request = loop.throw(exc)
+            else:
+                request = loop.send(completion)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]

@@ -82,10 +82,7 @@ class ElasticHorizon(Plugin):
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> ElasticHorizon:
-        if env.library is None:
-            raise ConfigError("the horizon method reads the library's traces, and has none",
-                              hint="build it through Engine, which opens the library")
-        return cls(env.library.traces, config or HorizonConfig())
+        return cls(env.require_library("horizon").traces, config or HorizonConfig())
 
     def __init__(self, store: TraceStore, config: HorizonConfig | None = None, *,
                  embedder: Embedder | None = None) -> None:

@@ -124,10 +124,8 @@ class MemoryPlugin(Plugin):
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> MemoryPlugin:
-        if env.library is None:
-            raise ConfigError("the memory method needs a library",
-                              hint="build it through Engine, which opens the library")
-        return cls(env.library, config or MemoryRunConfig(), snapshot=env.snapshot)
+        return cls(env.require_library("memory"), config or MemoryRunConfig(),
+                   snapshot=env.snapshot)
 
     def __init__(self, library: Library, config: MemoryRunConfig | None = None, *,
                  snapshot: Snapshot | None = None, embedder: Embedder | None = None) -> None:

@@ -12,14 +12,13 @@ per-condition scores when they are given (small models add badly), and ``pass`` 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from engine.backends.base import Backend
-from engine.errors import BackendError, ParseError, WhetstoneError
-from engine.methods.analyst import AnalystStats
+from engine.errors import ParseError
+from engine.methods.analyst import AnalystStats, ask_parsed_sync
 from engine.prompts import load_prompt, render_prompt
 from engine.replies import extract_json_object
 from engine.types import Request, Rubric
@@ -232,41 +231,14 @@ def parse_check(text: str, rubric: Rubric, threshold: float) -> ActionCheck:
 def ask(backend: Backend, prompt: str, parse: Callable[[str], T], *, max_tokens: int,
         temperature: float, seed: int | None, stop: tuple[str, ...] = ()
         ) -> tuple[T | None, AnalystStats, str]:
-    """Ask ``backend`` (synchronously: graph nodes are plain functions), parse the reply;
-    once more showing the error, then give up and count the drop. Never raises for a bad
-    reply or a failed call: (value or None, costs, last raw reply)."""
-    stats = AnalystStats()
-    convo: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-    raw = ""
-    for attempt in range(2):
-        start = time.perf_counter()
-        stats.calls += 1
-        try:
-            completion = backend.complete(Request(
-                messages=convo, max_tokens=max_tokens, temperature=temperature,  # type: ignore
-                seed=None if seed is None else seed + attempt, stop=stop))
-        except BackendError as exc:
-            stats.seconds += time.perf_counter() - start
-            stats.dropped += 1
-            stats.errors.append(f"call failed: {exc.message}")
-            return None, stats, raw
-        stats.seconds += time.perf_counter() - start
-        stats.prompt_tokens += completion.prompt_tokens
-        stats.completion_tokens += completion.completion_tokens
-        raw = completion.text
-        try:
-            return parse(raw), stats, raw
-        except WhetstoneError as exc:
-            error = exc.message + (f" ({exc.hint})" if exc.hint else "")
-            if attempt == 0:
-                stats.retries += 1
-                convo += [{"role": "assistant", "content": raw},
-                          {"role": "user", "content": render_prompt(
-                              "analyst_retry", error=error).strip()}]
-            else:
-                stats.dropped += 1
-                stats.errors.append(f"{error} | raw reply: {raw[:300]}")
-    return None, stats, raw
+    """Ask ``backend`` once with ``prompt`` (synchronously: graph nodes are plain functions)
+    through the analysts' loop (``analyst.ask_parsed_sync``: one retry showing the error,
+    then the drop is counted). Never raises for a bad reply or a failed call: (value or None,
+    costs, last raw reply)."""
+    reply = ask_parsed_sync(backend, [{"role": "user", "content": prompt}], parse,
+                            temperature=temperature, max_tokens=max_tokens, seed=seed,
+                            stop=stop)
+    return reply.value, reply.stats, reply.raw
 
 
 def tried_queries(calls: Sequence[tuple[str, Any]]) -> list[str]:

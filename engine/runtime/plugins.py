@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from engine.errors import ConfigError
+
 if TYPE_CHECKING:
     from engine.backends.base import Backend
     from engine.runtime.state import AgentContext, AgentState, RunConfig
@@ -72,6 +74,14 @@ class MethodEnv:
     snapshot: Snapshot | None = None
     backend: Backend | None = None
 
+    def require_library(self, method: str) -> Library:
+        """The library, for a method that cannot run without one; ``ConfigError`` naming
+        ``method`` when there is none."""
+        if self.library is None:
+            raise ConfigError(f"the {method} method needs a library",
+                              hint="build it through Engine, which opens the library")
+        return self.library
+
 
 def config_dict(config: Any) -> dict[str, Any]:
     """A method's config as JSON-safe data for the trace (a dataclass, a mapping or None)."""
@@ -82,15 +92,51 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dict(config) if isinstance(config, Mapping) else {"value": repr(config)}
 
 
-# The hooks only the agent graph runs; a chat completion (one call, no loop) applies a
-# method's ``guidance`` alone.
+# The hooks that act on a run (``guidance`` aside; ``describe`` and ``finish_meta`` only
+# report, so every host may leave them out).
 LOOP_HOOKS = ("before_think", "verify", "wrap_model", "wrap_solver", "adjust_config", "tools",
               "required_tools")
+# What each host runs of a method. The agent graph: every hook. The direct solver (one call
+# per task, ``engine.evaluation.direct``): the guidance, the call's sampling and wrappers
+# around the whole solve. Chat mode (one completion per request, the caller's own loop): the
+# guidance alone.
+HOST_HOOKS: Mapping[str, frozenset[str]] = {
+    "agent": frozenset(LOOP_HOOKS),
+    "direct": frozenset({"adjust_config", "wrap_solver"}),
+    "chat": frozenset(),
+}
+_HOST_WORDS = {"agent": "the agent loop", "direct": "the direct solver (one call per task)",
+               "chat": "chat mode (one completion per request)"}
 
 
 def loop_hooks(plugin_class: type[Plugin]) -> list[str]:
-    """The agent-loop hooks (``LOOP_HOOKS``) that ``plugin_class`` overrides."""
+    """The hooks of ``LOOP_HOOKS`` that ``plugin_class`` overrides."""
     return [h for h in LOOP_HOOKS if getattr(plugin_class, h, None) is not getattr(Plugin, h)]
+
+
+def unhonoured_hooks(plugin_class: type[Plugin], host: str) -> list[str]:
+    """The hooks ``plugin_class`` overrides that ``host`` (a key of ``HOST_HOOKS``) does not
+    run."""
+    if host not in HOST_HOOKS:
+        raise ValueError(f"unknown host {host!r}; hosts: {', '.join(HOST_HOOKS)}")
+    return [h for h in loop_hooks(plugin_class) if h not in HOST_HOOKS[host]]
+
+
+def check_host(name: str, plugin_class: type[Plugin], host: str) -> None:
+    """``ConfigError`` when ``host`` cannot run every hook of the method ``name`` (its class
+    ``plugin_class``), naming the hooks and where they do run: a host never drops a
+    method's hooks without a word."""
+    missing = unhonoured_hooks(plugin_class, host)
+    if not missing:
+        return
+    where = " or ".join(_HOST_WORDS[h] for h in HOST_HOOKS
+                        if h != host and not unhonoured_hooks(plugin_class, h))
+    raise ConfigError(
+        f"method {name!r} cannot run in {_HOST_WORDS[host]}: its {', '.join(missing)} "
+        f"act{'s' if len(missing) == 1 else ''} only in {where or 'a host that runs them'}",
+        hint=f"run {name} in the agent (Engine(methods=[{name!r}]).run(task), "
+             "`whetstone eval --solver agent`) or leave it out; chat mode and the direct "
+             "solver apply methods that add guidance (skills, memory, nlpg)")
 
 
 class Plugin:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ConfigError, NotFound
+from engine.errors import NotFound
 from engine.runtime.plugins import Guidance, MethodEnv, Plugin
 from engine.types import ToolSpec
 from tools.base import Tool
@@ -102,11 +102,8 @@ class SkillsPlugin(Plugin):
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> SkillsPlugin:
-        if env.library is None:
-            raise ConfigError("the skills method needs a library",
-                              hint="build it through Engine, which opens the library")
         cfg = config or SkillsConfig()
-        return cls(env.library, snapshot=env.snapshot, k=cfg.k, max_bodies=cfg.max_bodies,
+        return cls(env.require_library("skills"), snapshot=env.snapshot, k=cfg.k, max_bodies=cfg.max_bodies,
                    min_score=cfg.min_score, learned_tools=cfg.learned_tools,
                    examples=cfg.examples, turns=cfg.turns,
                    require_tool_at=cfg.require_tool_at)

@@ -88,10 +88,7 @@ class NLPGPlugin(Plugin):
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> NLPGPlugin:
-        if env.library is None:
-            raise ConfigError("the nlpg method needs a library",
-                              hint="build it through Engine, which opens the library")
-        return cls(env.library, snapshot=env.snapshot, config=config)
+        return cls(env.require_library("nlpg"), snapshot=env.snapshot, config=config)
 
     def __init__(self, library: Library | None = None, *, snapshot: Snapshot | None = None,
                  config: NLPGRuntimeConfig | None = None,

@@ -1,0 +1,163 @@
+"""One plugin assembly for the three hosts (the agent graph, the direct solver, chat mode): a
+method whose hooks a host cannot run is refused there with a ``ConfigError`` naming them, and
+runs where they do; a guidance-only method runs in all three."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.api import Engine
+from engine.backends.scripted import ScriptedBackend
+from engine.errors import ConfigError
+from engine.evaluation.tasks import TaskRecord
+from engine.runtime.plugins import (
+    HOST_HOOKS,
+    Guidance,
+    MethodEnv,
+    NodeFn,
+    Plugin,
+    check_host,
+    unhonoured_hooks,
+)
+from engine.runtime.state import AgentContext, AgentState
+from engine.types import Request
+
+
+class Hint(Plugin):
+    """Guidance only: a line in the system message."""
+
+    name = "hint"
+
+    def guidance(self, task: str, ctx: AgentContext, budget_tokens: int) -> Guidance:
+        return Guidance("Hint", "Answer in one word.")
+
+
+class Nudge(Plugin):
+    """A node before every decision (what Co-ReAct's rubric is), counting its visits."""
+
+    name = "nudge"
+
+    def __init__(self) -> None:
+        self.visits = 0
+
+    def before_think(self) -> NodeFn:
+        def node(state: AgentState, ctx: AgentContext) -> Mapping[str, Any]:
+            self.visits += 1
+            return {}
+        return node
+
+
+def reply(request: Request) -> str:
+    return "done"
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> Path:
+    return tmp_path / "lib"
+
+
+def engine_with(library: Path, *methods: Any) -> Engine:
+    return Engine(ScriptedBackend(responder=reply, tool_calls=True), library=library, skills=False, tools=(),
+                  methods=methods, checkpointing=False)
+
+
+@pytest.fixture
+def nudge_engine(library: Path) -> Iterator[tuple[Engine, Nudge]]:
+    nudge = Nudge()
+    e = engine_with(library, nudge)
+    yield e, nudge
+    e.close()
+
+
+def system_text(request: Request) -> str:
+    return request.messages[0].text if request.messages[0].role == "system" else ""
+
+
+def test_a_before_think_method_is_refused_by_the_direct_solver(nudge_engine: Any) -> None:
+    e, _ = nudge_engine
+    with pytest.raises(ConfigError) as err:
+        e.solver(kind="direct")
+    assert "method 'nudge' cannot run in the direct solver" in err.value.message
+    assert "before_think" in err.value.message and "agent loop" in err.value.message
+    assert ".run(task)" in (err.value.hint or "")
+    assert e.backend.requests == []  # refused before any call  # type: ignore[attr-defined]
+
+
+def test_a_before_think_method_is_refused_by_chat(nudge_engine: Any) -> None:
+    e, _ = nudge_engine
+    with pytest.raises(ConfigError) as err:
+        e.chat("hello")
+    assert "method 'nudge' cannot run in chat mode" in err.value.message
+    assert "before_think" in err.value.message
+    with pytest.raises(ConfigError):
+        e.chat_adapter()  # what the server and the client wrapper build on
+
+
+def test_a_before_think_method_runs_in_the_agent(nudge_engine: Any) -> None:
+    e, nudge = nudge_engine
+    trace = e.run("What is 2 + 2?")
+    assert trace.answer == "done" and nudge.visits >= 1
+    solve = e.solver(kind="agent")  # the agent solver takes it too
+    assert solve(TaskRecord(id="a", question="What is 3 + 3?"), 0).answer == "done"
+    assert nudge.visits >= 2
+
+
+def test_a_guidance_only_method_runs_in_all_three_hosts(library: Path) -> None:
+    e = engine_with(library, Hint())
+    try:
+        sent = e.backend.requests  # type: ignore[attr-defined]
+        e.run("What is 2 + 2?")
+        assert "Answer in one word." in system_text(sent[-1])
+        e.solver(kind="direct")(TaskRecord(id="d", question="What is 3 + 3?"), 0)
+        assert "Answer in one word." in system_text(sent[-1])
+        e.chat("What is 4 + 4?")
+        assert "Answer in one word." in system_text(sent[-1])
+        assert len(sent) == 3
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("method", ["co_react", "march", "latent"])
+def test_registered_loop_methods_are_refused_by_the_direct_solver(library: Path,
+                                                                  method: str) -> None:
+    e = engine_with(library, method)
+    try:
+        with pytest.raises(ConfigError, match=f"method {method!r} cannot run in the direct"):
+            e.solver(kind="direct")
+    finally:
+        e.close()
+
+
+def test_the_direct_solver_keeps_what_it_can_run(library: Path) -> None:
+    # self-consistency wraps the whole solve and sets the sampling: the direct solver runs
+    # both hooks, so it is built there; chat mode cannot, and says where it runs.
+    e = engine_with(library, ("self_consistency", {"n": 3}))
+    try:
+        solve = e.solver(kind="direct")
+        trace = solve(TaskRecord(id="s", question="What is 5 + 5?"), 0)
+        assert len(e.backend.requests) == 3  # type: ignore[attr-defined]
+        assert trace.answer == "done"
+        with pytest.raises(ConfigError) as err:
+            e.chat("hi")
+        assert "the agent loop or the direct solver" in err.value.message
+    finally:
+        e.close()
+
+
+def test_each_host_runs_a_subset_of_the_agents_hooks() -> None:
+    assert HOST_HOOKS["chat"] <= HOST_HOOKS["direct"] <= HOST_HOOKS["agent"]
+    assert unhonoured_hooks(Hint, "chat") == [] and unhonoured_hooks(Nudge, "agent") == []
+    assert unhonoured_hooks(Nudge, "direct") == ["before_think"]
+    check_host("hint", Hint, "direct")  # nothing to refuse
+    with pytest.raises(ValueError, match="unknown host 'batch'"):
+        unhonoured_hooks(Hint, "batch")
+
+
+def test_a_method_that_needs_a_library_says_so() -> None:
+    with pytest.raises(ConfigError, match="the memory method needs a library") as err:
+        MethodEnv().require_library("memory")
+    assert "Engine" in (err.value.hint or "")
