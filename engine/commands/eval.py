@@ -241,7 +241,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         raise EvalError(f"task set {tasks_spec!r} selects no task",
                         hint="check the split and slice bounds")
     library = library_path or default_library_path()
-    store = TraceStore(library / "traces")
+    from library_store.store import Library
+
+    store = Library(library).traces  # bounded as its library.json says, as every writer is
     common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,
                               "store": store, "model": model, "quiet": as_json,
                               "run_meta": {"solver": solver, "methods": methods}}

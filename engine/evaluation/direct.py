@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from engine.prompts import render_prompt
 from engine.runtime.plugins import Plugin, collect_guidance
 from engine.runtime.state import AgentContext, RunConfig
 from engine.types import Message, Request, Step, Trace
+from library_store.trace_build import make_trace
 from tools.base import Toolbox
 
 
@@ -88,9 +88,9 @@ def direct_solver(backend: Backend, *, model: str | None = None,
                        input={"tool": tc.name, "arguments": _arguments(tc.arguments)},
                        started=time.time()) for tc in c.tool_calls]
         version = meta.pop("library_version", None) or library_version
-        return Trace(id=uuid.uuid4().hex, task=task.prompt, steps=tuple(steps), answer=c.text,
-                     outcome="answered", library_version=version,
-                     model=model or backend.spec, started=started, ended=time.time(),
-                     total_tokens=c.total_tokens, meta={"solver": "direct", **meta})
+        return make_trace("direct", task=task.prompt, steps=steps, answer=c.text,
+                          outcome="answered", library_version=version,
+                          model=model or backend.spec, started=started, ended=time.time(),
+                          total_tokens=c.total_tokens, meta={"solver": "direct", **meta})
 
     return solve

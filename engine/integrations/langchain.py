@@ -288,7 +288,7 @@ class WhetstoneChatModel(BaseChatModel):
                ) -> tuple[_Exchange, Runnable[Any, Any], dict[str, Any]]:
         """Adapt the conversation (blocking: retrieval embeds the query); the exchange, the
         inner model with this call's tools bound, and the arguments left for it."""
-        from engine.runtime.agent import new_trace_id
+        from library_store.trace_build import new_trace_id
 
         started, clock = time.time(), time.perf_counter()
         kwargs = dict(kwargs)
@@ -312,7 +312,7 @@ class WhetstoneChatModel(BaseChatModel):
             except NotImplementedError as exc:
                 raise ConfigError(f"{model_name(self.inner)} cannot bind tools",
                                   hint="wrap a chat model that implements bind_tools") from exc
-        trace_id = new_trace_id() if switches.record else None
+        trace_id = new_trace_id(started) if switches.record else None
         return _Exchange(with_guidance(messages, adapted), adapted, trace_id, started,
                          clock), inner, kwargs
 

@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from engine.backends.base import Backend, Capabilities
 from engine.errors import ConfigError, NotFound
-from engine.types import Completion, Message, Request, Step, Trace
+from engine.types import Completion, Message, Request, Step
 
 if TYPE_CHECKING:
     from engine.api import Engine
@@ -370,8 +370,8 @@ class LibraryServer:
         """Store an outside agent's run as a trace (``meta.source`` ``"mcp"``); ``steps``
         are ``{"thought": ...}`` and ``{"tool", "arguments", "observation", "error"}``
         objects, recorded as the runtime records its think and act steps."""
-        from engine.runtime.agent import new_trace_id
         from engine.server.exchange import check_feedback
+        from library_store.trace_build import make_trace
 
         self.check_writes("log_run")
         for key, value in (("task", task), ("answer", answer)):
@@ -389,10 +389,9 @@ class LibraryServer:
                     Step(kind="finish", module="finish", started=now,
                          output={"outcome": "answered", "reason": "logged over MCP"},
                          route="end"))
-        trace = Trace(id=new_trace_id(), task=task, steps=recorded, answer=answer,
-                      outcome="answered", score=score, library_version=self.version(),
-                      model=model or "", started=now, ended=now,
-                      meta={"source": "mcp", **owner_tag(owner)})
+        trace = make_trace("mcp", task=task, steps=recorded, answer=answer, outcome="answered",
+                           score=score, library_version=self.version(), model=model or "",
+                           started=now, ended=now, total_tokens=0, meta=owner_tag(owner))
         self.engine.traces.append(trace)
         return {"trace_id": trace.id, "library_version": trace.library_version}
 

@@ -55,6 +55,7 @@ from engine.types import (
     Trace,
     Verdict,
 )
+from library_store.trace_build import make_trace
 
 if TYPE_CHECKING:
     from engine.runtime.state import AgentContext, AgentState
@@ -378,19 +379,20 @@ class MarchVerifier:
         return samples, stats
 
 
-def result_trace(result: MarchResult, trace_id: str, *, model: str = "") -> Trace:
-    """A verification as a trace (``meta.source == "verify"``): one ``verify`` step holding
-    the whole result, the final answer, the report in ``meta.march``."""
+def result_trace(result: MarchResult, trace_id: str | None = None, *, model: str = "") -> Trace:
+    """A verification as a ``verify`` trace (``library_store.trace_build.make_trace``; a new
+    id when ``trace_id`` is None): one ``verify`` step holding the whole result, the final
+    answer, the report in ``meta.march``."""
     end = time.time()
     step = Step(kind="verify", module="march_verify",
                 input={"question": result.question, "answer": result.original},
                 output=result.to_dict(), tokens=result.usage.total_tokens,
                 started=end - result.seconds, duration_s=result.seconds, route="end")
     report = {k: v for k, v in result.report().items() if k != "claims"}
-    return Trace(id=trace_id, task=result.question, steps=(step,), answer=result.answer,
-                 outcome="answered", model=model, started=end - result.seconds, ended=end,
-                 total_tokens=result.usage.total_tokens,
-                 meta={"source": "verify", "march": report})
+    return make_trace("verify", trace_id=trace_id, task=result.question, steps=(step,),
+                      answer=result.answer, outcome="answered", model=model,
+                      started=end - result.seconds, ended=end,
+                      total_tokens=result.usage.total_tokens, meta={"march": report})
 
 
 # --- the runtime method ------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from engine.runtime.nodes import build_trace
 from engine.runtime.plugins import ModelCall, Plugin
 from engine.runtime.state import AgentContext, AgentState, RunConfig
 from engine.types import Step, Trace
+from library_store.trace_build import new_trace_id
 from library_store.traces import TraceStore
 from tools.base import Tool, Toolbox
 from tools.builtin import builtin_tools
@@ -43,11 +43,6 @@ class RunFinished:
 
 
 AgentEvent = StepEvent | RunFinished
-
-
-def new_trace_id() -> str:
-    """Sortable by time, unique across processes: ``20261130-101500-3f9a1c2b``."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
 
 
 class Agent:
@@ -119,8 +114,8 @@ class Agent:
         part); ``answer_tools`` are task-given function schemas whose call is the answer;
         ``seed`` overrides the configured seed for this run.
         """
-        tid = trace_id or new_trace_id()
         now = time.time()
+        tid = trace_id or new_trace_id(now)  # the id says when the run started
         ctx = self._run_context(task, now, seed)
         state: AgentState = {
             "trace_id": tid, "task": task, "label": label, "system": "",

@@ -29,6 +29,7 @@ from engine.runtime.prompting import (
 )
 from engine.runtime.state import AgentContext, AgentState
 from engine.types import Completion, Request, Step, Trace
+from library_store.trace_build import make_trace
 from tools.learned import answer_text
 
 
@@ -381,11 +382,13 @@ def finish(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
 
 def build_trace(state: Mapping[str, Any], ctx: AgentContext, *, outcome: str,
                 meta: Mapping[str, Any] | None = None, ended: float | None = None) -> Trace:
-    """A ``Trace`` from the graph state (also used for interrupted and running runs)."""
-    return Trace(
-        id=state["trace_id"],
+    """The ``agent`` trace of the graph state (also for interrupted and running runs), built
+    by ``library_store.trace_build.make_trace`` with the id the run was started with."""
+    return make_trace(
+        "agent",
+        trace_id=state["trace_id"],
         task=state["task"],
-        steps=tuple(Step.from_dict(s) for s in state.get("steps") or []),
+        steps=(Step.from_dict(s) for s in state.get("steps") or []),
         answer=state.get("answer"),
         label=state.get("label"),
         outcome=outcome,  # type: ignore[arg-type]
@@ -394,7 +397,7 @@ def build_trace(state: Mapping[str, Any], ctx: AgentContext, *, outcome: str,
         started=state["started"],
         ended=ended,
         total_tokens=state.get("tokens", 0),
-        meta=dict(meta if meta is not None else state.get("meta") or {}),
+        meta=meta if meta is not None else state.get("meta") or {},
     )
 
 

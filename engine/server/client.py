@@ -119,9 +119,9 @@ class _Exchange:
                     [_plain(m) for m in self.kwargs["messages"]], self.adapted.guidance),
                     self.adapted.turns)
         if self.switches.record and core.store is not None:
-            from engine.runtime.agent import new_trace_id
+            from library_store.trace_build import new_trace_id
 
-            self.trace_id = new_trace_id()
+            self.trace_id = new_trace_id(self.started)
 
     @property
     def version(self) -> str | None:

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import ConfigError, WhetstoneError
 from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query, last_user_text
 from engine.types import Completion, Message, Outcome, Request, Step, Trace
+from library_store.trace_build import make_trace, new_trace_id
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
     from library_store.traces import TraceStore
 
-SOURCE = "chat"
+SOURCE = "chat"  # the trace kind (library_store.trace_build.TRACE_KINDS)
 DEFAULTS = ChatSwitches()  # library on, recorded
 
 
@@ -41,9 +42,10 @@ def chat_trace(trace_id: str, adapted: Adapted, *, model: str, started: float,
                completion: Completion | None = None, error: str | None = None,
                outcome: Outcome | None = None, request_id: str | None = None,
                ended: float | None = None, meta: Mapping[str, Any] | None = None) -> Trace:
-    """The ``Trace`` of one chat exchange: task = the last user text, one ``think`` step
-    (module ``chat``; input the adapted messages, output the completion), ``meta.source``
-    ``"chat"``. ``outcome`` defaults to ``answered``, or ``error`` when ``error`` is given."""
+    """The ``chat`` trace of one exchange (``library_store.trace_build.make_trace``): task =
+    the last user text, one ``think`` step (module ``chat``; input the adapted messages, output
+    the completion). ``outcome`` defaults to ``answered``, or ``error`` when ``error`` is
+    given. ``trace_id`` is the one handed out before the reply (``new_trace_id``)."""
     ended = time.time() if ended is None else ended
     request = adapted.request
     outcome = outcome or ("error" if error is not None or completion is None else "answered")
@@ -59,15 +61,14 @@ def chat_trace(trace_id: str, adapted: Adapted, *, model: str, started: float,
               "retrieval_s": round(adapted.duration_s, 6)} if completion is not None
         else {"retrieval_s": round(adapted.duration_s, 6)},
     )
-    info: dict[str, Any] = {"source": SOURCE, "library": adapted.applied,
-                            **{k: v for k, v in adapted.meta.items()}}
+    info: dict[str, Any] = {"library": adapted.applied, **adapted.meta}
     if request_id is not None:
         info["request_id"] = request_id
     if error is not None:
         info["reason"] = error
     info.update(meta or {})
-    return Trace(
-        id=trace_id, task=last_user_text(request.messages), steps=(step,),
+    return make_trace(
+        SOURCE, trace_id=trace_id, task=last_user_text(request.messages), steps=(step,),
         answer=_answer_of(completion) if completion is not None else None,
         outcome=outcome, library_version=adapted.library_version, model=model,
         started=started, ended=ended,
@@ -166,16 +167,14 @@ class ChatRunner:
                               guidance=dict(adapted.meta))
         return reply, trace
 
-    def _trace_id(self, switches: ChatSwitches) -> str | None:
-        from engine.runtime.agent import new_trace_id
-
-        return new_trace_id() if switches.record and self.store is not None else None
+    def _trace_id(self, switches: ChatSwitches, started: float) -> str | None:
+        return new_trace_id(started) if switches.record and self.store is not None else None
 
     def complete(self, request: Request, switches: ChatSwitches = DEFAULTS) -> ChatReply:
         """One adapted completion; the exchange is stored (also when the backend fails)."""
         started = time.time()
         adapted = self._adapt(request, switches)
-        trace_id = self._trace_id(switches)
+        trace_id = self._trace_id(switches, started)
         try:
             completion = self.backend.complete(adapted.request)
         except WhetstoneError as exc:
@@ -194,7 +193,7 @@ class ChatRunner:
         """``complete`` for an event loop: retrieval and the trace write run in threads."""
         started = time.time()
         adapted = await asyncio.to_thread(self._adapt, request, switches)
-        trace_id = self._trace_id(switches)
+        trace_id = self._trace_id(switches, started)
         try:
             completion = await self.backend.acomplete(adapted.request)
         except WhetstoneError as exc:

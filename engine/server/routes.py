@@ -22,7 +22,6 @@ from starlette.background import BackgroundTask
 from engine.backends.base import Backend
 from engine.backends.openai_wire import ChatCall, completion_to_openai
 from engine.errors import ConfigError, NotFound, WhetstoneError
-from engine.runtime.agent import new_trace_id
 from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
 from engine.server.exchange import chat_trace, check_feedback
 from engine.server.guard import (
@@ -47,6 +46,7 @@ from engine.server.responses import (
 from engine.server.service import ChatService, OpenStream, ServerSettings, error_message
 from engine.types import Completion, Trace
 from library_store.paths import shown
+from library_store.trace_build import new_trace_id
 
 router = APIRouter()
 
@@ -157,7 +157,7 @@ class _Exchange:
         if adapted.applied and adapted.library_version:
             self.headers[VERSION_HEADER] = adapted.library_version
         if switches.record and state.writer is not None:
-            self.trace_id = new_trace_id()
+            self.trace_id = new_trace_id(self.started)
             self.headers[TRACE_HEADER] = self.trace_id
         if self.call.stream:
             return await self._stream()
