@@ -368,7 +368,6 @@ class Engine:
         The check is stored as a trace (``meta.source == "verify"``) unless ``record=False``.
         """
         from engine.methods.march import MarchConfig, MarchVerifier, result_trace
-        from engine.runtime.agent import new_trace_id
 
         options = {**dict(self._named("march") or {}), **options}
         options.setdefault("corpus", self.corpus_name)
@@ -383,7 +382,7 @@ class Engine:
             if own:
                 analyst_backend.close()
         if record:
-            self.traces.append(result_trace(result, new_trace_id(), model=self.backend.spec))
+            self.traces.append(result_trace(result, model=self.backend.spec))
         return result
 
     def verify_report(self, question: str, answer: str) -> dict[str, Any]:

@@ -6,6 +6,11 @@ bad line: it is reported with its file and line number and skipped. The store is
 record is capped in size (``trace_records``), and retention (by age and by total size) deletes
 whole files, oldest first, so nothing is ever rewritten in place. Lookups by id use an index
 (``trace_index``).
+
+``TraceStore.append`` is the one writer: every host (the agent's ``finish``, eval, chat, the
+server's batches through ``append_records``, MCP, ``Engine.verify``) stores a trace through it,
+and only ``_write_segment`` opens a trace file for writing. Traces are built by
+``trace_build.make_trace``, the one builder.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from engine.errors import ConfigError, NotFound
 from engine.types import Trace
 from library_store.images import ImageStore
 from library_store.paths import shown
+from library_store.trace_build import TRACE_KINDS, trace_kind
 from library_store.trace_index import TraceIndex
 from library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_trace
 
@@ -47,6 +53,7 @@ class TraceQuery:
     until: float | None = None
     ids: frozenset[str] | None = None
     task_set: str | None = None  # meta["task_set"], set by eval
+    source: str | None = None  # the trace kind (``trace_build.trace_kind``): agent, chat, ...
     limit: int | None = None  # newest first when limited
 
     def matches(self, t: Trace) -> bool:
@@ -66,17 +73,19 @@ class TraceQuery:
             return False
         if self.until is not None and t.started > self.until:
             return False
+        if self.source is not None and trace_kind(t) != self.source:
+            return False
         return self.task_set is None or t.meta.get("task_set") == self.task_set
 
 
 _FILTER = re.compile(r"^\s*(\w+)\s*(<=|>=|=|<|>)\s*(.+?)\s*$")
-_FILTER_HINT = ("filters: outcome=, score<|>|=, version=, task=, task_set=, since=YYYY-MM-DD, "
-                "until=YYYY-MM-DD")
+_FILTER_HINT = ("filters: outcome=, score<|>|=, version=, task=, task_set=, source=, "
+                "since=YYYY-MM-DD, until=YYYY-MM-DD")
 
 
 def parse_trace_filter(text: str | None) -> dict[str, Any]:
-    """``"outcome=answered,score<1,version=v2,since=2026-11-01,task=apples"`` -> ``TraceQuery``
-    keyword arguments; ``ConfigError`` naming the part it cannot read."""
+    """``"outcome=answered,score<1,version=v2,since=2026-11-01,task=apples,source=chat"`` ->
+    ``TraceQuery`` keyword arguments; ``ConfigError`` naming the part it cannot read."""
     out: dict[str, Any] = {}
     for part in (text or "").split(","):
         if not part.strip():
@@ -104,6 +113,10 @@ def _filter_term(key: str, op: str, value: str) -> dict[str, Any]:
         return {"min_score": x, "max_score": x}
     if key in ("since", "until"):
         return {key: datetime.fromisoformat(value).replace(tzinfo=timezone.utc).timestamp()}
+    if key == "source" and op == "=":
+        if value not in TRACE_KINDS:
+            raise ValueError(f"no trace kind {value!r}; kinds: {', '.join(TRACE_KINDS)}")
+        return {key: value}
     if key in ("outcome", "task", "task_set") and op == "=":
         return {key: value}
     if key == "version" and op == "=":
