@@ -332,6 +332,42 @@ class TraceStore:
             found = found[-q.limit:]
         return found
 
+    def read_since(self, cursor: Mapping[str, int] | None = None
+                   ) -> tuple[list[Trace], dict[str, int]]:
+        """The records written after ``cursor`` (what the previous call returned; None: from
+        the start), in the order they were written, and the cursor for the next call: a
+        reader that follows the store (Elastic Horizon, before each run) reads each line
+        once, however large the store grows. A line still being written waits for the next
+        call; an unreadable one is reported in ``problems`` and skipped; a file that shrank
+        is read again from its start, and a deleted one leaves the cursor."""
+        done = dict(cursor or {})
+        out: list[Trace] = []
+        after: dict[str, int] = {}
+        self.problems = []
+        for path in self.files():
+            start = done.get(path.name, 0)
+            try:
+                size = path.stat().st_size
+                start = start if start <= size else 0  # rewritten by hand: read it again
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    chunk = f.read(size - start)
+            except FileNotFoundError:
+                continue
+            end = chunk.rfind(b"\n") + 1  # a torn last line: a writer is still on it
+            after[path.name] = start + end
+            pos = start
+            for line in chunk[:end].split(b"\n")[:-1]:
+                try:
+                    if line.strip():
+                        out.append(Trace.from_dict(json.loads(line)))
+                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
+                        ValueError, AttributeError, RecursionError) as exc:
+                    self.problems.append(f"{path} at byte {pos}: unreadable trace record "
+                                         f"({exc}); skipped")
+                pos += len(line) + 1
+        return out, after
+
     def find(self, trace_id: str) -> Trace | None:
         """The trace with exactly this id, through the index (None when there is none)."""
         try:

@@ -1,5 +1,5 @@
 """Elastic Horizon: the censoring-aware p90, convergence from both sides in a closed loop, the
-incremental trace feed, and the runtime method on stored traces."""
+incremental read of the trace store, and the runtime method on stored traces."""
 
 from __future__ import annotations
 
@@ -17,16 +17,15 @@ import pytest
 from engine.backends.scripted import ScriptedBackend
 from engine.errors import ConfigError
 from engine.methods.horizon import ElasticHorizon, HorizonConfig
-from engine.runtime import Agent, RunConfig
-from engine.runtime.checkpoints import Checkpoints
-from engine.runtime.horizon import (
+from engine.methods.horizon_controller import (
     HorizonController,
     RunRecord,
-    TraceFeed,
     record_from_trace,
     success_quantile,
     task_family,
 )
+from engine.runtime import Agent, RunConfig
+from engine.runtime.checkpoints import Checkpoints
 from engine.types import Request, Step, Trace
 from library_store.traces import TraceStore
 
@@ -133,9 +132,9 @@ def test_the_budget_stays_within_its_bounds() -> None:
 # -- reading traces ---------------------------------------------------------------------------
 
 
-def trace_dict(i: int, calls: int, *, outcome: str = "answered", score: float | None = 1.0,
+def run_trace(i: int, calls: int, *, outcome: str = "answered", score: float | None = 1.0,
                task_set: str | None = "gsm8k@test:0:50", budget: int | None = 8,
-               task: str = "apples", started: float | None = None) -> dict[str, Any]:
+               task: str = "apples", started: float | None = None) -> Trace:
     steps = [Step(kind="think", module="think").to_dict() for _ in range(calls)]
     meta: dict[str, Any] = {}
     if task_set:
@@ -146,40 +145,57 @@ def trace_dict(i: int, calls: int, *, outcome: str = "answered", score: float | 
         meta["reason"] = f"reached the step horizon ({calls} model calls) without an answer"
     return Trace(id=f"t{i}", task=task, steps=tuple(Step.from_dict(s) for s in steps),
                  outcome=outcome, score=score, meta=meta,  # type: ignore[arg-type]
-                 started=started if started is not None else 1000.0 + i).to_dict()
+                 started=started if started is not None else 1000.0 + i)
 
 
 def test_records_from_traces() -> None:
-    r = record_from_trace(trace_dict(1, 3))
+    r = record_from_trace(run_trace(1, 3))
     assert r is not None and (r.length, r.success, r.censored, r.budget, r.family) == \
         (3, True, False, 8, "gsm8k")
-    assert record_from_trace(trace_dict(2, 3, score=0.0)).success is False  # type: ignore
-    cut = record_from_trace(trace_dict(3, 5, outcome="horizon", score=None, budget=None))
+    assert record_from_trace(run_trace(2, 3, score=0.0)).success is False  # type: ignore
+    cut = record_from_trace(run_trace(3, 5, outcome="horizon", score=None, budget=None))
     assert cut is not None and cut.censored and cut.budget == 5 and not cut.success
-    unscored = record_from_trace(trace_dict(4, 2, score=None, task_set=None))
+    unscored = record_from_trace(run_trace(4, 2, score=None, task_set=None))
     assert unscored is not None and unscored.success and unscored.family == ""
-    assert record_from_trace(trace_dict(5, 2, outcome="running")) is None
-    assert record_from_trace(trace_dict(6, 0)) is None
+    assert record_from_trace(run_trace(5, 2, outcome="running")) is None
+    assert record_from_trace(run_trace(6, 0)) is None
     assert [task_family(s) for s in ("gsm8k@train:0:9", "bfcl-simple", "/x/my_set.jsonl@dev",
                                      None)] == ["gsm8k", "bfcl-simple", "my_set", ""]
 
 
-def test_the_feed_reads_only_what_was_written_since_the_last_poll(tmp_path: Path) -> None:
+def test_the_store_reads_only_what_was_written_since_the_last_read(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
-    feed = TraceFeed(store)
-    assert feed.poll() == []
-    store.append(Trace.from_dict(trace_dict(1, 2)))
-    store.append(Trace.from_dict(trace_dict(2, 3)))
-    assert [d["id"] for d in feed.poll()] == ["t1", "t2"]
-    assert feed.poll() == []
-    store.append(Trace.from_dict(trace_dict(3, 3)))
+    assert store.read_since(None) == ([], {})
+    store.append(run_trace(1, 2))
+    store.append(run_trace(2, 3))
+    traces, cursor = store.read_since(None)
+    assert [(t.id, len(t.steps)) for t in traces] == [("t1", 2), ("t2", 3)]
+    assert store.read_since(cursor)[0] == []
+    store.append(run_trace(3, 3))
     day = store.files()[0]
     with open(day, "a", encoding="utf-8") as f:
         f.write('{"id": "torn", "tas')  # a writer still on its line
-    assert [d["id"] for d in feed.poll()] == ["t3"]
+    traces, cursor = store.read_since(cursor)
+    assert [t.id for t in traces] == ["t3"]
     with open(day, "a", encoding="utf-8") as f:
-        f.write('k": "x"}\n')
-    assert [d["id"] for d in feed.poll()] == ["torn"]
+        f.write('k": "x"}\nnot json\n')
+    traces, cursor = store.read_since(cursor)
+    assert [t.id for t in traces] == ["torn"] and traces[0].task == "x"
+    assert len(store.problems) == 1 and "unreadable trace record" in store.problems[0]
+    day.write_text(run_trace(4, 1).to_json() + "\n")  # shrank (rewritten): read again
+    assert [t.id for t in store.read_since(cursor)[0]] == ["t4"]
+    day.unlink()
+    assert store.read_since(cursor) == ([], {})
+
+
+def test_the_controller_reads_traces_through_the_store_only() -> None:
+    # The controller parses no trace files itself: the store hands it Trace objects.
+    import engine.methods.horizon as plugin
+    import engine.methods.horizon_controller as controller
+
+    for module in (plugin, controller):
+        src = Path(module.__file__ or "").read_text()
+        assert "import json" not in src and "json.loads" not in src and "open(" not in src
 
 
 # -- the runtime method -----------------------------------------------------------------------
@@ -209,8 +225,7 @@ def library_with(tmp_path: Path, families: dict[str, tuple[str, list[int]]]) -> 
     i = 0
     for family, (words, lengths) in families.items():
         for n in lengths:
-            store.append(Trace.from_dict(trace_dict(i, n, task_set=f"{family}@train",
-                                                    task=f"{words} #{i}")))
+            store.append(run_trace(i, n, task_set=f"{family}@train", task=f"{words} #{i}"))
             i += 1
     return store
 
@@ -301,9 +316,9 @@ def test_the_horizon_is_selectable_by_name_and_recorded(tmp_path: Path) -> None:
 def test_splits_keep_a_test_run_from_learning_from_test_labels(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
     for i, n in enumerate([2] * 30):
-        store.append(Trace.from_dict(trace_dict(i, n, task_set="gsm8k@train:0:30")))
+        store.append(run_trace(i, n, task_set="gsm8k@train:0:30"))
     for i, n in enumerate([6] * 30, start=100):
-        store.append(Trace.from_dict(trace_dict(i, n, task_set="gsm8k@test:0:30")))
+        store.append(run_trace(i, n, task_set="gsm8k@test:0:30"))
     only_train = ElasticHorizon(store, HorizonConfig(family="gsm8k", gain=1.0, splits="train"))
     every = ElasticHorizon(store, HorizonConfig(family="gsm8k", gain=1.0))
     assert only_train.adjust_config("x", RunConfig(max_steps=8)).max_steps == 2

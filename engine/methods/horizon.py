@@ -1,8 +1,8 @@
 """Elastic Horizon as a runtime method: each run's step budget from similar tasks' traces.
 
-``adjust_config`` reads the library's traces written since the last run (``TraceFeed``), finds
-the task's **family** and asks that family's ``HorizonController`` (engine/runtime/horizon.py)
-for the budget: the 90th percentile of successful runs' lengths, bounded by
+``adjust_config`` reads the library's traces written since the last run
+(``TraceStore.read_since``), finds the task's **family** and asks that family's
+``HorizonController`` (``engine.methods.horizon_controller``) for the budget: the 90th percentile of successful runs' lengths, bounded by
 ``[min_steps, max_steps]``, adapting as traces arrive.
 
 Similar tasks: a trace's family is the task set it was evaluated in (``meta["task_set"]``
@@ -35,11 +35,10 @@ import numpy as np
 
 from engine.errors import ConfigError
 from engine.methods.base import knob
-from engine.runtime.horizon import (
+from engine.methods.horizon_controller import (
     HorizonController,
     HorizonDecision,
     RunRecord,
-    TraceFeed,
     record_from_trace,
 )
 from engine.runtime.plugins import MethodEnv, Plugin
@@ -91,7 +90,8 @@ class ElasticHorizon(Plugin):
             raise ConfigError(f"horizon.min_steps ({cfg.min_steps}) is above horizon.max_steps "
                               f"({cfg.max_steps})", hint="make min_steps <= max_steps")
         self.config = cfg
-        self.feed = TraceFeed(store)
+        self.store = store
+        self._cursor: dict[str, int] | None = None  # how far the store has been read
         self._embedder = embedder
         self._records: dict[str, RunRecord] = {}
         self._controllers: dict[str, HorizonController] = {}
@@ -128,15 +128,16 @@ class ElasticHorizon(Plugin):
 
     def _refresh(self) -> None:
         """Take in the traces written since the last run (the latest record of an id wins)."""
-        for d in self.feed.poll():
-            record = record_from_trace(d, min_score=self.config.min_score)
+        traces, self._cursor = self.store.read_since(self._cursor)
+        for trace in traces:
+            record = record_from_trace(trace, min_score=self.config.min_score)
             if record is not None and self._splits is not None \
                     and record.split not in self._splits:
                 record = None
             if record is not None:
                 self._records[record.id] = record
-            elif d.get("id") in self._records and d.get("outcome") == "running":
-                del self._records[d["id"]]
+            elif trace.id in self._records and trace.outcome == "running":
+                del self._records[trace.id]
 
     # -- similar tasks ---------------------------------------------------------------------
 

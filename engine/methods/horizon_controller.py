@@ -1,4 +1,4 @@
-"""Elastic Horizon: a closed-loop controller for the step budget (``RunConfig.max_steps``).
+"""Elastic Horizon's controller: a closed loop for the step budget (``RunConfig.max_steps``).
 
 The budget follows the 90th percentile of the lengths (model calls) of *successful* runs on
 similar tasks, read from the library's traces as they arrive, bounded by ``[min_steps,
@@ -22,21 +22,21 @@ it climbs by probes until the successes' distribution is seen whole, then settle
 window slides past the last probe's runs it probes again, so the loop keeps re-checking a
 changing workload at a bounded cost (``tests/test_horizon.py`` simulates both starts).
 
-``TraceFeed`` reads a trace store incrementally (day files are append-only), so each run
-costs only the records written since the last one.
+Pure: it reads ``Trace`` objects, which the runtime method (``engine.methods.horizon``) takes
+from the library's ``TraceStore`` (``read_since``: only the records written since its last
+run).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from library_store.traces import TraceStore
+from engine.types import Trace
 
 LIMIT_OUTCOMES = frozenset({"horizon", "budget", "timeout"})
 _HORIZON_REASON = re.compile(r"step horizon \((\d+) model calls?\)")
@@ -77,28 +77,27 @@ def task_family(task_set: str | None) -> str:
     return Path(base).stem if base.endswith(".jsonl") else base
 
 
-def record_from_trace(d: Mapping[str, Any], *, min_score: float = 1.0) -> RunRecord | None:
-    """A ``RunRecord`` from one stored trace (its JSON dict), or None for a run still going,
-    interrupted, or with no model call."""
-    outcome = d.get("outcome")
+def record_from_trace(trace: Trace, *, min_score: float = 1.0) -> RunRecord | None:
+    """A ``RunRecord`` from one stored trace, or None for a run still going, interrupted, or
+    with no model call."""
+    outcome = trace.outcome
     if outcome in (None, "running", "interrupted"):
         return None
-    steps = d.get("steps") or []
-    length = sum(1 for s in steps if s.get("kind") == "think" and not s.get("error"))
+    length = sum(1 for s in trace.steps if s.kind == "think" and not s.error)
     if length == 0:
         return None
-    meta = d.get("meta") or {}
+    meta = trace.meta or {}
     budget = (meta.get("budgets") or {}).get("max_steps")
     if budget is None and outcome == "horizon":
         m = _HORIZON_REASON.search(str(meta.get("reason") or ""))
         budget = int(m.group(1)) if m else length
-    score = d.get("score")
+    score = trace.score
     success = (score >= min_score) if isinstance(score, (int, float)) else outcome == "answered"
     return RunRecord(
-        id=str(d.get("id")), task=str(d.get("task") or ""), length=length,
+        id=str(trace.id), task=str(trace.task or ""), length=length,
         success=bool(success) and outcome == "answered", censored=outcome in LIMIT_OUTCOMES,
         budget=int(budget) if budget is not None else None,
-        family=task_family(meta.get("task_set")), started=float(d.get("started") or 0.0),
+        family=task_family(meta.get("task_set")), started=float(trace.started or 0.0),
         split=task_split(meta.get("task_set")))
 
 
@@ -212,36 +211,3 @@ class HorizonController:
         decision = HorizonDecision(math.ceil(self.budget - 1e-9), reason, est, target)
         self.history = [*self.history[-99:], decision]
         return decision
-
-
-class TraceFeed:
-    """The records a trace store gained since the last ``poll`` (its day files only grow;
-    retention deletes whole files). A torn or unreadable line is skipped."""
-
-    def __init__(self, store: TraceStore) -> None:
-        self.store = store
-        self._offsets: dict[Path, int] = {}
-
-    def poll(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for path in self.store.files():
-            start = self._offsets.get(path, 0)
-            try:
-                size = path.stat().st_size
-                if size < start:  # replaced: read it again
-                    start = 0
-                if size == start:
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(start)
-                    chunk = f.read(size - start)
-            except FileNotFoundError:
-                continue
-            end = chunk.rfind(b"\n") + 1  # a line still being written waits for next time
-            self._offsets[path] = start + end
-            for line in chunk[:end].splitlines():
-                try:
-                    out.append(json.loads(line))
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    continue
-        return out
