@@ -154,7 +154,7 @@ class ChatRunner:
 
     def _finish(self, trace_id: str | None, adapted: Adapted, started: float,
                 completion: Completion | None, error: WhetstoneError | None
-                ) -> tuple[ChatReply | None, Any]:
+                ) -> tuple[ChatReply | None, Trace | None]:
         trace = None
         if trace_id is not None:
             trace = chat_trace(trace_id, adapted, model=self.backend.spec, started=started,
@@ -166,6 +166,11 @@ class ChatRunner:
                               trace_id=trace_id, library_version=adapted.library_version,
                               guidance=dict(adapted.meta))
         return reply, trace
+
+    def _record(self, trace: Trace | None) -> None:
+        """Store the exchange's trace (through the store's one writer) when it is recorded."""
+        if trace is not None and self.store is not None:
+            self.store.append(trace)
 
     def _trace_id(self, switches: ChatSwitches, started: float) -> str | None:
         return new_trace_id(started) if switches.record and self.store is not None else None
@@ -179,12 +184,10 @@ class ChatRunner:
             completion = self.backend.complete(adapted.request)
         except WhetstoneError as exc:
             _, trace = self._finish(trace_id, adapted, started, None, exc)
-            if trace is not None and self.store is not None:
-                self.store.append(trace)
+            self._record(trace)
             raise
         reply, trace = self._finish(trace_id, adapted, started, completion, None)
-        if trace is not None and self.store is not None:
-            self.store.append(trace)
+        self._record(trace)
         assert reply is not None
         return reply
 
@@ -198,11 +201,11 @@ class ChatRunner:
             completion = await self.backend.acomplete(adapted.request)
         except WhetstoneError as exc:
             _, trace = self._finish(trace_id, adapted, started, None, exc)
-            if trace is not None and self.store is not None:
-                await asyncio.to_thread(self.store.append, trace)
+            if trace is not None:
+                await asyncio.to_thread(self._record, trace)
             raise
         reply, trace = self._finish(trace_id, adapted, started, completion, None)
-        if trace is not None and self.store is not None:
-            await asyncio.to_thread(self.store.append, trace)
+        if trace is not None:  # no thread hop for an unrecorded exchange
+            await asyncio.to_thread(self._record, trace)
         assert reply is not None
         return reply
