@@ -25,6 +25,7 @@ from engine.methods.base import make_config
 from engine.methods.registry import MethodRegistry, default_registry
 from engine.paths import whetstone_home
 from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
+from engine.runtime.library_tools import validate_library
 from engine.runtime.plugins import MethodEnv, check_host, wrap_solvers
 from engine.runtime.skills_plugin import SkillsPlugin
 from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
@@ -98,7 +99,8 @@ class Engine:
         self.solver_kind = check_solver(solver)
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
-        self.library = Library.open(self.library_path, create=True)
+        # Every write through engine.library is checked by the product's rules by default.
+        self.library = Library.open(self.library_path, create=True, validator=validate_library)
         # "candidate:NAME" scores a kept candidate without applying it.
         self.version = version if version and version.startswith("candidate:") else (
             self.library.resolve(version) if version else None)

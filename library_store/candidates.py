@@ -22,7 +22,8 @@ from library_store.fsutil import atomic_write, make_dirs
 from library_store.paths import Content, check_path, to_bytes
 
 if TYPE_CHECKING:  # the store owns its candidates; this module never imports it at run time
-    from library_store.store import Library, Snapshot, Validator
+    from library_store.store import Library, Snapshot
+    from library_store.validation import Validate
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")  # use fullmatch: '$' allows a final '\n'
 
@@ -136,9 +137,10 @@ class Candidates:
         pairs = {p: (snap.hash_of(p), h) for p, h in self._target(cand).items()}
         return lib.format_diff(pairs, snap.id, f"candidate {cand.name}", context=context)
 
-    def apply(self, name: str, *, validate: Validator | None = None, force: bool = False,
+    def apply(self, name: str, *, validate: Validate = True, force: bool = False,
               message: str | None = None) -> LibraryVersion:
-        """Commit a candidate on top of the current version; then it is removed."""
+        """Commit a candidate on top of the current version, checked by the library's
+        validator unless ``validate`` says otherwise; then it is removed."""
         lib = self.library
         cand = self.get(name)
         checked = lib.snapshot()
@@ -153,7 +155,8 @@ class Candidates:
             # checked, so a write landing in between is never silently overwritten.
             version = lib._commit({}, prehashed=dict(cand.changes), method=cand.method,
                                   message=message or f"apply candidate {name}: {cand.message}",
-                                  scores=cand.scores, costs=cand.costs, validate=validate,
+                                  scores=cand.scores, costs=cand.costs,
+                                  validate=lib.validator_for(validate),
                                   expect_parent=checked.id)
         except LibraryError as exc:
             now = lib.current_id()

@@ -17,6 +17,8 @@ import unicodedata
 from engine.errors import ValidationError
 
 ROOTS = ("skills", "policies", "memory")  # top-level folders a version may hold
+# Outside every version: evolvers' resume state, one folder per method (see state.py).
+STATE_DIR = "state"
 
 MAX_PART_BYTES = 128
 MAX_PATH_BYTES = 512

@@ -9,10 +9,11 @@ Layout under the library root::
     skills/ policies/    a plain copy of the current version for people (see view.py)
     candidates/          changes the regression gate rejected, kept to inspect or apply later
     traces/ index/       the trace store, and the retrieval index (derived data)
+    state/<method>/      evolvers' resume state, outside every version (see state.py)
     .lock .tmp/ .state/  the writers' lock, temp files of writes in flight, view marker
 
-A commit writes new blobs, tree objects and the manifest aside, runs the caller's validator on
-the new version, then makes it current with ONE ``os.replace`` of ``CURRENT``. A process killed
+A commit writes new blobs, tree objects and the manifest aside, runs the library's validator
+(given when it is opened; a caller may pass another) on the new version, then makes it current with ONE ``os.replace`` of ``CURRENT``. A process killed
 at any point leaves the old or the new version current, never a mix; its temp files are
 removed by the next writer. A file lock serialises writers, and ids are assigned under it, so
 concurrent writers land in order. Readers never lock: a ``Snapshot`` resolves ``CURRENT`` once
@@ -27,117 +28,44 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from engine.errors import LibraryError, NotFound, ValidationError
+from engine.errors import LibraryError, NotFound
 from engine.types import LibraryVersion
 from library_store.blobs import BlobStore, unified_diff
 from library_store.candidates import Candidates
 from library_store.fsutil import FileMemo, atomic_write, clean_dir, make_dirs
 from library_store.manifest import Manifest, version_number
 from library_store.paths import ROOTS, Content, check_path, to_bytes
+from library_store.snapshot import Snapshot
+from library_store.state import MethodState, method_state
 from library_store.traces import TraceStore, trace_store
 from library_store.transfer import write_folder
 from library_store.tree import Trees, group_of
+from library_store.validation import Validate, Validator, rejection
 from library_store.view import View, ViewEdits, ViewError
 
 log = logging.getLogger("whetstone.library")
 
 BULK_FILES = 256  # above this many files a commit syncs the disk once instead of per file
 
-# A validator sees the new version and the paths the change touched; it returns the problems.
-Validator = Callable[["Snapshot", Sequence[str]], Sequence[ValidationError]]
-
-
-def rejection(problems: Sequence[ValidationError]) -> ValidationError:
-    """The error that rejects a change: the first problem, carrying all of them on ``problems``."""
-    first = problems[0]
-    hint = first.hint
-    if len(problems) > 1:
-        hint = (f"{len(problems) - 1} more problem(s): "
-                + "; ".join(str(p).splitlines()[0] for p in problems[1:4])
-                + (" ..." if len(problems) > 4 else ""))
-    err = ValidationError(first.path, first.rule, first.detail, line=first.line, hint=hint)
-    err.problems = list(problems)  # type: ignore[attr-defined]
-    return err
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One version, read-only. Everything read through a snapshot comes from that version."""
-
-    library: Library = field(repr=False)
-    manifest: Manifest
-
-    @property
-    def id(self) -> str:
-        return self.manifest.id
-
-    @property
-    def root(self) -> str:
-        return self.manifest.root
-
-    @property
-    def version(self) -> LibraryVersion:
-        """The version's record (without its file map; see ``files``)."""
-        return self.manifest.to_version()
-
-    def files(self, prefix: str = "") -> dict[str, str]:
-        """path -> sha256 of the files under ``prefix`` (all files by default)."""
-        return self.library.trees.files(self.root, prefix)
-
-    def has(self, prefix: str) -> bool:
-        """Whether any file path starts with ``prefix`` (``has("skills/")``); cheap at any size."""
-        return self.library.trees.any_under(self.root, prefix)
-
-    def hash_of(self, path: str) -> str | None:
-        return self.library.trees.lookup(self.root, path)
-
-    def exists(self, path: str) -> bool:
-        return self.hash_of(path) is not None
-
-    def read_bytes(self, path: str) -> bytes:
-        digest = self.hash_of(path)
-        if digest is None:
-            raise NotFound(f"{path} is not in library version {self.id}",
-                           hint="`whetstone library ls` lists what the library holds")
-        return self.library.blobs.get(digest)
-
-    def read_text(self, path: str) -> str:
-        return self.read_bytes(path).decode("utf-8")
-
-    def texts(self, prefix: str = "") -> dict[str, str]:
-        """path -> text of the UTF-8 files under ``prefix`` (binary files are left out)."""
-        out: dict[str, str] = {}
-        for path, digest in self.files(prefix).items():
-            try:
-                out[path] = self.library.blobs.get(digest).decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-        return out
-
-    def children(self, folder: str) -> list[str]:
-        """Names of the entries directly under ``folder`` (``children("skills")``: skill names)."""
-        prefix = folder.rstrip("/") + "/"
-        return sorted({p[len(prefix):].split("/", 1)[0] for p in self.files(prefix)})
-
-    def unit(self, unit: str) -> dict[str, str]:
-        """The files of one unit (``skills/<name>``), read from a single tree bucket."""
-        return self.library.trees.group(self.root, unit)
-
-
 class Library:
-    """A library directory. Construction does no I/O; use ``Library.open`` or ``Library.init``."""
+    """A library directory. Construction does no I/O; use ``Library.open`` or ``Library.init``.
+
+    ``validator`` checks every write (commit, rollback, hand edits, candidates) unless the
+    write passes ``validate=False``; the faces (``Engine``, the CLI) open libraries with the
+    product's rules (``engine.runtime.library_tools.validate_library``). Without one only the
+    path rules of ``paths.py`` apply."""
 
     def __init__(self, root: Path | str, *, durable: bool = True,
-                 lock_timeout: float = 60.0) -> None:
+                 lock_timeout: float = 60.0, validator: Validator | None = None) -> None:
         self.root = Path(root).expanduser()
         self.lock_timeout = lock_timeout
+        self.validator = validator
         self.blobs = BlobStore(self.root / "blobs", self.root / ".tmp", durable=durable)
         self.trees = Trees(self.blobs)
         self.durable = durable
@@ -145,7 +73,10 @@ class Library:
                          self.root / ".tmp")
         self._manifests: dict[str, Manifest] = {}
         self._current = FileMemo(self.root / "CURRENT", str.strip)  # asked on every request
+        self._settings = FileMemo(self.root / "library.json", self._parse_settings)
         self._thread_lock = threading.RLock()
+        self._traces: tuple[dict[str, Any], TraceStore] | None = None
+        self._traces_lock = threading.Lock()  # not _thread_lock: a commit may hold that long
         # Set when the view (skills/, policies/) could not be brought up to the current
         # version: the versions are intact and every command still works; see ``repair_view``.
         self.view_problem: ViewError | None = None
@@ -289,15 +220,32 @@ class Library:
     @property
     def traces(self) -> TraceStore:
         """The trace store at ``<library>/traces``, bounded as ``library.json`` says
-        (``trace_keep_days``, ``trace_max_bytes``, ``trace_max_record_bytes``)."""
-        return trace_store(self.root / "traces", self.settings())
+        (``trace_keep_days``, ``trace_max_bytes``, ``trace_max_record_bytes``): one store per
+        Library (its index and size count are shared by every user), built again only when
+        those settings change."""
+        settings = self.settings()
+        with self._traces_lock:
+            if self._traces is None or self._traces[0] != settings:
+                self._traces = (settings, trace_store(self.root / "traces", settings))
+            return self._traces[1]
+
+    def state(self, method: str, *, legacy: Sequence[str] = ()) -> MethodState:
+        """``method``'s resume state in ``<library>/state/<method>/`` (JSON documents by key,
+        saved atomically). ``legacy``: folders (relative to the library) where an older
+        Whetstone kept it, moved there on first use. Saves are not fsynced: a save lost to a
+        power cut costs one step again (a torn file reads as missing), not the library."""
+        return method_state(self.root, method, legacy=legacy, durable=False)
 
     def settings(self) -> dict[str, Any]:
         """``library.json`` (e.g. ``{"trace_keep_days": 30}``); empty when absent."""
         try:
-            data = json.loads((self.root / "library.json").read_text(encoding="utf-8"))
+            return dict(self._settings.get())  # a copy: callers may change it
         except FileNotFoundError:
             return {}
+
+    def _parse_settings(self, text: str) -> dict[str, Any]:
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise LibraryError(f"{self.root / 'library.json'} is not valid JSON: {exc}",
                                hint="fix or delete the file") from exc
@@ -396,17 +344,25 @@ class Library:
 
     def commit(self, changes: Mapping[str, Content], *, method: str, message: str = "",
                scores: Mapping[str, Any] | None = None, costs: Mapping[str, Any] | None = None,
-               validate: Validator | None = None, expect_parent: str | None = None,
+               validate: Validate = True, expect_parent: str | None = None,
                allow_empty: bool = False) -> LibraryVersion:
         """Make a new version from the current one plus ``changes`` (path -> content; None
-        deletes). ``validate`` checks the new version before it becomes current; a non-empty
-        list of problems rejects the commit with the first one (all are on ``.problems``).
+        deletes). The library's validator (or ``validate``, see ``Validate``) checks the new
+        version before it becomes current; a non-empty list of problems rejects the commit
+        with the first one (all are on ``.problems``) and nothing changes.
         ``expect_parent`` refuses the commit if another writer moved the library meanwhile.
         """
         data = {check_path(p, deleting=v is None): to_bytes(p, v) for p, v in changes.items()}
         return self._commit(data, method=method, message=message, scores=scores, costs=costs,
-                            validate=validate, expect_parent=expect_parent,
+                            validate=self.validator_for(validate), expect_parent=expect_parent,
                             allow_empty=allow_empty)
+
+    def validator_for(self, validate: Validate) -> Validator | None:
+        """The validator a write runs: the library's for True, none for False, else the one
+        given."""
+        if validate is True:
+            return self.validator
+        return None if validate is False else validate
 
     def _commit(self, changes: Mapping[str, bytes | None], *, method: str, message: str,
                 scores: Mapping[str, Any] | None, costs: Mapping[str, Any] | None,
@@ -529,7 +485,7 @@ class Library:
         files = int(parent.counts.get("files", 0)) + added - deleted
         return {"files": files, "added": added, "modified": modified, "deleted": deleted}
 
-    def rollback(self, ref: str, *, validate: Validator | None = None,
+    def rollback(self, ref: str, *, validate: Validate = True,
                  message: str = "") -> LibraryVersion:
         """A new version whose files equal those of ``ref`` (history is never rewritten)."""
         target = self._manifest(self.resolve(ref))
@@ -537,7 +493,8 @@ class Library:
         hashes = {p: new for p, (_, new) in self.trees.diff(current.root, target.root).items()}
         return self._commit({}, prehashed=hashes, method="rollback",
                             message=message or f"rollback to {target.id}", scores=None,
-                            costs=None, validate=validate, expect_parent=current.id)
+                            costs=None, validate=self.validator_for(validate),
+                            expect_parent=current.id)
 
     def export(self, dest: Path | str, *, version: str | None = None, overwrite: bool = False,
                prefix: str = "skills/") -> Path:
@@ -556,7 +513,7 @@ class Library:
         """Files in ``skills/`` and ``policies/`` that a person changed by hand."""
         return self.view.edits(self.snapshot().root)
 
-    def commit_view(self, *, message: str, validate: Validator | None = None,
+    def commit_view(self, *, message: str, validate: Validate = True,
                     method: str = "edit") -> LibraryVersion:
         """Turn hand edits in the view into a new version (validated like any commit)."""
         snap = self.snapshot()

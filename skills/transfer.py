@@ -19,7 +19,7 @@ from engine.prompts import render_prompt
 from engine.types import LibraryVersion, Skill
 from library_store.fsutil import sha256_bytes
 from library_store.paths import check_path, shown
-from library_store.store import Library, Validator, rejection
+from library_store.store import Library, Validate, rejection
 from library_store.transfer import Refused, read_folder
 from skills.format import SKILL_FILE, check_name, check_skill_files, render_skill_md
 from skills.loader import skill_path, validate_snapshot
@@ -120,14 +120,17 @@ UnitCheck = Callable[[str, Mapping[str, bytes], str], list[ValidationError]]
 
 def import_skills(library: Library, src: Path | str, *, strict: bool = False,
                   message: str = "", method: str = "import", check_unit: UnitCheck | None = None,
-                  validate: Validator = validate_snapshot) -> ImportReport:
+                  validate: Validate = True) -> ImportReport:
     """Import the skills under ``src``; each replaces the library's skill of the same name.
 
     Every file is checked before anything is committed: malformed skills (and links, special
     files or oversized files in them) are skipped and reported, the rest are committed as one
     version (``strict``: the whole import is rejected instead). ``check_unit`` adds checks per
-    skill folder, ``validate`` checks the new version.
+    skill folder; the new version is checked by the library's validator (the Agent Skills
+    rules when the library has none) or by ``validate``.
     """
+    if validate is True and library.validator is None:
+        validate = validate_snapshot  # a bare Library: still the Agent Skills rules
     # Resolved, so "." or "demo/.." still name the skill folder (Path(".").name is "").
     src = Path(src).expanduser().resolve()
     contents = read_folder(src)

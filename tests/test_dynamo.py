@@ -281,7 +281,7 @@ def test_an_interrupted_evolve_resumes_where_it_stopped(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         engine.evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4,
                       analyst=ScriptedBackend(responder=interrupting))
-    saved = list((tmp_path / "lib" / "work" / "dynamo").glob("*.json"))
+    saved = list((tmp_path / "lib" / "state" / "dynamo").glob("*.json"))
     assert len(saved) == 1
     assert json.loads(saved[0].read_text())["rounds"][0]["clusters"]  # the diagnosis is kept
     diagnosed = sum("Group the failures" in p for p in analyst.prompts)

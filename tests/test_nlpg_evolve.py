@@ -206,7 +206,7 @@ def test_an_interrupted_evolve_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert result.patch.details["resumed"] is True
     assert agent.calls - before == 1  # only step 3's unfinished rollout ran again
     assert len(resumed_analyst.requests) == 0  # every walk was done before the stop
-    checkpoints = list((tmp_path / "lib" / ".state" / "nlpg").glob("*.json"))
+    checkpoints = list((tmp_path / "lib" / "state" / "nlpg").glob("*.json"))
     assert len(checkpoints) == 1 and json.loads(checkpoints[0].read_text())["finished"]
 
 

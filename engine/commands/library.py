@@ -33,8 +33,9 @@ from skills.transfer import export_skills, import_skills, new_skill_changes, sca
 
 def _open(path: Path | None) -> Library:
     """The library, opened even when its view is broken (the versions are the truth); a
-    broken view is reported on stderr with what to do."""
-    lib = Library.open(path or default_library_path(), quiet=True)
+    broken view is reported on stderr with what to do. Every write through it is checked by
+    ``validate_library`` (the Library's default)."""
+    lib = Library.open(path or default_library_path(), quiet=True, validator=validate_library)
     if lib.view_problem is not None:
         err = console(stderr=True)
         err.print(f"[yellow]warning:[/] {escape(lib.view_problem.message)}", markup=True,
@@ -217,7 +218,7 @@ def diff_cmd(v1: str, v2: str, library_path: Path | None, as_json: bool) -> None
 def rollback_cmd(version: str, message: str, library_path: Path | None, as_json: bool) -> None:
     """Make a new version whose files equal VERSION's (history is kept)."""
     lib = _open(library_path)
-    v = lib.rollback(version, validate=validate_library, message=message)
+    v = lib.rollback(version, message=message)
     if as_json:
         emit_json({"version": v.id, "parent": v.parent, "rolled_back_to": lib.resolve(version)})
         return
@@ -264,7 +265,7 @@ def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None
     when nothing was committed. With --strict a malformed skill rejects the whole import."""
     lib = _open(library_path)
     report = import_skills(lib, path, strict=strict, message=message,
-                           check_unit=import_check(lib.snapshot()), validate=validate_library)
+                           check_unit=import_check(lib.snapshot()))
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -383,7 +384,7 @@ def status_cmd(library_path: Path | None, as_json: bool) -> None:
 def commit_cmd(message: str, library_path: Path | None, as_json: bool) -> None:
     """Make a version from hand edits under skills/ and policies/ (validated first)."""
     lib = _open(library_path)
-    v = lib.commit_view(message=message, validate=validate_library)
+    v = lib.commit_view(message=message)
     if as_json:
         emit_json({"version": v.id, "parent": v.parent})
         return
@@ -453,7 +454,7 @@ def candidates_show(name: str, library_path: Path | None, as_json: bool) -> None
 @handle_errors
 def candidates_apply(name: str, force: bool, library_path: Path | None, as_json: bool) -> None:
     """Commit a candidate as a new version (validated like any commit)."""
-    v = _open(library_path).candidates.apply(name, validate=validate_library, force=force)
+    v = _open(library_path).candidates.apply(name, force=force)
     if as_json:
         emit_json({"version": v.id, "parent": v.parent, "candidate": name})
         return
@@ -497,8 +498,7 @@ def skill_new(name: str, description: str | None, library_path: Path | None,
                            hint=f"edit {lib.root / skill_path(name)} and run "
                                 "`whetstone library commit -m ...`")
     skill = scaffold_skill(name, description)
-    v = lib.commit(new_skill_changes(skill), method="skill new", message=f"new skill {name}",
-                   validate=validate_library)
+    v = lib.commit(new_skill_changes(skill), method="skill new", message=f"new skill {name}")
     target = lib.root / skill_path(name)
     if as_json:
         emit_json({"version": v.id, "skill": name, "path": str(target)})

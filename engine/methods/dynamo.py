@@ -26,7 +26,7 @@ Rounds repeat until ``rounds``, no failures left, no gain, or the budget (``max_
 failures they came from and the sandbox test results); ``engine.methods.evolve`` gates it on
 the held-out tasks. Given-toolset mode (``toolset``): with tools supplied in advance, the
 analyst only writes when to call each. Progress is saved after every phase under
-``<library>/work/dynamo/``: an interrupted evolve resumes where it stopped.
+``<library>/state/dynamo/`` (``Library.state``): an interrupted evolve resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -190,8 +189,10 @@ class _Run:
             "config": {k: v for k, v in asdict(self.cfg).items() if k != "fresh"},
             "tasks": list(self.tasks), "base": base_id, "model": context.model,
             "analyst": analyst.spec}, sort_keys=True).encode()).hexdigest()[:20]
-        self.path = (Path(context.library.root) / "work" / "dynamo" / f"{key}.json"
-                     if context.library is not None else None)
+        # Libraries from before the state/ layout kept this under work/dynamo/.
+        self.saved = (context.library.state("dynamo", legacy=("work/dynamo",))
+                      if context.library is not None else None)
+        self.path = self.saved.path(key) if self.saved is not None else None
         self.state = self._load(key)
         self.images = self._images()
         self._given: dict[str, Tool] | None = None
@@ -199,22 +200,19 @@ class _Run:
     # -- saving -----------------------------------------------------------------------------
 
     def _load(self, key: str) -> DynamoState:
-        if self.path is not None and self.path.exists() and not self.cfg.fresh:
+        data = self.saved.load(key) if self.saved is not None and not self.cfg.fresh else None
+        if data is not None:
             try:
-                state = DynamoState.from_dict(json.loads(self.path.read_text("utf-8")))
+                state = DynamoState.from_dict(data)
                 if state.key == key:
                     return state
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except (KeyError, TypeError, ValueError):
                 pass  # a damaged save: start over rather than fail
         return DynamoState(key)
 
     def save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.state.to_dict(), ensure_ascii=False), "utf-8")
-        tmp.replace(self.path)
+        if self.saved is not None:
+            self.saved.save(self.state.key, self.state.to_dict())
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -502,7 +500,7 @@ class _Run:
         from tools.images import ImageFiles
 
         roots = {str(Path(t.image).resolve().parent) for t in self.tasks.values() if t.image}
-        out = (self.path.parent / "tool-images" if self.path is not None
+        out = (self.saved.folder / "tool-images" if self.saved is not None
                else Path(ImageFiles.temporary().out_dir))
         return ImageFiles(out, tuple(Path(r) for r in sorted(roots)))
 

@@ -166,9 +166,12 @@ def gate_and_apply(
     costs = {**dict(patch.costs), "gate_seconds": result.seconds["gate"]}
     if decision.accepted:
         say("commit")
+        # validate=False: validate_library has passed this very change on a preview of
+        # ``current``, and expect_parent lands it only on that version, so the committed
+        # tree is the one checked; checking it again would only repeat the work.
         result.version = library.commit(
             patch.changes, method=patch.method, message=patch.message, scores=scores,
-            costs=costs, validate=validate_library, expect_parent=current.id)
+            costs=costs, validate=False, expect_parent=current.id)
     else:
         result.candidate = _save_candidate(library, patch, candidate_name, decision, "")
     return result

@@ -17,7 +17,7 @@ Each of ``steps`` update steps:
 
 The notes after the last step are the patch: one library version, gated like any other by the
 caller. Progress is saved after every analysed run and every step, under
-``<library>/.state/nlpg/``, so an interrupted evolve started again with the same start version,
+``<library>/state/nlpg/`` (``Library.state``), so an interrupted evolve started again with the same start version,
 tasks and options resumes where it stopped (rollouts already stored are not run again).
 """
 
@@ -31,7 +31,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.backends.base import Backend
@@ -60,11 +59,11 @@ from engine.methods.nlpg.memory import (
     retire_ops,
 )
 from engine.types import PolicyNote, Trace
-from library_store.fsutil import atomic_write
 from library_store.traces import TraceQuery
 
 if TYPE_CHECKING:
     from engine.evaluation.tasks import TaskRecord
+    from library_store.state import MethodState
     from library_store.store import Snapshot
 
 StepHook = Callable[[Mapping[str, Any], Memory], None]  # (step report, memory after it)
@@ -124,43 +123,32 @@ class _State:
 
 
 class _Checkpoint:
-    """One fit's progress in ``<library>/.state/nlpg/<key>.json`` (no path: not saved)."""
+    """One fit's progress in ``<library>/state/nlpg/<key>.json`` (no store: not saved)."""
 
-    def __init__(self, folder: Path | None, key: str) -> None:
-        self.folder, self.key = folder, key
-        self.path = folder / f"{key}.json" if folder is not None else None
+    def __init__(self, saved: MethodState | None, key: str) -> None:
+        self.saved, self.key = saved, key
 
     def load(self) -> _State | None:
-        if self.path is None or not self.path.exists():
+        data = self.saved.load(self.key) if self.saved is not None else None
+        if data is None:
             return None
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
             return _State.from_dict(data["state"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            return None  # a torn or foreign file: start over rather than fail
+        except (KeyError, TypeError, ValueError):
+            return None  # a foreign file: start over rather than fail
 
     def save(self, state: _State, *, finished: bool = False) -> None:
-        if self.path is None or self.folder is None:
-            return
-        data = {"format": 1, "key": self.key, "finished": finished, "saved": time.time(),
-                "state": state.to_dict()}
-        atomic_write(self.path, json.dumps(data).encode(), tmp_dir=self.folder / ".tmp",
-                     durable=False)
+        if self.saved is not None:
+            self.saved.save(self.key, {"format": 1, "key": self.key, "finished": finished,
+                                       "saved": time.time(), "state": state.to_dict()})
 
     def drop_finished_others(self) -> None:
         """Remove the checkpoints of other fits that finished (their patch was returned)."""
-        if self.folder is None or not self.folder.exists():
+        if self.saved is None:
             return
-        for other in self.folder.glob("*.json"):
-            if other != self.path and _finished(other):
-                other.unlink(missing_ok=True)
-
-
-def _finished(path: Path) -> bool:
-    try:
-        return bool(json.loads(path.read_text(encoding="utf-8")).get("finished"))
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return False
+        for other in self.saved.stored_keys():
+            if other != self.key and (self.saved.load(other) or {}).get("finished"):
+                self.saved.remove(other)
 
 
 @dataclass
@@ -258,9 +246,10 @@ class NLPG:
         key = hashlib.sha256(json.dumps({"config": cfg, "start": start, "runs": ids,
                                          "model": context.model}, sort_keys=True).encode()
                              ).hexdigest()[:16]
-        folder = context.library.root / ".state" / "nlpg" if context.library is not None \
-            and start is not None else None
-        return _Checkpoint(folder, key)
+        # Libraries from before the state/ layout kept this under .state/nlpg/.
+        saved = context.library.state("nlpg", legacy=(".state/nlpg",)) \
+            if context.library is not None and start is not None else None
+        return _Checkpoint(saved, key)
 
     # -- one step -------------------------------------------------------------------------
 
