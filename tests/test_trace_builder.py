@@ -149,3 +149,18 @@ def test_eval_writes_through_the_librarys_bounded_store(tmp_path: Path,
              for ln in f.read_text().splitlines()]
     assert len(lines) == 1 and len(lines[0].encode()) <= 4096
     assert "truncated by whetstone" in lines[0]
+
+
+def test_traces_ls_shows_and_filters_the_kind(whetstone_home: Path) -> None:
+    root = whetstone_home / "library" / "traces"
+    root.mkdir(parents=True)
+    shutil.copy(OLD, root / "2026-12-02.jsonl")
+    runner = CliRunner(env={"COLUMNS": "200"})
+    res = runner.invoke(cli, ["traces", "ls", "--json"])
+    assert res.exit_code == 0, res.output
+    assert [t["kind"] for t in json.loads(res.output)] == ["agent", "direct", "chat", "verify"]
+    res = runner.invoke(cli, ["traces", "ls", "--kind", "chat"])
+    assert res.exit_code == 0 and "kind" in res.output and " chat " in res.output
+    assert "direct" not in res.output
+    res = runner.invoke(cli, ["traces", "ls", "--kind", "nope"])
+    assert res.exit_code != 0 and "known kinds: agent, direct" in res.output

@@ -39,28 +39,34 @@ def trace_store(library_path: Path | None) -> TraceStore:
 @click.option("--outcome", default=None, help="answered | horizon | budget | timeout | "
                                                "interrupted | error | running")
 @click.option("--task", "task_filter", default=None, help="Substring of the task.")
+@click.option("--kind", default=None, help="agent | direct | chat | verify | mcp (what made "
+                                           "the trace).")
 @click.option("--limit", type=int, default=20, show_default=True)
 @json_option
 @handle_errors
 def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str | None,
-              limit: int, as_json: bool) -> None:
+              kind: str | None, limit: int, as_json: bool) -> None:
     """List traces, newest last."""
     from rich.table import Table
 
+    from library_store.trace_build import check_kind, trace_kind
     from library_store.traces import TraceQuery
 
     store = trace_store(library_path)
-    found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit))
+    found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit,
+                                   source=None if kind is None else check_kind(kind)))
     for problem in store.problems:
         console(stderr=True).print(f"[yellow]warning:[/] {short(problem, 2000)}", markup=True)
     if as_json:
-        emit_json([{"id": t.id, "task": t.task, "outcome": t.outcome, "answer": t.answer,
+        emit_json([{"id": t.id, "kind": trace_kind(t), "task": t.task, "outcome": t.outcome,
+                    "answer": t.answer,
                     "score": t.score, "tokens": t.total_tokens, "started": t.started,
                     "model": t.model} for t in found])
         return
     out = console()
     rows = [{"id": t.id, "started": time.strftime("%m-%d %H:%M", time.localtime(t.started)),
-             "outcome": t.outcome, "score": "" if t.score is None else f"{t.score:g}",
+             "kind": trace_kind(t), "outcome": t.outcome,
+             "score": "" if t.score is None else f"{t.score:g}",
              "tokens": str(t.total_tokens), "task": short(t.task, 60),
              "answer": short(t.answer or "", 30)} for t in found]
     names = _columns_that_fit(rows, out.width)
@@ -76,10 +82,10 @@ def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str |
     out.print(table)
 
 
-_COLUMNS = ("id", "started", "outcome", "score", "tokens", "task", "answer")
+_COLUMNS = ("id", "started", "kind", "outcome", "score", "tokens", "task", "answer")
 # Dropped in this order when the terminal is too narrow for all of them: the id is never cut
 # (it is what the user copies into `traces show`), nor the outcome.
-_DROP_ORDER = ("answer", "started", "score", "tokens", "task")
+_DROP_ORDER = ("answer", "started", "kind", "score", "tokens", "task")
 _FLEX_MIN = {"task": 12, "answer": 6}
 
 
