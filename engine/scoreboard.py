@@ -120,7 +120,8 @@ class Plan:
     # Code changes rows depend on but no row key names (the agent loop): (when, as a UTC
     # timestamp; the ISO text; what changed; the solver it touches, None: every row). A row
     # run before one that touches it is marked on the page.
-    code_changes: tuple[tuple[float, str, str, str | None], ...] = ()
+    # (time, at, what, solver or None, evolve method or None): rows run before it are marked
+    code_changes: tuple[tuple[float, str, str, str | None, str | None], ...] = ()
     pools: tuple[PoolPlan, ...] = ()
 
     def row(self, row_id: str) -> RowPlan:
@@ -232,7 +233,7 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
                 code_changes=_code_changes(data.get("code_changes")), pools=tuple(pools))
 
 
-def _code_changes(raw: Any) -> tuple[tuple[float, str, str, str | None], ...]:
+def _code_changes(raw: Any) -> tuple[tuple[float, str, str, str | None, str | None], ...]:
     from datetime import datetime, timezone
 
     out = []
@@ -250,7 +251,11 @@ def _code_changes(raw: Any) -> tuple[tuple[float, str, str, str | None], ...]:
         if solver not in (None, "agent", "direct"):
             raise ConfigError(f"code_changes entry {i + 1}: solver is agent or direct, "
                               f"got {solver!r}")
-        out.append((when.timestamp(), str(c["at"]), str(c["what"]), solver))
+        method = c.get("method")  # only rows whose library this evolver made
+        if method is not None and not isinstance(method, str):
+            raise ConfigError(f"code_changes entry {i + 1}: method is an evolver's name, "
+                              f"got {method!r}")
+        out.append((when.timestamp(), str(c["at"]), str(c["what"]), solver, method))
     return tuple(sorted(out))
 
 

@@ -65,8 +65,9 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
             continue
         res = o.result
-        before = [i for i, (ts, _, _, solver) in enumerate(plan.code_changes)
-                  if res.started < ts and solver in (None, r.solver)]
+        before = [i for i, (ts, _, _, solver, method) in enumerate(plan.code_changes)
+                  if res.started < ts and solver in (None, r.solver) and method in (
+                      None, r.evolve.method if r.evolve is not None else "")]
         stale.update(before)
         name = r.name + "".join(" †" + str(i + 1) for i in before)
         delta, p = "–", "–"

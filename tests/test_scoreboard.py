@@ -156,6 +156,11 @@ def test_rows_run_before_a_code_change_are_marked(tmp_path: Path) -> None:
         {"at": later, "what": "new loop", "solver": "agent"}]})
     page = render(only_agent, outcomes, tmp_path, command="x")
     assert "| agent †1" in page and "| direct |" in page
+    # A change to one evolver marks only the rows whose library it made.
+    only_toy = parse_plan({**_plan(path), "code_changes": [
+        {"at": later, "what": "new evolver", "method": "toy"}]})
+    page = render(only_toy, outcomes, tmp_path, command="x")
+    assert "| toy-evolved †1" in page and "| agent |" in page and "| direct |" in page
     earlier = parse_plan({**_plan(path), "code_changes": [{"at": "2020-01-01T00:00:00Z",
                                                            "what": "old"}]})
     assert "†" not in render(earlier, outcomes, tmp_path, command="x")
