@@ -219,3 +219,13 @@ def test_logprobs_is_read_as_its_route_means_it(served: tuple[str, int, str], ro
     else:
         assert "logprobs" in r.json()["error"]["message"]
         assert len(received) == before
+
+
+def test_the_sdks_transport_errors_are_upstream_faults() -> None:
+    # The SDK in this venv raises httpx2's errors: they are the upstream's (502), not ours (500).
+    httpx2 = pytest.importorskip("httpx2")
+    from engine.server.service import upstream_fault
+
+    assert upstream_fault(httpx2.ReadTimeout("slow"))
+    assert upstream_fault(httpx2.ConnectError("refused"))
+    assert not upstream_fault(KeyError("ours"))

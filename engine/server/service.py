@@ -93,7 +93,9 @@ def upstream_fault(exc: BaseException) -> bool:
     first is a 502, the second a 500."""
     if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
         return True
-    if type(exc).__module__.split(".")[0] in ("httpx", "httpcore", "h11", "openai", "aiohttp"):
+    # The openai SDK's transport is httpx2/httpcore2 in newer releases, httpx before.
+    if type(exc).__module__.split(".")[0] in ("httpx", "httpcore", "httpx2", "httpcore2", "h11",
+                                              "openai", "aiohttp"):
         return True
     tb, last = exc.__traceback__, None
     while tb is not None:
