@@ -1,7 +1,7 @@
 """``whetstone`` — the command line. It only mounts the command groups of ``engine/commands``;
-each command there is a thin call into ``engine.api`` (see docs/architecture.md).
+each command there is a thin call into ``whetstone.engine.api`` (see docs/architecture.md).
 
-Exit codes: each error class in ``engine.errors`` carries its own, the other outcomes are the
+Exit codes: each error class in ``whetstone.engine.errors`` carries its own, the other outcomes are the
 ``EXIT_*`` constants there; docs/cli.md has the table, with the environment variables.
 """
 
@@ -11,21 +11,21 @@ import os
 
 import click
 
-from engine.commands.common import QUIET, configure_logging, handle_errors
-from engine.commands.corpus import corpus_group
-from engine.commands.data import data_group
-from engine.commands.eval import eval_cmd
-from engine.commands.evolve import evolve_group
-from engine.commands.library import library_group, skill_group
-from engine.commands.mcp import mcp
-from engine.commands.methods import methods_cmd
-from engine.commands.models import models
-from engine.commands.policies import policies_group
-from engine.commands.run import run
-from engine.commands.serve import serve
-from engine.commands.tools import tools_group
-from engine.commands.traces import traces_group
-from engine.commands.verify import verify
+from whetstone.engine.commands.common import QUIET, configure_logging, handle_errors
+from whetstone.engine.commands.corpus import corpus_group
+from whetstone.engine.commands.data import data_group
+from whetstone.engine.commands.eval import eval_cmd
+from whetstone.engine.commands.evolve import evolve_group
+from whetstone.engine.commands.library import library_group, skill_group
+from whetstone.engine.commands.mcp import mcp
+from whetstone.engine.commands.methods import methods_cmd
+from whetstone.engine.commands.models import models
+from whetstone.engine.commands.policies import policies_group
+from whetstone.engine.commands.run import run
+from whetstone.engine.commands.serve import serve
+from whetstone.engine.commands.tools import tools_group
+from whetstone.engine.commands.traces import traces_group
+from whetstone.engine.commands.verify import verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

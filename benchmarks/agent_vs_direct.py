@@ -7,7 +7,7 @@
     .venv/bin/python benchmarks/agent_vs_direct.py --sets gsm8k@dev:0:50 \
         --model embedded,openai:qwen@http://127.0.0.1:8081/v1   # and through llama.cpp's server
 
-Each (set, variant) runs through ``engine.api.solver_factory`` over an empty library, exactly
+Each (set, variant) runs through ``whetstone.engine.api.solver_factory`` over an empty library, exactly
 as ``whetstone eval --tasks SET --solver direct|agent`` does, with the same per-task seeds, and
 is saved under ``benchmarks/results/agent_vs_direct/`` with a key of what it depends on (reused
 while the key matches; ``--rerun`` runs again). ``--model`` takes several specs: each gets its
@@ -33,9 +33,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.evaluation.compare import compare
-from engine.evaluation.results import EvalResult
-from engine.types import Trace
+from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.results import EvalResult
+from whetstone.engine.types import Trace
 
 SETS = ("gsm8k@dev:0:50", "bfcl-simple@dev:0:50")
 RESULTS = REPO / "benchmarks" / "results" / "agent_vs_direct"
@@ -90,11 +90,11 @@ def trace_stats(trace: Trace) -> dict[str, Any]:
 def run_one(model: str, backend: Any, task_set: str, variant: Variant, seed: int,
             concurrency: int, work: Path) -> dict[str, Any]:
     """Evaluate one variant on one set over a fresh empty library."""
-    from engine.api import Engine
-    from engine.evaluation.benchmarks import load_tasks
-    from engine.evaluation.runner import evaluate
-    from engine.runtime import RunConfig
-    from library_store.traces import TraceStore
+    from whetstone.engine.api import Engine
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.runner import evaluate
+    from whetstone.engine.runtime import RunConfig
+    from whetstone.library_store.traces import TraceStore
 
     folder = work / _slug(task_set) / variant.name
     shutil.rmtree(folder, ignore_errors=True)
@@ -188,7 +188,7 @@ def render(sets: list[str], variants: list[str], models: list[str]) -> str:
 
 def _run_model(model: str, sets: list[str], variants: list[str], args: Any) -> None:
     """Run what is not saved yet (or everything with ``--rerun``) for one model."""
-    from engine.backends.registry import get_backend
+    from whetstone.engine.backends.registry import get_backend
 
     backend = get_backend(model)
     j = args.concurrency or max(1, backend.capabilities.max_concurrency)

@@ -42,9 +42,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.backends import Backend, BackendOptions, get_backend
-from engine.paths import cache_dir
-from engine.types import Completion, Message, Request
+from whetstone.engine.backends import Backend, BackendOptions, get_backend
+from whetstone.engine.paths import cache_dir
+from whetstone.engine.types import Completion, Message, Request
 
 REPO = Path(__file__).resolve().parent.parent
 # Long-form prompts: greedy decoding runs the full length on every one of them.
@@ -146,8 +146,8 @@ def print_decode(rows: dict[str, dict[int, float]], base: str, fast: str, tokens
 
 
 def overhead(spec: str, tokens: int, rounds: int) -> None:
-    from engine.api import Engine
-    from engine.runtime import RunConfig
+    from whetstone.engine.api import Engine
+    from whetstone.engine.runtime import RunConfig
 
     backend = get_backend(spec)
     with tempfile.TemporaryDirectory(prefix="whetstone-bench-home-") as home:
@@ -206,9 +206,9 @@ def eval_rows(tasks: str, old_slice: int, concurrency: int) -> None:
 
 def join_windows(windows: list[float], tasks: str, concurrency: int) -> None:
     """Eval wall time per batch-join window, in process (same agent as `whetstone eval`)."""
-    from engine.api import Engine
-    from engine.evaluation.benchmarks import load_tasks
-    from engine.evaluation.runner import evaluate
+    from whetstone.engine.api import Engine
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.runner import evaluate
 
     for window in windows:
         backend = get_backend("embedded", BackendOptions(extra={"join_window_s": window}))

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.backends.embedded import embedded_variant
-from engine.backends.hf import HFBackend
-from engine.backends.model_cache import dequantized_packaged
-from engine.paths import cache_dir
-from engine.types import Message, Request
+from whetstone.engine.backends.embedded import embedded_variant
+from whetstone.engine.backends.hf import HFBackend
+from whetstone.engine.backends.model_cache import dequantized_packaged
+from whetstone.engine.paths import cache_dir
+from whetstone.engine.types import Message, Request
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 

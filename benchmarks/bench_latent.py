@@ -35,14 +35,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.backends.hf import HFBackend
-from engine.backends.model_cache import dequantized_packaged
-from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.direct import task_messages
-from engine.evaluation.scorers import get_scorer
-from engine.methods.latent_tts import LatentConfig, LatentRefiner, SelfReward
-from engine.paths import cache_dir
-from engine.types import Message, Request
+from whetstone.engine.backends.hf import HFBackend
+from whetstone.engine.backends.model_cache import dequantized_packaged
+from whetstone.engine.evaluation.benchmarks import load_tasks
+from whetstone.engine.evaluation.direct import task_messages
+from whetstone.engine.evaluation.scorers import get_scorer
+from whetstone.engine.methods.latent_tts import LatentConfig, LatentRefiner, SelfReward
+from whetstone.engine.paths import cache_dir
+from whetstone.engine.types import Message, Request
 
 _T0 = time.perf_counter()
 QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many "

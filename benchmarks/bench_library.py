@@ -38,11 +38,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from library_store.embeddings import TextEmbedder
-from library_store.store import Library
-from skills.index import LibraryIndex, skill_document_text
-from skills.loader import validate_snapshot
-from skills.retrieval import SkillRetriever
+from whetstone.library_store.embeddings import TextEmbedder
+from whetstone.library_store.store import Library
+from whetstone.skills.index import LibraryIndex, skill_document_text
+from whetstone.skills.loader import validate_snapshot
+from whetstone.skills.retrieval import SkillRetriever
 
 VERBS = ["extract", "convert", "summarise", "validate", "clean", "merge", "plot", "translate",
          "debug", "optimise", "schedule", "classify", "deduplicate", "compress", "encrypt",
@@ -200,8 +200,8 @@ def quality(workdir: Path) -> list[tuple[str, float, float, float]]:
     ONNX, what the server and the agent use) must keep its top-3."""
     import json
 
-    from library_store.embeddings import OnnxTextEmbedder
-    from skills.transfer import import_skills
+    from whetstone.library_store.embeddings import OnnxTextEmbedder
+    from whetstone.skills.transfer import import_skills
 
     fixtures = REPO / "tests" / "fixtures" / "skills"
     queries = json.loads((fixtures / "queries.json").read_text())

@@ -37,14 +37,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.backends.base import Backend
-from engine.errors import WhetstoneError
-from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.tasks import TaskRecord, evidence_documents
-from engine.methods.march import MarchConfig, MarchVerifier
-from engine.prompts import render_prompt
-from engine.types import Passage, Request
-from library_store.corpus import Corpus
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.evaluation.benchmarks import load_tasks
+from whetstone.engine.evaluation.tasks import TaskRecord, evidence_documents
+from whetstone.engine.methods.march import MarchConfig, MarchVerifier
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.types import Passage, Request
+from whetstone.library_store.corpus import Corpus
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "march-halueval.json"
 
@@ -207,8 +207,8 @@ def main() -> int:
                     help="per-answer progress (default: <out>.partial.jsonl)")
     args = ap.parse_args()
 
-    from engine.backends.registry import get_backend
-    from library_store.embeddings import query_embedder
+    from whetstone.engine.backends.registry import get_backend
+    from whetstone.library_store.embeddings import query_embedder
 
     tasks = load_tasks(args.tasks)
     backend = get_backend(args.model)

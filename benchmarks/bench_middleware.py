@@ -86,8 +86,8 @@ def serve_upstream(port: int, delay_s: float, slots: int) -> None:
     ``slots`` at a time (the rest wait in its queue)."""
     import uvicorn
 
-    from engine.backends.scripted import ScriptedBackend
-    from engine.server import create_app
+    from whetstone.engine.backends.scripted import ScriptedBackend
+    from whetstone.engine.server import create_app
 
     class Upstream(ScriptedBackend):
         async def acomplete(self, request: Any) -> Any:
@@ -142,7 +142,7 @@ def checkout(rev: str, into: Path) -> str:
 
 
 def make_library(root: Path) -> Path:
-    from library_store.store import Library
+    from whetstone.library_store.store import Library
 
     lib = Library.open(root, create=True)
     changes: dict[str, bytes] = {}
@@ -423,7 +423,7 @@ async def bench(configs: list[Config], args: argparse.Namespace) -> list[dict[st
 
 
 def main() -> None:
-    from engine.paths import cache_dir
+    from whetstone.engine.paths import cache_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200,

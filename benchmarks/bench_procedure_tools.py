@@ -31,8 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.evaluation.compare import compare
-from engine.evaluation.results import EvalResult
+from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.results import EvalResult
 
 FIXTURE = REPO / "benchmarks" / "fixtures" / "procedure_tools"
 RESULTS = REPO / "benchmarks" / "results" / "procedure_tools"
@@ -60,10 +60,10 @@ def _called(trace: Any, tool: str) -> bool:
 
 
 def run_row(spec: str, row: str, tool: str, work: Path) -> dict[str, Any]:
-    from engine.api import Engine
-    from engine.evaluation.benchmarks import load_tasks
-    from engine.evaluation.runner import evaluate
-    from skills.transfer import import_skills
+    from whetstone.engine.api import Engine
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.runner import evaluate
+    from whetstone.skills.transfer import import_skills
 
     model, solver, with_tools = ROWS[row]
     lib = work / f"{row}-lib"

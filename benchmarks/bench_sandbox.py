@@ -31,10 +31,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tools.images import ImageFiles
-from tools.learned import define_tool
-from tools.learned_run import run_learned
-from tools.sandbox import Sandbox
+from whetstone.tools.images import ImageFiles
+from whetstone.tools.learned import define_tool
+from whetstone.tools.learned_run import run_learned
+from whetstone.tools.sandbox import Sandbox
 
 PROGRAMS = {"print(1)": "print(1)", "import numpy": "import numpy\nprint(numpy.ones(3).sum())"}
 TOOL = textwrap.dedent('''

@@ -32,11 +32,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from library_store.embeddings import skill_embedder
-from library_store.store import Library
-from skills.index import LibraryIndex
-from skills.retrieval import SkillRetriever
-from skills.transfer import import_skills
+from whetstone.library_store.embeddings import skill_embedder
+from whetstone.library_store.store import Library
+from whetstone.skills.index import LibraryIndex
+from whetstone.skills.retrieval import SkillRetriever
+from whetstone.skills.transfer import import_skills
 
 FIXTURES = REPO / "tests" / "fixtures" / "skills"
 FLOORS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
@@ -50,9 +50,9 @@ def examples_table(unrelated: list[str]) -> None:
     """Nearest-example similarity of each family's test tasks to each procedure skill."""
     import numpy as np
 
-    from engine.evaluation.benchmarks import load_tasks
-    from skills.examples import ExampleRetriever
-    from skills.format import parse_examples
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.skills.examples import ExampleRetriever
+    from whetstone.skills.format import parse_examples
 
     base = REPO / "benchmarks" / "fixtures" / "procedure_tools"
     skills = sorted(p.name for p in base.iterdir() if (p / "references").is_dir())
@@ -98,7 +98,7 @@ def main() -> None:
         noise = scores(retriever, unrelated, 1)
         gsm = []
         if args.gsm8k:
-            from engine.evaluation.benchmarks import load_tasks
+            from whetstone.engine.evaluation.benchmarks import load_tasks
             gsm = [dict(r) for r in scores(
                 retriever, [t.question for t in load_tasks(f"gsm8k@dev:0:{args.gsm8k}")], 40)]
         index.close()

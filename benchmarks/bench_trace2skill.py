@@ -14,10 +14,10 @@ import argparse
 import json
 import time
 
-from engine.backends.base import Backend, Capabilities
-from engine.backends.scripted import ScriptedBackend
-from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig, draft_skill
-from engine.types import Completion, Request, Trace
+from whetstone.engine.backends.base import Backend, Capabilities
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig, draft_skill
+from whetstone.engine.types import Completion, Request, Trace
 
 
 def reply(r: Request) -> str:

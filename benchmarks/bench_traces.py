@@ -25,10 +25,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.server.adapter import Adapted
-from engine.server.exchange import chat_trace
-from engine.types import Completion, Message, Request
-from library_store.traces import TraceStore
+from whetstone.engine.server.adapter import Adapted
+from whetstone.engine.server.exchange import chat_trace
+from whetstone.engine.types import Completion, Message, Request
+from whetstone.library_store.traces import TraceStore
 
 
 def _traces(n: int, kb: int) -> list:

@@ -33,8 +33,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.evaluation.compare import compare
-from engine.scoreboard import (
+from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.scoreboard import (
     Plan,
     RowOutcome,
     RowPlan,
@@ -78,13 +78,13 @@ class SectionRunner(Runner):
 
     def engine(self, library: Path, row: RowPlan | None = None, version: str | None = None
                ) -> Any:
-        from engine.api import Engine
-        from tools.builtin import builtin_tools
+        from whetstone.engine.api import Engine
+        from whetstone.tools.builtin import builtin_tools
 
         names = row.tools if row else self.collect_tools
         tools = builtin_tools(tuple(n for n in names if n != "search"))
         if "search" in names:
-            from tools.search import make_search_tool
+            from whetstone.tools.search import make_search_tool
 
             tools.append(make_search_tool(self.corpus()))
         return Engine(self.backend, library=library, version=version,
@@ -106,7 +106,7 @@ class SectionRunner(Runner):
             return super().run(row)
         import time
 
-        from engine.scoreboard import row_key, slug
+        from whetstone.engine.scoreboard import row_key, slug
 
         start = time.time()
         s = self.plan.set(row.set)
@@ -123,10 +123,10 @@ class SectionRunner(Runner):
 
 def open_corpus(root: Path) -> Any:
     """The shared HaluEval corpus, built from every item's passage if it is not there yet."""
-    from engine.evaluation.benchmarks import load_benchmark
-    from engine.evaluation.tasks import evidence_documents
-    from library_store.corpus import Corpus
-    from library_store.embeddings import query_embedder
+    from whetstone.engine.evaluation.benchmarks import load_benchmark
+    from whetstone.engine.evaluation.tasks import evidence_documents
+    from whetstone.library_store.corpus import Corpus
+    from whetstone.library_store.embeddings import query_embedder
 
     corpus = Corpus.of_library(root, CORPUS, query_embedder(threads=1))
     if not corpus.exists() or not corpus.stats().get("chunks"):
@@ -140,8 +140,8 @@ def open_corpus(root: Path) -> Any:
 
 def trace_stats(work_dir: Path, row: RowPlan, outcome: RowOutcome) -> dict[str, float] | None:
     """Per-task means read from the row's stored traces (None when they are not on disk)."""
-    from engine.scoreboard import slug
-    from library_store.traces import TraceStore
+    from whetstone.engine.scoreboard import slug
+    from whetstone.library_store.traces import TraceStore
 
     store = TraceStore(work_dir / slug(row.set) / slug(row.name) / "traces")
     by_id = {t.id: t for t in store.query()} if store.root.exists() else {}
@@ -274,7 +274,7 @@ def main() -> int:
         return results if row in base_plan.rows else own
 
     if not args.render:
-        from engine.backends.registry import get_backend
+        from whetstone.engine.backends.registry import get_backend
 
         backend = get_backend(plan.model)
         j = args.concurrency or (plan.concurrency if isinstance(plan.concurrency, int)

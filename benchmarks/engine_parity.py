@@ -26,14 +26,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.backends import get_backend
-from engine.backends.local_text import prompt_text
-from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.compare import compare
-from engine.evaluation.direct import direct_solver, task_messages
-from engine.evaluation.runner import evaluate
-from engine.evaluation.tasks import TaskRecord
-from engine.types import Request, Step, Trace
+from whetstone.engine.backends import get_backend
+from whetstone.engine.backends.local_text import prompt_text
+from whetstone.engine.evaluation.benchmarks import load_tasks
+from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.direct import direct_solver, task_messages
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.types import Request, Step, Trace
 
 
 def transformers_answers(tasks: list[TaskRecord], batch: int, max_tokens: int

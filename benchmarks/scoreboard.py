@@ -18,8 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.scoreboard import Runner, load_plan, run_plan, run_sections
-from engine.scoreboard_page import render
+from whetstone.engine.scoreboard import Runner, load_plan, run_plan, run_sections
+from whetstone.engine.scoreboard_page import render
 
 COMMAND = ".venv/bin/python benchmarks/scoreboard.py"
 
@@ -42,7 +42,7 @@ def main() -> int:
     plan = load_plan(args.plan)
     results = Path(args.results)
     if not args.render:
-        from engine.backends.registry import get_backend
+        from whetstone.engine.backends.registry import get_backend
 
         backend = get_backend(plan.model)
         analyst = backend if not plan.analyst or plan.analyst == plan.model \
@@ -58,7 +58,7 @@ def main() -> int:
                         on_progress=progress)
         run_plan(runner, results, only=args.only, rerun=args.rerun)
         run_sections(plan, REPO, only=args.only, rerun=args.rerun)
-    from engine.scoreboard import load_outcome
+    from whetstone.engine.scoreboard import load_outcome
 
     outcomes = {r.id: o for r in plan.rows if (o := load_outcome(results, r)) is not None}
     Path(args.out).write_text(render(plan, outcomes, REPO, command=COMMAND), encoding="utf-8")

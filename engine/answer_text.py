@@ -2,7 +2,7 @@
 "Final Answer: ..."), or else the final line.
 
 One reading for everyone: the runtime asks ``has_answer`` (did the model state an answer?),
-the scorers take ``answer_span`` (which part to compare) and ``engine.evaluation.answers``
+the scorers take ``answer_span`` (which part to compare) and ``whetstone.engine.evaluation.answers``
 builds its number extraction on the same cue and boxes. So a direct call and the agent loop,
 given the same reply, are scored the same way.
 """

@@ -1,6 +1,6 @@
 """The Python API: ``Engine`` wires a backend, the library and the runtime together.
 
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
     engine = Engine(model="embedded")
     trace = engine.run("Use the calculator: what is 17 * 23?")
 
@@ -15,37 +15,37 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.base import Backend
-from engine.backends.registry import BackendOptions, get_backend
-from engine.errors import ConfigError, NotFound
-from engine.evaluation.agent_solver import agent_solver
-from engine.evaluation.direct import direct_solver
-from engine.evaluation.runner import Solver
-from engine.methods.base import make_config
-from engine.methods.registry import MethodRegistry, default_registry
-from engine.paths import whetstone_home
-from engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from engine.runtime.library_tools import validate_library
-from engine.runtime.plugins import MethodEnv, check_host, wrap_solvers
-from engine.runtime.skills_plugin import SkillsPlugin
-from engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
-from engine.server.client import WrappedClient, wrap_client
-from engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
-from engine.types import Message, Trace
-from library_store.corpus import Corpus
-from library_store.store import Library, Snapshot
-from library_store.traces import TraceStore
-from tools.base import Tool
-from tools.builtin import builtin_tools
-from tools.search import make_search_tool
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.backends.registry import BackendOptions, get_backend
+from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.evaluation.agent_solver import agent_solver
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.runner import Solver
+from whetstone.engine.methods.base import make_config
+from whetstone.engine.methods.registry import MethodRegistry, default_registry
+from whetstone.engine.paths import whetstone_home
+from whetstone.engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
+from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.runtime.plugins import MethodEnv, check_host, wrap_solvers
+from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
+from whetstone.engine.server.client import WrappedClient, wrap_client
+from whetstone.engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
+from whetstone.engine.types import Message, Trace
+from whetstone.library_store.corpus import Corpus
+from whetstone.library_store.store import Library, Snapshot
+from whetstone.library_store.traces import TraceStore
+from whetstone.tools.base import Tool
+from whetstone.tools.builtin import builtin_tools
+from whetstone.tools.search import make_search_tool
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from engine.evaluation.tasks import TaskSet
-    from engine.methods.base import Evolver
-    from engine.methods.evolve import EvolveResult
-    from engine.methods.march import MarchResult
+    from whetstone.engine.evaluation.tasks import TaskSet
+    from whetstone.engine.methods.base import Evolver
+    from whetstone.engine.methods.evolve import EvolveResult
+    from whetstone.engine.methods.march import MarchResult
 
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
@@ -72,7 +72,7 @@ class Engine:
     use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
     methods to use besides: registered names (``"co_react"``), ``(name, options)`` pairs, or
-    ``Plugin`` objects (see ``engine.methods.registry``). ``tools`` names built-in tools, and
+    ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools`` names built-in tools, and
     ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone corpus``).
     ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate) answers a task:
     ``agent`` (the loop) or ``direct`` (one call, the library's guidance in the system
@@ -181,7 +181,7 @@ class Engine:
         for m in self.methods:
             name = m.name if isinstance(m, Plugin) else m[0]
             if name == "skills" and host != "agent":
-                continue  # the one-call hosts show the skills without read_skill's tools
+                continue  # the one-call hosts show the skills without read_skill's whetstone.tools
             cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
                                                                             name).load()
             check_host(name, cls, host)
@@ -196,7 +196,7 @@ class Engine:
 
     def corpus(self, name: str | None = None) -> Corpus:
         """The library's evidence corpus ``name`` (default: ``corpus``), opened once."""
-        from library_store.embeddings import query_embedder
+        from whetstone.library_store.embeddings import query_embedder
 
         name = name or self.corpus_name
         if name not in self._corpora:
@@ -238,8 +238,8 @@ class Engine:
         system message; a method with a hook that needs the loop (Co-ReAct's rubric node,
         MARCH's verification, latent refinement) is a ``ConfigError`` there. Tagged with the
         backend's batch for ``-j auto``."""
-        from engine.backends import auto_concurrency
-        from engine.evaluation.runner import with_concurrency
+        from whetstone.engine.backends import auto_concurrency
+        from whetstone.engine.evaluation.runner import with_concurrency
 
         n = auto_concurrency(self.backend)
         if check_solver(kind or self.solver_kind) == "agent":
@@ -260,7 +260,7 @@ class Engine:
         return self.agent.run(task, **kwargs)
 
     def stream(self, task: str, **kwargs: Any) -> Iterator[AgentEvent]:
-        """Steps as they happen, then the finished trace (see ``engine.runtime.Agent.stream``)."""
+        """Steps as they happen, then the finished trace (see ``whetstone.engine.runtime.Agent.stream``)."""
         return self.agent.stream(task, **kwargs)
 
     def resume(self, trace_id: str) -> Trace:
@@ -297,10 +297,10 @@ class Engine:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
         kept as a candidate) unless ``allow_errors``.
         """
-        from engine.backends import auto_concurrency
-        from engine.evaluation.benchmarks import load_tasks
-        from engine.methods.evolve import evolve
-        from library_store.traces import TraceQuery, parse_trace_filter
+        from whetstone.engine.backends import auto_concurrency
+        from whetstone.engine.evaluation.benchmarks import load_tasks
+        from whetstone.engine.methods.evolve import evolve
+        from whetstone.library_store.traces import TraceQuery, parse_trace_filter
 
         if concurrency is None:
             concurrency = auto_concurrency(self.backend)
@@ -369,7 +369,7 @@ class Engine:
         those ``methods`` gives ``march`` (``policy="revise"``, ``rounds=2``, ``k=4`` ...).
         The check is stored as a trace (``meta.source == "verify"``) unless ``record=False``.
         """
-        from engine.methods.march import MarchConfig, MarchVerifier, result_trace
+        from whetstone.engine.methods.march import MarchConfig, MarchVerifier, result_trace
 
         options = {**dict(self._named("march") or {}), **options}
         options.setdefault("corpus", self.corpus_name)
@@ -442,7 +442,7 @@ class Engine:
     def wrap(self, client: Any) -> WrappedClient:
         """An ``openai.OpenAI`` / ``AsyncOpenAI`` client whose ``chat.completions.create``
         applies this engine's library in-process and records each exchange; the trace id is
-        ``response.whetstone_trace_id`` (see ``engine.server.client``)."""
+        ``response.whetstone_trace_id`` (see ``whetstone.engine.server.client``)."""
         return wrap_client(client, self.chat_adapter(), self.traces)
 
     def feedback(self, trace_id: str, score: float, comment: str | None = None) -> Trace:
@@ -456,8 +456,8 @@ class Engine:
 
     def app(self, **server_options: Any) -> Any:
         """The OpenAI-compatible server app for this engine: library applied, traces recorded
-        (``engine.server.create_app`` options: ``api_keys``, ``max_queue`` ...)."""
-        from engine.server import create_app
+        (``whetstone.engine.server.create_app`` options: ``api_keys``, ``max_queue`` ...)."""
+        from whetstone.engine.server import create_app
 
         server_options.setdefault("adapter", self.chat_adapter())
         server_options.setdefault("traces", self.traces)
@@ -512,7 +512,7 @@ def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
     """Every backend spec, installed or not, how to install it and which engine generates
     its text (``whetstone models``). Local families list one row per engine: the default
     under the plain spec, the others as ``<spec>@<engine>``."""
-    from engine.backends.registry import default_registry
+    from whetstone.engine.backends.registry import default_registry
 
     reg = registry or default_registry()
     rows: list[Mapping[str, Any]] = []
@@ -537,7 +537,7 @@ def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
 def _packaged_status(spec: str) -> tuple[bool, str] | None:
     """Installed state of one packaged model, if the packaged-model table knows it."""
     try:
-        from engine.backends import packaged
+        from whetstone.engine.backends import packaged
     except ImportError:
         return None
     name = spec.partition(":")[2] or "qwen-0.5b"

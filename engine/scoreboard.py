@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.evaluation.results import EvalResult
-from engine.evaluation.runner import Solver, evaluate
-from engine.evaluation.tasks import TaskSet
-from engine.types import Trace
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.results import EvalResult
+from whetstone.engine.evaluation.runner import Solver, evaluate
+from whetstone.engine.evaluation.tasks import TaskSet
+from whetstone.engine.types import Trace
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -368,14 +368,14 @@ class Runner:
         if spec == getattr(self.backend, "spec", None):
             return self.backend  # the agent's own model: loaded already
         if spec not in self._analysts:
-            from engine.backends.registry import get_backend
+            from whetstone.engine.backends.registry import get_backend
 
             self._analysts[spec] = get_backend(spec)
         return self._analysts[spec]
 
     def engine(self, library: Path, row: RowPlan | None = None, version: str | None = None
                ) -> Any:
-        from engine.api import Engine
+        from whetstone.engine.api import Engine
 
         return Engine(self.backend, library=library, version=version,
                       methods=row.methods if row else (),
@@ -390,7 +390,7 @@ class Runner:
         return engine.solver(kind=row.solver)
 
     def tasks(self, spec: str) -> TaskSet:
-        from engine.evaluation.benchmarks import load_tasks
+        from whetstone.engine.evaluation.benchmarks import load_tasks
 
         return load_tasks(spec)
 
@@ -400,7 +400,7 @@ class Runner:
         ``work_dir/<set>/collect``, or ``collect-<slice>`` for a row's own slice)."""
         spec = spec or s.train
         if spec not in self._train_traces:
-            from engine.methods.evolve import training_traces
+            from whetstone.engine.methods.evolve import training_traces
 
             sub = "collect" if spec == s.train else f"collect-{slug(spec)}"
             folder = self.work_dir / slug(s.name) / sub

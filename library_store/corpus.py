@@ -31,12 +31,12 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from engine.errors import ConfigError, EmptyCorpus, LibraryError, NotFound
-from engine.types import Passage
-from library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
-from library_store.chunking import DEFAULT_CHUNKS, ChunkSpec, SourceDoc, chunk_document
-from library_store.embeddings import Embedder, TextEmbedder, chroma_embedding_function
-from library_store.fsutil import atomic_write, clean_dir, sha256_bytes
+from whetstone.engine.errors import ConfigError, EmptyCorpus, LibraryError, NotFound
+from whetstone.engine.types import Passage
+from whetstone.library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
+from whetstone.library_store.chunking import DEFAULT_CHUNKS, ChunkSpec, SourceDoc, chunk_document
+from whetstone.library_store.embeddings import Embedder, TextEmbedder, chroma_embedding_function
+from whetstone.library_store.fsutil import atomic_write, clean_dir, sha256_bytes
 
 CORPUS_DIR = "corpus"
 DEFAULT_CORPUS = "default"

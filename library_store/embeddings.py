@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from engine.errors import ModelLoadError, ModelNotInstalled
+from whetstone.engine.errors import ModelLoadError, ModelNotInstalled
 
 if TYPE_CHECKING:
     from chromadb.api.types import EmbeddingFunction
@@ -183,7 +183,7 @@ class OnnxTextEmbedder:
         return self._torch.dim
 
     def _onnx_path(self) -> Path:
-        from engine.paths import cache_dir as default_cache
+        from whetstone.engine.paths import cache_dir as default_cache
 
         folder = self._torch._folder()
         weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
@@ -327,7 +327,7 @@ def query_embedder(threads: int | None = 1, cache_dir: Path | str | None = None)
 
 
 def skill_embedder(threads: int | None = 1, cache_dir: Path | str | None = None) -> Embedder:
-    """The embedder of the skills index (``skills.index.LibraryIndex``), for its documents and
+    """The embedder of the skills index (``whetstone.skills.index.LibraryIndex``), for its documents and
     its queries alike: int8 ONNX when onnxruntime and onnx are installed (a chat request's
     query embedding is most of what adapting it costs), torch otherwise. Every user of one
     library's index must take it from here: an index follows one embedder's name."""

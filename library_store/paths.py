@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from engine.errors import ValidationError
+from whetstone.engine.errors import ValidationError
 
 ROOTS = ("skills", "policies", "memory")  # top-level folders a version may hold
 # Outside every version: evolvers' resume state, one folder per method (see state.py).

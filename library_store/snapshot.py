@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.errors import NotFound
-from engine.types import LibraryVersion
-from library_store.manifest import Manifest
+from whetstone.engine.errors import NotFound
+from whetstone.engine.types import LibraryVersion
+from whetstone.library_store.manifest import Manifest
 
 if TYPE_CHECKING:
-    from library_store.store import Library
+    from whetstone.library_store.store import Library
 
 
 @dataclass(frozen=True)

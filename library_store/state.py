@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
-from library_store.fsutil import atomic_write, make_dirs
-from library_store.paths import STATE_DIR
+from whetstone.engine.errors import ConfigError
+from whetstone.library_store.fsutil import atomic_write, make_dirs
+from whetstone.library_store.paths import STATE_DIR
 
 log = logging.getLogger("whetstone.library")
 

@@ -34,20 +34,20 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from engine.errors import LibraryError, NotFound
-from engine.types import LibraryVersion
-from library_store.blobs import BlobStore, unified_diff
-from library_store.candidates import Candidates
-from library_store.fsutil import FileMemo, atomic_write, clean_dir, make_dirs
-from library_store.manifest import Manifest, version_number
-from library_store.paths import ROOTS, Content, check_path, to_bytes
-from library_store.snapshot import Snapshot
-from library_store.state import MethodState, method_state
-from library_store.traces import TraceStore, trace_store
-from library_store.transfer import write_folder
-from library_store.tree import Trees, group_of
-from library_store.validation import Validate, Validator, rejection
-from library_store.view import View, ViewEdits, ViewError
+from whetstone.engine.errors import LibraryError, NotFound
+from whetstone.engine.types import LibraryVersion
+from whetstone.library_store.blobs import BlobStore, unified_diff
+from whetstone.library_store.candidates import Candidates
+from whetstone.library_store.fsutil import FileMemo, atomic_write, clean_dir, make_dirs
+from whetstone.library_store.manifest import Manifest, version_number
+from whetstone.library_store.paths import ROOTS, Content, check_path, to_bytes
+from whetstone.library_store.snapshot import Snapshot
+from whetstone.library_store.state import MethodState, method_state
+from whetstone.library_store.traces import TraceStore, trace_store
+from whetstone.library_store.transfer import write_folder
+from whetstone.library_store.tree import Trees, group_of
+from whetstone.library_store.validation import Validate, Validator, rejection
+from whetstone.library_store.view import View, ViewEdits, ViewError
 
 log = logging.getLogger("whetstone.library")
 
@@ -58,7 +58,7 @@ class Library:
 
     ``validator`` checks every write (commit, rollback, hand edits, candidates) unless the
     write passes ``validate=False``; the faces (``Engine``, the CLI) open libraries with the
-    product's rules (``engine.runtime.library_tools.validate_library``). Without one only the
+    product's rules (``whetstone.engine.runtime.library_tools.validate_library``). Without one only the
     path rules of ``paths.py`` apply."""
 
     def __init__(self, root: Path | str, *, durable: bool = True,

@@ -29,13 +29,13 @@ from typing import Any
 
 from filelock import FileLock
 
-from engine.errors import ConfigError, NotFound
-from engine.types import Trace
-from library_store.images import ImageStore
-from library_store.paths import shown
-from library_store.trace_build import TRACE_KINDS, trace_kind
-from library_store.trace_index import TraceIndex
-from library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_trace
+from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.types import Trace
+from whetstone.library_store.images import ImageStore
+from whetstone.library_store.paths import shown
+from whetstone.library_store.trace_build import TRACE_KINDS, trace_kind
+from whetstone.library_store.trace_index import TraceIndex
+from whetstone.library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_trace
 
 log = logging.getLogger("whetstone.traces")
 

@@ -15,9 +15,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
-from library_store.blobs import BlobStore
+from whetstone.library_store.blobs import BlobStore
 
-BUCKET_HEX = 2  # 256 buckets: ~400 skills per bucket at 100k skills
+BUCKET_HEX = 2  # 256 buckets: ~400 skills per bucket at 100k whetstone.skills
 
 
 def group_of(path: str) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from engine.errors import ValidationError
+from whetstone.engine.errors import ValidationError
 
 if TYPE_CHECKING:
-    from library_store.store import Snapshot
+    from whetstone.library_store.store import Snapshot
 
 # A validator sees the new version and the paths the change touched; it returns the problems.
 Validator = Callable[["Snapshot", Sequence[str]], Sequence[ValidationError]]

@@ -79,13 +79,13 @@ wait_for() {  # wait_for URL PID WHAT LOG
 # llama.cpp reads the GGUF itself: assembled (and verified) from the packaged wheels, kept in
 # Whetstone's cache beside the dequantized copy (the one `llamacpp:embedded` loads).
 model_folder() {
-  "$PY" -c 'from engine.backends.model_cache import dequantized_packaged
-from engine.paths import cache_dir
+  "$PY" -c 'from whetstone.engine.backends.model_cache import dequantized_packaged
+from whetstone.engine.paths import cache_dir
 print(dequantized_packaged("qwen-0.5b", cache_dir()))' | tail -n 1
 }
 model_gguf() {
-  "$PY" -c 'from engine.backends.model_cache import cached_gguf
-from engine.paths import cache_dir
+  "$PY" -c 'from whetstone.engine.backends.model_cache import cached_gguf
+from whetstone.engine.paths import cache_dir
 print(cached_gguf("qwen-0.5b", cache_dir()))' | tail -n 1
 }
 

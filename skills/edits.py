@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from engine.errors import WhetstoneError
-from engine.replies import extract_json_object
-from skills.format import SKILL_DIRS
+from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.replies import extract_json_object
+from whetstone.skills.format import SKILL_DIRS
 
 Op = Literal["insert_after", "insert_before", "append_to_section", "replace_in_section",
              "add_section", "delete_section", "create", "delete_file"]

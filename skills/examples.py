@@ -2,7 +2,7 @@
 
 Small models copy a worked example far more reliably than they follow advice, so a skill may
 carry examples (``references/examples.md``) and a library may keep a memory of demonstrations
-(``memory/<name>.md``); both use the format of ``skills.format`` (``parse_examples``). For a
+(``memory/<name>.md``); both use the format of ``whetstone.skills.format`` (``parse_examples``). For a
 task, ``ExampleRetriever.nearest`` ranks examples by the cosine similarity of their task to
 the task (the query embedder, vectors cached by text) and keeps the best ``k`` that fit the
 budget, nearest first. The rendering is ``engine/prompts/examples.yaml``.
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.prompts import render_prompt
-from library_store.embeddings import Embedder
-from skills.format import Example
+from whetstone.engine.prompts import render_prompt
+from whetstone.library_store.embeddings import Embedder
+from whetstone.skills.format import Example
 
 TokenCounter = Callable[[str], int]
 MAX_CACHED = 20_000  # task vectors kept (384 floats each: ~30 MB at most)

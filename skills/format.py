@@ -19,10 +19,10 @@ Limits that keep any input cheap to check, applied before anything is parsed or 
 ``MAX_FRONT_MATTER_BYTES`` and at most ``MAX_YAML_NODES`` YAML nodes once aliases are
 expanded, nested at most ``MAX_YAML_DEPTH`` deep (a YAML alias bomb is refused, never built);
 a skill folder at most ``MAX_SKILL_FILES`` files of at most ``MAX_FILE_BYTES`` each and
-``MAX_SKILL_BYTES`` in all, each path one the library can keep (``library_store.paths``).
+``MAX_SKILL_BYTES`` in all, each path one the library can keep (``whetstone.library_store.paths``).
 
 This module is the one home of these rules: the loader, imports, and evolved skills
-(``skills.limits``) all check through it.
+(``whetstone.skills.limits``) all check through it.
 
 Hand-written files round-trip byte for byte: rendering a skill with its original text keeps
 that text, and when only some fields change, only their lines are rewritten.
@@ -37,9 +37,9 @@ from typing import Any
 
 import yaml
 
-from engine.errors import ValidationError
-from engine.types import Skill
-from library_store.paths import MAX_FILE_BYTES, path_problems, shown
+from whetstone.engine.errors import ValidationError
+from whetstone.engine.types import Skill
+from whetstone.library_store.paths import MAX_FILE_BYTES, path_problems, shown
 
 NAME_RE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # use fullmatch: '$' allows a final '\n'
 FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")

@@ -14,7 +14,7 @@ still stored on every document.
 
 chromadb keeps each collection's vector graph in the memory of the process that opened it, so
 a process re-opens its client when another process has re-synced the index (``token``). Every
-``LibraryIndex`` of one folder in a process shares one client (``library_store.chroma_client``),
+``LibraryIndex`` of one folder in a process shares one client (``whetstone.library_store.chroma_client``),
 so the threads of an ``eval -j 8`` can open, query and re-open it at once.
 """
 
@@ -32,18 +32,18 @@ from typing import Any, Protocol
 import numpy as np
 from filelock import FileLock, Timeout
 
-from engine.errors import LibraryError, ValidationError, WhetstoneError
-from library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
-from library_store.embeddings import (
+from whetstone.engine.errors import LibraryError, ValidationError, WhetstoneError
+from whetstone.library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
+from whetstone.library_store.embeddings import (
     Embedder,
     TextEmbedder,
     chroma_embedding_function,
     skill_embedder,
 )
-from library_store.fsutil import FileMemo, atomic_write, clean_dir
-from library_store.store import Library, Snapshot
-from skills.format import SKILL_FILE, parse_skill_md
-from skills.loader import SKILLS_DIR
+from whetstone.library_store.fsutil import FileMemo, atomic_write, clean_dir
+from whetstone.library_store.store import Library, Snapshot
+from whetstone.skills.format import SKILL_FILE, parse_skill_md
+from whetstone.skills.loader import SKILLS_DIR
 
 # Up to this many documents of a kind are ranked exactly in memory (a matrix-vector product,
 # ~1.5 MB of vectors at 1,000), past it through chromadb's HNSW graph.
@@ -177,7 +177,7 @@ class LibraryIndex:
 
     def _open(self) -> SharedChroma:
         """This process's one client of the index folder, shared with every other holder
-        and thread (``library_store.chroma_client``: chromadb cannot open one path from two
+        and thread (``whetstone.library_store.chroma_client``: chromadb cannot open one path from two
         threads at once)."""
         with self._hold:
             if self._shared is None:

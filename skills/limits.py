@@ -1,6 +1,6 @@
 """Keep an evolved skill inside the Agent Skills rules, dropping the least-supported edits.
 
-The rules themselves are ``skills.format``'s: SKILL.md at most ``MAX_BODY_LINES`` lines with
+The rules themselves are ``whetstone.skills.format``'s: SKILL.md at most ``MAX_BODY_LINES`` lines with
 valid front matter, reference files at most ``MAX_REFERENCE_LINES`` lines. On top of them an
 evolved skill keeps at most ``MAX_REFERENCES`` reference files, and a reference file and its
 link in SKILL.md are kept or dropped together.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from skills.edits import SkillPatch, apply_patch
-from skills.format import MAX_BODY_LINES, MAX_REFERENCE_LINES, parse_skill_md
+from whetstone.skills.edits import SkillPatch, apply_patch
+from whetstone.skills.format import MAX_BODY_LINES, MAX_REFERENCE_LINES, parse_skill_md
 
 # Counted over the whole file (front matter included), so an evolved skill stays a little
 # inside the body limit rather than on its edge.

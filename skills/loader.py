@@ -1,6 +1,6 @@
 """Skills in a library version: load them, validate them, and turn skills into changes.
 
-The rules a skill folder must follow live in ``skills.format`` (``check_skill_files``); this
+The rules a skill folder must follow live in ``whetstone.skills.format`` (``check_skill_files``); this
 module applies them to library versions. Loading never stops at a bad skill: its problems are
 collected and the rest of the library loads.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from engine.errors import NotFound, ValidationError
-from engine.types import Skill
-from library_store.store import Snapshot, rejection
-from skills.format import (
+from whetstone.engine.errors import NotFound, ValidationError
+from whetstone.engine.types import Skill
+from whetstone.library_store.store import Snapshot, rejection
+from whetstone.skills.format import (
     MEMORY_DIR,
     NAME_RE,
     SKILL_FILE,
@@ -21,7 +21,7 @@ from skills.format import (
     parse_examples,
     render_skill_md,
 )
-from skills.policies import validate_policies
+from whetstone.skills.policies import validate_policies
 
 SKILLS_DIR = "skills"  # the library folder that holds one folder per skill
 
@@ -109,7 +109,7 @@ def _loose_file(path: str) -> ValidationError:
 def validate_memory(snapshot: Snapshot, changed: Sequence[str] | None = None
                     ) -> list[ValidationError]:
     """Problems of the memory files ``changed`` touched (every one when None): each is
-    ``memory/<name>.md`` in the worked-examples format (``skills.format.parse_examples``)."""
+    ``memory/<name>.md`` in the worked-examples format (``whetstone.skills.format.parse_examples``)."""
     paths = sorted(snapshot.files(f"{MEMORY_DIR}/")) if changed is None else [
         p for p in changed if p.split("/")[0] == MEMORY_DIR and snapshot.exists(p)]
     problems: list[ValidationError] = []

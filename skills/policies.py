@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.errors import ValidationError
-from engine.types import PolicyNote
+from whetstone.engine.errors import ValidationError
+from whetstone.engine.types import PolicyNote
 
 if TYPE_CHECKING:
-    from library_store.store import Snapshot
+    from whetstone.library_store.store import Snapshot
 
 POLICIES_DIR = "policies"
 MAX_NOTE_CHARS = 600

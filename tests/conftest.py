@@ -38,7 +38,7 @@ def whetstone_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def embedded_backend() -> Iterator[object]:
     """The real embedded model (Qwen2.5-Coder-0.5B-Instruct), loaded once per session."""
-    from engine.backends import BackendOptions, get_backend
+    from whetstone.engine.backends import BackendOptions, get_backend
 
     backend = get_backend("embedded", BackendOptions(cache_dir=SHARED_CACHE))
     yield backend

@@ -14,11 +14,11 @@ from typing import Any
 
 from servers import running_server
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.server.adapter import ChatAdapter, chat_skills_plugin
-from engine.types import Completion, Request, Trace
-from library_store.store import Library
-from library_store.traces import TraceStore
+from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
+from whetstone.engine.server.adapter import ChatAdapter, chat_skills_plugin
+from whetstone.engine.types import Completion, Request, Trace
+from whetstone.library_store.store import Library
+from whetstone.library_store.traces import TraceStore
 
 SKILLS = {
     "skills/unit-conversion/SKILL.md": """---
@@ -72,7 +72,7 @@ def make_library(path: Path) -> Library:
 @functools.lru_cache(maxsize=1)
 def shared_embedder() -> Any:
     """One MiniLM for every test in the process (loading it takes a second or two)."""
-    from library_store.embeddings import TextEmbedder
+    from whetstone.library_store.embeddings import TextEmbedder
 
     return TextEmbedder(threads=1)
 

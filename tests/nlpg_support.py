@@ -7,8 +7,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.backends.scripted import ScriptedBackend
-from engine.types import Request, Step, Trace
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.types import Request, Step, Trace
 
 RUBRIC = "co_react_rubric"
 

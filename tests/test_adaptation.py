@@ -13,21 +13,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.evaluation.runner import evaluate
-from engine.evaluation.tasks import TaskRecord, tasks_from_traces
-from engine.methods.evolve import gate_and_apply
-from engine.methods.examples import ExampleStats, example_from_trace, examples_from_traces
-from engine.methods.memory import Memory, MemoryConfig
-from engine.methods.registry import default_registry
-from engine.methods.self_consistency import SelfConsistency, SelfConsistencyConfig, vote_of
-from engine.types import Request, Step, Trace
-from library_store.store import Library
-from skills.examples import ExampleRetriever
-from skills.format import Example, parse_examples, render_examples
-from skills.loader import validate_snapshot
-from skills.retrieval import approx_tokens
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
+from whetstone.engine.methods.evolve import gate_and_apply
+from whetstone.engine.methods.examples import ExampleStats, example_from_trace, examples_from_traces
+from whetstone.engine.methods.memory import Memory, MemoryConfig
+from whetstone.engine.methods.registry import default_registry
+from whetstone.engine.methods.self_consistency import (
+    SelfConsistency,
+    SelfConsistencyConfig,
+    vote_of,
+)
+from whetstone.engine.types import Request, Step, Trace
+from whetstone.library_store.store import Library
+from whetstone.skills.examples import ExampleRetriever
+from whetstone.skills.format import Example, parse_examples, render_examples
+from whetstone.skills.loader import validate_snapshot
+from whetstone.skills.retrieval import approx_tokens
 
 
 class WordEmbedder:
@@ -200,9 +204,9 @@ def model_that_copies(request: Request) -> str:
 
 def test_memory_keeps_verified_runs_and_the_runtime_shows_the_nearest(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import library_store.embeddings
+    from whetstone.library_store import embeddings
 
-    monkeypatch.setattr(library_store.embeddings, "query_embedder",
+    monkeypatch.setattr(embeddings, "query_embedder",
                         lambda threads=1: WordEmbedder())
     lib = Library.init(tmp_path / "lib")
     train = [code_trace(f"tr{i}", f"Ann has {i} pens and gets {i} more. How many pens?",
@@ -331,7 +335,7 @@ def t2s_analyst(request: Request) -> str:
 
 @pytest.mark.parametrize("sequential", [False, True])
 def test_trace2skill_keeps_verified_examples_chosen_by_the_analysts(sequential: bool) -> None:
-    from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+    from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
 
     t2s = Trace2Skill(Trace2SkillConfig("adding", create=True, examples=True, workers=1,
                                         sequential=sequential))
@@ -349,7 +353,7 @@ def test_trace2skill_keeps_verified_examples_chosen_by_the_analysts(sequential: 
 
 
 def test_trace2skill_retires_and_replaces_examples_and_respects_the_cap() -> None:
-    from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+    from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
 
     old = render_examples([Example("o1", "Old task one", "1"), Example("o2", "Old task two", "2")])
     skill = "---\nname: adding\ndescription: Adding.\n---\n# Adding\n\n## Pitfalls\n"
@@ -372,11 +376,11 @@ def test_trace2skill_retires_and_replaces_examples_and_respects_the_cap() -> Non
 
 
 def test_the_skills_runtime_shows_the_nearest_examples_of_a_shown_skill(tmp_path: Path) -> None:
-    from engine.runtime.skills_plugin import SkillsPlugin
-    from engine.runtime.state import AgentContext
-    from skills.index import LibraryIndex
-    from skills.retrieval import SkillRetriever
-    from tools.base import Toolbox
+    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+    from whetstone.engine.runtime.state import AgentContext
+    from whetstone.skills.index import LibraryIndex
+    from whetstone.skills.retrieval import SkillRetriever
+    from whetstone.tools.base import Toolbox
 
     lib = Library.init(tmp_path / "lib")
     skill = "---\nname: adding\ndescription: Word problems that add apples.\n---\n# Adding\n"
@@ -397,7 +401,7 @@ def test_the_skills_runtime_shows_the_nearest_examples_of_a_shown_skill(tmp_path
 
 
 def test_a_scoreboard_row_evolves_with_its_own_analyst(tmp_path: Path) -> None:
-    from engine.scoreboard import Runner, load_plan
+    from whetstone.engine.scoreboard import Runner, load_plan
 
     plan = load_plan(Path(__file__).parents[1] / "benchmarks" / "scoreboard.yaml")
     rows = {r.id: r for r in plan.rows}

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.runtime import Agent, RunConfig
-from engine.types import Trace
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.runtime import Agent, RunConfig
+from whetstone.engine.types import Trace
 
 TASK = "What is 17 * 23?"
 ANSWER = "17 * 23 = 391, so the answer is 391."
@@ -208,7 +208,7 @@ def test_several_blocks_in_one_reply_run_as_one_program() -> None:
 def test_code_blocks_are_text_when_python_is_not_offered() -> None:
     reply = "```python\nprint(17 * 23)\n```\nThe answer is 391."
     backend = ScriptedBackend([reply], tool_calls=True)
-    from tools.builtin import builtin_tools
+    from whetstone.tools.builtin import builtin_tools
     trace = Agent(backend, tools=builtin_tools(("calculator",))).run(TASK)
     assert trace.answer == reply and not acts(trace)
 
@@ -296,7 +296,7 @@ def test_call_arguments_written_loosely_are_read(reply: str) -> None:
 
 
 def test_parse_call_arguments_raises_the_json_error_when_nothing_reads() -> None:
-    from engine.replies import parse_call_arguments
+    from whetstone.engine.replies import parse_call_arguments
 
     assert parse_call_arguments("{'a': None, 'b': [1, 2]}") == {"a": None, "b": [1, 2]}
     with pytest.raises(json.JSONDecodeError):

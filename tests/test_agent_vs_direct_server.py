@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.api import Engine
-from engine.backends import get_backend
-from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.compare import compare
-from engine.evaluation.runner import evaluate
-from engine.runtime.call_forms import json_calls
 from tests.test_real_upstreams import upstream
+from whetstone.engine.api import Engine
+from whetstone.engine.backends import get_backend
+from whetstone.engine.evaluation.benchmarks import load_tasks
+from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.runtime.call_forms import json_calls
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""One ask-parse-retry loop (``engine.methods.analyst``) for the async evolvers and the
+"""One ask-parse-retry loop (``whetstone.engine.methods.analyst``) for the async evolvers and the
 synchronous graph nodes (Co-ReAct's ``rubric.ask``): the same requests, costs and drops."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import BackendError, ParseError
-from engine.methods import rubric
-from engine.methods.analyst import AnalystReply, ask_parsed, ask_parsed_sync
-from engine.types import Completion, Request
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import BackendError, ParseError
+from whetstone.engine.methods import rubric
+from whetstone.engine.methods.analyst import AnalystReply, ask_parsed, ask_parsed_sync
+from whetstone.engine.types import Completion, Request
 
 
 def as_int(text: str) -> int:

@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from engine.commands.corpus import corpus_group
-from engine.commands.library import library_group
-from engine.errors import ConfigError, ValidationError
-from library_store.chunking import ReadReport, read_path
-from library_store.paths import check_path
-from library_store.store import Library
-from library_store.transfer import ReadLimits, read_folder
-from skills.transfer import import_skills
+from whetstone.engine.commands.corpus import corpus_group
+from whetstone.engine.commands.library import library_group
+from whetstone.engine.errors import ConfigError, ValidationError
+from whetstone.library_store.chunking import ReadReport, read_path
+from whetstone.library_store.paths import check_path
+from whetstone.library_store.store import Library
+from whetstone.library_store.transfer import ReadLimits, read_folder
+from whetstone.skills.transfer import import_skills
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = "---\nname: {name}\ndescription: A good skill called {name}.\n---\n\n# {name}\n\nDo it.\n"
@@ -137,8 +137,8 @@ def _ext_header(kind: bytes, size: int) -> bytes:
 RSS_PROBE = textwrap.dedent("""
     import json, resource, sys, time
     from pathlib import Path
-    from engine.errors import ConfigError
-    from library_store.transfer import read_folder
+    from whetstone.engine.errors import ConfigError
+    from whetstone.library_store.transfer import read_folder
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.monotonic()
     try:
@@ -331,6 +331,6 @@ def test_bidi_and_zero_width_characters_are_refused_in_names(tmp_path: Path,
 def test_the_tool_name_rule_has_no_trailing_newline() -> None:
     # `$` matches before a final newline: "count\n" passed the tool-name rule (other checks
     # caught it later; the rule itself must not).
-    from tools.learned import TOOL_NAME
+    from whetstone.tools.learned import TOOL_NAME
 
     assert TOOL_NAME.match("count") and not TOOL_NAME.match("count\n")

@@ -167,8 +167,8 @@ def test_only_the_key_an_exchange_was_recorded_for_may_label_it(served: Served) 
 def test_a_key_cannot_label_a_trace_recorded_without_one(served: Served) -> None:
     """A trace no key recorded (an eval run in the same store, an exchange from before the
     server had keys) belongs to no client."""
-    from engine.types import Trace
-    from library_store.traces import TraceStore
+    from whetstone.engine.types import Trace
+    from whetstone.library_store.traces import TraceStore
 
     TraceStore(served.library / "traces").append(
         Trace(id="20260101-000000-0a0b0c0d", task="offline", answer="4"))

@@ -391,7 +391,7 @@ def test_a_gzip_bomb_from_the_upstream_is_cut_at_the_cap(tmp_path: Path, path: s
 ])
 def test_usage_is_read_in_one_place_and_only_sane_counts_pass(usage: Any,
                                                                expected: Any) -> None:
-    from engine.backends.openai_wire import StreamAccumulator, completion_from_openai
+    from whetstone.engine.backends.openai_wire import StreamAccumulator, completion_from_openai
 
     done = completion_from_openai(_completion(usage), 0.1)
     assert (done.prompt_tokens, done.completion_tokens) == (expected or (0, 0))
@@ -402,9 +402,9 @@ def test_usage_is_read_in_one_place_and_only_sane_counts_pass(usage: Any,
 
 
 def test_connection_limits_are_checked_and_counted() -> None:
-    from engine.errors import ConfigError
-    from engine.server.connections import ConnectionGuard, ConnectionLimits
-    from engine.server.metrics import Metrics
+    from whetstone.engine.errors import ConfigError
+    from whetstone.engine.server.connections import ConnectionGuard, ConnectionLimits
+    from whetstone.engine.server.metrics import Metrics
 
     with pytest.raises(ConfigError):
         ConnectionLimits(header_timeout_s=0)

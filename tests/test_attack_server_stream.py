@@ -137,9 +137,9 @@ def test_a_hostile_streamed_reply_is_cut_with_bounded_memory_and_time(
 
 
 def test_the_blocking_stream_is_cut_too(served: tuple[str, int, str]) -> None:
-    from engine.backends import BackendOptions, get_backend
-    from engine.errors import BackendError
-    from engine.types import Message, Request
+    from whetstone.engine.backends import BackendOptions, get_backend
+    from whetstone.engine.errors import BackendError
+    from whetstone.engine.types import Message, Request
 
     _, _, upstream = served
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -157,8 +157,8 @@ def test_a_stream_that_stalls_past_the_deadline_is_cut_on_both_paths(
         served: tuple[str, int, str]) -> None:
     """The text so far, then ``finish_reason="timeout"``; was: httpx's own ReadTimeout from
     the blocking path."""
-    from engine.backends import BackendOptions, get_backend
-    from engine.types import Message, Request
+    from whetstone.engine.backends import BackendOptions, get_backend
+    from whetstone.engine.types import Message, Request
 
     ask = Request(messages=(Message("user", "stall"),))
     with get_backend(f"openai:tiny@{served[2]}/v1", BackendOptions(
@@ -176,7 +176,7 @@ def test_a_stream_that_stalls_past_the_deadline_is_cut_on_both_paths(
 
 
 def test_the_event_parser_keeps_events_whole_and_bounded() -> None:
-    from engine.backends.openai_http import HttpFailure, SseParser
+    from whetstone.engine.backends.openai_http import HttpFailure, SseParser
 
     parser = SseParser(max_event_bytes=64, max_total_bytes=200)
     wire = b': ping\r\n\r\ndata: {"a": 1}\r\n\r\nevent: error\ndata: {"b":\ndata:2}\n\nda'
@@ -224,7 +224,7 @@ def test_logprobs_is_read_as_its_route_means_it(served: tuple[str, int, str], ro
 def test_the_sdks_transport_errors_are_upstream_faults() -> None:
     # The SDK in this venv raises httpx2's errors: they are the upstream's (502), not ours (500).
     httpx2 = pytest.importorskip("httpx2")
-    from engine.server.service import upstream_fault
+    from whetstone.engine.server.service import upstream_fault
 
     assert upstream_fault(httpx2.ReadTimeout("slow"))
     assert upstream_fault(httpx2.ConnectError("refused"))

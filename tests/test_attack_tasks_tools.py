@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.errors import EvalError
-from engine.evaluation.benchmarks import load_tasks
+from whetstone.cli import cli
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.benchmarks import load_tasks
 
 # --- finding 1: a task file's scorer field -------------------------------------------------
 
@@ -75,7 +75,7 @@ def test_python_loaders_apply_the_same_rule(tmp_path: Path) -> None:
     with pytest.raises(EvalError, match="built-in scorer"):
         load_tasks(f"{tasks}@test")  # a split of the file is the same file
     # The evolve gate (--gate-tasks, Engine.evolve) reads files through the same reader.
-    from engine.evaluation.gate import gate_tasks
+    from whetstone.engine.evaluation.gate import gate_tasks
 
     with pytest.raises(EvalError, match="built-in scorer"):
         gate_tasks(str(tasks))
@@ -84,7 +84,7 @@ def test_python_loaders_apply_the_same_rule(tmp_path: Path) -> None:
 
 
 def test_builtin_scorer_names_stay_allowed(tmp_path: Path) -> None:
-    from engine.evaluation.scorers import BUILTIN, is_user_scorer
+    from whetstone.engine.evaluation.scorers import BUILTIN, is_user_scorer
 
     lines = [{"id": f"t{i}", "question": "q", "expected": "1", "scorer": s}
              for i, s in enumerate(["exact", "normalized", "numeric:0.01", "NUMERIC", "f1",
@@ -118,7 +118,7 @@ def test_builtin_scorer_names_stay_allowed(tmp_path: Path) -> None:
 ])
 def test_module_reached_through_an_attribute_is_refused(source: str, rule: str,
                                                         words: str) -> None:
-    from tools.validate import check_tool_code
+    from whetstone.tools.validate import check_tool_code
 
     problems = check_tool_code(source)
     assert problems, source
@@ -132,7 +132,7 @@ def test_denied_attributes_cover_every_module_the_allowed_ones_hold() -> None:
     import importlib
     import types
 
-    from tools.validate import ALLOWED_MODULES, DENIED_ATTRIBUTES, _module_problem
+    from whetstone.tools.validate import ALLOWED_MODULES, DENIED_ATTRIBUTES, _module_problem
 
     roots = [*sorted(ALLOWED_MODULES - {"__future__"}), "PIL.Image", "PIL.ImageDraw",
              "PIL.ImageOps", "PIL.ImageFilter", "PIL.ImageChops", "PIL.ImageEnhance",
@@ -162,7 +162,7 @@ def test_denied_attributes_cover_every_module_the_allowed_ones_hold() -> None:
 
 
 def test_plain_image_and_number_code_still_passes() -> None:
-    from tools.validate import check_tool_code
+    from whetstone.tools.validate import check_tool_code
 
     source = ("import numpy as np\nfrom PIL import Image\n"
               "def f(image: Image.Image, path: str) -> dict:\n"
@@ -180,10 +180,10 @@ import json, os, socket, sys, tempfile, time
 from dataclasses import replace
 from pathlib import Path
 
-from tools.images import ImageFiles
-from tools.learned import define_tool
-from tools.learned_run import run_learned
-from tools.sandbox import Sandbox
+from whetstone.tools.images import ImageFiles
+from whetstone.tools.learned import define_tool
+from whetstone.tools.learned_run import run_learned
+from whetstone.tools.sandbox import Sandbox
 
 MAKE = """
 import os, socket

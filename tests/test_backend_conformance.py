@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from servers import Servers
 
-from engine.backends import Backend, BackendOptions, get_backend
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import BackendError, ConfigError
-from engine.server import create_app
-from engine.types import Completion, Message, Request
+from whetstone.engine.backends import Backend, BackendOptions, get_backend
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import BackendError, ConfigError
+from whetstone.engine.server import create_app
+from whetstone.engine.types import Completion, Message, Request
 
 CALC = {
     "type": "function",
@@ -137,8 +137,8 @@ def qwen_prompt_tokens(request: Request) -> int:
     from conftest import SHARED_CACHE
     from transformers import AutoTokenizer
 
-    from engine.backends.chat_template import template_messages
-    from engine.backends.model_cache import dequantized_packaged
+    from whetstone.engine.backends.chat_template import template_messages
+    from whetstone.engine.backends.model_cache import dequantized_packaged
 
     tok = AutoTokenizer.from_pretrained(str(dequantized_packaged("qwen-0.5b", SHARED_CACHE)))
     text = tok.apply_chat_template(template_messages(request.messages, True),

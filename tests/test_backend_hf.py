@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from engine.backends import BackendOptions, get_backend
-from engine.backends.chat_template import render_chat_template, template_messages
-from engine.backends.hf import HFBackend
-from engine.backends.toolcall_format import (
+from whetstone.engine.backends import BackendOptions, get_backend
+from whetstone.engine.backends.chat_template import render_chat_template, template_messages
+from whetstone.engine.backends.hf import HFBackend
+from whetstone.engine.backends.toolcall_format import (
     StreamGate,
     format_tool_calls,
     offered_tool_names,
     parse_tool_calls,
 )
-from engine.errors import ConfigError, ModelLoadError
-from engine.types import Message, Request, ToolCall
+from whetstone.engine.errors import ConfigError, ModelLoadError
+from whetstone.engine.types import Message, Request, ToolCall
 
 CALC = {
     "type": "function",
@@ -237,6 +237,6 @@ def test_smollm2_loads_and_generates() -> None:
     try:
         c = backend.complete(Request(messages=[Message("user", "Hi!")], max_tokens=8))
         assert c.text and c.completion_tokens > 0 and c.model == "embedded:smollm2"
-        assert not backend.capabilities.tool_calls  # its template has no tools
+        assert not backend.capabilities.tool_calls  # its template has no whetstone.tools
     finally:
         backend.close()

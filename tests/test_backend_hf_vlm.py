@@ -17,11 +17,11 @@ from conftest import SHARED_CACHE
 from PIL import Image
 from vlm_support import IMAGE_TOKENS, save_tiny_vlm, word_tokenizer
 
-from engine.api import describe_models
-from engine.backends import get_backend
-from engine.backends.hf_vlm import is_vision_folder, load_image
-from engine.errors import ConfigError
-from engine.types import Message, Request
+from whetstone.engine.api import describe_models
+from whetstone.engine.backends import get_backend
+from whetstone.engine.backends.hf_vlm import is_vision_folder, load_image
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.types import Message, Request
 
 WORDS = ["user", "assistant", "system", "What", "shape", "colour", "is", "it?", "red", "blue"]
 
@@ -140,9 +140,9 @@ def test_an_easy_vqa_task_runs_end_to_end_through_the_agent(tmp_path: Path) -> N
     import easy_vqa
     from transformers import AutoTokenizer
 
-    from engine.api import Engine
-    from engine.backends.model_cache import dequantized_packaged
-    from engine.runtime.state import RunConfig
+    from whetstone.engine.api import Engine
+    from whetstone.engine.backends.model_cache import dequantized_packaged
+    from whetstone.engine.runtime.state import RunConfig
 
     tok = AutoTokenizer.from_pretrained(str(dequantized_packaged("qwen-0.5b", SHARED_CACHE)),
                                         local_files_only=True)

@@ -18,23 +18,23 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse
 from servers import Servers, free_port
 
-from engine.backends import BackendOptions, get_backend
-from engine.backends.openai_compat import (
+from whetstone.engine.backends import BackendOptions, get_backend
+from whetstone.engine.backends.openai_compat import (
     OFFICIAL_BASE_URL,
     OpenAICompatBackend,
     RetryPolicy,
     parse_spec,
 )
-from engine.backends.openai_wire import (
+from whetstone.engine.backends.openai_wire import (
     StreamAccumulator,
     message_to_openai,
     request_from_openai,
     request_to_openai,
 )
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import BackendError, BackendTimeout, BackendUnavailable, ConfigError
-from engine.server import create_app
-from engine.types import Completion, Message, Request, ToolCall
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import BackendError, BackendTimeout, BackendUnavailable, ConfigError
+from whetstone.engine.server import create_app
+from whetstone.engine.types import Completion, Message, Request, ToolCall
 
 ASK = Request(messages=[Message("user", "Say hello.")], max_tokens=16)
 WEATHER_TOOL = {

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from engine.backends import BackendOptions, get_backend
-from engine.backends.llamacpp import LlamaCppBackend
-from engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
-from engine.types import Message, Request
+from whetstone.engine.backends import BackendOptions, get_backend
+from whetstone.engine.backends.llamacpp import LlamaCppBackend
+from whetstone.engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
+from whetstone.engine.types import Message, Request
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -181,7 +181,7 @@ def test_llamacpp_embedded_tool_call_and_stream() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not (HAS_VLLM and _cuda()), reason="needs vLLM and a CUDA GPU")
 def test_vllm_batch_on_a_gpu() -> None:
-    from engine.backends.model_cache import dequantized_packaged
+    from whetstone.engine.backends.model_cache import dequantized_packaged
 
     folder = dequantized_packaged("qwen-0.5b", BackendOptions().cache_dir)
     backend = get_backend(f"vllm:{folder}", BackendOptions(extra={"max_model_len": 4096}))

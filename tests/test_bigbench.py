@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.errors import EvalError
-from engine.evaluation import bigbench
-from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.scorers import get_scorer, words_to_digits
-from engine.evaluation.tasks import TaskRecord, parse_spec, split_of
-from engine.paths import cache_dir
+from whetstone.cli import cli
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation import bigbench
+from whetstone.engine.evaluation.benchmarks import load_tasks
+from whetstone.engine.evaluation.scorers import get_scorer, words_to_digits
+from whetstone.engine.evaluation.tasks import TaskRecord, parse_spec, split_of
+from whetstone.engine.paths import cache_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bigbench"
 TOP = "bigbench-1.0.0"
@@ -273,8 +273,8 @@ def test_choice_scorer_needs_options_and_a_valid_expected() -> None:
 
 def test_choice_scorer_reads_options_from_a_question_rebuilt_from_a_trace(cache: Path) -> None:
     """The gate rebuilds tasks from traces (question text and label only, no metadata)."""
-    from engine.evaluation.tasks import tasks_from_traces
-    from engine.types import Trace
+    from whetstone.engine.evaluation.tasks import tasks_from_traces
+    from whetstone.engine.types import Trace
 
     task = load_tasks("bigbench:toy_choice")[0]
     trace = Trace(id="r1", task=task.question, answer="The answer is (B).", label=task.expected,
@@ -390,8 +390,8 @@ def test_real_families_give_50_test_tasks(family: str) -> None:
 
 def test_exact_text_reads_a_printed_list_of_strings() -> None:
     """The agent sorts with a program and answers with its output, a Python list."""
-    from engine.evaluation.scorers import exact_text
-    from engine.evaluation.tasks import TaskRecord
+    from whetstone.engine.evaluation.scorers import exact_text
+    from whetstone.engine.evaluation.tasks import TaskRecord
 
     task = TaskRecord(id="w", question="Sort: pear apple", expected="apple pear",
                       scorer="exact_text")

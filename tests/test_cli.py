@@ -13,7 +13,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from cli import cli
+from whetstone.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -172,8 +172,8 @@ def test_help_is_instant_and_imports_nothing_heavy() -> None:
 def test_error_messages_keep_their_bracketed_rule_names(capsys: object) -> None:
     import pytest
 
-    from engine.commands.common import fail
-    from engine.errors import ValidationError
+    from whetstone.engine.commands.common import fail
+    from whetstone.engine.errors import ValidationError
 
     with pytest.raises(SystemExit) as exit_info:
         fail(ValidationError("skills/x/SKILL.md", "name", "must match the folder", line=2,
@@ -219,7 +219,7 @@ def test_verbose_shows_the_engines_log_and_the_level_can_come_from_the_environme
         tmp_path: Path) -> None:
     import logging
 
-    from engine.commands.common import configure_logging
+    from whetstone.engine.commands.common import configure_logging
 
     tasks = tmp_path / "t.jsonl"
     tasks.write_text('{"id": "a", "question": "2+2?", "expected": "4"}\n{"id": "b", \n')

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ParseError
-from engine.methods.co_react import CoReAct, CoReActConfig
-from engine.methods.rubric import parse_check, parse_rubric, phase_of
-from engine.runtime import Agent, RunConfig
-from engine.runtime.checkpoints import Checkpoints
-from engine.types import Request, Rubric
-from library_store.traces import TraceStore
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ParseError
+from whetstone.engine.methods.co_react import CoReAct, CoReActConfig
+from whetstone.engine.methods.rubric import parse_check, parse_rubric, phase_of
+from whetstone.engine.runtime import Agent, RunConfig
+from whetstone.engine.runtime.checkpoints import Checkpoints
+from whetstone.engine.types import Request, Rubric
+from whetstone.library_store.traces import TraceStore
 
 HEADING = "Rubric for your next step"
 RUBRIC = ("1. [0.5] Multiplies 17 by 23 with the calculator\n"

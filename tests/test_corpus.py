@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.commands.corpus import corpus_group
-from engine.errors import ConfigError, EmptyCorpus, LibraryError, NotFound
-from engine.types import Passage
-from library_store.chunking import (
+from whetstone.engine.commands.corpus import corpus_group
+from whetstone.engine.errors import ConfigError, EmptyCorpus, LibraryError, NotFound
+from whetstone.engine.types import Passage
+from whetstone.library_store.chunking import (
     ChunkSpec,
     SourceDoc,
     chunk_document,
@@ -21,10 +21,10 @@ from library_store.chunking import (
     jsonl_docs,
     read_path,
 )
-from library_store.corpus import Corpus, corpus_path
-from library_store.embeddings import Embedder, query_embedder
-from tools.base import Toolbox
-from tools.search import format_passages, make_search_tool
+from whetstone.library_store.corpus import Corpus, corpus_path
+from whetstone.library_store.embeddings import Embedder, query_embedder
+from whetstone.tools.base import Toolbox
+from whetstone.tools.search import format_passages, make_search_tool
 
 FACTS = [
     "The Eiffel Tower in Paris was completed in 1889 for the World's Fair.",
@@ -310,8 +310,8 @@ def test_a_task_sets_evidence_fills_a_corpus(tmp_path: Path) -> None:
 
 
 def test_an_agent_searches_the_library_corpus(tmp_path: Path, embedder: Embedder) -> None:
-    from engine.api import Engine
-    from engine.backends.scripted import ScriptedBackend
+    from whetstone.engine.api import Engine
+    from whetstone.engine.backends.scripted import ScriptedBackend
 
     lib = tmp_path / "lib"
     Corpus.of_library(lib, "facts", embedder).add(docs_of(*FACTS))

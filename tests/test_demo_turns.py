@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.methods.memory import Memory, MemoryConfig
-from engine.runtime.plugins import Guidance, Plugin
-from engine.server.adapter import ChatAdapter, inject_turns_dicts
-from engine.types import Message, Request
-from library_store.store import Library
-from skills.examples import ExampleRetriever, demo_turns, first_reply
-from skills.format import Example
-from skills.retrieval import approx_tokens
 from tests.test_adaptation import TASKS, WordEmbedder, code_trace
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.methods.memory import Memory, MemoryConfig
+from whetstone.engine.runtime.plugins import Guidance, Plugin
+from whetstone.engine.server.adapter import ChatAdapter, inject_turns_dicts
+from whetstone.engine.types import Message, Request
+from whetstone.library_store.store import Library
+from whetstone.skills.examples import ExampleRetriever, demo_turns, first_reply
+from whetstone.skills.format import Example
+from whetstone.skills.retrieval import approx_tokens
 
 PROGRAM = "Compute it.\n```python\nprint(4)\n```"
 
@@ -51,9 +51,9 @@ def test_turns_are_chosen_within_the_budget_and_skip_examples_with_no_reply() ->
 
 
 def _library_with_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Library:
-    import library_store.embeddings
+    from whetstone.library_store import embeddings
 
-    monkeypatch.setattr(library_store.embeddings, "query_embedder",
+    monkeypatch.setattr(embeddings, "query_embedder",
                         lambda threads=1: WordEmbedder())
     lib = Library.init(tmp_path / "lib")
     train = [code_trace(f"tr{i}", f"Ann has {i} pens and gets {i} more. How many pens?",

@@ -10,7 +10,7 @@ import importlib
 import re
 from pathlib import Path
 
-from engine import errors
+from whetstone.engine import errors
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "cli.md"

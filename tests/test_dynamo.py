@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ParseError
-from engine.evaluation.tasks import TaskRecord, TaskSet
-from engine.methods.dynamo import Dynamo, DynamoConfig
-from engine.methods.dynamo_parts import Cluster, Repairs, parse_clusters, parse_tool
-from engine.types import Request
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ParseError
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
+from whetstone.engine.methods.dynamo import Dynamo, DynamoConfig
+from whetstone.engine.methods.dynamo_parts import Cluster, Repairs, parse_clusters, parse_tool
+from whetstone.engine.types import Request
 
 
 def shop(i: int, prefix: str = "t") -> TaskRecord:
@@ -232,7 +232,7 @@ DUNDER_IMPORT = 'def f(x: int) -> int:\n    """F."""\n    return __import__("os"
                                      (DUNDER_IMPORT, "__import__")])
 def test_code_using_os_system_or_dunder_import_is_refused_before_it_runs(bad: str,
                                                                          why: str) -> None:
-    from engine.errors import ValidationError
+    from whetstone.engine.errors import ValidationError
 
     cluster = Cluster("computational", ["t0"], "x")
     reply = f"```python\n{bad}```\n" + '{"tests": [{"failure": "F1", "arguments": {"x": 1}}]}'
@@ -259,7 +259,7 @@ def test_given_toolset_mode_learns_only_when_to_call_python(tmp_path: Path) -> N
 
 
 def test_an_unknown_given_tool_is_a_clear_error(tmp_path: Path) -> None:
-    from engine.errors import ConfigError
+    from whetstone.engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown tool.*abacus"):
         engine_at(tmp_path).evolve("dynamo", **DIAGNOSE, tasks=TRAIN, gate_tasks=DEV, train=4,
@@ -328,7 +328,7 @@ def test_cli_evolve_dynamo_has_its_knobs() -> None:
 
 
 def test_dynamo_needs_labelled_tasks_and_an_evolve_context() -> None:
-    from engine.errors import ConfigError
+    from whetstone.engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs an evolve context"):
         Dynamo(DynamoConfig()).fit([], {}, ScriptedBackend())

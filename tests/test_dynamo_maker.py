@@ -10,15 +10,15 @@ import json
 import re
 from pathlib import Path
 
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ParseError
-from engine.evaluation.tasks import TaskRecord, TaskSet
-from engine.methods.dynamo_maker import normalise_tool, parse_made, parse_naming
-from engine.methods.dynamo_parts import Repairs
-from engine.types import Request
-from skills.format import parse_examples, parse_skill_md
-from tools.learned import define_tool
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ParseError
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
+from whetstone.engine.methods.dynamo_maker import normalise_tool, parse_made, parse_naming
+from whetstone.engine.methods.dynamo_parts import Repairs
+from whetstone.engine.types import Request
+from whetstone.skills.format import parse_examples, parse_skill_md
+from whetstone.tools.learned import define_tool
 
 
 def shop(i: int, prefix: str = "t") -> TaskRecord:

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from servers import Servers
 
-from engine.api import Engine
-from engine.backends import BackendOptions, get_backend
-from engine.backends.scripted import ScriptedBackend
-from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
-from engine.runtime import RunConfig
-from engine.server import create_app
-from engine.types import Trace
+from whetstone.engine.api import Engine
+from whetstone.engine.backends import BackendOptions, get_backend
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+from whetstone.engine.runtime import RunConfig
+from whetstone.engine.server import create_app
+from whetstone.engine.types import Trace
 
 pytestmark = pytest.mark.slow
 

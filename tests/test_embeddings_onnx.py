@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from library_store.embeddings import OnnxTextEmbedder, TextEmbedder, query_embedder
+from whetstone.library_store.embeddings import OnnxTextEmbedder, TextEmbedder, query_embedder
 
 TEXTS = ["How many minutes are in 2.5 hours?", "Scale a bread recipe for 12 people.",
          "x", "A much longer sentence " * 20]
@@ -33,7 +33,7 @@ def test_onnx_vectors_match_torch(tmp_path: Path) -> None:
 def test_the_fast_tokenizer_gives_the_transformers_ids(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from library_store.embeddings import packaged_minilm_dir
+    from whetstone.library_store.embeddings import packaged_minilm_dir
 
     onnx = OnnxTextEmbedder(cache_dir=tmp_path, max_length=16)
     fast = onnx._fast_tokenizer()
@@ -86,9 +86,9 @@ def test_the_int8_embedder_is_close_to_the_float_one_and_cached(tmp_path: Path) 
 
 
 def test_the_skills_index_embeds_with_int8(tmp_path: Path) -> None:
-    from library_store.embeddings import MINILM_INT8_NAME, skill_embedder
-    from library_store.store import Library
-    from skills.index import LibraryIndex
+    from whetstone.library_store.embeddings import MINILM_INT8_NAME, skill_embedder
+    from whetstone.library_store.store import Library
+    from whetstone.skills.index import LibraryIndex
 
     e = skill_embedder()
     assert isinstance(e, OnnxTextEmbedder) and e.quantized

@@ -15,14 +15,14 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from engine.backends.scripted import ScriptedBackend
-from engine.commands.eval import eval_cmd
-from engine.evaluation.direct import direct_solver
-from engine.evaluation.results import load_results
-from engine.evaluation.runner import Solver
-from engine.evaluation.tasks import read_jsonl
-from engine.types import Request
-from library_store.traces import TraceStore
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.eval import eval_cmd
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.results import load_results
+from whetstone.engine.evaluation.runner import Solver
+from whetstone.engine.evaluation.tasks import read_jsonl
+from whetstone.engine.types import Request
+from whetstone.library_store.traces import TraceStore
 
 REPO = Path(__file__).resolve().parent.parent
 ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
@@ -109,7 +109,7 @@ def test_a_broken_task_line_is_reported_and_the_run_goes_on(tmp_path: Path) -> N
     (["--tasks", str(ARITH), "--scorer", "bleu"], None, 7, "unknown scorer"),
     (["--tasks", str(ARITH), "--version", "v1", "--compare", "v1", "v2"], None, 2,
      "cannot be combined"),
-    # Without an injected factory the agent comes from engine.api; a bad --methods fails
+    # Without an injected factory the agent comes from whetstone.engine.api; a bad --methods fails
     # before any model loads.
     (["--tasks", str(ARITH), "--methods", "nope"], {}, 2, "unknown runtime method 'nope'"),
     (["--tasks", str(ARITH), "--methods", "skills", "--method-config", "skills.k=many"], {}, 2,
@@ -147,9 +147,9 @@ _SIGINT_SCRIPT = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from engine.commands.eval import eval_cmd
-from engine.evaluation.direct import direct_solver
-from engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.eval import eval_cmd
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.backends.scripted import ScriptedBackend
 
 marker = Path({marker!r})
 
@@ -192,8 +192,8 @@ def test_ctrl_c_exits_130_and_saves_the_tasks_scored_so_far(whetstone_home: Path
 
 
 def test_concurrency_auto_follows_the_backend_and_rejects_nonsense() -> None:
-    from engine.commands.common import Concurrency
-    from engine.evaluation.runner import solver_concurrency, with_concurrency
+    from whetstone.engine.commands.common import Concurrency
+    from whetstone.engine.evaluation.runner import solver_concurrency, with_concurrency
 
     conv = Concurrency()
     assert conv.convert("auto", None, None) is None and conv.convert("3", None, None) == 3

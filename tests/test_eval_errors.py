@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from engine.backends.scripted import ScriptedBackend
-from engine.commands.eval import eval_cmd
-from engine.errors import EXIT_PARTIAL, TasksFailed
-from engine.evaluation.compare import compare
-from engine.evaluation.direct import direct_solver
-from engine.evaluation.gate import gate, run_gate
-from engine.evaluation.report import charted, latest_per_name, render_report, run_label
-from engine.evaluation.results import EvalResult, TaskResult, load_result, load_results
-from engine.evaluation.runner import Solver, evaluate
-from engine.evaluation.tasks import TaskRecord, read_jsonl
-from engine.types import Request
-from library_store.traces import TraceStore
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.eval import eval_cmd
+from whetstone.engine.errors import EXIT_PARTIAL, TasksFailed
+from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.gate import gate, run_gate
+from whetstone.engine.evaluation.report import charted, latest_per_name, render_report, run_label
+from whetstone.engine.evaluation.results import EvalResult, TaskResult, load_result, load_results
+from whetstone.engine.evaluation.runner import Solver, evaluate
+from whetstone.engine.evaluation.tasks import TaskRecord, read_jsonl
+from whetstone.engine.types import Request
+from whetstone.library_store.traces import TraceStore
 
 ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
 
@@ -202,9 +202,9 @@ def test_token_boxes_tell_two_runs_of_one_version_and_file_apart() -> None:
 
 def test_evolve_keeps_the_patch_as_a_candidate_when_gate_tasks_fail(tmp_path: Path) -> None:
     """The fit's work is not lost when the gate cannot decide; --allow-errors decides."""
-    from engine.methods.base import LibraryPatch
-    from engine.methods.evolve import gate_and_apply
-    from library_store.store import Library
+    from whetstone.engine.methods.base import LibraryPatch
+    from whetstone.engine.methods.evolve import gate_and_apply
+    from whetstone.library_store.store import Library
 
     lib = Library.init(tmp_path / "lib")
     skill = ("---\nname: adding\ndescription: Word problems that add quantities.\n---\n\n"
@@ -230,7 +230,7 @@ def test_evolve_keeps_the_patch_as_a_candidate_when_gate_tasks_fail(tmp_path: Pa
 def test_evolve_takes_allow_errors_from_the_command_line() -> None:
     from click.testing import CliRunner
 
-    from cli import cli
+    from whetstone.cli import cli
 
     res = CliRunner().invoke(cli, ["evolve", "memory", "--help"])
     assert res.exit_code == 0 and "--allow-errors" in res.output

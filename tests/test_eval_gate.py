@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import EvalError
-from engine.evaluation.compare import compare
-from engine.evaluation.direct import direct_solver
-from engine.evaluation.gate import Condition, gate, gate_tasks, parse_rule, run_gate
-from engine.evaluation.results import EvalResult, TaskResult
-from engine.evaluation.runner import Solver, evaluate
-from engine.evaluation.tasks import read_jsonl, split_of
-from engine.types import Request
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.gate import Condition, gate, gate_tasks, parse_rule, run_gate
+from whetstone.engine.evaluation.results import EvalResult, TaskResult
+from whetstone.engine.evaluation.runner import Solver, evaluate
+from whetstone.engine.evaluation.tasks import read_jsonl, split_of
+from whetstone.engine.types import Request
 
 ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
 TASKS = read_jsonl(ARITH)

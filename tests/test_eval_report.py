@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.evaluation.direct import direct_solver
-from engine.evaluation.report import latest_pair, render_report, write_report
-from engine.evaluation.results import EvalResult, TaskResult
-from engine.evaluation.runner import evaluate
-from engine.evaluation.tasks import read_jsonl
-from engine.types import Request
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.report import latest_pair, render_report, write_report
+from whetstone.engine.evaluation.results import EvalResult, TaskResult
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.evaluation.tasks import read_jsonl
+from whetstone.engine.types import Request
 
 ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
 CHROMIUM = "/usr/bin/chromium"
@@ -116,7 +116,7 @@ def test_report_renders_in_headless_chromium_with_its_plots(tmp_path: Path) -> N
 def test_the_accuracy_figure_is_inline_svg_with_an_interval_per_run() -> None:
     import xml.etree.ElementTree as ET
 
-    from engine.evaluation.report import svg_accuracy
+    from whetstone.engine.evaluation.report import svg_accuracy
 
     rs = runs()
     page = render_report(rs)

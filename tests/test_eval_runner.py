@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError, EvalError
-from engine.evaluation.direct import direct_solver, task_messages
-from engine.evaluation.results import EvalResult, load_result, load_results
-from engine.evaluation.runner import Solver, evaluate, task_seed
-from engine.evaluation.tasks import TaskRecord, read_jsonl
-from engine.types import Request, Trace
-from library_store.traces import TraceQuery, TraceStore
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError, EvalError
+from whetstone.engine.evaluation.direct import direct_solver, task_messages
+from whetstone.engine.evaluation.results import EvalResult, load_result, load_results
+from whetstone.engine.evaluation.runner import Solver, evaluate, task_seed
+from whetstone.engine.evaluation.tasks import TaskRecord, read_jsonl
+from whetstone.engine.types import Request, Trace
+from whetstone.library_store.traces import TraceQuery, TraceStore
 
 ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
 
@@ -218,7 +218,7 @@ def test_direct_solver_builds_messages_with_evidence_and_image(tmp_path: Path) -
 
 
 def test_direct_solver_records_native_tool_calls_as_act_steps() -> None:
-    from engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.benchmarks import load_tasks
 
     tasks = load_tasks("bfcl-simple:1:2")
     backend = ScriptedBackend([{"text": "", "tool_calls": [

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from engine.errors import EvalError
-from engine.evaluation.answers import boxed_contents, extract_number, normalise
-from engine.evaluation.benchmarks import load_benchmark
-from engine.evaluation.scorers import (
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.answers import boxed_contents, extract_number, normalise
+from whetstone.engine.evaluation.benchmarks import load_benchmark
+from whetstone.engine.evaluation.scorers import (
     BUILTIN,
     calls_of,
     get_scorer,
     tool_calls_of,
 )
-from engine.evaluation.tasks import TaskRecord
-from engine.types import Step, ToolCall, Trace
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.types import Step, ToolCall, Trace
 
 
 def task(expected: Any, **kw: Any) -> TaskRecord:

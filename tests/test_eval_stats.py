@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from engine.errors import EvalError
-from engine.evaluation.stats import (
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.stats import (
     bootstrap_interval,
     bootstrap_means,
     mcnemar_exact,

@@ -9,10 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EvalError
-from engine.evaluation import benchmarks
-from engine.evaluation.benchmarks import BENCHMARKS, bfcl_tool_schema, load_benchmark, load_tasks
-from engine.evaluation.tasks import (
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation import benchmarks
+from whetstone.engine.evaluation.benchmarks import (
+    BENCHMARKS,
+    bfcl_tool_schema,
+    load_benchmark,
+    load_tasks,
+)
+from whetstone.engine.evaluation.tasks import (
     TaskRecord,
     TaskSpec,
     parse_spec,
@@ -22,7 +27,7 @@ from engine.evaluation.tasks import (
     tasks_from_traces,
     write_jsonl,
 )
-from engine.types import Message
+from whetstone.engine.types import Message
 
 ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
 
@@ -99,7 +104,7 @@ def test_ids_made_from_content_are_stable_and_order_free(tmp_path: Path) -> None
 def test_a_file_whose_every_line_is_refused_says_so_once(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from cli import cli
+    from whetstone.cli import cli
 
     path = tmp_path / "t.jsonl"
     path.write_text('{"q": "2+2?", "a": "4"}\n{"q": "3+3?", "a": "6"}\n')
@@ -196,7 +201,7 @@ def test_halueval_loader_puts_knowledge_in_evidence() -> None:
 
 
 def test_halueval_search_has_the_questions_without_their_knowledge() -> None:
-    from engine.evaluation.agent_solver import agent_messages
+    from whetstone.engine.evaluation.agent_solver import agent_messages
 
     ts, full = load_benchmark("halueval-search"), load_benchmark("halueval")
     assert len(ts) == len(full) and ts[0].id == full[0].id and ts[0].expected == full[0].expected
@@ -272,7 +277,7 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_labelled_traces_become_tasks() -> None:
-    from engine.types import Trace
+    from whetstone.engine.types import Trace
 
     traces = [
         Trace(id="t1", task="2+2?", label="4", meta={"task_id": "add", "scorer": "numeric"}),

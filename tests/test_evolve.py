@@ -8,14 +8,14 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.evaluation.runner import evaluate
-from engine.evaluation.tasks import TaskRecord, tasks_from_traces
-from engine.methods.evolve import gate_and_apply
-from engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
-from engine.types import Request
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
+from whetstone.engine.methods.evolve import gate_and_apply
+from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+from whetstone.engine.types import Request
 
 LESSON = "- Add the two quantities before answering."
 # A description a task must match to see the skill (the skills floor, SkillsConfig.min_score):

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from engine.commands.library import library_group
-from engine.errors import LibraryError
-from library_store import view as view_module
-from library_store.store import Library
-from skills.format import MAX_YAML_DEPTH, parse_skill_md
-from skills.transfer import import_skills
+from whetstone.engine.commands.library import library_group
+from whetstone.engine.errors import LibraryError
+from whetstone.library_store import view as view_module
+from whetstone.library_store.store import Library
+from whetstone.skills.format import MAX_YAML_DEPTH, parse_skill_md
+from whetstone.skills.transfer import import_skills
 
 GOOD = "---\nname: {name}\ndescription: A good skill called {name}.\n---\n\n# {name}\n\nDo it.\n"
 LONG_NAME = "b" * 245 + ".md"  # legal on ext4; too long once a temp suffix is added

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from engine.commands.eval import eval_cmd
-from engine.errors import EvalError
-from engine.evaluation.runner import Solver, evaluate
-from engine.evaluation.scorers import get_scorer
-from engine.evaluation.tasks import TaskRecord
-from engine.types import Step, Trace
+from whetstone.engine.commands.eval import eval_cmd
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.runner import Solver, evaluate
+from whetstone.engine.evaluation.scorers import get_scorer
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.types import Step, Trace
 
 # Ten HumanEval-style tasks: a function to write, and the tests that check it.
 FUNCTIONS = {

@@ -24,11 +24,11 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.backends.registry import BackendOptions, get_backend
-from engine.backends.scripted import ScriptedBackend
-from engine.server import create_app
-from engine.server.guard import TRACE_HEADER
-from library_store.traces import TraceStore
+from whetstone.engine.backends.registry import BackendOptions, get_backend
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.server import create_app
+from whetstone.engine.server.guard import TRACE_HEADER
+from whetstone.library_store.traces import TraceStore
 
 SECRET = 'Traceback (most recent call last):\n  File "/srv/internal/model_server.py", line 9'
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.commands.traces import traces_group
-from engine.errors import ConfigError, NotFound
-from engine.server.adapter import Adapted
-from engine.server.exchange import chat_trace
-from engine.server.metrics import Metrics
-from engine.server.recording import TraceWriter
-from engine.types import Completion, Message, Request, Trace
-from library_store.store import Library
-from library_store.trace_records import DEFAULT_MAX_RECORD_BYTES
-from library_store.traces import TraceStore
+from whetstone.engine.commands.traces import traces_group
+from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.server.adapter import Adapted
+from whetstone.engine.server.exchange import chat_trace
+from whetstone.engine.server.metrics import Metrics
+from whetstone.engine.server.recording import TraceWriter
+from whetstone.engine.types import Completion, Message, Request, Trace
+from whetstone.library_store.store import Library
+from whetstone.library_store.trace_records import DEFAULT_MAX_RECORD_BYTES
+from whetstone.library_store.traces import TraceStore
 
 MB = 1024 * 1024
 

@@ -14,20 +14,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError
-from engine.methods.horizon import ElasticHorizon, HorizonConfig
-from engine.methods.horizon_controller import (
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.horizon import ElasticHorizon, HorizonConfig
+from whetstone.engine.methods.horizon_controller import (
     HorizonController,
     RunRecord,
     record_from_trace,
     success_quantile,
     task_family,
 )
-from engine.runtime import Agent, RunConfig
-from engine.runtime.checkpoints import Checkpoints
-from engine.types import Request, Step, Trace
-from library_store.traces import TraceStore
+from whetstone.engine.runtime import Agent, RunConfig
+from whetstone.engine.runtime.checkpoints import Checkpoints
+from whetstone.engine.types import Request, Step, Trace
+from whetstone.library_store.traces import TraceStore
 
 
 def rec(i: int, length: int, *, success: bool = True, censored: bool = False,
@@ -190,8 +190,8 @@ def test_the_store_reads_only_what_was_written_since_the_last_read(tmp_path: Pat
 
 def test_the_controller_reads_traces_through_the_store_only() -> None:
     # The controller parses no trace files itself: the store hands it Trace objects.
-    import engine.methods.horizon as plugin
-    import engine.methods.horizon_controller as controller
+    import whetstone.engine.methods.horizon as plugin
+    import whetstone.engine.methods.horizon_controller as controller
 
     for module in (plugin, controller):
         src = Path(module.__file__ or "").read_text()
@@ -301,7 +301,7 @@ def test_budgets_are_recorded_and_a_resumed_run_keeps_its_own(tmp_path: Path) ->
 
 
 def test_the_horizon_is_selectable_by_name_and_recorded(tmp_path: Path) -> None:
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
 
     engine = Engine(ScriptedBackend(["Final Answer: 1"]), library=tmp_path / "lib",
                     methods=[("horizon", {"family": "gsm8k", "max_steps": 12})],

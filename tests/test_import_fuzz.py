@@ -18,8 +18,8 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
-from engine.commands.library import library_group
-from library_store.store import Library
+from whetstone.engine.commands.library import library_group
+from whetstone.library_store.store import Library
 
 SEED = 12
 N_FOLDER_BATCHES = 8

@@ -3,7 +3,7 @@
 chromadb cannot open one folder from two threads at once (issue 27: ``Could not connect to
 tenant default_tenant``, ``'RustBindingsAPI' object has no attribute 'bindings'``, ``KeyError``
 on the path, and an ``eval -j auto`` that scored those tasks 0). Every holder goes through
-``library_store.chroma_client``: one client per folder per process.
+``whetstone.library_store.chroma_client``: one client per folder per process.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from engine.backends.scripted import ScriptedBackend
-from engine.commands.eval import eval_cmd
-from engine.evaluation.results import load_results
-from engine.evaluation.runner import Solver
-from engine.types import Request
-from library_store import chroma_client
-from library_store.chunking import SourceDoc
-from library_store.corpus import Corpus
-from library_store.embeddings import Embedder, skill_embedder
-from library_store.store import Library
-from skills.index import LibraryIndex
-from skills.retrieval import SkillRetriever
-from skills.transfer import import_skills
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.eval import eval_cmd
+from whetstone.engine.evaluation.results import load_results
+from whetstone.engine.evaluation.runner import Solver
+from whetstone.engine.types import Request
+from whetstone.library_store import chroma_client
+from whetstone.library_store.chunking import SourceDoc
+from whetstone.library_store.corpus import Corpus
+from whetstone.library_store.embeddings import Embedder, skill_embedder
+from whetstone.library_store.store import Library
+from whetstone.skills.index import LibraryIndex
+from whetstone.skills.retrieval import SkillRetriever
+from whetstone.skills.transfer import import_skills
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills" / "library"
 SKILLS = ["csv-cleanup", "email-drafting", "chart-plotting", "docker-troubleshooting"]
@@ -179,7 +179,7 @@ ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
 def engine_factory(embedder: Embedder) -> Callable[[str, Path, str | None], Solver]:
     """The real ``Engine`` direct solver (skills retrieved per task through chromadb and the
     real embedder) over a scripted model that answers every task right."""
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
 
     def respond(req: Request) -> str:
         a, b = (int(x) for x in req.messages[-1].text.rstrip("?").split()[-3::2])

@@ -24,20 +24,20 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from cli import cli
-from engine.api import Engine
-from engine.errors import ConfigError, NotFound
-from engine.integrations.langchain import (
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.integrations.langchain import (
     LangChainBackend,
     WhetstoneChatModel,
     library_tools_for_langchain,
     trace_id_of,
     whetstone_node,
 )
-from engine.methods.memory import Memory, MemoryConfig
-from engine.runtime.library_tools import validate_library
-from engine.types import Step, Trace
-from library_store.store import Library
+from whetstone.engine.methods.memory import Memory, MemoryConfig
+from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.types import Step, Trace
+from whetstone.library_store.store import Library
 
 UNITS = """---
 name: unit-conversion

@@ -21,16 +21,16 @@ from test_latent_tts import (  # noqa: F401 (fixtures)
     word_tokenizer,
 )
 
-from engine.backends.hf import HFBackend
-from engine.errors import ConfigError
-from engine.methods.base import make_config, options_from_text
-from engine.methods.latent import LatentTTS, LatentTTSConfig, is_answer, load_scorer
-from engine.methods.latent_rewards import RewardContext, RewardDropped, SelfReward
-from engine.methods.latent_tts import LatentRefiner
-from engine.methods.registry import default_registry
-from engine.runtime.prompting import CODE_OUTPUT_STOP
-from engine.runtime.state import RunConfig
-from engine.types import Completion, Message, Request, ToolCall
+from whetstone.engine.backends.hf import HFBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.base import make_config, options_from_text
+from whetstone.engine.methods.latent import LatentTTS, LatentTTSConfig, is_answer, load_scorer
+from whetstone.engine.methods.latent_rewards import RewardContext, RewardDropped, SelfReward
+from whetstone.engine.methods.latent_tts import LatentRefiner
+from whetstone.engine.methods.registry import default_registry
+from whetstone.engine.runtime.prompting import CODE_OUTPUT_STOP
+from whetstone.engine.runtime.state import RunConfig
+from whetstone.engine.types import Completion, Message, Request, ToolCall
 
 TASK = "w1 w2 w3 w4 w5"
 # native: no stop strings (transformers cannot build its stop-string matcher for the word-level
@@ -52,7 +52,7 @@ def tiny(word_tokenizer: Any) -> Callable[[], HFBackend]:  # noqa: F811 (importe
 
 def engine_run(backend: Any, tmp_path: Path, methods: list[Any], config: RunConfig = RUN
                ) -> Any:
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
 
     with Engine(backend, library=tmp_path / "lib", skills=False, tools=(), methods=methods,
                 checkpointing=False, config=config) as engine:
@@ -75,14 +75,14 @@ def test_registered_with_latentseeks_defaults() -> None:
 
 
 def test_a_black_box_backend_is_refused_with_the_way_out(tmp_path: Path) -> None:
-    from engine.backends.scripted import ScriptedBackend
+    from whetstone.engine.backends.scripted import ScriptedBackend
 
     with pytest.raises(ConfigError, match="hidden states") as err:
         engine_run(ScriptedBackend(["4"]), tmp_path, ["latent"])
     assert "@transformers" in err.value.hint
     script = tmp_path / "replies.json"
     script.write_text(json.dumps({"replies": ["4"]}))
-    from cli import cli
+    from whetstone.cli import cli
 
     for command in (["run", "2+2"], ["eval", "--tasks", "gsm8k@dev:0:1"]):
         res = CliRunner().invoke(cli, [*command, "--model", f"scripted:{script}",
@@ -235,7 +235,7 @@ def test_the_verdict_pools_yes_and_no_forms_and_drops_an_empty_one(yes_no_tokeni
 @pytest.mark.slow
 def test_the_method_on_the_embedded_model(transformers_backend: Any) -> None:  # noqa: F811
     """One answer of the real model, refined one step from the answer the backend gave."""
-    from engine.runtime.agent import Agent
+    from whetstone.engine.runtime.agent import Agent
 
     config = RunConfig(max_tokens_per_call=24, max_steps=2)
     task = "What is 12 + 30? Reply with the number only."

@@ -17,22 +17,22 @@ import torch
 from conftest import SHARED_CACHE
 from vlm_support import IMAGE_TOKENS, tiny_llava
 
-from engine.errors import ConfigError
-from engine.methods.latent_hooks import (
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.latent_hooks import (
     frozen,
     image_attention_mass,
     latent_hooks,
     next_token_entropy,
     top_positions,
 )
-from engine.methods.latent_tts import (
+from whetstone.engine.methods.latent_tts import (
     LatentConfig,
     LatentRefiner,
     RefineRecord,
     ScorerReward,
     SelfReward,
 )
-from engine.types import Message, Request
+from whetstone.engine.types import Message, Request
 
 WORDS = ["<unk>", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant", "Yes", "No"] + [
     f"w{i}" for i in range(120)]
@@ -73,7 +73,7 @@ def tiny_lm(seed: int = 0) -> Any:
 def qwen_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from engine.backends.model_cache import dequantized_packaged
+    from whetstone.engine.backends.model_cache import dequantized_packaged
 
     return AutoTokenizer.from_pretrained(str(dequantized_packaged("qwen-0.5b", SHARED_CACHE)),
                                          local_files_only=True)
@@ -83,7 +83,7 @@ def qwen_tokenizer() -> Any:
 def transformers_backend() -> Any:
     """The embedded model on the transformers engine (the white-box path; the session's
     ``embedded_backend`` is the ONNX one)."""
-    from engine.backends import BackendOptions, get_backend
+    from whetstone.engine.backends import BackendOptions, get_backend
 
     backend = get_backend("embedded@transformers", BackendOptions(cache_dir=SHARED_CACHE))
     yield backend
@@ -416,7 +416,7 @@ def test_bad_requests_and_rewards_are_refused(word_tokenizer: Any) -> None:
 
 
 def test_a_black_box_backend_is_refused() -> None:
-    from engine.backends.scripted import ScriptedBackend
+    from whetstone.engine.backends.scripted import ScriptedBackend
 
     with pytest.raises(ConfigError, match="no access to hidden states"):
         LatentRefiner.from_backend(ScriptedBackend(["x"]))

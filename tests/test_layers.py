@@ -31,6 +31,8 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/commands", 6),
     ("engine/__init__.py", 6),
     ("cli.py", 6),
+    ("whetstone/__init__.py", 6),
+    ("whetstone/__main__.py", 6),
 ]
 # Siblings of the same rank that must not import each other.
 SIBLINGS = [("engine/backends", "library_store"), ("skills", "tools")]
@@ -44,7 +46,13 @@ def layer_of(rel: str) -> tuple[str, int] | None:
 
 
 def module_to_path(module: str) -> str | None:
-    parts = module.split(".")
+    """``whetstone.engine.api`` -> ``engine/api.py``: the installed namespace maps onto the
+    repository's top-level folders (pyproject.toml's package-dir); anything else is not ours."""
+    if module == "whetstone.cli":
+        return "cli.py"
+    if not module.startswith("whetstone."):
+        return None
+    parts = module.split(".")[1:]
     for n in range(len(parts), 0, -1):
         base = REPO.joinpath(*parts[:n])
         if base.with_suffix(".py").exists():
@@ -58,7 +66,9 @@ def module_to_path(module: str) -> str | None:
 def our_files() -> list[Path]:
     roots = ["engine", "skills", "tools", "library_store"]
     files = [p for r in roots for p in (REPO / r).rglob("*.py")]
-    return files + [REPO / "cli.py"]
+    # whetstone/cli.py is a link to cli.py (how cli.py installs as whetstone.cli)
+    return files + [REPO / "cli.py", REPO / "whetstone" / "__init__.py",
+                    REPO / "whetstone" / "__main__.py"]
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -188,17 +198,17 @@ def test_there_is_no_import_cycle() -> None:
 def test_the_cycle_check_catches_a_cycle_and_ignores_type_only_imports() -> None:
     # Two real modules made to import each other: one at top level, one inside a function.
     a, b = "library_store/store.py", "library_store/candidates.py"
-    lazy = "def f() -> None:\n    from library_store.store import Library\n"
-    assert cycles(import_graph({a: "import library_store.candidates\n", b: lazy})) == [[b, a]]
+    lazy = "def f() -> None:\n    from whetstone.library_store.store import Library\n"
+    assert cycles(import_graph({a: "import whetstone.library_store.candidates\n", b: lazy})) == [[b, a]]
     type_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n" \
-                "    from library_store.store import Library\n"
-    assert cycles(import_graph({a: "import library_store.candidates\n", b: type_only})) == []
+                "    from whetstone.library_store.store import Library\n"
+    assert cycles(import_graph({a: "import whetstone.library_store.candidates\n", b: type_only})) == []
 
 
 def test_the_check_catches_a_violation() -> None:
     # A bad import placed in the lowest layer must be reported (the check can fail).
-    src = "from engine.runtime import graph\n"
-    assert imports_of_src(src) == [(1, "engine.runtime"), (1, "engine.runtime.graph")]
+    src = "from whetstone.engine.runtime import graph\n"
+    assert imports_of_src(src) == [(1, "whetstone.engine.runtime"), (1, "whetstone.engine.runtime.graph")]
     mine = layer_of("engine/types.py")
     theirs = layer_of("engine/runtime/graph.py")
     assert mine and theirs and theirs[1] > mine[1]

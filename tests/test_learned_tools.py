@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ToolError
-from engine.types import Skill
-from tools.base import Toolbox
-from tools.images import ImageFiles
-from tools.learned import define_tool, load_learned_tools, parse_docstring
-from tools.learned_run import learned_tool, run_learned
-from tools.sandbox import Sandbox
-from tools.validate import check_tool_code
+from whetstone.engine.errors import ToolError
+from whetstone.engine.types import Skill
+from whetstone.tools.base import Toolbox
+from whetstone.tools.images import ImageFiles
+from whetstone.tools.learned import define_tool, load_learned_tools, parse_docstring
+from whetstone.tools.learned_run import learned_tool, run_learned
+from whetstone.tools.sandbox import Sandbox
+from whetstone.tools.validate import check_tool_code
 
 COUNT_RED = textwrap.dedent('''
     import numpy as np

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from engine.commands.library import library_group, skill_group
-from engine.errors import EXIT_PARTIAL
-from library_store.store import Library
+from whetstone.engine.commands.library import library_group, skill_group
+from whetstone.engine.errors import EXIT_PARTIAL
+from whetstone.library_store.store import Library
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills"
 

@@ -14,7 +14,7 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-from library_store.store import Library, version_number
+from whetstone.library_store.store import Library, version_number
 
 WRITERS = 4
 COMMITS = 8

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from library_store.fsutil import atomic_write, sha256_bytes
-from library_store.store import Library, version_number
+from whetstone.library_store.fsutil import atomic_write, sha256_bytes
+from whetstone.library_store.store import Library, version_number
 
 ROUNDS = 30  # kills while committing
 INDEX_ROUNDS = 3  # of which the last ones also sync the index in the writer
@@ -58,12 +58,12 @@ def expected_files(k: int) -> dict[str, str]:
 
 
 def writer(root: str, progress: str, mode: str) -> None:
-    from skills.loader import validate_snapshot
+    from whetstone.skills.loader import validate_snapshot
 
     lib = Library.open(root)
     index = None
     if mode == "index":
-        from skills.index import LibraryIndex
+        from whetstone.skills.index import LibraryIndex
 
         index = LibraryIndex(lib)
         index.ensure()
@@ -104,7 +104,7 @@ def run_round(root: Path, progress: Path, mode: str, rng: random.Random) -> list
 
 def check_library(root: Path, lines: list[str]) -> tuple[int, bool]:
     """Asserts the invariants; returns the committed k and whether the kill hit a commit."""
-    from skills.loader import validate_snapshot
+    from whetstone.skills.loader import validate_snapshot
 
     started = [int(x) for a, x in pairwise(lines) if a == "start"]
     done = [int(x) for a, x in pairwise(lines) if a == "done"]
@@ -124,8 +124,8 @@ def check_library(root: Path, lines: list[str]) -> tuple[int, bool]:
 
 
 def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
-    from library_store.embeddings import TextEmbedder
-    from skills.index import LibraryIndex
+    from whetstone.library_store.embeddings import TextEmbedder
+    from whetstone.skills.index import LibraryIndex
 
     root = tmp_path / "lib"
     Library.init(root)
@@ -168,7 +168,7 @@ if __name__ == "__main__":
 def test_a_file_memo_reads_again_whenever_the_file_is_replaced(tmp_path: Path) -> None:
     """CURRENT and the index state are read on every request through a stat-keyed memo: a
     replace (what every writer does) is seen at once; a missing file raises as open does."""
-    from library_store.fsutil import FileMemo
+    from whetstone.library_store.fsutil import FileMemo
 
     target = tmp_path / "CURRENT"
     memo = FileMemo(target, str.strip)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import ModelNotInstalled
-from library_store.embeddings import (
+from whetstone.engine.errors import ModelNotInstalled
+from whetstone.library_store.embeddings import (
     CHROMA_EF_NAME,
     TextEmbedder,
     chroma_embedding_function,

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.commands.library import library_group
-from engine.errors import ConfigError, ValidationError
-from engine.methods.base import EvolveContext
-from engine.methods.dynamo import Dynamo, DynamoConfig, _Run
-from engine.methods.nlpg.evolver import NLPG, _Plan, _State
-from engine.runtime.library_tools import validate_library
-from library_store.store import Library
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.library import library_group
+from whetstone.engine.errors import ConfigError, ValidationError
+from whetstone.engine.methods.base import EvolveContext
+from whetstone.engine.methods.dynamo import Dynamo, DynamoConfig, _Run
+from whetstone.engine.methods.nlpg.evolver import NLPG, _Plan, _State
+from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.library_store.store import Library
 
 GOOD = "---\nname: {n}\ndescription: Sort words alphabetically.\n---\n# {n}\nSort them.\n"
 BAD = "no front matter at all\n"  # a SKILL.md without its YAML header

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from engine.errors import LibraryError, NotFound, ValidationError
-from library_store.candidates import Candidates
-from library_store.store import Library
-from library_store.tree import bucket_of
+from whetstone.engine.errors import LibraryError, NotFound, ValidationError
+from whetstone.library_store.candidates import Candidates
+from whetstone.library_store.store import Library
+from whetstone.library_store.tree import bucket_of
 
 SKILL = "---\nname: {n}\ndescription: Skill {n}. Use for tests.\n---\n\n# {n}\n{extra}"
 
@@ -379,7 +379,7 @@ def test_export_writes_plain_skill_folders_and_reproducible_archives(
     assert one == two
     with tarfile.open(tmp_path / "one.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["a/SKILL.md", "a/assets/x.bin"]
-    from engine.errors import ConfigError
+    from whetstone.engine.errors import ConfigError
     with pytest.raises(ConfigError, match="not empty"):
         lib.export(tmp_path / "out")
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ValidationError
-from engine.runtime.library_tools import load_library_tools, validate_library
-from library_store.store import Library
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ValidationError
+from whetstone.engine.runtime.library_tools import load_library_tools, validate_library
+from whetstone.library_store.store import Library
 
 SKILL = textwrap.dedent("""\
     ---

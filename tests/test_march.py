@@ -16,24 +16,24 @@ import pytest
 from click.testing import CliRunner
 from servers import Servers
 
-from engine.backends.scripted import ScriptedBackend
-from engine.commands.verify import EXIT_FLAGGED, verify
-from engine.errors import EmptyCorpus, ParseError
-from engine.methods.march import (
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.verify import EXIT_FLAGGED, verify
+from whetstone.engine.errors import EmptyCorpus, ParseError
+from whetstone.engine.methods.march import (
     March,
     MarchConfig,
     MarchVerifier,
     checker_messages,
     result_trace,
 )
-from engine.methods.march_format import (
+from whetstone.engine.methods.march_format import (
     CheckLine,
     answers_agree,
     parse_checks,
     parse_claims,
     verdict,
 )
-from engine.types import CheckRequest, Claim, Request
+from whetstone.engine.types import CheckRequest, Claim, Request
 
 QUESTION = "The Oberoi family is part of a hotel company that has a head office in what city?"
 EVIDENCE = ["The Oberoi Group is a hotel company with its head office in Delhi.",
@@ -207,7 +207,7 @@ def test_malformed_checker_lines_are_repaired_or_dropped_with_a_count() -> None:
 
 
 def test_an_empty_corpus_is_a_clear_error(tmp_path: Path) -> None:
-    from library_store.corpus import Corpus
+    from whetstone.library_store.corpus import Corpus
 
     s = ScriptedBackend([])
     v = MarchVerifier(s, retriever=Corpus(tmp_path / "c"), config=MarchConfig())
@@ -268,9 +268,9 @@ def responder(answer: str = "Final Answer: " + ANSWER, check: str = CHECK_DELHI)
 
 @pytest.fixture
 def library(tmp_path: Path) -> Path:
-    from library_store.chunking import SourceDoc
-    from library_store.corpus import Corpus
-    from library_store.embeddings import query_embedder
+    from whetstone.library_store.chunking import SourceDoc
+    from whetstone.library_store.corpus import Corpus
+    from whetstone.library_store.embeddings import query_embedder
 
     lib = tmp_path / "lib"
     corpus = Corpus.of_library(lib, "oberoi", query_embedder(threads=1))
@@ -280,7 +280,7 @@ def library(tmp_path: Path) -> Path:
 
 
 def test_the_runtime_verify_node_checks_the_agents_answer(library: Path) -> None:
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
 
     backend = ScriptedBackend(responder=responder())
     with Engine(backend, library=library, skills=False, tools=(), checkpointing=False,
@@ -299,7 +299,7 @@ def test_the_runtime_verify_node_checks_the_agents_answer(library: Path) -> None
 
 
 def test_the_runtime_node_revises_and_records_failures(library: Path) -> None:
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
 
     revised = "Final Answer: It is in Delhi."
     calls = {"n": 0}
@@ -326,7 +326,7 @@ def test_the_runtime_node_revises_and_records_failures(library: Path) -> None:
 
 
 def test_engine_verify_stores_a_trace_and_uses_the_corpus(library: Path) -> None:
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
 
     with Engine(ScriptedBackend(responder=responder()), library=library, skills=False,
                 checkpointing=False, corpus="oberoi") as engine:
@@ -366,14 +366,14 @@ def test_the_verify_command(tmp_path: Path) -> None:
 
 
 def test_march_is_a_registered_runtime_method() -> None:
-    from engine.methods.registry import default_registry
+    from whetstone.engine.methods.registry import default_registry
 
     assert default_registry().entry("runtime", "march").load() is March
     assert March.config_class is MarchConfig
 
 
 def test_the_server_verifies_a_reply_on_request() -> None:
-    from engine.server import create_app
+    from whetstone.engine.server import create_app
 
     seen: list[tuple[str, str]] = []
 
@@ -412,7 +412,7 @@ def test_the_server_verifies_a_reply_on_request() -> None:
 def test_engine_app_verifies_against_the_library_corpus(library: Path) -> None:
     from middleware_support import wait_for_trace
 
-    from engine.api import Engine
+    from whetstone.engine.api import Engine
 
     with Engine(ScriptedBackend(responder=responder(answer=ANSWER)), library=library,
                 skills=False, checkpointing=False, corpus="oberoi") as engine, Servers() as s:
@@ -429,8 +429,8 @@ def test_engine_app_verifies_against_the_library_corpus(library: Path) -> None:
 def test_a_wrapped_client_refuses_verify_rather_than_ignore_it(tmp_path: Path) -> None:
     import openai
 
-    from engine.api import Engine
-    from engine.errors import ConfigError
+    from whetstone.engine.api import Engine
+    from whetstone.engine.errors import ConfigError
 
     with Engine(ScriptedBackend([]), library=tmp_path / "lib", checkpointing=False) as engine:
         client = engine.wrap(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x",

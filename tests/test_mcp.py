@@ -25,13 +25,13 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from servers import free_port
 
-from cli import cli
-from engine.errors import ConfigError, NotFound
-from engine.integrations.mcp_server import LibraryServer, parse_uri, skill_uri
-from engine.runtime.library_tools import validate_library
-from engine.server.guard import key_hash
-from library_store.store import Library
-from tools.isolation import find_bwrap
+from whetstone.cli import cli
+from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.integrations.mcp_server import LibraryServer, parse_uri, skill_uri
+from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.server.guard import key_hash
+from whetstone.library_store.store import Library
+from whetstone.tools.isolation import find_bwrap
 
 WHETSTONE = Path(sys.executable).with_name("whetstone")
 SKILL = textwrap.dedent("""\

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError
-from engine.evaluation.runner import evaluate
-from engine.evaluation.tasks import TaskRecord
-from engine.methods.base import EvolveContext, make_config, options_from_text
-from engine.methods.registry import MethodEntry, MethodRegistry, default_registry
-from engine.methods.trace2skill import Trace2SkillConfig
-from engine.types import Request
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.methods.base import EvolveContext, make_config, options_from_text
+from whetstone.engine.methods.registry import MethodEntry, MethodRegistry, default_registry
+from whetstone.engine.methods.trace2skill import Trace2SkillConfig
+from whetstone.engine.types import Request
 
 TOY = Path(__file__).parent / "fixtures" / "toy_methods"
 LESSON = "- Add the two quantities before answering."
@@ -201,7 +201,7 @@ def test_cli_and_api_evolve_give_the_same_patch_on_the_same_traces(tmp_path: Pat
 
 def test_runs_an_evolver_makes_on_a_preview_never_become_training_traces(
         tmp_path: Path) -> None:
-    from engine.methods.evolve import training_traces
+    from whetstone.engine.methods.evolve import training_traces
 
     engine = collected(tmp_path / "lib")
     preview = engine.library.preview({"skills/adding/SKILL.md": (

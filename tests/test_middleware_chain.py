@@ -24,12 +24,12 @@ from middleware_support import (
 )
 from servers import Servers, free_port
 
-from engine.backends.registry import BackendOptions, get_backend
-from engine.backends.scripted import ScriptedBackend
-from engine.server import create_app
-from engine.server.guard import TRACE_HEADER, VERSION_HEADER
-from library_store.store import Library
-from library_store.traces import TraceStore
+from whetstone.engine.backends.registry import BackendOptions, get_backend
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.server import create_app
+from whetstone.engine.server.guard import TRACE_HEADER, VERSION_HEADER
+from whetstone.library_store.store import Library
+from whetstone.library_store.traces import TraceStore
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from middleware_support import SKILLS
 from servers import free_port
 
-from cli import cli
-from engine.errors import AddressInUse, BackendError, ConfigError, ModelNotInstalled
-from engine.runtime.skills_plugin import SkillsConfig
-from library_store.store import Library
-from library_store.traces import TraceStore
+from whetstone.cli import cli
+from whetstone.engine.errors import AddressInUse, BackendError, ConfigError, ModelNotInstalled
+from whetstone.engine.runtime.skills_plugin import SkillsConfig
+from whetstone.library_store.store import Library
+from whetstone.library_store.traces import TraceStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ def test_a_port_in_use_has_its_own_exit_code(tmp_path: Path) -> None:
 
 def test_skills_options_reach_the_retriever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                             ) -> None:
-    import engine.server.app as app_module
+    import whetstone.engine.server.app as app_module
 
     lib = Library.open(tmp_path / "lib", create=True)
     lib.commit(SKILLS, method="test", message="skills")

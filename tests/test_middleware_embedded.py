@@ -13,10 +13,10 @@ import pytest
 from middleware_support import SKILLS, make_adapter, wait_for_trace
 from servers import Servers
 
-from engine.server import create_app
-from engine.server.guard import TRACE_HEADER, VERSION_HEADER
-from library_store.store import Library
-from library_store.traces import TraceStore
+from whetstone.engine.server import create_app
+from whetstone.engine.server.guard import TRACE_HEADER, VERSION_HEADER
+from whetstone.library_store.store import Library
+from whetstone.library_store.traces import TraceStore
 
 CALCULATOR = {
     "type": "function",

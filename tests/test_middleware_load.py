@@ -16,11 +16,11 @@ import psutil
 from middleware_support import make_adapter, make_library
 from servers import Servers
 
-from engine.backends.scripted import ScriptedBackend
-from engine.server import create_app
-from engine.server.guard import TRACE_HEADER
-from engine.types import Request
-from library_store.traces import TraceStore
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.server import create_app
+from whetstone.engine.server.guard import TRACE_HEADER
+from whetstone.engine.types import Request
+from whetstone.library_store.traces import TraceStore
 
 CONCURRENT = 200
 ROUNDS = 4  # the first warms up (model load, index, pools); memory is measured after it

@@ -26,14 +26,14 @@ from middleware_support import (
 )
 from servers import Servers
 
-from engine.backends.base import Backend
-from engine.backends.scripted import ScriptedBackend
-from engine.runtime.plugins import Guidance, Plugin
-from engine.server import create_app
-from engine.server.adapter import ChatAdapter
-from engine.server.guard import TRACE_HEADER, VERSION_HEADER
-from library_store.store import Library
-from library_store.traces import TraceStore
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.runtime.plugins import Guidance, Plugin
+from whetstone.engine.server import create_app
+from whetstone.engine.server.adapter import ChatAdapter
+from whetstone.engine.server.guard import TRACE_HEADER, VERSION_HEADER
+from whetstone.library_store.store import Library
+from whetstone.library_store.traces import TraceStore
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +327,7 @@ def test_feedback_on_a_trace_written_before_this_server_started(
 def test_feedback_on_a_trace_stuck_in_the_queue_is_a_503(serve: Callable[..., Served],
                                                          monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    from engine.server import recording
+    from whetstone.engine.server import recording
 
     monkeypatch.setattr(recording, "LABEL_WAIT_S", 0.2)
     s = serve(ScriptedBackend(responder=echo))

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError, NotFound, WhetstoneError
-from engine.runtime.plugins import Guidance, Plugin
-from engine.server.adapter import (
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
+from whetstone.engine.runtime.plugins import Guidance, Plugin
+from whetstone.engine.server.adapter import (
     Adapted,
     ChatAdapter,
     ChatSwitches,
@@ -25,14 +25,14 @@ from engine.server.adapter import (
     inject_guidance,
     inject_guidance_dicts,
 )
-from engine.server.embed_cache import CachedEmbedder
-from engine.server.exchange import chat_trace, check_feedback
-from engine.server.guard import key_matches, load_api_keys
-from engine.server.metrics import Counter, Gauge, Histogram, Metrics
-from engine.server.recording import TraceWriter
-from engine.types import Completion, Message, Request
-from library_store.trace_records import encode_trace
-from library_store.traces import TraceStore
+from whetstone.engine.server.embed_cache import CachedEmbedder
+from whetstone.engine.server.exchange import chat_trace, check_feedback
+from whetstone.engine.server.guard import key_matches, load_api_keys
+from whetstone.engine.server.metrics import Counter, Gauge, Histogram, Metrics
+from whetstone.engine.server.recording import TraceWriter
+from whetstone.engine.types import Completion, Message, Request
+from whetstone.library_store.trace_records import encode_trace
+from whetstone.library_store.traces import TraceStore
 
 # --- Prometheus text -------------------------------------------------------------------------
 
@@ -245,7 +245,7 @@ def test_whitespace_variants_of_a_query_share_one_entry() -> None:
 
 
 def test_the_served_name_defaults_to_the_upstreams_model_name() -> None:
-    from engine.server.naming import public_spec, upstream_model_name
+    from whetstone.engine.server.naming import public_spec, upstream_model_name
 
     assert upstream_model_name("openai:qwen2.5-0.5b@http://10.0.0.5:8000/v1") == "qwen2.5-0.5b"
     assert upstream_model_name("openai:Qwen/Qwen2.5-0.5B-Instruct@http://h:8000/v1") == \
@@ -404,8 +404,8 @@ async def test_feedback_on_a_trace_the_store_cannot_take_in_time_fails() -> None
 
 
 def test_an_exchange_reads_like_a_run_to_the_evolvers() -> None:
-    from engine.methods.analyst import render_trace
-    from engine.types import ToolCall
+    from whetstone.engine.methods.analyst import render_trace
+    from whetstone.engine.types import ToolCall
 
     adapted = Adapted(Request(messages=(Message("system", "# Skills\n- weather"),
                                         Message("user", "Weather in Oslo?"))),
@@ -423,7 +423,7 @@ def test_an_exchange_reads_like_a_run_to_the_evolvers() -> None:
 
 
 def test_create_app_refuses_bad_limits() -> None:
-    from engine.server import create_app
+    from whetstone.engine.server import create_app
 
     with pytest.raises(ConfigError, match="max_queue"):
         create_app(ScriptedBackend(), max_queue=-1)
@@ -437,7 +437,7 @@ def test_create_app_refuses_bad_limits() -> None:
 async def test_a_slow_verification_does_not_hold_up_retrieval() -> None:
     """One retrieval thread and a verifier that takes its time: a request adapted meanwhile
     does not wait for it."""
-    from engine.server.pipeline import ChatPipeline
+    from whetstone.engine.server.pipeline import ChatPipeline
 
     release = threading.Event()
 

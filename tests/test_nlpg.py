@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from nlpg_support import RUBRIC, analyst, trace
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ValidationError
-from engine.methods.nlpg.backward import (
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ValidationError
+from whetstone.engine.methods.nlpg.backward import (
     Correction,
     WalkSettings,
     aggregate,
@@ -20,8 +20,8 @@ from engine.methods.nlpg.backward import (
     visits_of,
     walk_trace,
 )
-from engine.methods.nlpg.curator import curate, parse_ops
-from engine.methods.nlpg.memory import (
+from whetstone.engine.methods.nlpg.curator import curate, parse_ops
+from whetstone.engine.methods.nlpg.memory import (
     Op,
     apply_ops,
     count_uses,
@@ -30,13 +30,13 @@ from engine.methods.nlpg.memory import (
     retire_ops,
     rules_curator,
 )
-from engine.methods.nlpg.plugin import NLPGPlugin, policy_notes
-from engine.runtime.state import AgentContext
-from engine.types import PolicyNote
-from library_store.store import Library
-from skills.loader import validate_snapshot
-from skills.policies import parse_policy, read_policy, render_policy
-from tools.base import Toolbox
+from whetstone.engine.methods.nlpg.plugin import NLPGPlugin, policy_notes
+from whetstone.engine.runtime.state import AgentContext
+from whetstone.engine.types import PolicyNote
+from whetstone.library_store.store import Library
+from whetstone.skills.loader import validate_snapshot
+from whetstone.skills.policies import parse_policy, read_policy, render_policy
+from whetstone.tools.base import Toolbox
 
 # -- the file format ---------------------------------------------------------------------------
 

@@ -13,14 +13,14 @@ import pytest
 from click.testing import CliRunner
 from nlpg_support import RUBRIC, analyst, think, trace
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.evaluation.tasks import TaskRecord, TaskSet
-from engine.methods.nlpg import NLPG, NLPGConfig
-from engine.methods.nlpg.memory import Memory, estimate_tokens, note_tokens
-from engine.types import Request
-from skills.policies import parse_policy
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
+from whetstone.engine.methods.nlpg import NLPG, NLPGConfig
+from whetstone.engine.methods.nlpg.memory import Memory, estimate_tokens, note_tokens
+from whetstone.engine.types import Request
+from whetstone.skills.policies import parse_policy
 
 LESSON = "Add the two quantities before answering."
 TASKS = TaskSet("apples", tuple(

@@ -13,10 +13,15 @@ from typing import Any
 
 import pytest
 
-from engine.backends import onnx_convert
-from engine.backends.model_cache import MARKER, invalidate
-from engine.backends.registry import BackendOptions, default_registry, engine_suffix, get_backend
-from engine.errors import ConfigError, ModelLoadError
+from whetstone.engine.backends import onnx_convert
+from whetstone.engine.backends.model_cache import MARKER, invalidate
+from whetstone.engine.backends.registry import (
+    BackendOptions,
+    default_registry,
+    engine_suffix,
+    get_backend,
+)
+from whetstone.engine.errors import ConfigError, ModelLoadError
 
 FAKE_BUILDER = textwrap.dedent('''
     import sys, pathlib
@@ -146,7 +151,7 @@ def test_engine_suffixes_pick_the_engine_and_unknown_ones_are_refused() -> None:
 
 
 def test_models_says_which_engine_each_spec_uses() -> None:
-    from engine.api import describe_models
+    from whetstone.engine.api import describe_models
 
     rows = {r["spec"]: r for r in describe_models()}
     assert rows["embedded"]["engine"] == "onnx" and not rows["embedded"]["white_box"]
@@ -163,9 +168,9 @@ def test_the_real_converter_rebuilds_a_damaged_model(tmp_path: Path) -> None:
     cut short and the next load converts again instead of failing."""
     from conftest import SHARED_CACHE
 
-    from engine.backends.model_cache import dequantized_packaged
-    from engine.backends.onnx_backend import OnnxBackend, load_converted
-    from engine.types import Message, Request
+    from whetstone.engine.backends.model_cache import dequantized_packaged
+    from whetstone.engine.backends.onnx_backend import OnnxBackend, load_converted
+    from whetstone.engine.types import Message, Request
 
     source = dequantized_packaged("smollm2", SHARED_CACHE)
     events: list[tuple[str, float | None]] = []

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.backends.onnx_engine import ModelLayout, OnnxDecoder, SamplingParams
-from engine.errors import BackendError
+from whetstone.engine.backends.onnx_engine import ModelLayout, OnnxDecoder, SamplingParams
+from whetstone.engine.errors import BackendError
 
 VOCAB = 41
 EOS = 0

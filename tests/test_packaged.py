@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends import BackendOptions, get_backend
-from engine.backends.model_cache import (
+from whetstone.engine.backends import BackendOptions, get_backend
+from whetstone.engine.backends.model_cache import (
     MARKER,
     cached_folder,
     cached_gguf,
     dequantized_packaged,
     is_complete,
 )
-from engine.backends.packaged import (
+from whetstone.engine.backends.packaged import (
     PACKAGED_MODELS,
     PackagedModel,
     PackagedPart,
@@ -32,7 +32,7 @@ from engine.backends.packaged import (
     installed,
     locate,
 )
-from engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
+from whetstone.engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
 
 PAYLOADS = [b"GGUF-part-one|" * 300, b"part-two|" * 500, b"three"]
 
@@ -279,7 +279,7 @@ def test_cached_folder_reports_builder_errors(tmp_path: Path) -> None:
 
 
 def test_embedded_specs_list_every_variant_with_its_state() -> None:
-    from engine.backends.embedded import embedded_specs
+    from whetstone.engine.backends.embedded import embedded_specs
 
     rows = {spec: (m, ok) for spec, m, ok in embedded_specs()}
     assert list(rows) == ["embedded", "embedded:smollm2", "embedded:qwen-1.5b"]

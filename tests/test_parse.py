@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engine.runtime.parse import Parsed, ReplyRules, output_is_answer, parse_reply
-from engine.types import Completion
+from whetstone.engine.runtime.parse import Parsed, ReplyRules, output_is_answer, parse_reply
+from whetstone.engine.types import Completion
 
 TOOLS = ["calculator", "python", "search"]
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError
-from engine.evaluation.tasks import TaskRecord
-from engine.runtime.plugins import (
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.runtime.plugins import (
     HOST_HOOKS,
     Guidance,
     MethodEnv,
@@ -23,8 +23,8 @@ from engine.runtime.plugins import (
     check_host,
     unhonoured_hooks,
 )
-from engine.runtime.state import AgentContext, AgentState
-from engine.types import Request
+from whetstone.engine.runtime.state import AgentContext, AgentState
+from whetstone.engine.types import Request
 
 
 class Hint(Plugin):

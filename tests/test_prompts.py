@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.prompts import load_prompt, placeholders, render_prompt
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.prompts import load_prompt, placeholders, render_prompt
 
 REPO = Path(__file__).resolve().parent.parent
 

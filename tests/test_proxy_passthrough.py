@@ -18,9 +18,9 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from servers import Servers
 
-from engine.backends import BackendOptions, get_backend
-from engine.backends.scripted import ScriptedBackend
-from engine.server import create_app
+from whetstone.engine.backends import BackendOptions, get_backend
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.server import create_app
 
 openai = pytest.importorskip("openai")
 

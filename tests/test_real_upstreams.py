@@ -28,14 +28,14 @@ import httpx
 import openai
 import pytest
 
-from engine.api import Engine
-from engine.backends import get_backend
-from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.runner import evaluate
-from engine.server.naming import upstream_model_name
-from library_store.store import Library
 from tests.middleware_support import wait_for_trace
 from tests.servers import running_server
+from whetstone.engine.api import Engine
+from whetstone.engine.backends import get_backend
+from whetstone.engine.evaluation.benchmarks import load_tasks
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.server.naming import upstream_model_name
+from whetstone.library_store.store import Library
 
 VARS = {"vllm": "WHETSTONE_TEST_VLLM", "llamacpp": "WHETSTONE_TEST_LLAMACPP",
         "openai": "WHETSTONE_TEST_OPENAI"}

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import BackendUnavailable
-from engine.runtime import Agent, Guidance, Plugin, RunConfig, RunFinished, StepEvent
-from engine.runtime.checkpoints import Checkpoints
-from engine.types import Completion, Request
-from library_store.traces import TraceStore
-from tools.builtin import builtin_tools, make_python
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import BackendUnavailable
+from whetstone.engine.runtime import Agent, Guidance, Plugin, RunConfig, RunFinished, StepEvent
+from whetstone.engine.runtime.checkpoints import Checkpoints
+from whetstone.engine.types import Completion, Request
+from whetstone.library_store.traces import TraceStore
+from whetstone.tools.builtin import builtin_tools, make_python
 
 
 def kinds(trace: Any) -> list[str]:

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ToolError
-from engine.runtime import Agent
 from tests.sandbox_support import marker, survivors
-from tools.base import Toolbox
-from tools.builtin import make_python
-from tools.sandbox import default_sandbox, run_python
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ToolError
+from whetstone.engine.runtime import Agent
+from whetstone.tools.base import Toolbox
+from whetstone.tools.builtin import make_python
+from whetstone.tools.sandbox import default_sandbox, run_python
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ def test_cannot_read_the_callers_environment(python_box: Toolbox) -> None:
             "        print(pid, open(f'/proc/{pid}/environ', 'rb').read())\n"
             "    except OSError as exc:\n"
             "        print(pid, 'DENIED', type(exc).__name__)\n")
-    caller = ("import sys\nfrom tools.sandbox import run_python\n"
+    caller = ("import sys\nfrom whetstone.tools.sandbox import run_python\n"
               "res = run_python(sys.stdin.read())\nprint(res.stdout, res.stderr)")
     env = {**os.environ, "OPENAI_API_KEY": secret}
     out = subprocess.run([sys.executable, "-c", caller], input=code, capture_output=True,

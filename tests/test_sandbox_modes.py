@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from engine.errors import ToolError
 from tests.sandbox_support import marker, survivors
-from tools.base import Toolbox
-from tools.builtin import make_python
-from tools.isolation import find_bwrap
-from tools.limits import find_cgroup_place
-from tools.sandbox import Sandbox
+from whetstone.engine.errors import ToolError
+from whetstone.tools.base import Toolbox
+from whetstone.tools.builtin import make_python
+from whetstone.tools.isolation import find_bwrap
+from whetstone.tools.limits import find_cgroup_place
+from whetstone.tools.sandbox import Sandbox
 
 MODES = [("bwrap", "cgroup"), ("bwrap", "watchdog"), ("process", "cgroup"),
          ("process", "watchdog")]

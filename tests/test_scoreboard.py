@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError
-from engine.evaluation.tasks import TaskRecord, write_jsonl
-from engine.methods.registry import MethodEntry, MethodRegistry
-from engine.scoreboard import Runner, load_outcome, parse_plan, row_key, run_plan
-from engine.scoreboard_page import render
-from engine.types import Request
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.tasks import TaskRecord, write_jsonl
+from whetstone.engine.methods.registry import MethodEntry, MethodRegistry
+from whetstone.engine.scoreboard import Runner, load_outcome, parse_plan, row_key, run_plan
+from whetstone.engine.scoreboard_page import render
+from whetstone.engine.types import Request
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "toy_methods"))
 
@@ -51,7 +51,7 @@ def _runner(plan: Any, tmp_path: Path) -> Runner:
     backend = ScriptedBackend(responder=_answer_with_skill)
     registry = MethodRegistry((MethodEntry("toy", "evolver", "toy_methods:ToyEvolver"),
                                MethodEntry("skills", "runtime",
-                                           "engine.runtime.skills_plugin:SkillsPlugin")))
+                                           "whetstone.engine.runtime.skills_plugin:SkillsPlugin")))
     return Runner(plan, backend, backend, tmp_path / "work", registry=registry)
 
 

@@ -16,10 +16,10 @@ import pytest
 from middleware_support import WEATHER_TOOL
 from servers import Servers
 
-from engine.backends.base import Backend, Capabilities
-from engine.backends.scripted import ScriptedBackend
-from engine.server import create_app
-from engine.types import Completion, Request
+from whetstone.engine.backends.base import Backend, Capabilities
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.server import create_app
+from whetstone.engine.types import Completion, Request
 
 USER = [{"role": "user", "content": "Say hello."}]
 
@@ -402,8 +402,8 @@ class _FailsMidStream(Backend):
         raise AssertionError("only streamed in this test")
 
     def stream(self, request: Request) -> Iterator[Any]:
-        from engine.backends.base import StreamChunk
-        from engine.errors import BackendError
+        from whetstone.engine.backends.base import StreamChunk
+        from whetstone.engine.errors import BackendError
 
         yield StreamChunk(text="partial")
         raise BackendError("the model fell over", hint="restart it")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import ParseError
-from engine.replies import extract_json_object
-from skills.edits import (
+from whetstone.engine.errors import ParseError
+from whetstone.engine.replies import extract_json_object
+from whetstone.skills.edits import (
     Edit,
     EditError,
     SkillPatch,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.types import Skill
-from skills.format import check_name, parse_skill_md, render_skill_md
-from skills.loader import check_skill_files
+from whetstone.engine.types import Skill
+from whetstone.skills.format import check_name, parse_skill_md, render_skill_md
+from whetstone.skills.loader import check_skill_files
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills"
 GOOD = "---\nname: csv-tool\ndescription: Clean CSV files. Use when data is messy.\n---\n\n# Body\n"

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import NotFound
-from library_store.embeddings import TextEmbedder
-from library_store.store import Library
-from skills.index import LibraryIndex
-from skills.retrieval import SkillRetriever, approx_tokens, read_skill
-from skills.transfer import import_skills
+from whetstone.engine.errors import NotFound
+from whetstone.library_store.embeddings import TextEmbedder
+from whetstone.library_store.store import Library
+from whetstone.skills.index import LibraryIndex
+from whetstone.skills.retrieval import SkillRetriever, approx_tokens, read_skill
+from whetstone.skills.transfer import import_skills
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills"
 
@@ -66,7 +66,7 @@ def test_the_int8_skills_embedder_keeps_the_top_3(tmp_path: Path) -> None:
     """The server's and the agent's embedder (``skill_embedder``: int8 ONNX) on the same
     queries: the right skill in the top 3 as often as with the float model (all of them,
     measured: benchmarks/bench_library.py --quality)."""
-    from library_store.embeddings import skill_embedder
+    from whetstone.library_store.embeddings import skill_embedder
 
     lib = Library.init(tmp_path / "lib")
     import_skills(lib, FIXTURES / "library")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from library_store.store import Library
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.library_store.store import Library
 
 UNITS = """---
 name: unit-conversion

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ConfigError, NotFound, ValidationError
-from library_store.store import Library
-from skills.format import parse_skill_md
-from skills.loader import load_skill, load_skills, skill_changes, validate_snapshot
-from skills.transfer import export_skills, import_skills, new_skill_changes, scaffold_skill
+from whetstone.engine.errors import ConfigError, NotFound, ValidationError
+from whetstone.library_store.store import Library
+from whetstone.skills.format import parse_skill_md
+from whetstone.skills.loader import load_skill, load_skills, skill_changes, validate_snapshot
+from whetstone.skills.transfer import (
+    export_skills,
+    import_skills,
+    new_skill_changes,
+    scaffold_skill,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills"
 
@@ -73,7 +78,7 @@ def test_loading_a_version_with_broken_skills_reports_them_and_loads_the_rest(
         for rel, data in files_of(folder).items():
             changes[f"skills/{folder.name}/{rel}"] = data
     changes["skills/loose.md"] = "not in a folder\n"
-    lib.commit(changes, method="raw")  # no validator: the store itself does not judge skills
+    lib.commit(changes, method="raw")  # no validator: the store itself does not judge whetstone.skills
     loaded = load_skills(lib.snapshot())
     assert sorted(loaded.skills) == ["good-one", "good-two"]
     assert sorted(e.rule for e in loaded.problems) == [

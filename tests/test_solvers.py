@@ -1,6 +1,6 @@
 """``--solver direct|agent``: the direct solver (one call, the model's template, the library's
 guidance) through ``Engine``, ``whetstone eval`` and the evolve gate; and answers read alike
-whichever solver wrote them (``engine.answer_text``)."""
+whichever solver wrote them (``whetstone.engine.answer_text``)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.answer_text import answer_span, has_answer
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError
-from engine.evaluation.runner import evaluate
-from engine.evaluation.scorers import get_scorer
-from engine.evaluation.tasks import TaskRecord
-from engine.types import Request
-from library_store.store import Library
+from whetstone.cli import cli
+from whetstone.engine.answer_text import answer_span, has_answer
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.evaluation.scorers import get_scorer
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.types import Request
+from whetstone.library_store.store import Library
 
 ARITH = Path(__file__).parent / "fixtures" / "tasks" / "arith.jsonl"
 UNITS = """---
@@ -138,7 +138,7 @@ def test_text_scorers_read_the_answer_span_too() -> None:
 
 
 def test_skills_options_reach_the_direct_solver_and_chat_mode(tmp_path: Path) -> None:
-    """``skills.examples`` and ``skills.learned_tools`` pass the config check, so every host
+    """``whetstone.skills.examples`` and ``skills.learned_tools`` pass the config check, so every host
     must take them (the direct and chat paths raised a TypeError), and they act there."""
     lib = Library.open(tmp_path / "lib", create=True)
     lib.commit({"skills/unit-conversion/SKILL.md": UNITS}, method="test", message="units")
@@ -172,7 +172,7 @@ def test_an_unrelated_task_gets_no_skill_by_default(tmp_path: Path) -> None:
 
 def test_skills_options_need_no_methods_flag() -> None:
     """Skill retrieval runs by default, so ``--method-config skills.k=3`` alone sets it."""
-    from engine.commands.common import parse_methods
+    from whetstone.engine.commands.common import parse_methods
 
     assert parse_methods("", ("skills.k=3", "skills.turns=true")) == [
         ("skills", {"k": 3, "turns": True})]

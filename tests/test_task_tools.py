@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.evaluation.tasks import TaskRecord
-from library_store.store import Library
-from tools.base import Tool, Toolbox
-from tools.learned import define_tool
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.library_store.store import Library
+from whetstone.tools.base import Tool, Toolbox
+from whetstone.tools.learned import define_tool
 
 SORT = textwrap.dedent('''
     from typing import Annotated

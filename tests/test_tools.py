@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from engine.errors import ToolError
 from tests.sandbox_support import marker, survivors
-from tools.base import Toolbox
-from tools.builtin import builtin_tools, calculate, make_python
-from tools.sandbox import MAX_OUTPUT_BYTES, echo_last_expression, run_python
+from whetstone.engine.errors import ToolError
+from whetstone.tools.base import Toolbox
+from whetstone.tools.builtin import builtin_tools, calculate, make_python
+from whetstone.tools.sandbox import MAX_OUTPUT_BYTES, echo_last_expression, run_python
 
 
 @pytest.mark.parametrize("expr,expected", [

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError
-from engine.methods.trace2skill import (
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.trace2skill import (
     Trace2Skill,
     Trace2SkillConfig,
     draft_skill,
@@ -17,8 +17,8 @@ from engine.methods.trace2skill import (
     merge_tree_shape,
     reduce_patches,
 )
-from engine.types import Request, Trace
-from skills.edits import Edit, SkillPatch, apply_patch
+from whetstone.engine.types import Request, Trace
+from whetstone.skills.edits import Edit, SkillPatch, apply_patch
 
 BASE = draft_skill("word-math", "Solve arithmetic word problems.")
 LIB = {f"skills/word-math/{k}": v for k, v in BASE.items()}
@@ -302,8 +302,8 @@ def test_sequential_does_not_pile_up_copies_of_one_lesson() -> None:
 
 
 def test_a_created_skill_whose_description_holds_a_colon_is_valid() -> None:
-    from engine.methods.trace2skill import draft_skill
-    from skills.format import parse_skill_md
+    from whetstone.engine.methods.trace2skill import draft_skill
+    from whetstone.skills.format import parse_skill_md
 
     desc = "Grade-school math word problems: compute the numeric answer."
     parsed = parse_skill_md(draft_skill("word-math", desc)["SKILL.md"])

@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError
-from engine.evaluation.direct import direct_solver
-from engine.evaluation.tasks import TaskRecord
-from engine.types import Step, Trace
-from library_store.store import Library
-from library_store.trace_build import TRACE_KINDS, make_trace, new_trace_id, trace_kind
-from library_store.traces import TraceQuery, TraceStore, parse_trace_filter
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.types import Step, Trace
+from whetstone.library_store.store import Library
+from whetstone.library_store.trace_build import TRACE_KINDS, make_trace, new_trace_id, trace_kind
+from whetstone.library_store.traces import TraceQuery, TraceStore, parse_trace_filter
 
 ID = re.compile(r"^(\d{8}-\d{6})-[0-9a-f]{8}$")
 OLD = Path(__file__).parent / "fixtures" / "traces" / "before_one_builder.jsonl"
@@ -81,7 +81,7 @@ def test_every_kind_is_built_with_one_id_scheme_and_its_kind(tmp_path: Path) -> 
 
 
 def test_an_mcp_log_is_built_by_the_same_builder(tmp_path: Path) -> None:
-    from engine.integrations.mcp_server import LibraryServer
+    from whetstone.engine.integrations.mcp_server import LibraryServer
 
     lib = Library.open(tmp_path / "lib", create=True)
     server = LibraryServer.open(lib.root, allow_writes=True)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from engine.api import Engine
-from engine.backends.openai_wire import message_to_openai
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import ConfigError, NotFound
-from engine.types import Message, Step, Trace
-from library_store.traces import TraceStore
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.openai_wire import message_to_openai
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.types import Message, Step, Trace
+from whetstone.library_store.traces import TraceStore
 
 
 def vision_trace(image: Image.Image, tid: str = "t1") -> Trace:

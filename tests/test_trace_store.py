@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import NotFound
-from engine.types import Trace
-from library_store.traces import TraceQuery, TraceStore
+from whetstone.engine.errors import NotFound
+from whetstone.engine.types import Trace
+from whetstone.library_store.traces import TraceQuery, TraceStore
 
 
 def test_latest_record_wins_and_queries_filter(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """``whetstone traces show`` on every kind of trace the engine writes: agent runs, the direct
-solver (``--solver direct``), chat exchanges (``engine.server.exchange.chat_trace``) and MARCH
-verifications (``engine.methods.march.result_trace``). Each trace is made for real through the
+solver (``--solver direct``), chat exchanges (``whetstone.engine.server.exchange.chat_trace``) and MARCH
+verifications (``whetstone.engine.methods.march.result_trace``). Each trace is made for real through the
 CLI or ``Engine`` with the ``scripted:`` backend, then shown by id."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from cli import cli
-from engine.api import Engine
-from engine.backends.scripted import ScriptedBackend
-from engine.errors import BackendError
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import BackendError
 
 
 def script(tmp_path: Path, replies: list[Any], name: str = "replies.json") -> str:
@@ -58,9 +58,9 @@ def test_a_direct_solver_trace(tmp_path: Path) -> None:
 
 
 def test_a_direct_solver_trace_with_native_tool_calls(whetstone_home: Path) -> None:
-    from engine.evaluation.direct import direct_solver
-    from engine.evaluation.tasks import TaskRecord
-    from library_store.traces import TraceStore
+    from whetstone.engine.evaluation.direct import direct_solver
+    from whetstone.engine.evaluation.tasks import TaskRecord
+    from whetstone.library_store.traces import TraceStore
 
     backend = ScriptedBackend([{"text": "", "tool_calls": [
         {"name": "get_weather", "arguments": {"city": "Oslo"}}]}], tool_calls=True)
@@ -111,8 +111,8 @@ def test_a_march_verification_trace(tmp_path: Path) -> None:
 
 
 def test_a_step_of_an_unknown_shape_prints_a_line_not_a_crash(whetstone_home: Path) -> None:
-    from engine.types import Step, Trace
-    from library_store.traces import TraceStore
+    from whetstone.engine.types import Step, Trace
+    from whetstone.library_store.traces import TraceStore
 
     trace = Trace(id="odd1", task="t", outcome="answered", answer="x", steps=(
         Step(kind="think", module="think", output=["not", "a", "dict"]),

@@ -6,7 +6,7 @@ import json
 
 from PIL import Image
 
-from engine.types import (
+from whetstone.engine.types import (
     Claim,
     Completion,
     LibraryVersion,

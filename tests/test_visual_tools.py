@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
-from tools.base import Toolbox
-from tools.images import ImageFiles
-from tools.visual import VISUAL_TOOL_NAMES, visual_tools
-from tools.visual_ops import nearest_name
+from whetstone.tools.base import Toolbox
+from whetstone.tools.images import ImageFiles
+from whetstone.tools.visual import VISUAL_TOOL_NAMES, visual_tools
+from whetstone.tools.visual_ops import nearest_name
 
 
 @pytest.fixture

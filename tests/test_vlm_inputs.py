@@ -11,11 +11,11 @@ from pathlib import Path
 from PIL import Image
 from servers import Servers
 
-from engine.backends.registry import get_backend
-from engine.backends.scripted import ScriptedBackend
-from engine.server import create_app
-from engine.types import Message, Request
-from library_store.traces import TraceStore
+from whetstone.engine.backends.registry import get_backend
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.server import create_app
+from whetstone.engine.types import Message, Request
+from whetstone.library_store.traces import TraceStore
 
 
 def test_an_openai_request_with_an_image_part_is_well_formed(tmp_path: Path) -> None:

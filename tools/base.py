@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.errors import ToolError
-from engine.types import ToolSpec
+from whetstone.engine.errors import ToolError
+from whetstone.engine.types import ToolSpec
 
 MAX_OBSERVATION_CHARS = 4000
 

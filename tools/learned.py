@@ -43,9 +43,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import ValidationError
-from engine.types import Skill, ToolSpec
-from tools.validate import parse_tool_source
+from whetstone.engine.errors import ValidationError
+from whetstone.engine.types import Skill, ToolSpec
+from whetstone.tools.validate import parse_tool_source
 
 SCRIPTS_DIR = "scripts"
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")  # \Z: `$` would let "name\n" through

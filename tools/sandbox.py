@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.errors import ToolError
-from tools.isolation import (
+from whetstone.engine.errors import ToolError
+from whetstone.tools.isolation import (
     DEFAULT_PACKAGES,
     REPORT_PREFIX,
     SITE_IN_SANDBOX,
@@ -40,7 +40,7 @@ from tools.isolation import (
     find_bwrap,
     probe_bwrap,
 )
-from tools.limits import (
+from whetstone.tools.limits import (
     CgroupPlace,
     LimitKind,
     Limits,
@@ -49,7 +49,7 @@ from tools.limits import (
     make_limiter,
     stop_and_kill,
 )
-from tools.sandbox_io import (
+from whetstone.tools.sandbox_io import (
     HARD_OUTPUT_BYTES,
     KILL_GRACE_S,
     MAX_OUTPUT_BYTES,

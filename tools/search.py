@@ -1,7 +1,7 @@
 """The ``search`` tool: passages from an evidence corpus for a query.
 
 The tool knows nothing of where passages come from: it is given a retriever, any object with
-``search(query, k) -> [Passage]`` (a ``library_store.corpus.Corpus``, or a test double), by the
+``search(query, k) -> [Passage]`` (a ``whetstone.library_store.corpus.Corpus``, or a test double), by the
 face that builds the run (``Engine(tools=["search"], corpus=...)``). An empty corpus or a bad
 query is a ``ToolError`` the model reads, never a crash.
 """
@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from engine.errors import ToolError, WhetstoneError
-from engine.types import Passage, ToolSpec
-from tools.base import Tool
+from whetstone.engine.errors import ToolError, WhetstoneError
+from whetstone.engine.types import Passage, ToolSpec
+from whetstone.tools.base import Tool
 
 SEARCH_SPEC = ToolSpec(
     name="search",

@@ -21,11 +21,11 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine.errors import ToolError
-from engine.types import ToolSpec
-from tools.base import Tool, ToolResult
-from tools.images import MAX_IMAGE_PIXELS, ImageFiles
-from tools.visual_ops import (
+from whetstone.engine.errors import ToolError
+from whetstone.engine.types import ToolSpec
+from whetstone.tools.base import Tool, ToolResult
+from whetstone.tools.images import MAX_IMAGE_PIXELS, ImageFiles
+from whetstone.tools.visual_ops import (
     COLOR_NAMES,
     adjust,
     color_at,

@@ -1,7 +1,12 @@
 """Frozen models behind one contract. See ``base.Backend`` and ``registry.get_backend``."""
 
-from engine.backends.base import Backend, Capabilities, StreamChunk, auto_concurrency
-from engine.backends.registry import BackendEntry, BackendOptions, BackendRegistry, get_backend
+from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk, auto_concurrency
+from whetstone.engine.backends.registry import (
+    BackendEntry,
+    BackendOptions,
+    BackendRegistry,
+    get_backend,
+)
 
 __all__ = [
     "Backend", "BackendEntry", "BackendOptions", "BackendRegistry", "Capabilities",

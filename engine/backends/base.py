@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.errors import ConfigError
-from engine.types import Completion, Request
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.types import Completion, Request
 
 if TYPE_CHECKING:
     from typing_extensions import Self

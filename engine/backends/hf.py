@@ -27,15 +27,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.backends.chat_template import template_supports_tools
-from engine.backends.hf_vlm import encode_vision_request, is_vision_folder, load_vlm
-from engine.backends.local_text import check_prompt_fits, completion_from_tokens, prompt_text
-from engine.backends.model_cache import cached_folder, dequantize_gguf
-from engine.backends.registry import LOCAL_ENGINES, BackendOptions, engine_suffix, split_engine
-from engine.backends.toolcall_format import StreamGate
-from engine.errors import BackendError, ConfigError, ModelLoadError
-from engine.types import Completion, Request
+from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
+from whetstone.engine.backends.chat_template import template_supports_tools
+from whetstone.engine.backends.hf_vlm import encode_vision_request, is_vision_folder, load_vlm
+from whetstone.engine.backends.local_text import (
+    check_prompt_fits,
+    completion_from_tokens,
+    prompt_text,
+)
+from whetstone.engine.backends.model_cache import cached_folder, dequantize_gguf
+from whetstone.engine.backends.registry import (
+    LOCAL_ENGINES,
+    BackendOptions,
+    engine_suffix,
+    split_engine,
+)
+from whetstone.engine.backends.toolcall_format import StreamGate
+from whetstone.engine.errors import BackendError, ConfigError, ModelLoadError
+from whetstone.engine.types import Completion, Request
 
 
 def pick_device(requested: str | None) -> str:
@@ -342,7 +351,7 @@ def make_hf(arg: str, options: BackendOptions) -> Backend:
         return HFBackend.from_vision_folder(folder, name=arg.strip(), device=options.device)
     if engine == "transformers":
         return HFBackend.from_folder(folder, name=arg.strip(), device=options.device)
-    from engine.backends.onnx_backend import load_converted
+    from whetstone.engine.backends.onnx_backend import load_converted
 
     stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in path.stem)[:40] or "model"
     return load_converted(folder, sha or folder_fingerprint(folder), arg.strip(), options,

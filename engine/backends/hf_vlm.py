@@ -6,7 +6,7 @@ transformers, white-box like ``@transformers``: the fast ONNX engine is text-onl
 stop strings, streaming and logprobs are ``HFBackend``'s; this module supplies what differs,
 the encoding of a request: the conversation rendered by the processor's chat template with an
 ``{"type": "image"}`` placeholder where each image goes, and the images themselves (data URLs,
-local paths or PIL images; see ``engine.types.Message``) handed to the processor in order.
+local paths or PIL images; see ``whetstone.engine.types.Message``) handed to the processor in order.
 
 Nothing is fetched from the network: a remote image URL is refused with a hint, and so is a
 stored ``image_ref`` part (the trace store gives those back as data URLs).
@@ -21,11 +21,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import check_local_request
-from engine.backends.chat_template import template_messages
-from engine.backends.local_text import check_prompt_fits
-from engine.errors import ConfigError, ModelLoadError
-from engine.types import Request
+from whetstone.engine.backends.base import check_local_request
+from whetstone.engine.backends.chat_template import template_messages
+from whetstone.engine.backends.local_text import check_prompt_fits
+from whetstone.engine.errors import ConfigError, ModelLoadError
+from whetstone.engine.types import Request
 
 
 def is_vision_folder(folder: Path) -> bool:

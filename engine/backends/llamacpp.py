@@ -20,16 +20,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, StreamChunk, check_local_request
-from engine.backends.chat_template import (
+from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk, check_local_request
+from whetstone.engine.backends.chat_template import (
     render_chat_template,
     template_messages,
     template_supports_tools,
 )
-from engine.backends.registry import BackendOptions
-from engine.backends.toolcall_format import StreamGate, offered_tool_names, parse_tool_calls
-from engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
-from engine.types import Completion, Request
+from whetstone.engine.backends.registry import BackendOptions
+from whetstone.engine.backends.toolcall_format import (
+    StreamGate,
+    offered_tool_names,
+    parse_tool_calls,
+)
+from whetstone.engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
+from whetstone.engine.types import Completion, Request
 
 INSTALL_HINT = "pip install 'whetstone-engine[llamacpp]'  (builds for ~14 min on 2 cores)"
 
@@ -175,8 +179,8 @@ def resolve_gguf(arg: str, cache_dir: Path) -> Path:
     """``embedded[:variant]`` -> the packaged GGUF in the cache; otherwise a .gguf path."""
     name, _, variant = arg.partition(":")
     if name == "embedded":
-        from engine.backends.embedded import embedded_variant
-        from engine.backends.model_cache import cached_gguf
+        from whetstone.engine.backends.embedded import embedded_variant
+        from whetstone.engine.backends.model_cache import cached_gguf
 
         return cached_gguf(embedded_variant(variant), cache_dir)
     path = Path(arg).expanduser()

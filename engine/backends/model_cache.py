@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.backends.packaged import PackagedModel, assemble, get_packaged
-from engine.backends.registry import ProgressFn
-from engine.errors import ModelLoadError
+from whetstone.engine.backends.packaged import PackagedModel, assemble, get_packaged
+from whetstone.engine.backends.registry import ProgressFn
+from whetstone.engine.errors import ModelLoadError
 
 MARKER = "whetstone-complete.json"
 _FORMAT = 1  # bump when the folder layout changes, so old entries are rebuilt

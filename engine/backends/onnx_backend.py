@@ -25,14 +25,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.backends.chat_template import template_supports_tools
-from engine.backends.local_text import completion_from_tokens, prompt_ids
-from engine.backends.onnx_engine import Generation, OnnxDecoder, SamplingParams
-from engine.backends.registry import BackendOptions
-from engine.backends.toolcall_format import StreamGate
-from engine.errors import ConfigError, ModelLoadError
-from engine.types import Completion, Request
+from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
+from whetstone.engine.backends.chat_template import template_supports_tools
+from whetstone.engine.backends.local_text import completion_from_tokens, prompt_ids
+from whetstone.engine.backends.onnx_engine import Generation, OnnxDecoder, SamplingParams
+from whetstone.engine.backends.registry import BackendOptions
+from whetstone.engine.backends.toolcall_format import StreamGate
+from whetstone.engine.errors import ConfigError, ModelLoadError
+from whetstone.engine.types import Completion, Request
 
 ENGINE_SETTINGS = ("max_batch", "threads", "prefill_chunk", "kv_budget_mb", "cache_mb",
                    "join_window_s")
@@ -196,8 +196,8 @@ def load_converted(source: Path, source_sha256: str, name: str, options: Backend
     An entry that passes the file checks but still does not load (a bit flipped inside the
     weights) is removed and converted again, once.
     """
-    from engine.backends.model_cache import invalidate
-    from engine.backends.onnx_convert import onnx_model
+    from whetstone.engine.backends.model_cache import invalidate
+    from whetstone.engine.backends.onnx_convert import onnx_model
 
     settings = engine_settings(options.extra)
     for attempt in (1, 2):

@@ -29,9 +29,9 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from engine.backends.model_cache import cached_folder
-from engine.backends.registry import ProgressFn
-from engine.errors import ModelLoadError, ModelNotInstalled
+from whetstone.engine.backends.model_cache import cached_folder
+from whetstone.engine.backends.registry import ProgressFn
+from whetstone.engine.errors import ModelLoadError, ModelNotInstalled
 
 # Changing a recipe changes the cache key, so old conversions are not reused by mistake.
 RECIPES = {

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.backends.openai_http import (
+from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
+from whetstone.engine.backends.openai_http import (
     HttpFailure,
     JsonPoster,
     SseParser,
@@ -31,13 +31,13 @@ from engine.backends.openai_http import (
     server_message,
     sse_events,
 )
-from engine.backends.openai_wire import (
+from whetstone.engine.backends.openai_wire import (
     StreamAccumulator,
     completion_from_openai,
     request_to_openai,
 )
-from engine.backends.registry import BackendOptions
-from engine.errors import (
+from whetstone.engine.backends.registry import BackendOptions
+from whetstone.engine.errors import (
     BackendError,
     BackendRejected,
     BackendTimeout,
@@ -45,7 +45,7 @@ from engine.errors import (
     ConfigError,
     WhetstoneError,
 )
-from engine.types import Completion, Request
+from whetstone.engine.types import Completion, Request
 
 log = logging.getLogger("whetstone.backends.openai")
 

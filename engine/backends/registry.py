@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.errors import ConfigError, UnknownBackend
-from engine.paths import cache_dir as default_cache_dir
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ConfigError, UnknownBackend
+from whetstone.engine.paths import cache_dir as default_cache_dir
 
 # progress(message, fraction): a long first-use step (model conversion) reporting where it is;
 # fraction is in [0, 1], or None while the step cannot tell. Backends never print: the CLI or
@@ -124,38 +124,38 @@ def engine_suffix(arg: str, family: str) -> tuple[str, str]:
 
 _BUILTINS: tuple[BackendEntry, ...] = (
     BackendEntry(
-        "embedded", "engine.backends.embedded:make_embedded",
+        "embedded", "whetstone.engine.backends.embedded:make_embedded",
         "Packaged GGUF models, in process, no server; @transformers for the white-box path.",
         "embedded", requires=("transformers", "gguf", "onnxruntime"),
         variants=("embedded", "embedded:smollm2", "embedded:qwen-1.5b"),
         engines=LOCAL_ENGINES,
     ),
     BackendEntry(
-        "hf", "engine.backends.hf:make_hf",
+        "hf", "whetstone.engine.backends.hf:make_hf",
         "A local transformers model folder or GGUF file; @transformers for the white-box path."
         " A vision-language folder (images) runs on transformers: the ONNX engine is text-only.",
         "hf:/models/qwen2.5-0.5b#qwen.gguf", requires=("transformers", "onnxruntime"),
         engines=LOCAL_ENGINES,
     ),
     BackendEntry(
-        "openai", "engine.backends.openai_compat:make_openai",
+        "openai", "whetstone.engine.backends.openai_compat:make_openai",
         "Any OpenAI-compatible server: vLLM, llama.cpp, OpenAI, another Whetstone.",
         "openai:qwen@http://127.0.0.1:8000/v1", requires=("openai",),
     ),
     BackendEntry(
-        "llamacpp", "engine.backends.llamacpp:make_llamacpp",
+        "llamacpp", "whetstone.engine.backends.llamacpp:make_llamacpp",
         "In-process llama-cpp-python: ~6x faster than transformers on CPU, not white-box.",
         "llamacpp:/models/qwen.gguf", requires=("llama_cpp",),
         install="pip install 'whetstone-engine[llamacpp]'  (compiles for ~14 min on 2 cores)",
     ),
     BackendEntry(
-        "vllm", "engine.backends.vllm_backend:make_vllm",
+        "vllm", "whetstone.engine.backends.vllm_backend:make_vllm",
         "In-process vllm.LLM for high-throughput batches on a GPU machine.",
         "vllm:Qwen/Qwen2.5-0.5B-Instruct", requires=("vllm",),
         install="pip install 'whetstone-engine[vllm]'  (needs a CUDA GPU)",
     ),
     BackendEntry(
-        "scripted", "engine.backends.scripted:make_scripted",
+        "scripted", "whetstone.engine.backends.scripted:make_scripted",
         "Test double: replays given completions, fails loudly when it runs out.",
         "scripted:replies.json",
     ),

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, StreamChunk
-from engine.backends.registry import BackendOptions
-from engine.errors import ConfigError, ScriptExhausted
-from engine.types import Completion, Request, ToolCall
+from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
+from whetstone.engine.backends.registry import BackendOptions
+from whetstone.engine.errors import ConfigError, ScriptExhausted
+from whetstone.engine.types import Completion, Request, ToolCall
 
 Reply = str | Completion | dict
 

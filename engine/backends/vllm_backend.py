@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from engine.backends.base import Backend, Capabilities, check_local_request
-from engine.backends.registry import BackendOptions
-from engine.backends.toolcall_format import offered_tool_names, parse_tool_calls
-from engine.errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
-from engine.types import Completion, Request
+from whetstone.engine.backends.base import Backend, Capabilities, check_local_request
+from whetstone.engine.backends.registry import BackendOptions
+from whetstone.engine.backends.toolcall_format import offered_tool_names, parse_tool_calls
+from whetstone.engine.errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
+from whetstone.engine.types import Completion, Request
 
 INSTALL_HINT = "pip install 'whetstone-engine[vllm]'  (needs a CUDA GPU)"
 
@@ -138,7 +138,7 @@ def make_vllm(arg: str, options: BackendOptions) -> VLLMBackend:
     require_cuda()
     if not arg.strip():
         raise ConfigError("vllm: needs a model", hint="e.g. vllm:/models/qwen2.5-0.5b-instruct")
-    from engine.backends.hf import resolve_local_model
+    from whetstone.engine.backends.hf import resolve_local_model
 
     path = resolve_local_model(arg.strip())
     try:

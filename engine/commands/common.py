@@ -18,18 +18,18 @@ from rich.console import Console
 from rich.progress import ProgressColumn, Task
 from rich.text import Text
 
-from engine.errors import (  # noqa: F401 - EXIT_* re-exported for the commands
+from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the commands
     EXIT_INTERRUPTED,
     EXIT_NO_ANSWER,
     EXIT_PARTIAL,
     WhetstoneError,
 )
-from engine.paths import whetstone_home
+from whetstone.engine.paths import whetstone_home
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Exit codes: each WhetstoneError subclass carries its own ``exit_code``; the other outcomes
-# are engine.errors' EXIT_* constants (re-exported here for the commands). docs/cli.md has
+# are whetstone.engine.errors' EXIT_* constants (re-exported here for the commands). docs/cli.md has
 # the table.
 
 
@@ -102,7 +102,7 @@ def configure_logging(verbose: int, quiet: bool, env_level: str | None) -> int:
     """Set the level of the ``whetstone`` logger (every logger of ours is under it) for one
     command: ``-q`` errors only, ``-v`` info, ``-vv`` debug, else ``WHETSTONE_LOG_LEVEL``,
     else warnings. Returns the level."""
-    from engine.errors import ConfigError
+    from whetstone.engine.errors import ConfigError
 
     if verbose and quiet:
         raise ConfigError("-v and -q cannot be combined", hint="give one of them")
@@ -267,9 +267,9 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
                   ) -> list[tuple[str, dict[str, Any]]]:
     """``--methods`` and ``--method-config`` as ``Engine(methods=...)`` takes them; unknown
     names and badly written settings are a ``ConfigError``."""
-    from engine.errors import ConfigError
-    from engine.methods.base import options_from_text
-    from engine.methods.registry import default_registry
+    from whetstone.engine.errors import ConfigError
+    from whetstone.engine.methods.base import options_from_text
+    from whetstone.engine.methods.registry import default_registry
 
     names = [n.strip() for n in methods.split(",") if n.strip()]
     raw: dict[str, dict[str, str]] = {n: {} for n in names}
@@ -327,7 +327,7 @@ class SkillScore(click.ParamType):
 
 def skills_options(k_help: str, score_help: str) -> Callable[[F], F]:
     """``--skills-k`` and ``--skills-min-score``, with the skills method's own defaults."""
-    from engine.runtime.skills_plugin import SkillsConfig
+    from whetstone.engine.runtime.skills_plugin import SkillsConfig
 
     defaults = SkillsConfig()
 

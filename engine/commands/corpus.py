@@ -17,7 +17,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     console,
     default_library_path,
     emit_json,
@@ -25,8 +25,8 @@ from engine.commands.common import (
     json_option,
     library_option,
 )
-from engine.errors import ConfigError, EmptyCorpus
-from library_store.corpus import DEFAULT_CORPUS, Corpus, list_corpora
+from whetstone.engine.errors import ConfigError, EmptyCorpus
+from whetstone.library_store.corpus import DEFAULT_CORPUS, Corpus, list_corpora
 
 
 def corpus_option(fn: Any) -> Any:
@@ -38,7 +38,7 @@ def corpus_option(fn: Any) -> Any:
 
 def open_corpus(library_path: Path | None, name: str, *, threads: int | None = 1) -> Corpus:
     """A library's corpus with the fastest packaged embedder (ONNX when installed)."""
-    from library_store.embeddings import query_embedder
+    from whetstone.library_store.embeddings import query_embedder
 
     return Corpus.of_library(library_path or default_library_path(), name,
                              query_embedder(threads=threads))
@@ -50,8 +50,8 @@ def corpus_group() -> None:
 
 
 def _stdin_docs(text: str, fmt: str, source: str | None, text_field: str | None) -> Any:
-    from library_store.chunking import ReadReport, SourceDoc, jsonl_docs
-    from library_store.fsutil import sha256_bytes
+    from whetstone.library_store.chunking import ReadReport, SourceDoc, jsonl_docs
+    from whetstone.library_store.fsutil import sha256_bytes
 
     label = source or f"stdin:{sha256_bytes(text.encode('utf-8'))[:12]}"
     if fmt == "jsonl":
@@ -85,7 +85,7 @@ def add_cmd(paths: tuple[str, ...], tasks_spec: str | None, chunk_size: int, ove
 
     Text, markdown and JSONL (one document per line). Re-adding is cheap: unchanged texts
     are kept, changed ones replaced, records gone from a re-added file dropped."""
-    from library_store.chunking import ChunkSpec, ReadReport, read_path
+    from whetstone.library_store.chunking import ChunkSpec, ReadReport, read_path
 
     if not paths and not tasks_spec:
         raise ConfigError("nothing to add", hint="whetstone corpus add notes.md docs/ - "
@@ -101,8 +101,8 @@ def add_cmd(paths: tuple[str, ...], tasks_spec: str | None, chunk_size: int, ove
         read.docs += got.docs
         read.skipped += got.skipped
     if tasks_spec:
-        from engine.evaluation.benchmarks import load_tasks
-        from engine.evaluation.tasks import evidence_documents
+        from whetstone.engine.evaluation.benchmarks import load_tasks
+        from whetstone.engine.evaluation.tasks import evidence_documents
 
         tasks = load_tasks(tasks_spec)
         docs = evidence_documents(tasks.tasks)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from engine.commands.common import console, emit_json, handle_errors, json_option
+from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
 
 DATA_SETS = ("bigbench",)
 
@@ -35,7 +35,7 @@ def fetch_cmd(name: str, sdist: Path | None, keep: Path | None, force: bool,
     Without --from, pip downloads the bigbench==1.0.0 sdist by name (through your pip
     configuration) with pip 23.2.1 in a throwaway venv: newer pips refuse that sdist's
     metadata. Only bigbench/benchmark_tasks/**/task.json is extracted (about 1.7 GB)."""
-    from engine.evaluation import bigbench
+    from whetstone.engine.evaluation import bigbench
 
     err = console(stderr=True)
     if sdist is None and not (bigbench.data_dir().exists() and not force):
@@ -64,7 +64,7 @@ def fetch_cmd(name: str, sdist: Path | None, keep: Path | None, force: bool,
 @handle_errors
 def ls_cmd(show_tasks: bool, as_json: bool) -> None:
     """What is cached, where, and how to fetch what is not."""
-    from engine.evaluation import bigbench
+    from whetstone.engine.evaluation import bigbench
 
     info = bigbench.describe()
     if as_json:

@@ -1,8 +1,8 @@
 """``whetstone eval``: score a library version on a task set, compare two, write the report.
 
-The agent comes from ``engine.api.solver_factory``: ``factory(model_spec, library_path,
+The agent comes from ``whetstone.engine.api.solver_factory``: ``factory(model_spec, library_path,
 version) -> solver`` where a solver is ``(task, seed) -> Trace`` (see
-``engine.evaluation.runner``). Tests inject a scripted one as ``obj={"solver_factory": ...}``.
+``whetstone.engine.evaluation.runner``). Tests inject a scripted one as ``obj={"solver_factory": ...}``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
     RateColumn,
@@ -39,29 +39,34 @@ from engine.commands.common import (
     parse_methods,
     solver_option,
 )
-from engine.errors import ConfigError, EvalError
-from engine.evaluation.benchmarks import BENCHMARKS, load_tasks
-from engine.evaluation.compare import Comparison, compare
-from engine.evaluation.gate import check_no_errors
-from engine.evaluation.report import write_report
-from engine.evaluation.results import EvalResult, TaskResult, default_evals_dir, load_results
-from engine.evaluation.runner import Solver, evaluate, solver_concurrency
-from engine.evaluation.scorers import USER_SCORER_HELP
-from engine.evaluation.tasks import TaskSet
-from library_store.traces import TraceStore
+from whetstone.engine.errors import ConfigError, EvalError
+from whetstone.engine.evaluation.benchmarks import BENCHMARKS, load_tasks
+from whetstone.engine.evaluation.compare import Comparison, compare
+from whetstone.engine.evaluation.gate import check_no_errors
+from whetstone.engine.evaluation.report import write_report
+from whetstone.engine.evaluation.results import (
+    EvalResult,
+    TaskResult,
+    default_evals_dir,
+    load_results,
+)
+from whetstone.engine.evaluation.runner import Solver, evaluate, solver_concurrency
+from whetstone.engine.evaluation.scorers import USER_SCORER_HELP
+from whetstone.engine.evaluation.tasks import TaskSet
+from whetstone.library_store.traces import TraceStore
 
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
 
 
 def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], solver: str
              ) -> SolverFactory:
-    """The injected factory (tests), else ``engine.api``'s: the agent loop with
+    """The injected factory (tests), else ``whetstone.engine.api``'s: the agent loop with
     ``--methods``, or one direct call (``--solver direct``)."""
     obj = ctx.obj if isinstance(ctx.obj, dict) else {}
     factory = obj.get("solver_factory")
     if factory is not None:
         return factory
-    from engine.api import solver_factory
+    from whetstone.engine.api import solver_factory
 
     return solver_factory(methods=parse_methods(methods, method_config), solver=solver)
 
@@ -241,7 +246,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         raise EvalError(f"task set {tasks_spec!r} selects no task",
                         hint="check the split and slice bounds")
     library = library_path or default_library_path()
-    from library_store.store import Library
+    from whetstone.library_store.store import Library
 
     store = Library(library).traces  # bounded as its library.json says, as every writer is
     common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,

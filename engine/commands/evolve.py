@@ -3,8 +3,8 @@
     whetstone evolve trace2skill --tasks gsm8k@train:0:20 --skill word-math --create
     whetstone evolve trace2skill --skill word-math --traces "outcome=answered,score<1" --dry-run
 
-One command per registered evolver (``engine.methods.registry``), built when asked for: its
-own options come from its config dataclass (``engine.methods.base.knob`` fields), the shared
+One command per registered evolver (``whetstone.engine.methods.registry``), built when asked for: its
+own options come from its config dataclass (``whetstone.engine.methods.base.knob`` fields), the shared
 ones (which traces, which models, the gate) are the same for every evolver, and the command is
 one call to ``Engine.evolve``.
 """
@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.syntax import Syntax
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     RateColumn,
     concurrency_option,
     console,
@@ -39,7 +39,7 @@ from engine.commands.common import (
     model_option,
     solver_option,
 )
-from engine.errors import ConfigError
+from whetstone.engine.errors import ConfigError
 
 _CONFIG = "config__"  # prefix of the parameters that come from the evolver's config
 
@@ -157,7 +157,7 @@ class EvolveGroup(click.Group):
     ``whetstone --help`` imports no method)."""
 
     def _registry(self, ctx: click.Context) -> Any:
-        from engine.methods.registry import default_registry
+        from whetstone.engine.methods.registry import default_registry
 
         return ctx.meta.setdefault("whetstone.methods", default_registry())
 
@@ -203,8 +203,8 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
          solver: str, as_json: bool) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
-    from engine.api import Engine
-    from engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.api import Engine
+    from whetstone.engine.evaluation.benchmarks import load_tasks
 
     err = console(stderr=True)
     with err.status(f"loading {model} …"):

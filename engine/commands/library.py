@@ -14,7 +14,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     EXIT_PARTIAL,
     console,
     default_library_path,
@@ -23,12 +23,17 @@ from engine.commands.common import (
     json_option,
     library_option,
 )
-from engine.errors import LibraryError, NotFound, ValidationError
-from engine.runtime.library_tools import import_check, validate_library
-from library_store.store import Library, Manifest
-from skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
-from skills.retrieval import read_skill
-from skills.transfer import export_skills, import_skills, new_skill_changes, scaffold_skill
+from whetstone.engine.errors import LibraryError, NotFound, ValidationError
+from whetstone.engine.runtime.library_tools import import_check, validate_library
+from whetstone.library_store.store import Library, Manifest
+from whetstone.skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
+from whetstone.skills.retrieval import read_skill
+from whetstone.skills.transfer import (
+    export_skills,
+    import_skills,
+    new_skill_changes,
+    scaffold_skill,
+)
 
 
 def _open(path: Path | None) -> Library:
@@ -160,7 +165,7 @@ def show_cmd(name: str, file: str | None, version: str | None, library_path: Pat
         text = read_skill(snap, name, file)
     else:
         text = snap.read_text(skill_path(name)) if snap.exists(skill_path(name)) else \
-            read_skill(snap, name)  # raises NotFound listing the skills
+            read_skill(snap, name)  # raises NotFound listing the whetstone.skills
     if as_json:
         emit_json({"version": snap.id, "skill": name, "file": file or "SKILL.md", "text": text,
                    "files": sorted(p.split("/", 2)[2] for p in snap.unit(f"skills/{name}"))})
@@ -319,7 +324,7 @@ def validate_cmd(version: str | None, library_path: Path | None, as_json: bool) 
 @handle_errors
 def reindex_cmd(library_path: Path | None, as_json: bool) -> None:
     """Rebuild the retrieval index from the files of the current version."""
-    from skills.index import LibraryIndex
+    from whetstone.skills.index import LibraryIndex
 
     lib = _open(library_path)
     start = time.perf_counter()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     console,
     handle_errors,
     library_option,
@@ -50,10 +50,10 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
     record_feedback and log_run. No model is loaded: the client's model answers."""
     import anyio
 
-    from engine.errors import ConfigError
-    from engine.integrations.mcp_app import serve_http, serve_stdio
-    from engine.integrations.mcp_server import LibraryServer
-    from engine.server.guard import load_api_keys
+    from whetstone.engine.errors import ConfigError
+    from whetstone.engine.integrations.mcp_app import serve_http, serve_stdio
+    from whetstone.engine.integrations.mcp_server import LibraryServer
+    from whetstone.engine.server.guard import load_api_keys
 
     out = console(stderr=True)  # stdout is the stdio transport's
     keys = load_api_keys(api_keys, api_keys_file)
@@ -66,7 +66,7 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
     skills = skills_config(skills_k, skills_min_score)
     sock = None
     if transport == "http":
-        from engine.server.app import bind
+        from whetstone.engine.server.app import bind
 
         sock = bind(host, port)  # a port in use fails now
     library = LibraryServer.open(library_path, allow_writes=allow_writes, skills=skills,
@@ -80,7 +80,7 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
         if sock is None:
             anyio.run(serve_stdio, library)
             return
-        from engine.server.connections import ConnectionLimits
+        from whetstone.engine.server.connections import ConnectionLimits
 
         serve_http(library, host=host, port=port, keys=keys, max_body_bytes=max_body_bytes,
                    sock=sock, limits=ConnectionLimits(), log_level=log_level)

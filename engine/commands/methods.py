@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from engine.commands.common import console, emit_json, handle_errors, json_option
+from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
 
 
 @click.command("methods")
@@ -17,7 +17,7 @@ def methods_cmd(as_json: bool) -> None:
 
     from rich.table import Table
 
-    from engine.methods.registry import default_registry
+    from whetstone.engine.methods.registry import default_registry
 
     registry = default_registry()
     rows = []

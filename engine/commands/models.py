@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from engine.commands.common import console, emit_json, handle_errors, json_option
+from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
 
 
 @click.command("models")
@@ -14,7 +14,7 @@ def models(as_json: bool) -> None:
     """Every model spec, installed or not, and how to install it."""
     from rich.table import Table
 
-    from engine.api import describe_models
+    from whetstone.engine.api import describe_models
 
     rows = describe_models()
     if as_json:

@@ -1,6 +1,6 @@
 """``whetstone policies ls | show MODULE``: the NLPG policy notes of a library version.
 
-Notes live in ``policies/<module>.md`` (format: ``skills.policies``); ``whetstone evolve
+Notes live in ``policies/<module>.md`` (format: ``whetstone.skills.policies``); ``whetstone evolve
 nlpg`` learns them and ``--methods nlpg`` shows each module its own.
 """
 
@@ -13,7 +13,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     console,
     default_library_path,
     emit_json,
@@ -21,8 +21,8 @@ from engine.commands.common import (
     json_option,
     library_option,
 )
-from engine.errors import NotFound, ValidationError
-from engine.types import PolicyNote
+from whetstone.engine.errors import NotFound, ValidationError
+from whetstone.engine.types import PolicyNote
 
 version_option = click.option("--version", "version", default=None,
                               help="Library version to read (default: current).")
@@ -30,8 +30,8 @@ version_option = click.option("--version", "version", default=None,
 
 def _read(library_path: Path | None, version: str | None
           ) -> tuple[str, dict[str, list[PolicyNote]], list[ValidationError]]:
-    from library_store.store import Library
-    from skills.policies import load_policies
+    from whetstone.library_store.store import Library
+    from whetstone.skills.policies import load_policies
 
     snap = Library.open(library_path or default_library_path()).snapshot(version)
     memory, problems = load_policies(snap)
@@ -46,7 +46,7 @@ def _warn(problems: list[ValidationError]) -> None:
 
 
 def _tokens(notes: list[PolicyNote]) -> int:
-    from engine.methods.nlpg.memory import estimate_tokens, note_tokens
+    from whetstone.engine.methods.nlpg.memory import estimate_tokens, note_tokens
 
     return note_tokens(notes, estimate_tokens)
 

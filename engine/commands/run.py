@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     EXIT_NO_ANSWER,
     console,
     emit_json,
@@ -19,8 +19,8 @@ from engine.commands.common import (
     model_option,
     parse_methods,
 )
-from engine.commands.display import print_result, print_step
-from engine.commands.traces import trace_store
+from whetstone.engine.commands.display import print_result, print_step
+from whetstone.engine.commands.traces import trace_store
 
 
 @click.command("run")
@@ -57,10 +57,10 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
         api_key: str | None, methods: str, method_config: tuple[str, ...],
         as_json: bool) -> None:
     """Run an agent on TASK and stream its steps; the trace is stored."""
-    from engine.api import Engine
-    from engine.backends.registry import BackendOptions
-    from engine.errors import BackendError, ConfigError
-    from engine.runtime import RunConfig
+    from whetstone.engine.api import Engine
+    from whetstone.engine.backends.registry import BackendOptions
+    from whetstone.engine.errors import BackendError, ConfigError
+    from whetstone.engine.runtime import RunConfig
 
     if not task and not resume_id:
         raise ConfigError("give a TASK or --resume ID", hint='whetstone run "What is 17 * 23?"')
@@ -89,7 +89,7 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
 def _stream(engine: Any, out: Any, task: str | None, resume_id: str | None, *,
             show_steps: bool) -> Any:
     """Run (or resume) through ``engine``, printing each step as it happens; the trace."""
-    from engine.runtime import RunFinished, StepEvent, new_trace_id
+    from whetstone.engine.runtime import RunFinished, StepEvent, new_trace_id
 
     trace_id = resume_id or new_trace_id()
     events = (engine.resume_stream(resume_id) if resume_id

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     console,
     handle_errors,
     library_option,
@@ -90,12 +90,12 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
     /v1/completions pass through to an openai: upstream as sent."""
-    from engine.api import Engine
-    from engine.backends.registry import BackendOptions, get_backend
-    from engine.server.app import bind
-    from engine.server.app import serve as run_server
-    from engine.server.connections import ConnectionLimits
-    from engine.server.guard import load_api_keys
+    from whetstone.engine.api import Engine
+    from whetstone.engine.backends.registry import BackendOptions, get_backend
+    from whetstone.engine.server.app import bind
+    from whetstone.engine.server.app import serve as run_server
+    from whetstone.engine.server.connections import ConnectionLimits
+    from whetstone.engine.server.guard import load_api_keys
 
     out = console(stderr=True)
     keys = load_api_keys(api_keys, api_keys_file)

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     console,
     default_library_path,
     emit_json,
@@ -29,9 +29,9 @@ from engine.commands.common import (
     json_option,
     library_option,
 )
-from engine.errors import NotFound, ToolError
-from engine.types import ToolSpec
-from library_store.store import Library, Snapshot
+from whetstone.engine.errors import NotFound, ToolError
+from whetstone.engine.types import ToolSpec
+from whetstone.library_store.store import Library, Snapshot
 
 PROVENANCE_FILE = "assets/dynamo.json"  # what Dynamo records beside a tool it learned
 
@@ -43,16 +43,16 @@ class ToolEntry:
     name: str
     kind: str  # builtin | visual | learned
     spec: ToolSpec
-    definition: Any = None  # tools.learned.ToolDefinition for learned tools
+    definition: Any = None  # whetstone.tools.learned.ToolDefinition for learned whetstone.tools
 
 
 def _catalog(snap: Snapshot) -> tuple[list[ToolEntry], list[Any]]:
     """Every tool a run may be given, and the learned tools that failed their checks."""
-    from engine.runtime.library_tools import load_library_tools
-    from engine.runtime.skills_plugin import READ_SKILL_SPEC
-    from tools.builtin import CALCULATOR_SPEC, PYTHON_SPEC
-    from tools.images import ImageFiles
-    from tools.visual import visual_tools
+    from whetstone.engine.runtime.library_tools import load_library_tools
+    from whetstone.engine.runtime.skills_plugin import READ_SKILL_SPEC
+    from whetstone.tools.builtin import CALCULATOR_SPEC, PYTHON_SPEC
+    from whetstone.tools.images import ImageFiles
+    from whetstone.tools.visual import visual_tools
 
     entries = [ToolEntry(s.name, "builtin", s) for s in (CALCULATOR_SPEC, PYTHON_SPEC,
                                                           READ_SKILL_SPEC)]
@@ -92,7 +92,7 @@ def tools_group() -> None:
 @handle_errors
 def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
     """List the tools, and how code runs in the sandbox on this machine."""
-    from tools.sandbox import default_sandbox
+    from whetstone.tools.sandbox import default_sandbox
 
     snap = _library(library_path).snapshot(version)
     entries, problems = _catalog(snap)
@@ -179,19 +179,19 @@ def _arguments(text: str, entry: ToolEntry) -> dict[str, Any]:
 
 def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Library,
          roots: tuple[Path, ...], timeout_s: float | None) -> Any:
-    from engine.runtime.skills_plugin import SkillsPlugin
-    from tools.base import Toolbox
-    from tools.builtin import builtin_tools
-    from tools.images import ImageFiles
-    from tools.learned_run import run_learned
-    from tools.visual import visual_tools
+    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+    from whetstone.tools.base import Toolbox
+    from whetstone.tools.builtin import builtin_tools
+    from whetstone.tools.images import ImageFiles
+    from whetstone.tools.learned_run import run_learned
+    from whetstone.tools.visual import visual_tools
 
     images = ImageFiles(library.root / "work" / "tool-images", roots)
     if entry.kind == "learned":
         try:
             return run_learned(entry.definition, args, images=images, timeout_s=timeout_s)
         except ToolError as exc:
-            from tools.base import ToolResult
+            from whetstone.tools.base import ToolResult
 
             return ToolResult(error=exc.message)
     if entry.kind == "visual":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     console,
     default_library_path,
     emit_json,
@@ -15,9 +15,9 @@ from engine.commands.common import (
     json_option,
     library_option,
 )
-from engine.commands.display import print_result, print_step, short
-from library_store.traces import TraceStore
-from library_store.traces import trace_store as open_trace_store
+from whetstone.engine.commands.display import print_result, print_step, short
+from whetstone.library_store.traces import TraceStore
+from whetstone.library_store.traces import trace_store as open_trace_store
 
 
 @click.group("traces")
@@ -28,7 +28,7 @@ def traces_group() -> None:
 def trace_store(library_path: Path | None) -> TraceStore:
     """The trace store of the library at ``library_path`` (default: the home library), with
     the bounds its ``library.json`` sets."""
-    from library_store.store import Library
+    from whetstone.library_store.store import Library
 
     root = library_path or default_library_path()
     return open_trace_store(root / "traces", Library(root).settings())
@@ -49,8 +49,8 @@ def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str |
     """List traces, newest last."""
     from rich.table import Table
 
-    from library_store.trace_build import check_kind, trace_kind
-    from library_store.traces import TraceQuery
+    from whetstone.library_store.trace_build import check_kind, trace_kind
+    from whetstone.library_store.traces import TraceQuery
 
     store = trace_store(library_path)
     found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit,

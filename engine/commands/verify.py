@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from engine.commands.common import (
+from whetstone.engine.commands.common import (
     console,
     emit_json,
     handle_errors,
@@ -25,7 +25,7 @@ from engine.commands.common import (
     library_option,
     model_option,
 )
-from engine.errors import ConfigError, LibraryError
+from whetstone.engine.errors import ConfigError, LibraryError
 
 EXIT_FLAGGED = 9
 _MARK = {True: "[green]supported[/]", False: "[red]contradicted[/]",
@@ -103,8 +103,8 @@ def verify(question: str, answer: str | None, evidence: tuple[str, ...], corpus_
     """Check an answer claim by claim against evidence: a proposer turns it into questions, a
     checker that never sees the answer answers them from the evidence, and claims whose
     answers disagree (or that the evidence cannot settle) are flagged."""
-    from engine.api import Engine
-    from engine.backends.registry import BackendOptions
+    from whetstone.engine.api import Engine
+    from whetstone.engine.backends.registry import BackendOptions
 
     given = _evidence(evidence)
     out = console(stderr=True)

@@ -8,23 +8,23 @@
 A solver is ``(task, seed) -> Trace``; the CLI/API build one around the agent runtime.
 """
 
-from engine.evaluation.benchmarks import BENCHMARKS, load_benchmark, load_tasks
-from engine.evaluation.compare import Comparison, compare
-from engine.evaluation.direct import direct_solver
-from engine.evaluation.gate import DEFAULT_RULE, Decision, gate, parse_rule, run_gate
-from engine.evaluation.report import render_report, write_report
-from engine.evaluation.results import (
+from whetstone.engine.evaluation.benchmarks import BENCHMARKS, load_benchmark, load_tasks
+from whetstone.engine.evaluation.compare import Comparison, compare
+from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, gate, parse_rule, run_gate
+from whetstone.engine.evaluation.report import render_report, write_report
+from whetstone.engine.evaluation.results import (
     EvalResult,
     TaskResult,
     default_evals_dir,
     load_result,
     load_results,
 )
-from engine.evaluation.runner import Solver, evaluate, task_seed
-from engine.evaluation.scorers import BUILTIN as SCORERS
-from engine.evaluation.scorers import get_scorer, tool_calls_of
-from engine.evaluation.stats import mcnemar_exact, paired_bootstrap, wilson_interval
-from engine.evaluation.tasks import (
+from whetstone.engine.evaluation.runner import Solver, evaluate, task_seed
+from whetstone.engine.evaluation.scorers import BUILTIN as SCORERS
+from whetstone.engine.evaluation.scorers import get_scorer, tool_calls_of
+from whetstone.engine.evaluation.stats import mcnemar_exact, paired_bootstrap, wilson_interval
+from whetstone.engine.evaluation.tasks import (
     TaskRecord,
     TaskSet,
     read_jsonl,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.evaluation.direct import task_messages
-from engine.evaluation.runner import Solver
-from engine.evaluation.tasks import TaskRecord
-from engine.runtime.agent import Agent
-from engine.types import Trace
+from whetstone.engine.evaluation.direct import task_messages
+from whetstone.engine.evaluation.runner import Solver
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.runtime.agent import Agent
+from whetstone.engine.types import Trace
 
 
 def _label(expected: Any) -> str | None:

@@ -1,7 +1,7 @@
 """Reading answers out of model text: the final number, and SQuAD-style normalisation.
 
-Pure functions, no state; the scorers in ``engine.evaluation.scorers`` build on them. Where the
-answer sits in a reply (boxes, "the answer is" cues, the final line) is ``engine.answer_text``,
+Pure functions, no state; the scorers in ``whetstone.engine.evaluation.scorers`` build on them. Where the
+answer sits in a reply (boxes, "the answer is" cues, the final line) is ``whetstone.engine.answer_text``,
 which the runtime reads too.
 """
 
@@ -11,7 +11,7 @@ import re
 import string
 import unicodedata
 
-from engine.answer_text import ANSWER_CUE, boxed_contents
+from whetstone.engine.answer_text import ANSWER_CUE, boxed_contents
 
 # A number as people write it: optional sign, thousands commas ("1,234,567"), decimals, ".5",
 # and an exponent. The sign counts only when it does not follow a word or digit, so "3-5" reads

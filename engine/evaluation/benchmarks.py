@@ -1,5 +1,5 @@
 """Loaders for the benchmarks that ship inside PyPI wheels (DATA.md), the namespaced sets
-fetched into the cache (``bigbench:<task>``, ``engine.evaluation.bigbench``), and
+fetched into the cache (``bigbench:<task>``, ``whetstone.engine.evaluation.bigbench``), and
 ``load_tasks``.
 
 The data packages are located with ``importlib.util.find_spec`` on their top-level name, which
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EvalError
-from engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec, read_jsonl, select
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec, read_jsonl, select
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ def load_benchmark(name: str) -> TaskSet:
 
 
 def _load_bigbench(name: str) -> TaskSet:
-    from engine.evaluation.bigbench import load_bigbench
+    from whetstone.engine.evaluation.bigbench import load_bigbench
 
     return load_bigbench(name)
 
@@ -258,7 +258,7 @@ def load_named(source: str) -> TaskSet:
 
 def load_tasks(spec: str, *, limit: int | None = None, trust_scorers: bool = False) -> TaskSet:
     """Load a task set from a spec string (``SET[@SPLIT][:START:END]`` or a .jsonl path; see
-    ``engine.evaluation.tasks``). ``limit`` keeps the first N tasks after split and slice.
+    ``whetstone.engine.evaluation.tasks``). ``limit`` keeps the first N tasks after split and slice.
     A task file may name only built-in scorers unless ``trust_scorers`` (``read_jsonl``)."""
     if limit is not None and limit < 0:
         raise EvalError(f"limit must be >= 0, got {limit}", hint="e.g. --limit 20")

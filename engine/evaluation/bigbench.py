@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EvalError
-from engine.evaluation.answers import extract_number
-from engine.evaluation.scorers import words_to_digits
-from engine.evaluation.tasks import TaskRecord, TaskSet, split_of
-from engine.paths import cache_dir
-from engine.prompts import render_prompt
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.answers import extract_number
+from whetstone.engine.evaluation.scorers import words_to_digits
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, split_of
+from whetstone.engine.paths import cache_dir
+from whetstone.engine.prompts import render_prompt
 
 PACKAGE = "bigbench"
 VERSION = "1.0.0"

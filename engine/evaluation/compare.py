@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import EvalError
-from engine.evaluation.results import EvalResult
-from engine.evaluation.stats import is_binary, mcnemar_exact, paired_bootstrap
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.results import EvalResult
+from whetstone.engine.evaluation.stats import is_binary, mcnemar_exact, paired_bootstrap
 
 
 @dataclass(frozen=True)

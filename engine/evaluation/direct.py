@@ -14,15 +14,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.evaluation.runner import Solver
-from engine.evaluation.tasks import TaskRecord
-from engine.prompts import render_prompt
-from engine.runtime.plugins import Plugin, collect_guidance
-from engine.runtime.state import AgentContext, RunConfig
-from engine.types import Message, Request, Step, Trace
-from library_store.trace_build import make_trace
-from tools.base import Toolbox
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.evaluation.runner import Solver
+from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.runtime.plugins import Plugin, collect_guidance
+from whetstone.engine.runtime.state import AgentContext, RunConfig
+from whetstone.engine.types import Message, Request, Step, Trace
+from whetstone.library_store.trace_build import make_trace
+from whetstone.tools.base import Toolbox
 
 
 def task_messages(task: TaskRecord, system: str | None = None,
@@ -61,7 +61,7 @@ def direct_solver(backend: Backend, *, model: str | None = None,
     ``act`` step per native tool call, ``input={"tool": name, "arguments": {...}}``).
 
     ``system`` is fixed system text; ``plugins`` add their guidance for each task after it
-    (``engine.runtime.plugins.collect_guidance``), and what they showed goes in the trace's ``meta``.
+    (``whetstone.engine.runtime.plugins.collect_guidance``), and what they showed goes in the trace's ``meta``.
     Their ``adjust_config`` may change the call's sampling (temperature, top-p, max tokens),
     as it does for an agent run.
     """

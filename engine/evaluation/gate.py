@@ -27,14 +27,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EvalError, TasksFailed
-from engine.evaluation.benchmarks import load_tasks
-from engine.evaluation.compare import Comparison, compare
-from engine.evaluation.results import EvalResult
-from engine.evaluation.runner import ProgressFn, Solver, evaluate
-from engine.evaluation.scorers import ScoreFn
-from engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec
-from library_store.traces import TraceStore
+from whetstone.engine.errors import EvalError, TasksFailed
+from whetstone.engine.evaluation.benchmarks import load_tasks
+from whetstone.engine.evaluation.compare import Comparison, compare
+from whetstone.engine.evaluation.results import EvalResult
+from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
+from whetstone.engine.evaluation.scorers import ScoreFn
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec
+from whetstone.library_store.traces import TraceStore
 
 DEFAULT_RULE = "not_worse"
 _EPS = 1e-12  # float noise in a mean of differences must not turn a tie into a rejection

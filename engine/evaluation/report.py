@@ -22,8 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from engine.evaluation.compare import Comparison, compare
-from engine.evaluation.results import EvalResult
+from whetstone.engine.evaluation.compare import Comparison, compare
+from whetstone.engine.evaluation.results import EvalResult
 
 MAX_BOXES = 12  # tokens plot: the most recent runs only, so labels stay readable
 

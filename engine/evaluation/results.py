@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EvalError
-from engine.evaluation.stats import Interval, score_interval
-from engine.paths import whetstone_home
+from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.stats import Interval, score_interval
+from whetstone.engine.paths import whetstone_home
 
 log = logging.getLogger("whetstone.eval")
 

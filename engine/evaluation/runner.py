@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.errors import (
+from whetstone.engine.errors import (
     BackendUnavailable,
     ConfigError,
     EvalError,
@@ -28,11 +28,11 @@ from engine.errors import (
     ModelNotInstalled,
     WhetstoneError,
 )
-from engine.evaluation.results import EvalResult, TaskResult
-from engine.evaluation.scorers import NamedScorer, ScoreFn, as_scorer
-from engine.evaluation.tasks import TaskRecord, TaskSet
-from engine.types import Trace
-from library_store.traces import TraceStore
+from whetstone.engine.evaluation.results import EvalResult, TaskResult
+from whetstone.engine.evaluation.scorers import NamedScorer, ScoreFn, as_scorer
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
+from whetstone.engine.types import Trace
+from whetstone.library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.eval")
 
@@ -95,7 +95,7 @@ class _Run:
         wall = time.perf_counter() - t0
         if not isinstance(trace, Trace):
             raise EvalError(f"the solver returned {type(trace).__name__} for task {task.id}, "
-                            "not a Trace", hint="a solver is (task, seed) -> engine.types.Trace")
+                            "not a Trace", hint="a solver is (task, seed) -> whetstone.engine.types.Trace")
         scorer = self.scorers.get("*") or self.scorers[task.scorer]
         tokens = trace.total_tokens or sum(st.tokens for st in trace.steps)
         duration = trace.duration_s

@@ -6,7 +6,7 @@ BFCL scorer reads its tool calls), a plain string, or for BFCL a ``ToolCall`` / 
 
 Built-in names (``get_scorer``): ``exact``, ``normalised`` (alias ``normalized``),
 ``numeric`` (``numeric:TOL`` sets a relative tolerance), ``contains``, ``f1``, ``bfcl``, and
-for task sets built from other formats (``engine.evaluation.bigbench``): ``choice`` (a
+for task sets built from other formats (``whetstone.engine.evaluation.bigbench``): ``choice`` (a
 multiple-choice option named by letter or text), ``exact_text`` (the final answer's text,
 case and spacing aside, punctuation kept) and ``number`` (``numeric`` that also reads number
 words: "seven" -> 7).
@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.answer_text import answer_span
-from engine.errors import EvalError, WhetstoneError
-from engine.evaluation.answers import extract_number, normalise, tokens
-from engine.evaluation.bfcl import check_calls
-from engine.evaluation.tasks import TaskRecord, is_user_scorer
-from engine.types import ToolCall, Trace
+from whetstone.engine.answer_text import answer_span
+from whetstone.engine.errors import EvalError, WhetstoneError
+from whetstone.engine.evaluation.answers import extract_number, normalise, tokens
+from whetstone.engine.evaluation.bfcl import check_calls
+from whetstone.engine.evaluation.tasks import TaskRecord, is_user_scorer
+from whetstone.engine.types import ToolCall, Trace
 
 Prediction = Trace | str | ToolCall | Sequence[Any] | Mapping[str, Any] | None
 ScoreFn = Callable[[Prediction, TaskRecord], float]
@@ -53,7 +53,7 @@ A user scorer is FILE.py:FUNCTION or module:FUNCTION, called once per task as
 FUNCTION(answer, task) -> float in [0, 1]:
   answer  the agent's answer text (str; "" when it gave none)
   task    the task record: task.expected, task.question, task.metadata, task.id
-Declare a `trace=None` parameter to get the whole run too (engine.types.Trace:
+Declare a `trace=None` parameter to get the whole run too (whetstone.engine.types.Trace:
 its steps, tool calls, tokens). A run where every task scores 0 is flagged."""
 
 
@@ -258,7 +258,7 @@ def numeric(prediction: Prediction, task: TaskRecord, rel_tol: float = 1e-6,
 
 def bfcl_call(prediction: Prediction, task: TaskRecord) -> float:
     """1 when the first tool call matches BFCL's ``possible_answer``
-    (see ``engine.evaluation.bfcl``)."""
+    (see ``whetstone.engine.evaluation.bfcl``)."""
     truth = task.expected
     if not isinstance(truth, (list, tuple)) or not all(isinstance(t, Mapping) for t in truth):
         raise EvalError(f"task {task.id}: the bfcl scorer needs `expected` to be BFCL's "

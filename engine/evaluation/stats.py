@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Literal
 
-from engine.errors import EvalError
+from whetstone.engine.errors import EvalError
 
 IntervalMethod = Literal["wilson", "bootstrap"]
 

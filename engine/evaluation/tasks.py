@@ -2,11 +2,11 @@
 
 A task set is named by a spec string::
 
-    gsm8k                 the whole packaged set (see ``engine.evaluation.benchmarks``)
+    gsm8k                 the whole packaged set (see ``whetstone.engine.evaluation.benchmarks``)
     gsm8k:0:30            a slice, Python-style: tasks 0..29 (either bound may be empty)
     gsm8k@dev             a split (train | dev | test), chosen by hashing each task id
     gsm8k@dev:0:20        the first 20 tasks of the dev split
-    bigbench:word_sorting a namespaced set (``engine.evaluation.bigbench``), same @split and :slice
+    bigbench:word_sorting a namespaced set (``whetstone.engine.evaluation.bigbench``), same @split and :slice
     path/to/tasks.jsonl   a JSONL file of task records (also with @split and :slice)
 
 Splits are stable: a task belongs to ``train`` when the first 8 bytes of sha256(id), read as a
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.errors import EvalError
-from engine.types import Message, Trace, messages_from
-from library_store.chunking import SourceDoc
+from whetstone.engine.errors import EvalError
+from whetstone.engine.types import Message, Trace, messages_from
+from whetstone.library_store.chunking import SourceDoc
 
 log = logging.getLogger("whetstone.tasks")
 
@@ -79,7 +79,7 @@ class TaskRecord:
     tasks (BFCL). ``expected`` is the answer the scorer compares against: a string or number, a
     list of acceptable strings, or for BFCL the ``possible_answer`` ground-truth list.
     ``tools`` are OpenAI function schemas offered to the agent; ``scorer`` names the set's
-    default scorer (``engine.evaluation.scorers``).
+    default scorer (``whetstone.engine.evaluation.scorers``).
     """
 
     id: str
@@ -236,7 +236,7 @@ def read_jsonl(path: Path | str, *, trust_scorers: bool = False) -> TaskSet:
 
 
 def is_user_scorer(name: str) -> bool:
-    """Whether ``engine.evaluation.scorers.get_scorer(name)`` would import code: a
+    """Whether ``whetstone.engine.evaluation.scorers.get_scorer(name)`` would import code: a
     ``module:function`` or ``file.py:function`` name. Built-in names hold no colon but
     ``numeric:TOL``. A data file may not name one (``read_jsonl``): that would let the file
     choose code to run."""

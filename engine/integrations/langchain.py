@@ -1,6 +1,6 @@
 """LangChain and LangGraph: a Whetstone library in front of any LangChain chat model.
 
-    from engine.integrations.langchain import WhetstoneChatModel
+    from whetstone.engine.integrations.langchain import WhetstoneChatModel
 
     model = WhetstoneChatModel(inner=ChatOpenAI(model="qwen", base_url=...), library="lib")
     reply = model.invoke("How many minutes are 2.5 hours?")
@@ -47,17 +47,17 @@ from langchain_core.runnables import Runnable, RunnableBinding
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, PrivateAttr
 
-from engine.api import Engine
-from engine.backends.base import Backend, Capabilities
-from engine.errors import ConfigError
-from engine.integrations.langchain_tools import library_tools_for_langchain
-from engine.server.adapter import Adapted, ChatSwitches, chat_query
-from engine.server.exchange import chat_trace
-from engine.types import Completion, Message, Request, ToolCall
-from library_store.store import Library
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.base import Backend, Capabilities
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.integrations.langchain_tools import library_tools_for_langchain
+from whetstone.engine.server.adapter import Adapted, ChatSwitches, chat_query
+from whetstone.engine.server.exchange import chat_trace
+from whetstone.engine.types import Completion, Message, Request, ToolCall
+from whetstone.library_store.store import Library
 
 if TYPE_CHECKING:
-    from engine.types import Trace
+    from whetstone.engine.types import Trace
 
 log = logging.getLogger("whetstone.langchain")
 
@@ -288,7 +288,7 @@ class WhetstoneChatModel(BaseChatModel):
                ) -> tuple[_Exchange, Runnable[Any, Any], dict[str, Any]]:
         """Adapt the conversation (blocking: retrieval embeds the query); the exchange, the
         inner model with this call's tools bound, and the arguments left for it."""
-        from library_store.trace_build import new_trace_id
+        from whetstone.library_store.trace_build import new_trace_id
 
         started, clock = time.time(), time.perf_counter()
         kwargs = dict(kwargs)

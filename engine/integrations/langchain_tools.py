@@ -4,7 +4,7 @@ any LangChain agent.
     tools = library_tools_for_langchain("lib")
     agent = create_react_agent(WhetstoneChatModel(inner=..., library="lib"), tools)
 
-Each tool is the one the agent loop offers (``engine.runtime.library_tools``): it runs only in
+Each tool is the one the agent loop offers (``whetstone.engine.runtime.library_tools``): it runs only in
 the sandbox, and a failure is its observation, never an exception. The tool message's content
 is what the model reads; its ``artifact`` says how the call ran (``sandbox.isolation``, the
 limits, a weak mode's warnings), as the agent's ``act`` step records it.
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
-from engine.api import Engine
-from engine.errors import ConfigError
-from library_store.store import Library, Snapshot
-from tools.base import Tool, Toolbox
+from whetstone.engine.api import Engine
+from whetstone.engine.errors import ConfigError
+from whetstone.library_store.store import Library, Snapshot
+from whetstone.tools.base import Tool, Toolbox
 
 if TYPE_CHECKING:
-    from tools.sandbox import Sandbox
+    from whetstone.tools.sandbox import Sandbox
 
 # What a parameter filled with the task (``Annotated[str, "task"]``) says when the caller, not
 # the runtime, must fill it: a LangChain tool call has no task of its own.
@@ -79,8 +79,8 @@ def library_tools_for_langchain(library: str | Path | Library | Engine, *,
     """The learned tools of a library version (default: the current one, or the version an
     ``Engine`` pins) as LangChain tools that run in the sandbox. A tool that fails its checks
     is left out, as the agent leaves it out (``whetstone tools ls`` says why)."""
-    from engine.runtime.library_tools import library_tools
-    from tools.images import ImageFiles
+    from whetstone.engine.runtime.library_tools import library_tools
+    from whetstone.tools.images import ImageFiles
 
     snap = _snapshot(library, version)
     images = ImageFiles(snap.library.root / "work" / "tool-images")

@@ -2,7 +2,7 @@
 streamable HTTP.
 
 Over HTTP the endpoint is ``/mcp`` and the limits are ``whetstone serve``'s: its API keys
-(``Authorization: Bearer``, checked with ``engine.server.guard``), its request-body cap (the
+(``Authorization: Bearer``, checked with ``whetstone.engine.server.guard``), its request-body cap (the
 SDK answers 413 past it) and its connection limits (a header timeout, connections at once).
 Where a key is set, a run logged with it carries the key's hash, and feedback from another key
 cannot label it (as on ``/v1/feedback``).
@@ -21,8 +21,8 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from engine.errors import NotFound, WhetstoneError
-from engine.integrations.mcp_server import (
+from whetstone.engine.errors import NotFound, WhetstoneError
+from whetstone.engine.integrations.mcp_server import (
     OWN_TOOLS,
     SEARCH_TOOL,
     SKILL_FILE,
@@ -30,14 +30,14 @@ from engine.integrations.mcp_server import (
     LibraryServer,
     skill_uri,
 )
-from engine.prompts import load_prompt, render_prompt
-from engine.server.guard import key_owner
-from engine.server.service import error_message
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.server.guard import key_owner
+from whetstone.engine.server.service import error_message
 
 if TYPE_CHECKING:
     import socket
 
-    from engine.server.connections import ConnectionLimits
+    from whetstone.engine.server.connections import ConnectionLimits
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -271,8 +271,8 @@ def serve_http(library: LibraryServer, *, host: str, port: int, keys: frozenset[
     """Serve ``http_app`` under uvicorn with ``whetstone serve``'s connection limits."""
     import uvicorn
 
-    from engine.server.connections import ConnectionGuard, guarded_protocol
-    from engine.server.metrics import Metrics
+    from whetstone.engine.server.connections import ConnectionGuard, guarded_protocol
+    from whetstone.engine.server.metrics import Metrics
 
     app = http_app(library, keys=keys, max_body_bytes=max_body_bytes, host=host)
     guard = ConnectionGuard(limits, Metrics())

@@ -4,7 +4,7 @@ skill search, the runtime's guidance for a task, the learned tools, and trace wr
 ``LibraryServer`` reads everything through the library's own API (``Engine``, ``Snapshot``):
 the skills method's retriever for ``search_skills`` (its ``min_score`` floor included), the chat
 adapter for the guidance (what ``Engine.chat`` and ``whetstone serve`` inject), the skills
-method's learned tools (run only in the sandbox, ``tools.learned_run``), the server's
+method's learned tools (run only in the sandbox, ``whetstone.tools.learned_run``), the server's
 ``TraceWriter.label`` for feedback and the trace store for new runs. ``mcp_app`` puts it on the
 MCP SDK; this module never imports the SDK.
 
@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from engine.backends.base import Backend, Capabilities
-from engine.errors import ConfigError, NotFound
-from engine.types import Completion, Message, Request, Step
+from whetstone.engine.backends.base import Backend, Capabilities
+from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.types import Completion, Message, Request, Step
 
 if TYPE_CHECKING:
-    from engine.api import Engine
-    from engine.runtime.skills_plugin import SkillsPlugin
-    from engine.server.recording import TraceWriter
-    from library_store.store import Snapshot
-    from tools.base import Tool
-    from tools.learned import ToolDefinition
+    from whetstone.engine.api import Engine
+    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+    from whetstone.engine.server.recording import TraceWriter
+    from whetstone.library_store.store import Snapshot
+    from whetstone.tools.base import Tool
+    from whetstone.tools.learned import ToolDefinition
 
 SCHEME = "whetstone"
 SKILLS = "skills"
@@ -147,7 +147,7 @@ def mime_of(rel: str) -> str:
 
 def owner_tag(owner: str | None) -> dict[str, str]:
     """The trace meta that ties a run to the API key it was logged with (``serve``'s field)."""
-    from engine.server.recording import OWNER_KEY
+    from whetstone.engine.server.recording import OWNER_KEY
 
     return {OWNER_KEY: owner} if owner is not None else {}
 
@@ -157,9 +157,9 @@ class LibraryServer:
     ``log_run`` exist (otherwise they are neither listed nor run)."""
 
     def __init__(self, engine: Engine, *, allow_writes: bool = False) -> None:
-        from engine.runtime.skills_plugin import SkillsPlugin
-        from engine.server.metrics import Metrics
-        from engine.server.recording import TraceWriter
+        from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+        from whetstone.engine.server.metrics import Metrics
+        from whetstone.engine.server.recording import TraceWriter
 
         self.engine = engine
         self.allow_writes = allow_writes
@@ -177,7 +177,7 @@ class LibraryServer:
              ) -> LibraryServer:
         """The server for the library at ``library`` (default: ``$WHETSTONE_HOME/library``);
         ``skills``: the skills method's options (``SkillsConfig``); ``version``: pin one."""
-        from engine.api import Engine
+        from whetstone.engine.api import Engine
 
         engine = Engine(LibraryOnly(), library=library, version=version, checkpointing=False,
                         methods=[("skills", dict(skills or {}))], tools=())
@@ -198,7 +198,7 @@ class LibraryServer:
 
     def files(self) -> list[SkillFile]:
         """Every file of every skill in the version the server follows."""
-        from skills.loader import skill_names
+        from whetstone.skills.loader import skill_names
 
         snap = self.snapshot()
         out: list[SkillFile] = []
@@ -218,7 +218,7 @@ class LibraryServer:
 
     @staticmethod
     def _description(snap: Snapshot, name: str) -> str | None:
-        from skills.format import parse_skill_md
+        from whetstone.skills.format import parse_skill_md
 
         path = f"{SKILLS}/{name}/{SKILL_FILE}"
         parsed = parse_skill_md(snap.read_text(path), path=path, folder=name)
@@ -226,7 +226,7 @@ class LibraryServer:
 
     def read(self, uri: str) -> FileContent:
         """One skill file by URI; ``NotFound`` listing the skills or the skill's files."""
-        from skills.loader import skill_names
+        from whetstone.skills.loader import skill_names
 
         version, name, rel = parse_uri(uri)
         snap = self.snapshot(version)
@@ -296,7 +296,7 @@ class LibraryServer:
                 if d.name in tools and d.name not in OWN_TOOLS}
 
     def tool_list(self) -> list[LearnedTool]:
-        from engine.prompts import load_prompt
+        from whetstone.engine.prompts import load_prompt
 
         task_note = load_prompt("mcp.yaml#task_param")
         out = []
@@ -316,8 +316,8 @@ class LibraryServer:
     def run_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolRun:
         """Call a learned tool in the sandbox; a bad argument or a failure in the tool is a
         failed run (the observation the agent would see), never an exception."""
-        from engine.errors import WhetstoneError
-        from tools.base import ToolResult
+        from whetstone.engine.errors import WhetstoneError
+        from whetstone.tools.base import ToolResult
 
         tools = self.learned_tools()
         if name not in tools:
@@ -352,7 +352,7 @@ class LibraryServer:
                               owner: str | None = None) -> dict[str, Any]:
         """Label a trace through the server's feedback path (``TraceWriter.label``): on a
         server with API keys only the key a trace was recorded with may label it."""
-        from engine.server.exchange import check_feedback
+        from whetstone.engine.server.exchange import check_feedback
 
         self.check_writes("record_feedback")
         if not isinstance(trace_id, str) or not trace_id.strip():
@@ -370,8 +370,8 @@ class LibraryServer:
         """Store an outside agent's run as a trace (``meta.source`` ``"mcp"``); ``steps``
         are ``{"thought": ...}`` and ``{"tool", "arguments", "observation", "error"}``
         objects, recorded as the runtime records its think and act steps."""
-        from engine.server.exchange import check_feedback
-        from library_store.trace_build import make_trace
+        from whetstone.engine.server.exchange import check_feedback
+        from whetstone.library_store.trace_build import make_trace
 
         self.check_writes("log_run")
         for key, value in (("task", task), ("answer", answer)):

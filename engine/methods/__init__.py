@@ -1,8 +1,8 @@
 """Methods that adapt the frozen model. Evolvers return a ``LibraryPatch`` that the caller
-gates and applies (``evolve.py``); runtime methods are ``engine.runtime.Plugin`` subclasses.
+gates and applies (``evolve.py``); runtime methods are ``whetstone.engine.runtime.Plugin`` subclasses.
 Both are found by name through ``registry.py``; the contracts are in ``base.py`` (see
 docs/architecture.md, "Methods and where they live")."""
 
-from engine.methods.base import EvolveContext, Evolver, LibraryPatch
+from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch
 
 __all__ = ["EvolveContext", "Evolver", "LibraryPatch"]

@@ -12,10 +12,10 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from engine.backends.base import Backend
-from engine.errors import BackendError, WhetstoneError
-from engine.prompts import render_prompt
-from engine.types import Completion, Request, Trace
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import BackendError, WhetstoneError
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.types import Completion, Request, Trace
 
 T = TypeVar("T")
 

@@ -10,12 +10,12 @@ evolve NAME`` options or ``Engine.evolve(NAME, **options)``), and::
 ``{path: text}``), ``analyst`` the model that reads the traces, ``labels`` expected answers by
 trace id, and ``context`` (an ``EvolveContext``) what an evolver that must *run* the agent
 needs: an agent over any library version, the labelled tasks, progress callbacks and a budget.
-The caller (``engine.methods.evolve``) gates the patch and commits it as a new version, or
+The caller (``whetstone.engine.methods.evolve``) gates the patch and commits it as a new version, or
 keeps it as a named candidate.
 
-A **runtime method** acts during a run: an ``engine.runtime.Plugin`` (guidance, tools, nodes,
+A **runtime method** acts during a run: an ``whetstone.engine.runtime.Plugin`` (guidance, tools, nodes,
 a per-task config, a model-call wrapper), registered by name like evolvers
-(``engine.methods.registry``).
+(``whetstone.engine.methods.registry``).
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from engine.errors import ConfigError
+from whetstone.engine.errors import ConfigError
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.evaluation.results import EvalResult
-    from engine.evaluation.runner import Solver
-    from engine.evaluation.tasks import TaskRecord, TaskSet
-    from engine.types import Trace
-    from library_store.store import Library, Snapshot
-    from library_store.traces import TraceStore
+    from whetstone.engine.backends.base import Backend
+    from whetstone.engine.evaluation.results import EvalResult
+    from whetstone.engine.evaluation.runner import Solver
+    from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
+    from whetstone.engine.types import Trace
+    from whetstone.library_store.store import Library, Snapshot
+    from whetstone.library_store.traces import TraceStore
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -106,7 +106,7 @@ class EvolveContext:
         then holds fewer tasks than asked for. Runs over a snapshot (a preview that may never
         be committed) are marked ``meta["evolve_preview"]`` and never become training
         traces; runs over the current version do."""
-        from engine.evaluation.runner import evaluate
+        from whetstone.engine.evaluation.runner import evaluate
 
         if self.make_solver is None:
             raise ConfigError("this evolve cannot run the agent (no solver was given)",

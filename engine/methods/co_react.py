@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import BackendError, ConfigError
-from engine.methods.base import knob
-from engine.methods.rubric import (
+from whetstone.engine.errors import BackendError, ConfigError
+from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.rubric import (
     STOP_AFTER_LINES,
     ActionCheck,
     ParsedRubric,
@@ -47,13 +47,13 @@ from engine.methods.rubric import (
     rubric_in_request,
     tried_queries,
 )
-from engine.prompts import load_prompt, render_prompt
-from engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, NodeFn, Plugin
-from engine.types import Completion, Message, Request, Rubric, Step
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, NodeFn, Plugin
+from whetstone.engine.types import Completion, Message, Request, Rubric, Step
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.runtime.state import AgentContext, AgentState
+    from whetstone.engine.backends.base import Backend
+    from whetstone.engine.runtime.state import AgentContext, AgentState
 
 NODE = "co_react_rubric"  # the graph names a plugin's node "<plugin>_<function>"
 
@@ -151,7 +151,7 @@ class CoReAct(Plugin):
     def build(cls, config: Any, env: MethodEnv) -> CoReAct:
         cfg = config or CoReActConfig()
         if cfg.rubric_model and (env.backend is None or cfg.rubric_model != env.backend.spec):
-            from engine.backends.registry import get_backend
+            from whetstone.engine.backends.registry import get_backend
 
             return cls(cfg, generator=get_backend(cfg.rubric_model))
         if env.backend is None:

@@ -6,7 +6,7 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
     ATTEMPT    run the agent (round 1 reuses the stored runs of the current library), split
                correct from incorrect attempts;
     MAKE       when the agent fails most tasks (``maker_share``), the tool maker
-               (``engine.methods.dynamo_maker``) writes tools that read the task and answer it,
+               (``whetstone.engine.methods.dynamo_maker``) writes tools that read the task and answer it,
                admitted only if they answer held-in training tasks (labels) well enough; an
                admitted one is the round's proposal (no diagnosis), else the round goes on;
     DIAGNOSE   the analyst reads failures beside similar correct attempts and groups them by
@@ -23,7 +23,7 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
 
 Rounds repeat until ``rounds``, no failures left, no gain, or the budget (``max_analyst_calls``,
 ``--max-agent-runs``). The patch holds every kept skill (+ tool, + ``assets/dynamo.json``: the
-failures they came from and the sandbox test results); ``engine.methods.evolve`` gates it on
+failures they came from and the sandbox test results); ``whetstone.engine.methods.evolve`` gates it on
 the held-out tasks. Given-toolset mode (``toolset``): with tools supplied in advance, the
 analyst only writes when to call each. Progress is saved after every phase under
 ``<library>/state/dynamo/`` (``Library.state``): an interrupted evolve resumes where it stopped.
@@ -40,11 +40,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.base import Backend
-from engine.errors import ConfigError
-from engine.methods.analyst import ask_parsed, render_trace
-from engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from engine.methods.dynamo_parts import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.analyst import ask_parsed, render_trace
+from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
+from whetstone.engine.methods.dynamo_parts import (
     Attempt,
     Cluster,
     DynamoState,
@@ -59,7 +59,7 @@ from engine.methods.dynamo_parts import (
     parse_when,
     words,
 )
-from engine.methods.dynamo_sandbox import (
+from whetstone.engine.methods.dynamo_sandbox import (
     allowed_modules,
     build_patch,
     image_params,
@@ -68,14 +68,14 @@ from engine.methods.dynamo_sandbox import (
     skill_files,
     source_parameters,
 )
-from engine.prompts import load_prompt, render_prompt
-from engine.types import Trace
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.types import Trace
 
 if TYPE_CHECKING:
-    from engine.evaluation.tasks import TaskRecord
-    from library_store.store import Snapshot
-    from tools.base import Tool
-    from tools.images import ImageFiles
+    from whetstone.engine.evaluation.tasks import TaskRecord
+    from whetstone.library_store.store import Snapshot
+    from whetstone.tools.base import Tool
+    from whetstone.tools.images import ImageFiles
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class DynamoConfig:
 class Dynamo:
     """Co-evolve reasoning skills and sandbox-tested tools from the agent's own attempts.
 
-    The evolver (``engine.methods.base.Evolver``): ``fit`` runs the agent on labelled
+    The evolver (``whetstone.engine.methods.base.Evolver``): ``fit`` runs the agent on labelled
     training tasks through ``context.run_agent`` and returns a ``LibraryPatch`` of skills and
     skill + tool pairs with their provenance; the caller gates it on held-out tasks.
     """
@@ -135,7 +135,7 @@ class Dynamo:
 
     def __init__(self, config: DynamoConfig, *, sandbox: Any = None) -> None:
         self.config = config
-        self.sandbox = sandbox  # tools.sandbox.Sandbox; None: this machine's default
+        self.sandbox = sandbox  # whetstone.tools.sandbox.Sandbox; None: this machine's default
 
     # -- the rounds -------------------------------------------------------------------------
 
@@ -162,7 +162,7 @@ class Dynamo:
 
     def _train_tasks(self, context: EvolveContext, traces: Sequence[Trace]
                      ) -> list[TaskRecord]:
-        from engine.evaluation.tasks import tasks_from_traces
+        from whetstone.engine.evaluation.tasks import tasks_from_traces
 
         source = list(context.tasks) if context.tasks is not None else list(
             tasks_from_traces(traces, name="traces"))
@@ -310,7 +310,7 @@ class _Run:
     def _first_attempts(self, traces: Sequence[Trace]) -> dict[str, Attempt]:
         """Round 1's attempts: the given runs of these tasks (scored by the task's scorer when
         they carry no score), the missing ones run now over the current library."""
-        from engine.evaluation.scorers import get_scorer
+        from whetstone.engine.evaluation.scorers import get_scorer
 
         out: dict[str, Attempt] = {}
         for t in traces:
@@ -328,7 +328,7 @@ class _Run:
                  ) -> dict[str, Attempt]:
         """Run the agent on ``ids`` over the current library plus ``changes`` (None: the
         current library); an interrupted run keeps what finished and resumes from it."""
-        from library_store.traces import TraceQuery
+        from whetstone.library_store.traces import TraceQuery
 
         st, ctx = self.state, self.context
         done = {i: a for i, a in st.pending.items() if i in ids}
@@ -473,7 +473,7 @@ class _Run:
             return p
         proposal = reply.value
         tool = given[proposal.tool]
-        from tools.base import Toolbox
+        from whetstone.tools.base import Toolbox
 
         box = Toolbox.of([tool])
         self._test(proposal, lambda args: box.call(tool.name, args), image_params(tool))
@@ -486,8 +486,8 @@ class _Run:
                 and failing >= self.cfg.maker_share * max(1, len(st.attempts)) and failing > 0)
 
     async def _make(self) -> Proposal:
-        """The tool maker (``engine.methods.dynamo_maker``) on the failed training tasks."""
-        from engine.methods.dynamo_maker import ToolMaker
+        """The tool maker (``whetstone.engine.methods.dynamo_maker``) on the failed training tasks."""
+        from whetstone.engine.methods.dynamo_maker import ToolMaker
 
         st = self.state
         maker = ToolMaker(self.cfg, self.analyst, st.analyst, st.repairs,
@@ -497,7 +497,7 @@ class _Run:
     # -- tools ------------------------------------------------------------------------------
 
     def _images(self) -> ImageFiles:
-        from tools.images import ImageFiles
+        from whetstone.tools.images import ImageFiles
 
         roots = {str(Path(t.image).resolve().parent) for t in self.tasks.values() if t.image}
         out = (self.saved.folder / "tool-images" if self.saved is not None
@@ -505,13 +505,13 @@ class _Run:
         return ImageFiles(out, tuple(Path(r) for r in sorted(roots)))
 
     def _run_learned(self, definition: Any, args: dict[str, Any]) -> Any:
-        from tools.learned_run import run_learned
+        from whetstone.tools.learned_run import run_learned
 
         return run_learned(definition, args, images=self.images, sandbox=self.method.sandbox,
                            timeout_s=self.cfg.test_timeout_s)
 
     def _test(self, proposal: Proposal, call: Any, image_params: Sequence[str]) -> None:
-        from engine.evaluation.scorers import get_scorer
+        from whetstone.engine.evaluation.scorers import get_scorer
 
         def score(output: str, task_id: str) -> float:
             task = self.tasks[task_id]
@@ -527,9 +527,9 @@ class _Run:
     def _given_tools(self) -> dict[str, Tool]:
         """The ``toolset`` tools by name: built-in, visual, or the library's learned ones."""
         if self._given is None:
-            from engine.runtime.library_tools import library_tools
-            from tools.builtin import builtin_tools
-            from tools.visual import visual_tools
+            from whetstone.engine.runtime.library_tools import library_tools
+            from whetstone.tools.builtin import builtin_tools
+            from whetstone.tools.visual import visual_tools
 
             known: dict[str, Tool] = {t.name: t for t in builtin_tools()}
             known.update({t.name: t for t in visual_tools(self.images)})
@@ -551,7 +551,7 @@ class _Run:
         return sorted(names | {p.split("/")[1] for p in self.state.changes})
 
     def _tool_taken(self) -> set[str]:
-        from engine.runtime.library_tools import reserved_tool_names, script_tool_name
+        from whetstone.engine.runtime.library_tools import reserved_tool_names, script_tool_name
 
         paths = [*self.texts, *self.state.changes]
         return set(reserved_tool_names()) | {f[1] for p in paths
@@ -559,7 +559,7 @@ class _Run:
 
     def _finish(self, proposals: list[Proposal], round_no: int) -> list[Proposal]:
         """Unique names, files for the kept ones, each checked against the skill rules."""
-        from skills.format import check_skill_files
+        from whetstone.skills.format import check_skill_files
 
         taken = set(self._skill_names())
         for i, p in enumerate(proposals):
@@ -573,7 +573,7 @@ class _Run:
             taken.add(p.skill)
             params = None
             if p.kind == "task_tool":
-                from engine.methods.dynamo_maker import task_tool_files
+                from whetstone.engine.methods.dynamo_maker import task_tool_files
 
                 p.files = task_tool_files(p, round_no=round_no, questions={
                     i: t.prompt for i, t in self.tasks.items()})

@@ -39,10 +39,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.base import Backend
-from engine.errors import BackendError, ParseError, ToolError, WhetstoneError
-from engine.methods.analyst import AnalystStats
-from engine.methods.dynamo_parts import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import BackendError, ParseError, ToolError, WhetstoneError
+from whetstone.engine.methods.analyst import AnalystStats
+from whetstone.engine.methods.dynamo_parts import (
     PROVENANCE,
     Cluster,
     Proposal,
@@ -51,13 +51,13 @@ from engine.methods.dynamo_parts import (
     code_block,
     skill_name,
 )
-from engine.prompts import load_prompt, render_prompt
-from engine.types import Request, Skill
-from skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
-from tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.types import Request, Skill
+from whetstone.skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
+from whetstone.tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
 
 if TYPE_CHECKING:
-    from engine.evaluation.tasks import TaskRecord
+    from whetstone.engine.evaluation.tasks import TaskRecord
 
 TASK_MARK = 'Annotated[str, "task"]'
 ANSWER_MARK = 'Annotated[str, "answer"]'
@@ -154,7 +154,7 @@ def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, s
 
 def _unimported_modules(tree: ast.Module) -> list[str]:
     """Allowed modules the code uses by name (``re.sub``) but never imports or binds."""
-    from tools.validate import ALLOWED_MODULES
+    from whetstone.tools.validate import ALLOWED_MODULES
 
     bound: set[str] = set()
     for node in ast.walk(tree):
@@ -377,7 +377,7 @@ class ToolMaker:
 
     def _run(self, definition: ToolDefinition, task: TaskRecord) -> ToolTest:
         """One sandboxed call of the tool on ``task``, scored by the task's own scorer."""
-        from engine.evaluation.scorers import get_scorer
+        from whetstone.engine.evaluation.scorers import get_scorer
 
         test = ToolTest(task.id, {})
         try:
@@ -542,7 +542,7 @@ def _closeness(tests: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> fl
 
 
 def _modules() -> str:
-    from engine.methods.dynamo_sandbox import allowed_modules
+    from whetstone.engine.methods.dynamo_sandbox import allowed_modules
 
     return allowed_modules()
 

@@ -1,7 +1,7 @@
 """Dynamo's pieces: its records and the saved state of a run, and reading the analyst's
 replies (repaired where a small slip can be undone, with a count; refused with the reason
-otherwise, so the analyst can try once more). The method is ``engine.methods.dynamo``; tools
-are tried and written by ``engine.methods.dynamo_sandbox``.
+otherwise, so the analyst can try once more). The method is ``whetstone.engine.methods.dynamo``; tools
+are tried and written by ``whetstone.engine.methods.dynamo_sandbox``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.errors import ParseError, ValidationError
-from engine.methods.analyst import AnalystStats
-from engine.replies import extract_json_object, salvage_truncated_json
-from skills.format import MAX_DESCRIPTION, NAME_RE
-from tools.learned import TOOL_NAME, ToolDefinition, define_tool
+from whetstone.engine.errors import ParseError, ValidationError
+from whetstone.engine.methods.analyst import AnalystStats
+from whetstone.engine.replies import extract_json_object, salvage_truncated_json
+from whetstone.skills.format import MAX_DESCRIPTION, NAME_RE
+from whetstone.tools.learned import TOOL_NAME, ToolDefinition, define_tool
 
 KINDS = ("cognitive", "computational", "perceptual")
 # Words small analysts use for a kind; mapped (and counted as a repair).
@@ -92,7 +92,7 @@ class Proposal:
     kept: bool = False
     reason: str = ""
     files: dict[str, str] = field(default_factory=dict)
-    # A task tool's verification on held-in training tasks (engine.methods.dynamo_maker).
+    # A task tool's verification on held-in training tasks (whetstone.engine.methods.dynamo_maker).
     accuracy: float | None = None
     checked: int = 0
     analyst: str = ""

@@ -11,9 +11,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ToolError
-from engine.methods.base import LibraryPatch
-from engine.methods.dynamo_parts import (
+from whetstone.engine.errors import ToolError
+from whetstone.engine.methods.base import LibraryPatch
+from whetstone.engine.methods.dynamo_parts import (
     IMAGE_WORD,
     PROVENANCE,
     Attempt,
@@ -22,13 +22,13 @@ from engine.methods.dynamo_parts import (
     Round,
     ToolTest,
 )
-from engine.prompts import render_prompt
-from engine.types import Skill
-from skills.format import render_skill_md
-from tools.validate import ALLOWED_MODULES
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.types import Skill
+from whetstone.skills.format import render_skill_md
+from whetstone.tools.validate import ALLOWED_MODULES
 
 if TYPE_CHECKING:
-    from tools.base import Tool
+    from whetstone.tools.base import Tool
 
 # -- testing tools in the sandbox -------------------------------------------------------------
 
@@ -154,7 +154,7 @@ def image_params(tool: Tool) -> list[str]:
 
 def source_parameters(p: Proposal) -> dict[str, Any]:
     """The JSON schema of a proposed tool's parameters, read from its code."""
-    from tools.learned import define_tool
+    from whetstone.tools.learned import define_tool
 
     definition, _ = define_tool(p.source, name=p.tool, skill=p.skill)
     return definition.spec.parameters if definition is not None else {}

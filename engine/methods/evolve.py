@@ -20,16 +20,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.errors import ConfigError, TasksFailed
-from engine.evaluation.gate import Decision, run_gate
-from engine.evaluation.runner import ProgressFn, Solver, evaluate
-from engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
-from engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
-from engine.runtime.library_tools import validate_library
-from engine.types import LibraryVersion, Trace
-from library_store.store import Library, Snapshot
-from library_store.traces import TraceQuery
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ConfigError, TasksFailed
+from whetstone.engine.evaluation.gate import Decision, run_gate
+from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
+from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
+from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.types import LibraryVersion, Trace
+from whetstone.library_store.store import Library, Snapshot
+from whetstone.library_store.traces import TraceQuery
 
 
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import WhetstoneError
-from engine.prompts import render_prompt
-from engine.types import Trace
-from skills.format import MAX_EXAMPLE_LINES, Example
+from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.types import Trace
+from whetstone.skills.format import MAX_EXAMPLE_LINES, Example
 
 
 @dataclass
@@ -60,8 +60,8 @@ def rescore(trace: Trace) -> float | None:
     """The trace scored again by the scorer its eval named (``meta["scorer"]``) against its
     label; None when that cannot be done (no scorer or label recorded, or the scorer needs
     more of the task than the trace keeps)."""
-    from engine.evaluation.scorers import get_scorer
-    from engine.evaluation.tasks import TaskRecord
+    from whetstone.engine.evaluation.scorers import get_scorer
+    from whetstone.engine.evaluation.tasks import TaskRecord
 
     name = trace.meta.get("scorer")
     if not isinstance(name, str) or not name or trace.label is None:

@@ -2,13 +2,13 @@
 
 ``adjust_config`` reads the library's traces written since the last run
 (``TraceStore.read_since``), finds the task's **family** and asks that family's
-``HorizonController`` (``engine.methods.horizon_controller``) for the budget: the 90th percentile of successful runs' lengths, bounded by
+``HorizonController`` (``whetstone.engine.methods.horizon_controller``) for the budget: the 90th percentile of successful runs' lengths, bounded by
 ``[min_steps, max_steps]``, adapting as traces arrive.
 
 Similar tasks: a trace's family is the task set it was evaluated in (``meta["task_set"]``
 without its split and slice: ``gsm8k@test:0:50`` -> ``gsm8k``; runs outside an eval form the
 family ""). A new task joins the family whose centroid (the mean embedding of up to 20 of its
-tasks, with the packaged sentence embedder of ``library_store.embeddings``) is nearest, if the
+tasks, with the packaged sentence embedder of ``whetstone.library_store.embeddings``) is nearest, if the
 cosine is at least ``min_similarity``; else it keeps the configured budget. The embedding
 separates task kinds well (GSM8K word problems, HaluEval questions, BFCL calls: a task is far
 closer to its own family's centroid) while two tasks of one kind are often far apart, so
@@ -33,20 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.errors import ConfigError
-from engine.methods.base import knob
-from engine.methods.horizon_controller import (
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.horizon_controller import (
     HorizonController,
     HorizonDecision,
     RunRecord,
     record_from_trace,
 )
-from engine.runtime.plugins import MethodEnv, Plugin
+from whetstone.engine.runtime.plugins import MethodEnv, Plugin
 
 if TYPE_CHECKING:
-    from engine.runtime.state import AgentState, RunConfig
-    from library_store.embeddings import Embedder
-    from library_store.traces import TraceStore
+    from whetstone.engine.runtime.state import AgentState, RunConfig
+    from whetstone.library_store.embeddings import Embedder
+    from whetstone.library_store.traces import TraceStore
 
 CENTROID_SAMPLES = 20
 
@@ -163,7 +163,7 @@ class ElasticHorizon(Plugin):
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         if self._embedder is None:
-            from library_store.embeddings import query_embedder
+            from whetstone.library_store.embeddings import query_embedder
 
             self._embedder = query_embedder(threads=1)
         return np.asarray(self._embedder.embed(texts), dtype=np.float32)

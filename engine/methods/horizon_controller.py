@@ -22,7 +22,7 @@ it climbs by probes until the successes' distribution is seen whole, then settle
 window slides past the last probe's runs it probes again, so the loop keeps re-checking a
 changing workload at a bounded cost (``tests/test_horizon.py`` simulates both starts).
 
-Pure: it reads ``Trace`` objects, which the runtime method (``engine.methods.horizon``) takes
+Pure: it reads ``Trace`` objects, which the runtime method (``whetstone.engine.methods.horizon``) takes
 from the library's ``TraceStore`` (``read_since``: only the records written since its last
 run).
 """
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.types import Trace
+from whetstone.engine.types import Trace
 
 LIMIT_OUTCOMES = frozenset({"horizon", "budget", "timeout"})
 _HORIZON_REASON = re.compile(r"step horizon \((\d+) model calls?\)")

@@ -1,7 +1,7 @@
 """Latent test-time scaling as a runtime method: ``--methods latent``, ``Engine(methods=["latent"])``.
 
 ``wrap_model`` lets the model answer as usual; when the reply is the answer (no tool call in
-it), ``LatentRefiner`` (``engine.methods.latent_tts``) refines it from that answer: the hidden
+it), ``LatentRefiner`` (``whetstone.engine.methods.latent_tts``) refines it from that answer: the hidden
 states behind its first tokens take a few gradient steps on a reward (the model's own yes/no
 verdict by default; ``latent.scorer=module:function`` plugs in any scorer of the answer text),
 and the best-rewarded answer replaces the plain one. A refined answer that turned into a tool
@@ -25,18 +25,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import BackendError, ConfigError
-from engine.methods.base import knob
-from engine.methods.latent_rewards import Reward, ScorerReward, SelfReward
-from engine.methods.latent_tts import LatentConfig, LatentRefiner, RefineRecord
-from engine.runtime.parse import ReplyRules, parse_reply
-from engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Plugin
-from engine.runtime.prompting import CODE_OUTPUT_STOP
-from engine.types import Completion, Request
+from whetstone.engine.errors import BackendError, ConfigError
+from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.latent_rewards import Reward, ScorerReward, SelfReward
+from whetstone.engine.methods.latent_tts import LatentConfig, LatentRefiner, RefineRecord
+from whetstone.engine.runtime.parse import ReplyRules, parse_reply
+from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Plugin
+from whetstone.engine.runtime.prompting import CODE_OUTPUT_STOP
+from whetstone.engine.types import Completion, Request
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.runtime.state import AgentState
+    from whetstone.engine.backends.base import Backend
+    from whetstone.engine.runtime.state import AgentState
 
 _TOTALS = ("steps", "forward", "forward_tokens", "backward", "redecodes", "redecode_tokens")
 _TRANSFORMERS_HINT = ("run it on the transformers engine: --model embedded@transformers or "

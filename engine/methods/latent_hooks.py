@@ -3,7 +3,7 @@
 ``latent_hooks(model)`` captures the last-layer hidden states (the LM head's input) and
 substitutes latents or input embeddings at chosen positions; with nothing set the model
 computes exactly what it computes without hooks (tests pin this). Used by
-``engine.methods.latent_tts``; nothing here changes the backend classes.
+``whetstone.engine.methods.latent_tts``; nothing here changes the backend classes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from engine.errors import ConfigError
+from whetstone.engine.errors import ConfigError
 
 
 class LatentHooks:

@@ -1,4 +1,4 @@
-"""Reward terms for latent refinement (``engine.methods.latent_tts``).
+"""Reward terms for latent refinement (``whetstone.engine.methods.latent_tts``).
 
 Rewards live in [-inf, 0]. ``SelfReward``: the model judges its own answer, ``log P(yes)``
 normalised over {yes, no} for a verification turn appended after the answer
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.errors import ConfigError
-from engine.prompts import render_prompt
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.prompts import render_prompt
 
 ROLES = ("reasoning", "visual")
 _MARKER = "\u2063WHETSTONE-ANSWER\u2063"  # invisible separator: no template rewrites it

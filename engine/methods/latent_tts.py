@@ -26,13 +26,13 @@ path, or a VLM built in process). For one request:
 5. Stop once the reward reaches ``threshold`` or after ``max_steps`` updates; the answer with
    the best reward wins (ties go to the earliest, so the plain answer is kept unless beaten).
 
-Rewards (``engine.methods.latent_rewards``) live in [-inf, 0]: the self-reward (the model's own
+Rewards (``whetstone.engine.methods.latent_rewards``) live in [-inf, 0]: the self-reward (the model's own
 yes/no verdict on its answer, the default) or any scorer of the answer text. A verdict with no
 yes or no in it is dropped, never fatal: the search stops and keeps its best answer.
 
 Decoding is greedy throughout (a request's temperature is ignored); ``refine(request,
 initial=completion)`` starts from an answer the backend already gave (the runtime method
-``engine.methods.latent`` does this) instead of decoding it again. Cost is recorded in
+``whetstone.engine.methods.latent`` does this) instead of decoding it again. Cost is recorded in
 ``RefineRecord``: full-sequence forwards, backwards, decoded tokens and seconds.
 
 Device and dtype are the model's: the same code runs on CUDA in bf16 (the latents keep an fp32
@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.methods.latent_hooks import (
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.latent_hooks import (
     LatentHooks,
     eager_attention,
     frozen,
@@ -61,7 +61,7 @@ from engine.methods.latent_hooks import (
     next_token_entropy,
     top_positions,
 )
-from engine.methods.latent_rewards import (
+from whetstone.engine.methods.latent_rewards import (
     ROLES,
     Reward,
     RewardContext,
@@ -70,7 +70,7 @@ from engine.methods.latent_rewards import (
     SelfReward,
     check_role,
 )
-from engine.types import Completion, Request
+from whetstone.engine.types import Completion, Request
 
 __all__ = ["ROLES", "LatentConfig", "LatentHooks", "LatentRefiner", "LatentResult",
            "RefineRecord", "Reward", "RewardContext", "RewardDropped", "ScorerReward",
@@ -219,8 +219,8 @@ class LatentRefiner:
         one the transformers backend renders (tools in the template when it has them);
         ``initial``: the answer the backend already gave, refined instead of decoding a new
         one. The completion reads like the backend's (stop strings cut, tool calls parsed)."""
-        from engine.backends.chat_template import template_supports_tools
-        from engine.backends.local_text import completion_from_tokens, prompt_text
+        from whetstone.engine.backends.chat_template import template_supports_tools
+        from whetstone.engine.backends.local_text import completion_from_tokens, prompt_text
 
         if request.max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1 (got {request.max_tokens})",

@@ -33,19 +33,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.base import Backend
-from engine.errors import ConfigError, ParseError, WhetstoneError
-from engine.methods.base import knob
-from engine.methods.march_format import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ConfigError, ParseError, WhetstoneError
+from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.march_format import (
     CheckLine,
     FormatStats,
     parse_checks,
     parse_claims,
     verdict,
 )
-from engine.prompts import render_prompt
-from engine.runtime.plugins import MethodEnv, NodeFn, Plugin
-from engine.types import (
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.runtime.plugins import MethodEnv, NodeFn, Plugin
+from whetstone.engine.types import (
     CheckRequest,
     Claim,
     Completion,
@@ -55,11 +55,11 @@ from engine.types import (
     Trace,
     Verdict,
 )
-from library_store.trace_build import make_trace
+from whetstone.library_store.trace_build import make_trace
 
 if TYPE_CHECKING:
-    from engine.runtime.state import AgentContext, AgentState
-    from tools.search import Retriever
+    from whetstone.engine.runtime.state import AgentContext, AgentState
+    from whetstone.tools.search import Retriever
 
 ROLES = ("solver", "proposer", "checker", "reviser")
 # An answer that only says the evidence holds no answer makes no claim to check.
@@ -243,7 +243,7 @@ class MarchVerifier:
 
     ``solver`` answers and revises; ``proposer`` and ``checker`` default to it (the analyst
     role: ``MarchConfig.analyst``). ``retriever`` supplies evidence when none is given
-    (``library_store.corpus.Corpus`` or any ``search(query, k)``).
+    (``whetstone.library_store.corpus.Corpus`` or any ``search(query, k)``).
     """
 
     def __init__(self, solver: Backend, *, proposer: Backend | None = None,
@@ -380,7 +380,7 @@ class MarchVerifier:
 
 
 def result_trace(result: MarchResult, trace_id: str | None = None, *, model: str = "") -> Trace:
-    """A verification as a ``verify`` trace (``library_store.trace_build.make_trace``; a new
+    """A verification as a ``verify`` trace (``whetstone.library_store.trace_build.make_trace``; a new
     id when ``trace_id`` is None): one ``verify`` step holding the whole result, the final
     answer, the report in ``meta.march``."""
     end = time.time()
@@ -416,13 +416,13 @@ class March(Plugin):
                               hint="build it through Engine, which passes the backend")
         retriever = None
         if cfg.evidence == "corpus" and env.library is not None:
-            from library_store.corpus import Corpus
-            from library_store.embeddings import query_embedder
+            from whetstone.library_store.corpus import Corpus
+            from whetstone.library_store.embeddings import query_embedder
 
             retriever = Corpus.of_library(env.library.root, cfg.corpus, query_embedder(1))
         analyst = None
         if cfg.analyst:
-            from engine.backends.registry import get_backend
+            from whetstone.engine.backends.registry import get_backend
 
             analyst = get_backend(cfg.analyst)
         return cls(MarchVerifier(env.backend, proposer=analyst, retriever=retriever,

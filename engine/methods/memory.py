@@ -4,12 +4,12 @@ No analyst, no advice: the way ExpeL's insight-free memory and DSPy's bootstrapp
 adapt a frozen model. Two halves under one name, like NLPG:
 
 - the **evolver** ``memory``: ``fit`` keeps every training run the scorer verifies
-  (``engine.methods.examples``) as a worked example in ``memory/<name>.md`` (the examples
-  format of ``skills.format``, each example under the id of the trace it came from), merged
+  (``whetstone.engine.methods.examples``) as a worked example in ``memory/<name>.md`` (the examples
+  format of ``whetstone.skills.format``, each example under the id of the trace it came from), merged
   with the examples already there (one per task, the cheaper solution kept), at most
   ``max_examples``;
 - the **runtime method** ``memory``: for each task, the ``k`` examples whose task embedding is
-  nearest (``skills.examples``, the query embedder) go in the system message as
+  nearest (``whetstone.skills.examples``, the query embedder) go in the system message as
   demonstrations, within the guidance token budget (or, with ``turns``, as earlier exchanges
   of the conversation: the task, then the model's first reply); the trace records which
   (``meta["memory"]``).
@@ -25,19 +25,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ConfigError
-from engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from engine.methods.examples import ExampleStats, examples_from_traces
-from engine.runtime.plugins import Guidance, MethodEnv, Plugin
-from engine.types import Trace
-from skills.format import MEMORY_DIR, NAME_RE, Example, parse_examples, render_examples
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
+from whetstone.engine.methods.examples import ExampleStats, examples_from_traces
+from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
+from whetstone.engine.types import Trace
+from whetstone.skills.format import MEMORY_DIR, NAME_RE, Example, parse_examples, render_examples
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.runtime.state import AgentContext
-    from library_store.embeddings import Embedder
-    from library_store.store import Library, Snapshot
-    from skills.examples import ExampleRetriever
+    from whetstone.engine.backends.base import Backend
+    from whetstone.engine.runtime.state import AgentContext
+    from whetstone.library_store.embeddings import Embedder
+    from whetstone.library_store.store import Library, Snapshot
+    from whetstone.skills.examples import ExampleRetriever
 
 _INTRO = ("Runs of this model that the scorer verified, kept as demonstrations by the memory "
           "method (each under the id of its trace).")
@@ -129,10 +129,10 @@ class MemoryPlugin(Plugin):
 
     def __init__(self, library: Library, config: MemoryRunConfig | None = None, *,
                  snapshot: Snapshot | None = None, embedder: Embedder | None = None) -> None:
-        from skills.examples import ExampleRetriever
+        from whetstone.skills.examples import ExampleRetriever
 
         if embedder is None:
-            from library_store.embeddings import query_embedder
+            from whetstone.library_store.embeddings import query_embedder
 
             embedder = query_embedder(threads=1)
         self.library = library

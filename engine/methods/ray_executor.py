@@ -13,13 +13,13 @@ import pickle
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.base import Backend
-from engine.errors import ModelNotInstalled
-from engine.types import Trace
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ModelNotInstalled
+from whetstone.engine.types import Trace
 
 if TYPE_CHECKING:
-    from engine.methods.trace2skill import Trace2Skill
-    from skills.edits import SkillPatch
+    from whetstone.engine.methods.trace2skill import Trace2Skill
+    from whetstone.skills.edits import SkillPatch
 
 
 def _portable(analyst: Backend) -> Backend | str:
@@ -43,7 +43,7 @@ class _Worker:
 
     def _backend(self) -> Backend:
         if isinstance(self._analyst, str):
-            from engine.backends.registry import get_backend
+            from whetstone.engine.backends.registry import get_backend
 
             self._analyst = get_backend(self._analyst)
         return self._analyst

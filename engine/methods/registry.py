@@ -1,6 +1,6 @@
 """Methods by name: the built-in evolvers and runtime methods, plus installed plugins.
 
-The same mechanism as backends (``engine.backends.registry``): each entry names its class by
+The same mechanism as backends (``whetstone.engine.backends.registry``): each entry names its class by
 import path, so nothing is imported until that method is asked for. Another package adds a
 method through an entry point naming its class:
 
@@ -9,8 +9,8 @@ method through an entry point naming its class:
     [project.entry-points."whetstone.runtime_methods"]
     my-method = "my_package.method:MyMethod"
 
-An evolver class follows ``engine.methods.base.Evolver``; a runtime method class is an
-``engine.runtime.Plugin`` with a ``config_class`` and ``build(config, env)``.
+An evolver class follows ``whetstone.engine.methods.base.Evolver``; a runtime method class is an
+``whetstone.engine.runtime.Plugin`` with a ``config_class`` and ``build(config, env)``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from engine.errors import ConfigError
-from engine.methods.base import Evolver, make_config
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.base import Evolver, make_config
 
 if TYPE_CHECKING:
-    from engine.runtime.plugins import MethodEnv, Plugin
+    from whetstone.engine.runtime.plugins import MethodEnv, Plugin
 
 Kind = Literal["evolver", "runtime"]
 ENTRY_POINT_GROUPS: dict[Kind, str] = {"evolver": "whetstone.evolvers",
@@ -57,19 +57,19 @@ class MethodEntry:
 
 
 _BUILTINS: tuple[MethodEntry, ...] = (
-    MethodEntry("trace2skill", "evolver", "engine.methods.trace2skill:Trace2Skill"),
-    MethodEntry("dynamo", "evolver", "engine.methods.dynamo:Dynamo"),
-    MethodEntry("skills", "runtime", "engine.runtime.skills_plugin:SkillsPlugin"),
-    MethodEntry("nlpg", "evolver", "engine.methods.nlpg:NLPG"),
-    MethodEntry("nlpg", "runtime", "engine.methods.nlpg:NLPGPlugin"),
-    MethodEntry("co_react", "runtime", "engine.methods.co_react:CoReAct"),
-    MethodEntry("horizon", "runtime", "engine.methods.horizon:ElasticHorizon"),
-    MethodEntry("march", "runtime", "engine.methods.march:March"),
-    MethodEntry("memory", "evolver", "engine.methods.memory:Memory"),
-    MethodEntry("memory", "runtime", "engine.methods.memory:MemoryPlugin"),
+    MethodEntry("trace2skill", "evolver", "whetstone.engine.methods.trace2skill:Trace2Skill"),
+    MethodEntry("dynamo", "evolver", "whetstone.engine.methods.dynamo:Dynamo"),
+    MethodEntry("skills", "runtime", "whetstone.engine.runtime.skills_plugin:SkillsPlugin"),
+    MethodEntry("nlpg", "evolver", "whetstone.engine.methods.nlpg:NLPG"),
+    MethodEntry("nlpg", "runtime", "whetstone.engine.methods.nlpg:NLPGPlugin"),
+    MethodEntry("co_react", "runtime", "whetstone.engine.methods.co_react:CoReAct"),
+    MethodEntry("horizon", "runtime", "whetstone.engine.methods.horizon:ElasticHorizon"),
+    MethodEntry("march", "runtime", "whetstone.engine.methods.march:March"),
+    MethodEntry("memory", "evolver", "whetstone.engine.methods.memory:Memory"),
+    MethodEntry("memory", "runtime", "whetstone.engine.methods.memory:MemoryPlugin"),
     MethodEntry("self_consistency", "runtime",
-                "engine.methods.self_consistency:SelfConsistency"),
-    MethodEntry("latent", "runtime", "engine.methods.latent:LatentTTS"),
+                "whetstone.engine.methods.self_consistency:SelfConsistency"),
+    MethodEntry("latent", "runtime", "whetstone.engine.methods.latent:LatentTTS"),
 )
 
 

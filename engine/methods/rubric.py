@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from engine.backends.base import Backend
-from engine.errors import ParseError
-from engine.methods.analyst import AnalystStats, ask_parsed_sync
-from engine.prompts import load_prompt, render_prompt
-from engine.replies import extract_json_object
-from engine.types import Request, Rubric
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ParseError
+from whetstone.engine.methods.analyst import AnalystStats, ask_parsed_sync
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.replies import extract_json_object
+from whetstone.engine.types import Request, Rubric
 
 T = TypeVar("T")
 Phase = Literal["early", "mid", "late"]

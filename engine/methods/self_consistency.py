@@ -26,14 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.answer_text import answer_span
-from engine.methods.base import knob
-from engine.runtime.plugins import Plugin, SolveFn
+from whetstone.engine.answer_text import answer_span
+from whetstone.engine.methods.base import knob
+from whetstone.engine.runtime.plugins import Plugin, SolveFn
 
 if TYPE_CHECKING:
-    from engine.evaluation.tasks import TaskRecord
-    from engine.runtime.state import RunConfig
-    from engine.types import Trace
+    from whetstone.engine.evaluation.tasks import TaskRecord
+    from whetstone.engine.runtime.state import RunConfig
+    from whetstone.engine.types import Trace
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def _canonical_number(value: float) -> str:
 
 def vote_of(trace: Trace, task: TaskRecord | None = None) -> str | None:
     """What ``trace`` votes for: a canonical text of its answer, None when it gave none."""
-    from engine.evaluation.answers import extract_number, normalise
-    from engine.evaluation.scorers import tool_calls_of
+    from whetstone.engine.evaluation.answers import extract_number, normalise
+    from whetstone.engine.evaluation.scorers import tool_calls_of
 
     if task is not None and task.tools:
         names = {str((t.get("function") or t).get("name")) for t in task.tools}

@@ -2,7 +2,7 @@
 
     MAP     one analyst call per trace (or per small batch), ``workers`` at a time; failure
             analysts name the root cause and the fix, success analysts extract what worked;
-            each returns a JSON patch (see ``skills.edits``), checked against the skill and
+            each returns a JSON patch (see ``whetstone.skills.edits``), checked against the skill and
             retried once with the error shown, then dropped and counted.
     REDUCE  merge patches in groups of ``group_size``, level by level (at most ``max_levels``),
             into one patch whose edits never touch the same lines: duplicates fold (keeping
@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.base import Backend
-from engine.errors import ConfigError
-from engine.methods.analyst import AnalystStats, ask_parsed, render_trace
-from engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from engine.methods.examples import example_from_trace
-from engine.methods.trace2skill_examples import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.analyst import AnalystStats, ask_parsed, render_trace
+from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
+from whetstone.engine.methods.examples import example_from_trace
+from whetstone.engine.methods.trace2skill_examples import (
     ExampleAction,
     ExampleReport,
     actions_from_reply,
@@ -36,14 +36,14 @@ from engine.methods.trace2skill_examples import (
     default_adds,
     listing,
 )
-from engine.prompts import load_prompt, render_prompt
-from engine.replies import extract_json_object
-from engine.types import Trace
-from skills.format import EXAMPLES_FILE, Example
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.replies import extract_json_object
+from whetstone.engine.types import Trace
+from whetstone.skills.format import EXAMPLES_FILE, Example
 
 if TYPE_CHECKING:
-    from library_store.store import Snapshot
-from skills.edits import (
+    from whetstone.library_store.store import Snapshot
+from whetstone.skills.edits import (
     Edit,
     EditError,
     SkillPatch,
@@ -53,7 +53,7 @@ from skills.edits import (
     region_of,
     render_files,
 )
-from skills.limits import enforce_limits
+from whetstone.skills.limits import enforce_limits
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -231,7 +231,7 @@ def _strip_prefix(files: Mapping[str, str], prefix: str) -> dict[str, str]:
 
 def parse_examples_of(files: Mapping[str, str]) -> list[Example]:
     """The worked examples a skill's files hold."""
-    from skills.format import parse_examples
+    from whetstone.skills.format import parse_examples
 
     return parse_examples(files.get(EXAMPLES_FILE, ""))[0]
 
@@ -249,7 +249,7 @@ def draft_skill(name: str, description: str) -> dict[str, str]:
 class Trace2Skill:
     """Distil a skill from traces: parallel analysts, hierarchical merge, then the gate.
 
-    The evolver (``engine.methods.base.Evolver``): ``fit`` returns a ``LibraryPatch`` for
+    The evolver (``whetstone.engine.methods.base.Evolver``): ``fit`` returns a ``LibraryPatch`` for
     ``skills/<skill>/``.
     """
 
@@ -401,7 +401,7 @@ class Trace2Skill:
         """One analyst per batch, ``workers`` in flight; failed replies are dropped."""
         batches = self._batches(traces)
         if self.config.executor == "ray":
-            from engine.methods.ray_executor import map_on_ray
+            from whetstone.engine.methods.ray_executor import map_on_ray
 
             results = map_on_ray(self, batches, base, analyst, labels)
         else:

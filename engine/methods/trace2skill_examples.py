@@ -1,8 +1,8 @@
 """Trace2Skill's worked examples: the analysts add, replace and retire examples of a skill.
 
-With ``examples=true`` a skill keeps ``references/examples.md`` (``skills.format``'s examples
+With ``examples=true`` a skill keeps ``references/examples.md`` (``whetstone.skills.format``'s examples
 format). The example text is never written by an analyst: it is taken by code from a run the
-scorer verifies (``engine.methods.examples``), so it is the model's own output, exactly, under
+scorer verifies (``whetstone.engine.methods.examples``), so it is the model's own output, exactly, under
 its trace id. The analysts only choose, with an optional ``examples`` list in their JSON reply:
 
     {"action": "add", "trace": "<id>"}                 keep this run as an example
@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import WhetstoneError
-from engine.prompts import render_prompt
-from engine.replies import extract_json_object
-from skills.format import (
+from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.replies import extract_json_object
+from whetstone.skills.format import (
     EXAMPLES_FILE,
     MAX_REFERENCE_LINES,
     Example,

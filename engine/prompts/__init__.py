@@ -13,7 +13,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
-from engine.errors import ConfigError
+from whetstone.engine.errors import ConfigError
 
 
 @cache

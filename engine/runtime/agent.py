@@ -14,18 +14,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.errors import WhetstoneError
-from engine.runtime.checkpoints import Checkpoints
-from engine.runtime.graph import build_graph
-from engine.runtime.nodes import build_trace
-from engine.runtime.plugins import ModelCall, Plugin
-from engine.runtime.state import AgentContext, AgentState, RunConfig
-from engine.types import Step, Trace
-from library_store.trace_build import new_trace_id
-from library_store.traces import TraceStore
-from tools.base import Tool, Toolbox
-from tools.builtin import builtin_tools
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.runtime.checkpoints import Checkpoints
+from whetstone.engine.runtime.graph import build_graph
+from whetstone.engine.runtime.nodes import build_trace
+from whetstone.engine.runtime.plugins import ModelCall, Plugin
+from whetstone.engine.runtime.state import AgentContext, AgentState, RunConfig
+from whetstone.engine.types import Step, Trace
+from whetstone.library_store.trace_build import new_trace_id
+from whetstone.library_store.traces import TraceStore
+from whetstone.tools.base import Tool, Toolbox
+from whetstone.tools.builtin import builtin_tools
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from engine.replies import parse_call_arguments
+from whetstone.engine.replies import parse_call_arguments
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 # The start of a call object, JSON or a Python dict: {"name": "...", "arguments": ...
@@ -102,7 +102,7 @@ def tool_call_blocks(text: str) -> list[Found] | str:
 
 
 def _repaired(body: str) -> object | None:
-    """A call object written loosely (``engine.replies.parse_call_arguments``: a Python
+    """A call object written loosely (``whetstone.engine.replies.parse_call_arguments``: a Python
     literal, a stray brace or fence after it) or whose closing braces the model left off (it
     stopped, or ran out)."""
     for tail in ("", "}", "}}", '"}}'):

@@ -13,9 +13,16 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.runtime.nodes import act, finish, prepare, route_after_act, route_after_think, think
-from engine.runtime.plugins import NodeFn, Plugin
-from engine.runtime.state import AgentContext, AgentState
+from whetstone.engine.runtime.nodes import (
+    act,
+    finish,
+    prepare,
+    route_after_act,
+    route_after_think,
+    think,
+)
+from whetstone.engine.runtime.plugins import NodeFn, Plugin
+from whetstone.engine.runtime.state import AgentContext, AgentState
 
 
 def _adapt(fn: NodeFn) -> Callable[..., Mapping[str, Any]]:

@@ -4,11 +4,11 @@ the agent beside the skills that say when to call them.
 ``skills/`` (the Agent Skills format) and ``tools/`` (the tool format, the AST admission check,
 the sandbox) are siblings that never import each other; this module, one layer above both,
 joins them. A learned tool is ``skills/<skill>/scripts/<tool>.py`` holding a function named
-like the file (see ``tools.learned``); other scripts of a skill are plain helpers that nothing
+like the file (see ``whetstone.tools.learned``); other scripts of a skill are plain helpers that nothing
 runs, so they are listed but not checked as tools.
 
 - ``validate_library`` is the validator every commit path takes (evolve, import, hand edits,
-  candidates, rollback): the Agent Skills rules of ``skills.loader.validate_snapshot`` plus the
+  candidates, rollback): the Agent Skills rules of ``whetstone.skills.loader.validate_snapshot`` plus the
   admission check of every tool script a change touches, and tool names clashing with a
   built-in tool or with another skill's tool.
 - ``library_tools`` turns a version's tools into ``Tool`` objects that run only in the sandbox.
@@ -20,15 +20,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.errors import ValidationError
-from skills.loader import SKILLS_DIR, load_skill, validate_snapshot
-from tools.learned import SCRIPTS_DIR, LoadedTools, ToolDefinition, define_tool, is_tool_script
+from whetstone.engine.errors import ValidationError
+from whetstone.skills.loader import SKILLS_DIR, load_skill, validate_snapshot
+from whetstone.tools.learned import (
+    SCRIPTS_DIR,
+    LoadedTools,
+    ToolDefinition,
+    define_tool,
+    is_tool_script,
+)
 
 if TYPE_CHECKING:
-    from library_store.store import Snapshot
-    from tools.base import Tool
-    from tools.images import ImageFiles
-    from tools.sandbox import Sandbox
+    from whetstone.library_store.store import Snapshot
+    from whetstone.tools.base import Tool
+    from whetstone.tools.images import ImageFiles
+    from whetstone.tools.sandbox import Sandbox
 
 # Names a learned tool may not take: the tools every run may already have.
 BUILTIN_TOOL_NAMES = ("calculator", "python", "read_skill")
@@ -36,7 +42,7 @@ BUILTIN_TOOL_NAMES = ("calculator", "python", "read_skill")
 
 def reserved_tool_names() -> frozenset[str]:
     """Built-in tool names (``calculator``, ``python``, ``read_skill``, the visual tools)."""
-    from tools.visual import VISUAL_TOOL_NAMES
+    from whetstone.tools.visual import VISUAL_TOOL_NAMES
 
     return frozenset((*BUILTIN_TOOL_NAMES, *VISUAL_TOOL_NAMES))
 
@@ -155,7 +161,7 @@ class LibraryTools:
 def load_library_tools(snapshot: Snapshot) -> LibraryTools:
     """The learned tools of a version: only skills that hold a ``scripts/*.py`` are loaded; a
     skill that fails its rules brings no tools, a bad tool is reported and the rest load."""
-    from tools.learned import load_learned_tools
+    from whetstone.tools.learned import load_learned_tools
 
     names = sorted({found[0] for p in snapshot.files(f"{SKILLS_DIR}/")
                     if (found := script_tool_name(p)) is not None})
@@ -179,7 +185,7 @@ def agent_tool(definition: ToolDefinition, *, images: ImageFiles,
     when to call it; it runs only in the sandbox."""
     from dataclasses import replace
 
-    from tools.learned_run import learned_tool
+    from whetstone.tools.learned_run import learned_tool
 
     tool = learned_tool(definition, images=images, sandbox=sandbox)
     note = f" (skill {definition.skill!r} says when to use it)"

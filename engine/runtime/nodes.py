@@ -13,11 +13,17 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from engine.errors import BackendError
-from engine.prompts import load_prompt, render_prompt
-from engine.replies import parse_call_arguments
-from engine.runtime.parse import Parsed, ParsedCall, ReplyRules, output_is_answer, parse_reply
-from engine.runtime.prompting import (
+from whetstone.engine.errors import BackendError
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.replies import parse_call_arguments
+from whetstone.engine.runtime.parse import (
+    Parsed,
+    ParsedCall,
+    ReplyRules,
+    output_is_answer,
+    parse_reply,
+)
+from whetstone.engine.runtime.prompting import (
     answer_tool_names,
     build_request,
     build_system_prompt,
@@ -27,10 +33,10 @@ from engine.runtime.prompting import (
     results_message,
     tool_format,
 )
-from engine.runtime.state import AgentContext, AgentState
-from engine.types import Completion, Request, Step, Trace
-from library_store.trace_build import make_trace
-from tools.learned import answer_text
+from whetstone.engine.runtime.state import AgentContext, AgentState
+from whetstone.engine.types import Completion, Request, Step, Trace
+from whetstone.library_store.trace_build import make_trace
+from whetstone.tools.learned import answer_text
 
 
 def _step(kind: str, module: str, **kw: Any) -> dict[str, Any]:
@@ -383,7 +389,7 @@ def finish(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
 def build_trace(state: Mapping[str, Any], ctx: AgentContext, *, outcome: str,
                 meta: Mapping[str, Any] | None = None, ended: float | None = None) -> Trace:
     """The ``agent`` trace of the graph state (also for interrupted and running runs), built
-    by ``library_store.trace_build.make_trace`` with the id the run was started with."""
+    by ``whetstone.library_store.trace_build.make_trace`` with the id the run was started with."""
     return make_trace(
         "agent",
         trace_id=state["trace_id"],

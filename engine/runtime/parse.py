@@ -1,5 +1,5 @@
 """Read the model's reply leniently: native tool calls, the call forms small models write as
-text (``engine.runtime.call_forms``: ``<tool_call>`` blocks, bare or fenced JSON call objects,
+text (``whetstone.engine.runtime.call_forms``: ``<tool_call>`` blocks, bare or fenced JSON call objects,
 ``Action: tool[input]``, python blocks), or an answer (``Final Answer:``, an answer cue, or the
 plain reply). Never raises: an unusable reply is ``kind="invalid"`` with the reason, and the
 runtime shows that reason to the model. A reply that holds a call is never taken as the answer:
@@ -13,8 +13,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from engine.answer_text import has_answer
-from engine.runtime.call_forms import (
+from whetstone.engine.answer_text import has_answer
+from whetstone.engine.runtime.call_forms import (
     Found,
     ParsedCall,
     bracket_end,
@@ -25,7 +25,7 @@ from engine.runtime.call_forms import (
     tool_call_blocks,
     tool_in_code,
 )
-from engine.types import Completion
+from whetstone.engine.types import Completion
 
 # "Final Answer:" counts at the start of a line; mid-sentence ("to reach the final answer: I
 # need 17*23") only when the reply has no Action at all.

@@ -8,7 +8,7 @@ wrapper around the model call (``wrap_model``: latent test-time scaling refines 
 model's decoding). Every hook has a default, so a method implements only what it needs.
 
 A method registered by name (``whetstone run --methods NAME``, ``Engine(methods=["NAME"])``;
-see ``engine.methods.registry``) declares ``config_class``, a frozen dataclass of its knobs, and
+see ``whetstone.engine.methods.registry``) declares ``config_class``, a frozen dataclass of its knobs, and
 is built with ``build(config, env)``. Each run's trace lists the methods and their config in
 ``meta["methods"]``. See docs/architecture.md, "Adding a runtime method".
 """
@@ -22,20 +22,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from engine.errors import ConfigError
+from whetstone.engine.errors import ConfigError
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.runtime.state import AgentContext, AgentState, RunConfig
-    from engine.types import Completion, Request, Trace
-    from library_store.store import Library, Snapshot
-    from tools.base import Tool
+    from whetstone.engine.backends.base import Backend
+    from whetstone.engine.runtime.state import AgentContext, AgentState, RunConfig
+    from whetstone.engine.types import Completion, Request, Trace
+    from whetstone.library_store.store import Library, Snapshot
+    from whetstone.tools.base import Tool
 
 # A graph node: (state, context) -> state update. The runtime adapts it to LangGraph.
 NodeFn = Callable[["AgentState", "AgentContext"], Mapping[str, Any]]
 # One model call of a run, as the ``think`` node makes it.
 ModelCall = Callable[["Request"], "Completion"]
-# Solving one whole task: ``(task record, seed) -> Trace`` (``engine.evaluation.runner``).
+# Solving one whole task: ``(task record, seed) -> Trace`` (``whetstone.engine.evaluation.runner``).
 SolveFn = Callable[[Any, int], "Trace"]
 
 
@@ -97,7 +97,7 @@ def config_dict(config: Any) -> dict[str, Any]:
 LOOP_HOOKS = ("before_think", "verify", "wrap_model", "wrap_solver", "adjust_config", "tools",
               "required_tools")
 # What each host runs of a method. The agent graph: every hook. The direct solver (one call
-# per task, ``engine.evaluation.direct``): the guidance, the call's sampling and wrappers
+# per task, ``whetstone.engine.evaluation.direct``): the guidance, the call's sampling and wrappers
 # around the whole solve. Chat mode (one completion per request, the caller's own loop): the
 # guidance alone.
 HOST_HOOKS: Mapping[str, frozenset[str]] = {

@@ -1,6 +1,6 @@
 """Skills in the runtime: retrieve them into the system prompt, give the agent ``read_skill``
 and the library's learned tools (each beside the skill that says when to call it; they run
-only in the sandbox, see ``engine.runtime.library_tools``).
+only in the sandbox, see ``whetstone.engine.runtime.library_tools``).
 
 The plugin reads one library snapshot per run: a pinned version (``version=``, an eval of an
 old version or of an uncommitted candidate) or the current version, re-resolved when the
@@ -16,20 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import NotFound
-from engine.runtime.plugins import Guidance, MethodEnv, Plugin
-from engine.types import ToolSpec
-from tools.base import Tool
+from whetstone.engine.errors import NotFound
+from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
+from whetstone.engine.types import ToolSpec
+from whetstone.tools.base import Tool
 
 if TYPE_CHECKING:
-    from engine.runtime.library_tools import LibraryTools
-    from engine.runtime.state import AgentContext, AgentState
-    from library_store.store import Library, Snapshot
-    from skills.examples import ExampleRetriever
-    from skills.format import Example
-    from skills.retrieval import SkillRetriever
-    from tools.images import ImageFiles
-    from tools.sandbox import Sandbox
+    from whetstone.engine.runtime.library_tools import LibraryTools
+    from whetstone.engine.runtime.state import AgentContext, AgentState
+    from whetstone.library_store.store import Library, Snapshot
+    from whetstone.skills.examples import ExampleRetriever
+    from whetstone.skills.format import Example
+    from whetstone.skills.retrieval import SkillRetriever
+    from whetstone.tools.images import ImageFiles
+    from whetstone.tools.sandbox import Sandbox
 
 READ_SKILL_SPEC = ToolSpec(
     name="read_skill",
@@ -63,13 +63,13 @@ class SkillsConfig:
     trivia, poems) gets a skill (every one of them with no floor; 0.20 lets in 6 of 30) and a
     question whose own skill is missing gets a neighbour's in 0.26 of cases (0.63 at 0.20).
     ``None`` keeps the top ``k`` whatever their score. A skill with worked examples is also
-    matched through its examples' tasks (see ``skills.index``), which a task of the same kind
+    matched through its examples' tasks (see ``whetstone.skills.index``), which a task of the same kind
     matches far above any floor. With an empty library, or nothing above the floor, nothing
     is injected and ``read_skill`` is not offered.
 
     ``examples``: a skill shown with its body that keeps worked examples
     (``references/examples.md``) also shows the ``examples`` whose task is nearest to this
-    one, in what the skills left of the budget (``skills.examples``); with ``turns`` they go
+    one, in what the skills left of the budget (``whetstone.skills.examples``); with ``turns`` they go
     before the task as earlier exchanges (the example's task, then the model's first reply:
     a verified tool call, say) instead of a text block, which a small model copies more
     readily.
@@ -95,7 +95,7 @@ class SkillsConfig:
 
 
 class SkillsPlugin(Plugin):
-    """Progressive disclosure of the library's skills (see ``skills.retrieval``)."""
+    """Progressive disclosure of the library's skills (see ``whetstone.skills.retrieval``)."""
 
     name = "skills"
     config_class = SkillsConfig
@@ -114,9 +114,9 @@ class SkillsPlugin(Plugin):
                  learned_tools: bool = True, images: ImageFiles | None = None,
                  sandbox: Sandbox | None = None, examples: int = 2,
                  turns: bool = False, require_tool_at: float | None = 0.6) -> None:
-        from library_store.embeddings import skill_embedder
-        from skills.index import LibraryIndex
-        from skills.retrieval import SkillRetriever
+        from whetstone.library_store.embeddings import skill_embedder
+        from whetstone.skills.index import LibraryIndex
+        from whetstone.skills.retrieval import SkillRetriever
 
         self.library = library
         self.pinned = snapshot
@@ -159,8 +159,8 @@ class SkillsPlugin(Plugin):
         return out
 
     def _learned(self) -> tuple[list[Tool], LibraryTools]:
-        from engine.runtime.library_tools import library_tools
-        from tools.images import ImageFiles
+        from whetstone.engine.runtime.library_tools import library_tools
+        from whetstone.tools.images import ImageFiles
 
         snap = self.snapshot()
         with self._lock:
@@ -195,7 +195,7 @@ class SkillsPlugin(Plugin):
         return [d.name for d in self._learned()[1].definitions if d.skill in strong]
 
     def _read(self, args: Mapping[str, Any]) -> str:
-        from skills.retrieval import read_skill
+        from whetstone.skills.retrieval import read_skill
 
         name = str(args.get("name") or "").strip()
         if not name:
@@ -234,8 +234,8 @@ class SkillsPlugin(Plugin):
     def _nearest_examples(self, snap: Snapshot, skills: tuple[str, ...], task: str,
                           budget: int, ctx: AgentContext) -> Any:
         """The nearest worked examples of ``skills`` within ``budget`` (None: none kept)."""
-        from skills.examples import ExampleRetriever
-        from skills.format import EXAMPLES_FILE, parse_examples
+        from whetstone.skills.examples import ExampleRetriever
+        from whetstone.skills.format import EXAMPLES_FILE, parse_examples
 
         pool: list[Example] = []
         for name in skills:

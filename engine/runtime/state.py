@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.runtime.plugins import ModelCall, Plugin
-    from engine.types import Completion, Request
-    from library_store.traces import TraceStore
-    from tools.base import Toolbox
+    from whetstone.engine.backends.base import Backend
+    from whetstone.engine.runtime.plugins import ModelCall, Plugin
+    from whetstone.engine.types import Completion, Request
+    from whetstone.library_store.traces import TraceStore
+    from whetstone.tools.base import Toolbox
 
 
 class AgentState(TypedDict, total=False):
@@ -30,7 +30,7 @@ class AgentState(TypedDict, total=False):
     messages: list[dict[str, Any]]
     steps: Annotated[list[dict[str, Any]], operator.add]
     pending: list[dict[str, Any]]  # tool calls the last think step asked for
-    force_answer: bool  # the model repeated a call: next decision is offered no tools
+    force_answer: bool  # the model repeated a call: next decision is offered no whetstone.tools
     # The tools failed twice in a row: the next decision sees only the task and the guidance
     # (RunConfig.fresh_start_after_failures).
     fresh_start: bool
@@ -68,7 +68,7 @@ class RunConfig:
     top_p: float = 1.0
     seed: int | None = 0
     guidance_budget_tokens: int = 1_200  # skills, policy notes and rubrics in the system prompt
-    # How tools are offered (engine.runtime.prompting): "tags" (one line per tool in the system
+    # How tools are offered (whetstone.engine.runtime.prompting): "tags" (one line per tool in the system
     # message, calls in the template's <tool_call> format), "native" (the backend's template
     # renders the tool schemas), "react" (Action:/Observation: text); "auto": tags when the
     # backend has tool calls, else react.

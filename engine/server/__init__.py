@@ -26,7 +26,7 @@ __all__ = ["create_app", "serve"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from engine.server import app
+        from whetstone.engine.server import app
 
         return getattr(app, name)
-    raise AttributeError(f"module 'engine.server' has no attribute {name!r}")
+    raise AttributeError(f"module 'whetstone.engine.server' has no attribute {name!r}")

@@ -17,18 +17,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine.errors import ConfigError
-from engine.runtime.plugins import Collected, Plugin, collect_guidance
-from engine.runtime.state import AgentContext, RunConfig
-from engine.server.embed_cache import CachedEmbedder, normalise
-from engine.types import Message, Request
-from tools.base import Toolbox
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.runtime.plugins import Collected, Plugin, collect_guidance
+from whetstone.engine.runtime.state import AgentContext, RunConfig
+from whetstone.engine.server.embed_cache import CachedEmbedder, normalise
+from whetstone.engine.types import Message, Request
+from whetstone.tools.base import Toolbox
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.runtime.skills_plugin import SkillsPlugin
-    from library_store.embeddings import Embedder
-    from library_store.store import Library, Snapshot
+    from whetstone.engine.backends.base import Backend
+    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+    from whetstone.library_store.embeddings import Embedder
+    from whetstone.library_store.store import Library, Snapshot
 
 _SYSTEM_ROLES = ("system", "developer")
 MAX_BUDGET_TOKENS = 32_000
@@ -309,7 +309,7 @@ class ChatAdapter:
 @functools.lru_cache(maxsize=1)
 def _chat_skills_class() -> type:
     # Defined on first use: skills_plugin imports the tools layer's built-ins lazily too.
-    from engine.runtime.skills_plugin import SkillsPlugin
+    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
 
     class ChatSkillsPlugin(SkillsPlugin):
         """``SkillsPlugin`` whose guidance can be cached: for one library tree (its root hash)
@@ -329,7 +329,7 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
 
     ``options`` are the skills method's (``SkillsConfig``: ``k``, ``max_bodies``,
     ``min_score``, ``learned_tools``, ``examples``; left out, its defaults), so
-    ``--method-config skills.examples=3`` means the same in the agent, the direct solver and
+    ``--method-config whetstone.skills.examples=3`` means the same in the agent, the direct solver and
     chat mode; an unknown one is a ``ConfigError``.
 
     It renders ``skills_retrieved_chat`` (no ``read_skill`` tool exists in a plain completion)
@@ -339,11 +339,11 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
     wrapped in the cache all the same).
     """
-    from engine.methods.base import make_config
-    from engine.runtime.skills_plugin import SkillsConfig
-    from library_store.embeddings import skill_embedder
-    from skills.index import LibraryIndex
-    from skills.retrieval import SkillRetriever
+    from whetstone.engine.methods.base import make_config
+    from whetstone.engine.runtime.skills_plugin import SkillsConfig
+    from whetstone.library_store.embeddings import skill_embedder
+    from whetstone.skills.index import LibraryIndex
+    from whetstone.skills.retrieval import SkillRetriever
 
     cfg: SkillsConfig = make_config(SkillsConfig, options, method="skills")
     cached = CachedEmbedder(embedder or skill_embedder(threads=embed_threads), maxsize=cache_size)

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
-from engine.backends.base import Backend
-from engine.errors import AddressInUse, ConfigError, WhetstoneError
-from engine.server.adapter import ChatAdapter
-from engine.server.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
-from engine.server.guard import Guard
-from engine.server.metrics import Metrics
-from engine.server.naming import upstream_model_name
-from engine.server.passthrough import router as passthrough_router
-from engine.server.pipeline import ChatPipeline, Verifier
-from engine.server.recording import TraceWriter
-from engine.server.responses import install_error_handlers
-from engine.server.routes import ServerState, router
-from engine.server.service import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import AddressInUse, ConfigError, WhetstoneError
+from whetstone.engine.server.adapter import ChatAdapter
+from whetstone.engine.server.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
+from whetstone.engine.server.guard import Guard
+from whetstone.engine.server.metrics import Metrics
+from whetstone.engine.server.naming import upstream_model_name
+from whetstone.engine.server.passthrough import router as passthrough_router
+from whetstone.engine.server.pipeline import ChatPipeline, Verifier
+from whetstone.engine.server.recording import TraceWriter
+from whetstone.engine.server.responses import install_error_handlers
+from whetstone.engine.server.routes import ServerState, router
+from whetstone.engine.server.service import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_STREAM_IDLE_S,
     ChatService,
@@ -38,7 +38,7 @@ from engine.server.service import (
 )
 
 if TYPE_CHECKING:
-    from library_store.traces import TraceStore
+    from whetstone.library_store.traces import TraceStore
 
 
 def _settings(backend: Backend, *, model_name: str | None, aliases: tuple[str, ...],

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from engine.backends.openai_wire import StreamAccumulator, completion_from_openai
-from engine.errors import ConfigError
-from engine.server.adapter import (
+from whetstone.engine.backends.openai_wire import StreamAccumulator, completion_from_openai
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.server.adapter import (
     Adapted,
     ChatAdapter,
     ChatSwitches,
@@ -34,11 +34,11 @@ from engine.server.adapter import (
     inject_guidance_dicts,
     inject_turns_dicts,
 )
-from engine.server.exchange import chat_trace
-from engine.types import Completion, Message, Request
+from whetstone.engine.server.exchange import chat_trace
+from whetstone.engine.types import Completion, Message, Request
 
 if TYPE_CHECKING:
-    from library_store.traces import TraceStore
+    from whetstone.library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.client")
 
@@ -119,7 +119,7 @@ class _Exchange:
                     [_plain(m) for m in self.kwargs["messages"]], self.adapted.guidance),
                     self.adapted.turns)
         if self.switches.record and core.store is not None:
-            from library_store.trace_build import new_trace_id
+            from whetstone.library_store.trace_build import new_trace_id
 
             self.trace_id = new_trace_id(self.started)
 
@@ -454,7 +454,7 @@ def wrap_client(client: Any, adapter: ChatAdapter | None, store: TraceStore | No
     """Wrap an ``openai.OpenAI`` or ``openai.AsyncOpenAI`` client (see the module doc)."""
     chat = getattr(client, "chat", None)
     if chat is None or not callable(getattr(getattr(chat, "completions", None), "create", None)):
-        from engine.errors import ConfigError
+        from whetstone.engine.errors import ConfigError
 
         raise ConfigError(f"cannot wrap {type(client).__name__}: it has no "
                           "chat.completions.create",

@@ -26,8 +26,8 @@ from collections import Counter as Tally
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.server.metrics import Metrics
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.server.metrics import Metrics
 
 log = logging.getLogger("whetstone.server")
 

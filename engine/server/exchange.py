@@ -16,16 +16,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ConfigError, WhetstoneError
-from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query, last_user_text
-from engine.types import Completion, Message, Outcome, Request, Step, Trace
-from library_store.trace_build import make_trace, new_trace_id
+from whetstone.engine.errors import ConfigError, WhetstoneError
+from whetstone.engine.server.adapter import (
+    Adapted,
+    ChatAdapter,
+    ChatSwitches,
+    chat_query,
+    last_user_text,
+)
+from whetstone.engine.types import Completion, Message, Outcome, Request, Step, Trace
+from whetstone.library_store.trace_build import make_trace, new_trace_id
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from library_store.traces import TraceStore
+    from whetstone.engine.backends.base import Backend
+    from whetstone.library_store.traces import TraceStore
 
-SOURCE = "chat"  # the trace kind (library_store.trace_build.TRACE_KINDS)
+SOURCE = "chat"  # the trace kind (whetstone.library_store.trace_build.TRACE_KINDS)
 DEFAULTS = ChatSwitches()  # library on, recorded
 
 
@@ -42,7 +48,7 @@ def chat_trace(trace_id: str, adapted: Adapted, *, model: str, started: float,
                completion: Completion | None = None, error: str | None = None,
                outcome: Outcome | None = None, request_id: str | None = None,
                ended: float | None = None, meta: Mapping[str, Any] | None = None) -> Trace:
-    """The ``chat`` trace of one exchange (``library_store.trace_build.make_trace``): task =
+    """The ``chat`` trace of one exchange (``whetstone.library_store.trace_build.make_trace``): task =
     the last user text, one ``think`` step (module ``chat``; input the adapted messages, output
     the completion). ``outcome`` defaults to ``answered``, or ``error`` when ``error`` is
     given. ``trace_id`` is the one handed out before the reply (``new_trace_id``)."""

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from engine.backends.openai_wire import error_to_openai
-from engine.errors import ConfigError
-from engine.server.metrics import Metrics
+from whetstone.engine.backends.openai_wire import error_to_openai
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.server.metrics import Metrics
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -21,18 +21,18 @@ from typing import Any, Protocol, runtime_checkable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.backends.openai_wire import error_to_openai
-from engine.errors import BackendError, BackendRejected, ConfigError, WhetstoneError
-from engine.server.guard import REQUEST_ID_HEADER
-from engine.server.responses import (
+from whetstone.engine.backends.openai_wire import error_to_openai
+from whetstone.engine.errors import BackendError, BackendRejected, ConfigError, WhetstoneError
+from whetstone.engine.server.guard import REQUEST_ID_HEADER
+from whetstone.engine.server.responses import (
     error_reply,
     internal_error_reply,
     json_body,
     request_id,
     whetstone_error_reply,
 )
-from engine.server.routes import EventStream, ServerState
-from engine.server.service import OpenStream, check_ranges, client_message, error_status
+from whetstone.engine.server.routes import EventStream, ServerState
+from whetstone.engine.server.service import OpenStream, check_ranges, client_message, error_status
 
 router = APIRouter()
 

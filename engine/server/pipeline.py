@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engine.errors import ConfigError, WhetstoneError
-from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
-from engine.server.metrics import Metrics
-from engine.server.recording import TraceWriter
-from engine.server.service import error_message, without_paths
-from engine.types import Request, Trace
+from whetstone.engine.errors import ConfigError, WhetstoneError
+from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
+from whetstone.engine.server.metrics import Metrics
+from whetstone.engine.server.recording import TraceWriter
+from whetstone.engine.server.service import error_message, without_paths
+from whetstone.engine.types import Request, Trace
 
 log = logging.getLogger("whetstone.server")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from engine.errors import NotFound, WhetstoneError
-from engine.server.guard import TRACE_HEADER
-from engine.server.metrics import Metrics
-from engine.types import Trace
-from library_store.trace_records import Record
-from library_store.traces import TraceStore
+from whetstone.engine.errors import NotFound, WhetstoneError
+from whetstone.engine.server.guard import TRACE_HEADER
+from whetstone.engine.server.metrics import Metrics
+from whetstone.engine.types import Trace
+from whetstone.library_store.trace_records import Record
+from whetstone.library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.server")
 

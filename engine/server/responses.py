@@ -18,11 +18,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine.backends.openai_wire import error_to_openai
-from engine.errors import WhetstoneError
-from engine.server.guard import REQUEST_ID_HEADER, BodyTooLarge, read_body
-from engine.server.metrics import Metrics
-from engine.server.service import (
+from whetstone.engine.backends.openai_wire import error_to_openai
+from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.server.guard import REQUEST_ID_HEADER, BodyTooLarge, read_body
+from whetstone.engine.server.metrics import Metrics
+from whetstone.engine.server.service import (
     client_message,
     error_headers,
     error_param,

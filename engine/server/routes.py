@@ -19,23 +19,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from engine.backends.base import Backend
-from engine.backends.openai_wire import ChatCall, completion_to_openai
-from engine.errors import ConfigError, NotFound, WhetstoneError
-from engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
-from engine.server.exchange import chat_trace, check_feedback
-from engine.server.guard import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.backends.openai_wire import ChatCall, completion_to_openai
+from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
+from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
+from whetstone.engine.server.exchange import chat_trace, check_feedback
+from whetstone.engine.server.guard import (
     REQUEST_ID_HEADER,
     TRACE_HEADER,
     VERSION_HEADER,
     key_matches,
     key_owner,
 )
-from engine.server.metrics import CONTENT_TYPE, Metrics
-from engine.server.naming import public_spec, upstream_model_name
-from engine.server.pipeline import ChatPipeline
-from engine.server.recording import OWNER_KEY, TraceWriter
-from engine.server.responses import (
+from whetstone.engine.server.metrics import CONTENT_TYPE, Metrics
+from whetstone.engine.server.naming import public_spec, upstream_model_name
+from whetstone.engine.server.pipeline import ChatPipeline
+from whetstone.engine.server.recording import OWNER_KEY, TraceWriter
+from whetstone.engine.server.responses import (
     error_reply,
     failure_text,
     internal_error_reply,
@@ -43,10 +43,10 @@ from engine.server.responses import (
     request_id,
     whetstone_error_reply,
 )
-from engine.server.service import ChatService, OpenStream, ServerSettings, error_message
-from engine.types import Completion, Trace
-from library_store.paths import shown
-from library_store.trace_build import new_trace_id
+from whetstone.engine.server.service import ChatService, OpenStream, ServerSettings, error_message
+from whetstone.engine.types import Completion, Trace
+from whetstone.library_store.paths import shown
+from whetstone.library_store.trace_build import new_trace_id
 
 router = APIRouter()
 

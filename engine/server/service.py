@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from engine.backends.base import Backend, StreamChunk
-from engine.backends.openai_wire import (
+from whetstone.engine.backends.base import Backend, StreamChunk
+from whetstone.engine.backends.openai_wire import (
     ChatCall,
     chunk_to_openai,
     error_to_openai,
@@ -33,7 +33,7 @@ from engine.backends.openai_wire import (
     tool_calls_to_openai,
     usage_to_openai,
 )
-from engine.errors import (
+from whetstone.engine.errors import (
     BackendError,
     BackendRejected,
     BackendTimeout,
@@ -41,9 +41,9 @@ from engine.errors import (
     NotFound,
     WhetstoneError,
 )
-from engine.server.metrics import Metrics
-from engine.types import Completion, Request
-from library_store.paths import shown
+from whetstone.engine.server.metrics import Metrics
+from whetstone.engine.types import Completion, Request
+from whetstone.library_store.paths import shown
 
 log = logging.getLogger("whetstone.server")
 _T = TypeVar("_T")
@@ -102,7 +102,7 @@ def upstream_fault(exc: BaseException) -> bool:
         last, tb = tb, tb.tb_next
     # Raised while reading an upstream's chunk (StreamAccumulator.feed).
     return last is not None and last.tb_frame.f_globals.get("__name__") == (
-        "engine.backends.openai_wire")
+        "whetstone.engine.backends.openai_wire")
 
 
 def _as_upstream_error(exc: Exception) -> Exception:

@@ -7,11 +7,16 @@ feedback backwards through the module graph, with bounded updates.
     memory.py    the notes per module, the bounded update, counters and retirement
     plugin.py    ``NLPGPlugin`` (``--methods nlpg``): each module's notes in its own prompt
 
-The file format of ``policies/<module>.md`` lives in ``skills.policies``.
+The file format of ``policies/<module>.md`` lives in ``whetstone.skills.policies``.
 """
 
-from engine.methods.nlpg.evolver import NLPG, NLPGConfig
-from engine.methods.nlpg.plugin import ModuleNotes, NLPGPlugin, NLPGRuntimeConfig, policy_notes
+from whetstone.engine.methods.nlpg.evolver import NLPG, NLPGConfig
+from whetstone.engine.methods.nlpg.plugin import (
+           ModuleNotes,
+           NLPGPlugin,
+           NLPGRuntimeConfig,
+           policy_notes,
+)
 
 __all__ = ["NLPG", "ModuleNotes", "NLPGConfig", "NLPGPlugin", "NLPGRuntimeConfig",
            "policy_notes"]

@@ -23,13 +23,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.errors import ParseError
-from engine.methods.analyst import AnalystStats, ask_parsed
-from engine.methods.nlpg.memory import DUPLICATE_SIMILARITY, clean_text, similarity
-from engine.prompts import load_prompt, render_prompt
-from engine.replies import extract_json_object
-from engine.types import PolicyNote, Step, Trace
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ParseError
+from whetstone.engine.methods.analyst import AnalystStats, ask_parsed
+from whetstone.engine.methods.nlpg.memory import DUPLICATE_SIMILARITY, clean_text, similarity
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.replies import extract_json_object
+from whetstone.engine.types import PolicyNote, Step, Trace
 
 MODEL_KINDS = frozenset({"think", "rubric", "verify"})
 CORRECTION_CHARS = 300

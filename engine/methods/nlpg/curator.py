@@ -4,7 +4,7 @@
 (``engine/prompts/nlpg_curator.md``); its reply is repaired where it can be (an op name in
 lower case, a bare list, an unknown route read as ``*``) and each operation it cannot use is
 dropped and counted. A reply that cannot be read at all, after one retry, falls back to the
-``rules`` curator (``engine.methods.nlpg.memory.rules_curator``). Either way the bound and the
+``rules`` curator (``whetstone.engine.methods.nlpg.memory.rules_curator``). Either way the bound and the
 budget are enforced afterwards by ``apply_ops``, never trusted to the curator.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.errors import ParseError
-from engine.methods.analyst import AnalystStats, ask_parsed
-from engine.methods.nlpg.backward import CorrectionGroup
-from engine.methods.nlpg.memory import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ParseError
+from whetstone.engine.methods.analyst import AnalystStats, ask_parsed
+from whetstone.engine.methods.nlpg.backward import CorrectionGroup
+from whetstone.engine.methods.nlpg.memory import (
     OP_KINDS,
     Op,
     TokenCount,
@@ -27,10 +27,10 @@ from engine.methods.nlpg.memory import (
     note_tokens,
     rules_curator,
 )
-from engine.prompts import load_prompt, render_prompt
-from engine.replies import extract_json_object
-from engine.types import PolicyNote
-from skills.policies import MAX_NOTE_CHARS, ROUTE_RE
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.replies import extract_json_object
+from whetstone.engine.types import PolicyNote
+from whetstone.skills.policies import MAX_NOTE_CHARS, ROUTE_RE
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ Each of ``steps`` update steps:
    pass names as having misled its module in a failed run gets ``harmful + 1``. Runs that fail
    without naming a note change no counter: a failure on a hard task says nothing about a note
    by itself (most runs of a small model fail);
-3. *backward pass* over each failed run (``engine.methods.nlpg.backward``): per-visit blame and
+3. *backward pass* over each failed run (``whetstone.engine.methods.nlpg.backward``): per-visit blame and
    a correction per (module, route), the feedback passed upstream rewritten by the analyst;
-4. *bounded update* per module (``engine.methods.nlpg.memory``): notes with harmful > helpful
+4. *bounded update* per module (``whetstone.engine.methods.nlpg.memory``): notes with harmful > helpful
    are retired, the corrections folded per (module, route) go to the curator (the analyst, or
    the rules), and at most ``max_ops`` operations land, never past ``budget_tokens``.
 
@@ -33,11 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from engine.backends.base import Backend
-from engine.errors import ConfigError
-from engine.methods.analyst import AnalystStats
-from engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from engine.methods.nlpg.backward import (
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.analyst import AnalystStats
+from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
+from whetstone.engine.methods.nlpg.backward import (
     CorrectionGroup,
     Walk,
     WalkSettings,
@@ -45,8 +45,8 @@ from engine.methods.nlpg.backward import (
     shown_notes,
     walk_trace,
 )
-from engine.methods.nlpg.curator import curate
-from engine.methods.nlpg.memory import (
+from whetstone.engine.methods.nlpg.curator import curate
+from whetstone.engine.methods.nlpg.memory import (
     ApplyReport,
     Memory,
     apply_ops,
@@ -58,13 +58,13 @@ from engine.methods.nlpg.memory import (
     note_tokens,
     retire_ops,
 )
-from engine.types import PolicyNote, Trace
-from library_store.traces import TraceQuery
+from whetstone.engine.types import PolicyNote, Trace
+from whetstone.library_store.traces import TraceQuery
 
 if TYPE_CHECKING:
-    from engine.evaluation.tasks import TaskRecord
-    from library_store.state import MethodState
-    from library_store.store import Snapshot
+    from whetstone.engine.evaluation.tasks import TaskRecord
+    from whetstone.library_store.state import MethodState
+    from whetstone.library_store.store import Snapshot
 
 StepHook = Callable[[Mapping[str, Any], Memory], None]  # (step report, memory after it)
 
@@ -181,7 +181,7 @@ def _score(trace: Trace) -> float | None:
 class NLPG:
     """Policy notes per module: walk scored runs backwards, then a bounded update.
 
-    The evolver (``engine.methods.base.Evolver``): ``fit`` returns a ``LibraryPatch`` for
+    The evolver (``whetstone.engine.methods.base.Evolver``): ``fit`` returns a ``LibraryPatch`` for
     ``policies/<module>.md``; runs and the gate use the ``nlpg`` runtime method, which shows
     each module its notes.
     """
@@ -227,7 +227,7 @@ class NLPG:
                            analyst.count_tokens)
 
     def _plan(self, traces: Sequence[Trace], context: EvolveContext) -> _Plan:
-        from engine.evaluation.tasks import tasks_from_traces
+        from whetstone.engine.evaluation.tasks import tasks_from_traces
 
         can_run = context.make_solver is not None and context.store is not None
         pool: list[TaskRecord] = []

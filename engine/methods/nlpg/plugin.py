@@ -18,16 +18,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ConfigError
-from engine.methods.base import knob
-from engine.prompts import load_prompt, render_prompt
-from engine.runtime.plugins import Guidance, MethodEnv, Plugin
-from engine.types import PolicyNote
-from skills.policies import load_policies
+from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.base import knob
+from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
+from whetstone.engine.types import PolicyNote
+from whetstone.skills.policies import load_policies
 
 if TYPE_CHECKING:
-    from engine.runtime.state import AgentContext, AgentState
-    from library_store.store import Library, Snapshot
+    from whetstone.engine.runtime.state import AgentContext, AgentState
+    from whetstone.library_store.store import Library, Snapshot
 
 ROUTE_ORDER = ("*", "act", "think", "finish")
 THINK = "think"
