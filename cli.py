@@ -20,15 +20,36 @@ from whetstone.engine.commands.library import library_group, skill_group
 from whetstone.engine.commands.mcp import mcp
 from whetstone.engine.commands.methods import methods_cmd
 from whetstone.engine.commands.models import models
-from whetstone.engine.commands.policies import policies_group
 from whetstone.engine.commands.run import run
 from whetstone.engine.commands.serve import serve
 from whetstone.engine.commands.tools import tools_group
 from whetstone.engine.commands.traces import traces_group
-from whetstone.engine.commands.verify import verify
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class WhetstoneGroup(click.Group):
+    """The top-level group: the core commands, plus each method's own (``MethodSpec.commands``,
+    from the method registry), loaded when the command line is first listed or dispatched."""
+
+    def _method_commands(self, ctx: click.Context) -> dict[str, click.Command]:
+        # Once per invocation (the methods installed may change between two in one process).
+        found = ctx.meta.get("whetstone.method_commands")
+        if found is None:
+            from whetstone.engine.methods.registry import default_registry
+
+            registry = ctx.meta.setdefault("whetstone.methods", default_registry())
+            found = {c.name: c for c in registry.commands()
+                     if c.name and c.name not in self.commands}
+            ctx.meta["whetstone.method_commands"] = found
+        return found
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._method_commands(ctx)})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return super().get_command(ctx, name) or self._method_commands(ctx).get(name)
+
+
+@click.group(cls=WhetstoneGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="whetstone-engine")
 @click.option("--verbose", "-v", count=True,
               help="Show the engine's log: -v info, -vv debug (default: warnings; env "
@@ -45,7 +66,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd, corpus_group, policies_group, verify, tools_group,
+                 evolve_group, methods_cmd, corpus_group, tools_group,
                  data_group, mcp):
     cli.add_command(_command)
 

@@ -40,7 +40,7 @@ from whetstone.engine.backends.model_cache import dequantized_packaged
 from whetstone.engine.evaluation.benchmarks import load_tasks
 from whetstone.engine.evaluation.direct import task_messages
 from whetstone.engine.evaluation.scorers import get_scorer
-from whetstone.engine.methods.latent_tts import LatentConfig, LatentRefiner, SelfReward
+from whetstone.engine.methods.latent.tts import LatentConfig, LatentRefiner, SelfReward
 from whetstone.engine.paths import cache_dir
 from whetstone.engine.types import Message, Request
 

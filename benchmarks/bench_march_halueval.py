@@ -5,7 +5,7 @@ For each item of a HaluEval slice, both its right answer (label 0) and its hallu
 
     MARCH   the proposer cuts the answer into claims, the checker answers their questions from
             the evidence without seeing the answer (3 samples, majority vote); flagged = a
-            hallucination (engine/methods/march.py, policy=report)
+            hallucination (engine/methods/march/verifier.py, policy=report)
     judge   one call that sees the evidence, the question and the answer and says Yes/No
             (engine/prompts/hallucination_judge.md)
 
@@ -41,7 +41,7 @@ from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import WhetstoneError
 from whetstone.engine.evaluation.benchmarks import load_tasks
 from whetstone.engine.evaluation.tasks import TaskRecord, evidence_documents
-from whetstone.engine.methods.march import MarchConfig, MarchVerifier
+from whetstone.engine.methods.march.verifier import MarchConfig, MarchVerifier
 from whetstone.engine.prompts import render_prompt
 from whetstone.engine.types import Passage, Request
 from whetstone.library_store.corpus import Corpus

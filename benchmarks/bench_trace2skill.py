@@ -16,7 +16,7 @@ import time
 
 from whetstone.engine.backends.base import Backend, Capabilities
 from whetstone.engine.backends.scripted import ScriptedBackend
-from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig, draft_skill
+from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig, draft_skill
 from whetstone.engine.types import Completion, Request, Trace
 
 

@@ -25,7 +25,6 @@ from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, default_registry
 from whetstone.engine.paths import whetstone_home
 from whetstone.engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.engine.runtime.plugins import MethodEnv, check_host, wrap_solvers
 from whetstone.engine.runtime.skills_plugin import SkillsPlugin
 from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
@@ -33,7 +32,7 @@ from whetstone.engine.server.client import WrappedClient, wrap_client
 from whetstone.engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from whetstone.engine.types import Message, Trace
 from whetstone.library_store.corpus import Corpus
-from whetstone.library_store.store import Library, Snapshot
+from whetstone.library_store.store import Snapshot
 from whetstone.library_store.traces import TraceStore
 from whetstone.tools.base import Tool
 from whetstone.tools.builtin import builtin_tools
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
     from whetstone.engine.evaluation.tasks import TaskSet
     from whetstone.engine.methods.base import Evolver
     from whetstone.engine.methods.evolve import EvolveResult
-    from whetstone.engine.methods.march import MarchResult
+    from whetstone.engine.methods.march.verifier import MarchResult
 
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
@@ -99,12 +98,13 @@ class Engine:
         self.solver_kind = check_solver(solver)
         self.home = Path(home) if home is not None else whetstone_home()
         self.library_path = Path(library) if library is not None else self.home / "library"
-        # Every write through engine.library is checked by the product's rules by default.
-        self.library = Library.open(self.library_path, create=True, validator=validate_library)
+        self.registry = registry or default_registry()
+        # Every write through engine.library is checked by the product's rules by default,
+        # each method's folder by that method's validator.
+        self.library = self.registry.open_library(self.library_path, create=True)
         # "candidate:NAME" scores a kept candidate without applying it.
         self.version = version if version and version.startswith("candidate:") else (
             self.library.resolve(version) if version else None)
-        self.registry = registry or default_registry()
         self.methods = self._check_methods(methods)
         self.backend = model if isinstance(model, Backend) else get_backend(
             model, backend_options or BackendOptions())
@@ -272,7 +272,7 @@ class Engine:
     async def arun(self, task: str, **kwargs: Any) -> Trace:
         return await self.agent.arun(task, **kwargs)
 
-    def evolve(self, method: str | Evolver = "trace2skill", *,
+    def evolve(self, method: str | Evolver | None = None, *,
                traces: Sequence[Trace] | None = None, tasks: TaskSet | str | None = None,
                trace_filter: str | Mapping[str, Any] | None = None, limit: int | None = None,
                labels: Mapping[str, str] | None = None, gate_tasks: Any = None,
@@ -283,7 +283,8 @@ class Engine:
                registry: MethodRegistry | None = None, solver: str | None = None,
                allow_errors: bool = False, **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
-        object) and land the change through the regression gate.
+        object; default: the registry's first evolver, Trace2Skill) and land the change
+        through the regression gate.
 
         Learns from ``traces``, or from the stored traces ``trace_filter`` selects
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
@@ -304,6 +305,8 @@ class Engine:
 
         if concurrency is None:
             concurrency = auto_concurrency(self.backend)
+        if method is None:
+            method = (registry or self.registry).names("evolver")[0]
         if isinstance(method, str):
             evolver = (registry or self.registry).evolver(
                 method, options, shared={"seed": seed, "concurrency": concurrency})
@@ -369,7 +372,7 @@ class Engine:
         those ``methods`` gives ``march`` (``policy="revise"``, ``rounds=2``, ``k=4`` ...).
         The check is stored as a trace (``meta.source == "verify"``) unless ``record=False``.
         """
-        from whetstone.engine.methods.march import MarchConfig, MarchVerifier, result_trace
+        from whetstone.engine.methods.march.verifier import MarchConfig, MarchVerifier, result_trace
 
         options = {**dict(self._named("march") or {}), **options}
         options.setdefault("corpus", self.corpus_name)

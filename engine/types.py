@@ -448,7 +448,7 @@ class CheckRequest(_Simple):
 
     There is deliberately no field for the answer being checked nor for any claimed answer:
     the checker's prompt is built from this record alone, so the answer cannot leak into it
-    (information asymmetry; see engine/methods/march.py).
+    (information asymmetry; see engine/methods/march/verifier.py).
     """
 
     questions: tuple[str, ...]

@@ -73,7 +73,7 @@ class Candidates:
         if not NAME_RE.fullmatch(name):
             raise ValidationError(name, "candidate-name", "a candidate name is 1-100 characters "
                                   "of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
-        data = {check_path(p, deleting=v is None): to_bytes(p, v)
+        data = {check_path(p, deleting=v is None, roots=lib.roots): to_bytes(p, v)
                 for p, v in changes.items()}
         base = lib.resolve(base)
         with lib._write_lock():

@@ -3,7 +3,7 @@
 Kept apart from ``store.py`` so ``candidates.py`` can use them without importing the store.
 
 A path is checked before anything is written, so a version can always be written out as the
-plain files of the view (``skills/``, ``policies/``, ``memory/``), exported and checked out elsewhere:
+plain files of the view (``skills/`` and the folders methods own), exported and checked out elsewhere:
 each part at most ``MAX_PART_BYTES`` bytes of UTF-8 (ext4 and most file systems allow 255; the
 margin leaves room for the temp names of atomic writes and for the library's own folder), the
 whole path at most ``MAX_PATH_BYTES``, at most ``MAX_DEPTH`` parts, no control characters,
@@ -16,7 +16,9 @@ import unicodedata
 
 from whetstone.engine.errors import ValidationError
 
-ROOTS = ("skills", "policies", "memory")  # top-level folders a version may hold
+# The top-level folder every library holds. A method that keeps files of its own declares
+# its folder (``MethodSpec.roots``) and the faces open libraries with those as ``roots``.
+CORE_ROOTS: tuple[str, ...] = ("skills",)
 # Outside every version: evolvers' resume state, one folder per method (see state.py).
 STATE_DIR = "state"
 
@@ -106,8 +108,9 @@ def path_problems(path: str) -> list[tuple[str, str]]:
     return out
 
 
-def check_path(path: str, *, deleting: bool = False) -> str:
-    """A library path: relative, '/'-separated, inside one of ``ROOTS``, no '.' or '..'.
+def check_path(path: str, *, deleting: bool = False,
+               roots: tuple[str, ...] = CORE_ROOTS) -> str:
+    """A library path: relative, '/'-separated, inside one of ``roots``, no '.' or '..'.
 
     Hidden parts (``.env.example``) and ``__pycache__`` are refused too: the view, export and
     import all skip them, so such a file would show as deleted and be lost on a round trip.
@@ -116,11 +119,12 @@ def check_path(path: str, *, deleting: bool = False) -> str:
     parts = path.split("/") if isinstance(path, str) else []
     bad = (not parts or "\\" in path or path.startswith("/")
            or any(p in ("", ".", "..") for p in parts))
-    if bad or len(parts) < 2 or parts[0] not in ROOTS:
+    if bad or len(parts) < 2 or parts[0] not in roots:
         raise ValidationError(
             shown(str(path), 200), "path", "a library path is relative, uses '/', has no '.' "
-            f"or '..' parts and starts with one of {', '.join(r + '/' for r in ROOTS)}",
-            hint="e.g. skills/<name>/SKILL.md or policies/<module>.md")
+            f"or '..' parts and starts with one of {', '.join(r + '/' for r in roots)}",
+            hint="e.g. skills/<name>/SKILL.md; a folder a method owns is writable when the "
+                 "library is opened with that method installed (Engine, the CLI)")
     if deleting:
         return path
     problems = path_problems(path)

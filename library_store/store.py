@@ -40,7 +40,7 @@ from whetstone.library_store.blobs import BlobStore, unified_diff
 from whetstone.library_store.candidates import Candidates
 from whetstone.library_store.fsutil import FileMemo, atomic_write, clean_dir, make_dirs
 from whetstone.library_store.manifest import Manifest, version_number
-from whetstone.library_store.paths import ROOTS, Content, check_path, to_bytes
+from whetstone.library_store.paths import CORE_ROOTS, Content, check_path, to_bytes
 from whetstone.library_store.snapshot import Snapshot
 from whetstone.library_store.state import MethodState, method_state
 from whetstone.library_store.traces import TraceStore, trace_store
@@ -58,18 +58,24 @@ class Library:
 
     ``validator`` checks every write (commit, rollback, hand edits, candidates) unless the
     write passes ``validate=False``; the faces (``Engine``, the CLI) open libraries with the
-    product's rules (``whetstone.engine.runtime.library_tools.validate_library``). Without one only the
-    path rules of ``paths.py`` apply."""
+    product's rules (``MethodRegistry.open_library``: the Agent Skills rules, the tool check
+    and each method's validator). Without one only the path rules of ``paths.py`` apply.
+
+    ``roots`` are the top-level folders a version may hold besides ``skills/``: the folders
+    the installed methods own (``MethodSpec.roots``; ``policies/``, ``memory/``). A library
+    opened without a folder keeps its files in every version but does not show or write them."""
 
     def __init__(self, root: Path | str, *, durable: bool = True,
-                 lock_timeout: float = 60.0, validator: Validator | None = None) -> None:
+                 lock_timeout: float = 60.0, validator: Validator | None = None,
+                 roots: Sequence[str] = ()) -> None:
         self.root = Path(root).expanduser()
+        self.roots: tuple[str, ...] = tuple(dict.fromkeys((*CORE_ROOTS, *roots)))
         self.lock_timeout = lock_timeout
         self.validator = validator
         self.blobs = BlobStore(self.root / "blobs", self.root / ".tmp", durable=durable)
         self.trees = Trees(self.blobs)
         self.durable = durable
-        self.view = View(self.root, ROOTS, self.blobs, self.trees, self.root / ".state",
+        self.view = View(self.root, self.roots, self.blobs, self.trees, self.root / ".state",
                          self.root / ".tmp")
         self._manifests: dict[str, Manifest] = {}
         self._current = FileMemo(self.root / "CURRENT", str.strip)  # asked on every request
@@ -94,7 +100,7 @@ class Library:
     def init(cls, root: Path | str, **kwargs: Any) -> Library:
         """Create the layout and version v1 (empty) unless the library exists already."""
         lib = cls(root, **kwargs)
-        for sub in ("versions", "blobs", ".tmp", ".state", "candidates", "traces", *ROOTS):
+        for sub in ("versions", "blobs", ".tmp", ".state", "candidates", "traces", *lib.roots):
             make_dirs(lib.root / sub, durable=lib.durable)
         with lib._write_lock(repair=False):
             if not lib.is_initialized():
@@ -352,7 +358,8 @@ class Library:
         with the first one (all are on ``.problems``) and nothing changes.
         ``expect_parent`` refuses the commit if another writer moved the library meanwhile.
         """
-        data = {check_path(p, deleting=v is None): to_bytes(p, v) for p, v in changes.items()}
+        data = {check_path(p, deleting=v is None, roots=self.roots): to_bytes(p, v)
+                for p, v in changes.items()}
         return self._commit(data, method=method, message=message, scores=scores, costs=costs,
                             validate=self.validator_for(validate), expect_parent=expect_parent,
                             allow_empty=allow_empty)
@@ -456,7 +463,8 @@ class Library:
         For scoring a change before committing it (the regression gate). Its id is
         ``<parent>+<label>``; the objects it wrote are ordinary blobs.
         """
-        data = {check_path(p, deleting=v is None): to_bytes(p, v) for p, v in changes.items()}
+        data = {check_path(p, deleting=v is None, roots=self.roots): to_bytes(p, v)
+                for p, v in changes.items()}
         return self._preview({}, data, label=label, method=method)
 
     def _preview(self, prehashed: Mapping[str, str | None], data: Mapping[str, bytes | None],

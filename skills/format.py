@@ -57,7 +57,6 @@ MAX_YAML_DEPTH = 16
 MAX_SKILL_FILES = 256
 MAX_SKILL_BYTES = 32 * 1024 * 1024
 EXAMPLES_FILE = "references/examples.md"  # a skill's worked examples
-MEMORY_DIR = "memory"  # a library's demonstrations: memory/<name>.md, in the examples format
 MAX_EXAMPLE_LINES = 60  # one example's solution; longer runs teach little and cost much
 
 try:  # libyaml is ~10x faster; the pure-Python loader gives the same results

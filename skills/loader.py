@@ -14,14 +14,10 @@ from whetstone.engine.errors import NotFound, ValidationError
 from whetstone.engine.types import Skill
 from whetstone.library_store.store import Snapshot, rejection
 from whetstone.skills.format import (
-    MEMORY_DIR,
-    NAME_RE,
     SKILL_FILE,
     check_skill_files,
-    parse_examples,
     render_skill_md,
 )
-from whetstone.skills.policies import validate_policies
 
 SKILLS_DIR = "skills"  # the library folder that holds one folder per skill
 
@@ -106,34 +102,16 @@ def _loose_file(path: str) -> ValidationError:
                            hint="move it to skills/<name>/")
 
 
-def validate_memory(snapshot: Snapshot, changed: Sequence[str] | None = None
-                    ) -> list[ValidationError]:
-    """Problems of the memory files ``changed`` touched (every one when None): each is
-    ``memory/<name>.md`` in the worked-examples format (``whetstone.skills.format.parse_examples``)."""
-    paths = sorted(snapshot.files(f"{MEMORY_DIR}/")) if changed is None else [
-        p for p in changed if p.split("/")[0] == MEMORY_DIR and snapshot.exists(p)]
-    problems: list[ValidationError] = []
-    for path in paths:
-        parts = path.split("/")
-        if len(parts) != 2 or not parts[1].endswith(".md") \
-                or not NAME_RE.fullmatch(parts[1][:-3]):
-            problems.append(ValidationError(path, "layout", "a memory file is memory/<name>.md "
-                                            "(lower-case letters, digits, hyphens)"))
-            continue
-        problems += parse_examples(snapshot.read_text(path), path=path)[1]
-    return problems
-
-
 def validate_snapshot(snapshot: Snapshot, changed: Sequence[str] | None = None
                       ) -> list[ValidationError]:
-    """Problems of the skills and policy files a change touched (every one when ``changed``
-    is None).
+    """Problems of the skill files a change touched (every one when ``changed`` is None). The
+    folders a method owns (``policies/``, ``memory/``) are checked by that method's validator,
+    which the method registry adds (``MethodRegistry.library_validator``).
 
     This is the validator ``Library.commit`` takes: only touched skills are parsed, so a
     commit to a library of 100,000 skills costs what the change costs.
     """
-    problems: list[ValidationError] = validate_policies(snapshot, changed)
-    problems += validate_memory(snapshot, changed)
+    problems: list[ValidationError] = []
     if changed is None:
         changed = list(snapshot.files(f"{SKILLS_DIR}/"))
     names: set[str] = set()

@@ -15,6 +15,7 @@ from typing import Any
 from servers import running_server
 
 from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
+from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.server.adapter import ChatAdapter, chat_skills_plugin
 from whetstone.engine.types import Completion, Request, Trace
 from whetstone.library_store.store import Library
@@ -64,7 +65,7 @@ WEATHER_TOOL = {
 
 def make_library(path: Path) -> Library:
     """A library at v2 holding the three skills above."""
-    lib = Library.open(path, create=True)
+    lib = default_registry().open_library(path, create=True)
     lib.commit(SKILLS, method="test", message="three skills")
     return lib
 

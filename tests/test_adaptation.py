@@ -19,18 +19,16 @@ from whetstone.engine.evaluation.runner import evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
 from whetstone.engine.methods.evolve import gate_and_apply
 from whetstone.engine.methods.examples import ExampleStats, example_from_trace, examples_from_traces
-from whetstone.engine.methods.memory import Memory, MemoryConfig
+from whetstone.engine.methods.memory.method import Memory, MemoryConfig
 from whetstone.engine.methods.registry import default_registry
-from whetstone.engine.methods.self_consistency import (
+from whetstone.engine.methods.self_consistency.plugin import (
     SelfConsistency,
     SelfConsistencyConfig,
     vote_of,
 )
 from whetstone.engine.types import Request, Step, Trace
-from whetstone.library_store.store import Library
 from whetstone.skills.examples import ExampleRetriever
 from whetstone.skills.format import Example, parse_examples, render_examples
-from whetstone.skills.loader import validate_snapshot
 from whetstone.skills.retrieval import approx_tokens
 
 
@@ -79,11 +77,11 @@ def test_a_broken_example_is_a_problem_with_a_line() -> None:
 
 
 def test_a_library_refuses_a_malformed_memory_file(tmp_path: Path) -> None:
-    lib = Library.init(tmp_path / "lib")
+    lib = default_registry().open_library(tmp_path / "lib", create=True)
     good = render_examples([Example("t1", "q", "a")])
-    lib.commit({"memory/gsm8k.md": good}, method="test", validate=validate_snapshot)
+    lib.commit({"memory/gsm8k.md": good}, method="test", validate=True)
     preview = lib.preview({"memory/Bad_Name.md": good, "memory/x.md": "## Example t\n\nTask: q\n"})
-    rules = sorted(p.rule for p in validate_snapshot(preview, ["memory/Bad_Name.md",
+    rules = sorted(p.rule for p in lib.validator(preview, ["memory/Bad_Name.md",
                                                                "memory/x.md"]))
     assert rules == ["example", "layout"]
 
@@ -208,7 +206,7 @@ def test_memory_keeps_verified_runs_and_the_runtime_shows_the_nearest(
 
     monkeypatch.setattr(embeddings, "query_embedder",
                         lambda threads=1: WordEmbedder())
-    lib = Library.init(tmp_path / "lib")
+    lib = default_registry().open_library(tmp_path / "lib", create=True)
     train = [code_trace(f"tr{i}", f"Ann has {i} pens and gets {i} more. How many pens?",
                         str(2 * i), label=str(2 * i), score=1.0) for i in range(1, 4)]
     train.append(code_trace("bad", "Ann has 9 pens and 9 more. How many?", "9", label="18",
@@ -335,7 +333,7 @@ def t2s_analyst(request: Request) -> str:
 
 @pytest.mark.parametrize("sequential", [False, True])
 def test_trace2skill_keeps_verified_examples_chosen_by_the_analysts(sequential: bool) -> None:
-    from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+    from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig
 
     t2s = Trace2Skill(Trace2SkillConfig("adding", create=True, examples=True, workers=1,
                                         sequential=sequential))
@@ -353,7 +351,7 @@ def test_trace2skill_keeps_verified_examples_chosen_by_the_analysts(sequential: 
 
 
 def test_trace2skill_retires_and_replaces_examples_and_respects_the_cap() -> None:
-    from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+    from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig
 
     old = render_examples([Example("o1", "Old task one", "1"), Example("o2", "Old task two", "2")])
     skill = "---\nname: adding\ndescription: Adding.\n---\n# Adding\n\n## Pitfalls\n"
@@ -382,13 +380,13 @@ def test_the_skills_runtime_shows_the_nearest_examples_of_a_shown_skill(tmp_path
     from whetstone.skills.retrieval import SkillRetriever
     from whetstone.tools.base import Toolbox
 
-    lib = Library.init(tmp_path / "lib")
+    lib = default_registry().open_library(tmp_path / "lib", create=True)
     skill = "---\nname: adding\ndescription: Word problems that add apples.\n---\n# Adding\n"
     exs = [Example("s1", "Tom has 1 apples and 1 more. How many?", "print(2)"),
            Example("t9", "A train goes 60 miles an hour for 2 hours. How far?", "print(120)")]
     lib.commit({"skills/adding/SKILL.md": skill,
                 "skills/adding/references/examples.md": render_examples(exs)},
-               method="test", validate=validate_snapshot)
+               method="test", validate=True)
     retriever = SkillRetriever(lib, LibraryIndex(lib, WordEmbedder()))
     plugin = SkillsPlugin(lib, retriever=retriever, examples=1)
     ctx = AgentContext(backend=ScriptedBackend(), toolbox=Toolbox())

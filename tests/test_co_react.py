@@ -15,7 +15,7 @@ from whetstone.cli import cli
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ParseError
-from whetstone.engine.methods.co_react import CoReAct, CoReActConfig
+from whetstone.engine.methods.co_react.plugin import CoReAct, CoReActConfig
 from whetstone.engine.methods.rubric import parse_check, parse_rubric, phase_of
 from whetstone.engine.runtime import Agent, RunConfig
 from whetstone.engine.runtime.checkpoints import Checkpoints

@@ -17,8 +17,8 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ParseError
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
-from whetstone.engine.methods.dynamo import Dynamo, DynamoConfig
-from whetstone.engine.methods.dynamo_parts import Cluster, Repairs, parse_clusters, parse_tool
+from whetstone.engine.methods.dynamo.evolver import Dynamo, DynamoConfig
+from whetstone.engine.methods.dynamo.parts import Cluster, Repairs, parse_clusters, parse_tool
 from whetstone.engine.types import Request
 
 

@@ -14,7 +14,7 @@ from servers import Servers
 from whetstone.engine.api import Engine
 from whetstone.engine.backends import BackendOptions, get_backend
 from whetstone.engine.backends.scripted import ScriptedBackend
-from whetstone.engine.methods.trace2skill import Trace2Skill, Trace2SkillConfig
+from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig
 from whetstone.engine.runtime import RunConfig
 from whetstone.engine.server import create_app
 from whetstone.engine.types import Trace

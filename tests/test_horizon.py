@@ -16,14 +16,14 @@ import pytest
 
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.horizon import ElasticHorizon, HorizonConfig
-from whetstone.engine.methods.horizon_controller import (
+from whetstone.engine.methods.horizon.controller import (
     HorizonController,
     RunRecord,
     record_from_trace,
     success_quantile,
     task_family,
 )
+from whetstone.engine.methods.horizon.plugin import ElasticHorizon, HorizonConfig
 from whetstone.engine.runtime import Agent, RunConfig
 from whetstone.engine.runtime.checkpoints import Checkpoints
 from whetstone.engine.types import Request, Step, Trace
@@ -190,8 +190,7 @@ def test_the_store_reads_only_what_was_written_since_the_last_read(tmp_path: Pat
 
 def test_the_controller_reads_traces_through_the_store_only() -> None:
     # The controller parses no trace files itself: the store hands it Trace objects.
-    import whetstone.engine.methods.horizon as plugin
-    import whetstone.engine.methods.horizon_controller as controller
+    from whetstone.engine.methods.horizon import controller, plugin
 
     for module in (plugin, controller):
         src = Path(module.__file__ or "").read_text()

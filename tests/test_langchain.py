@@ -34,7 +34,8 @@ from whetstone.engine.integrations.langchain import (
     trace_id_of,
     whetstone_node,
 )
-from whetstone.engine.methods.memory import Memory, MemoryConfig
+from whetstone.engine.methods.memory.method import Memory, MemoryConfig
+from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.engine.types import Step, Trace
 from whetstone.library_store.store import Library
@@ -92,7 +93,7 @@ class ToolCallingFake(FakeMessagesListChatModel):
 
 
 def skills_library(path: Path) -> Library:
-    lib = Library.open(path, create=True)
+    lib = default_registry().open_library(path, create=True)
     lib.commit({"skills/unit-conversion/SKILL.md": UNITS,
                 "skills/sum-amounts/SKILL.md": SUM_SKILL,
                 "skills/sum-amounts/scripts/sum_amounts.py": SUM_TOOL},
@@ -229,7 +230,7 @@ def test_a_method_that_needs_the_agent_loop_is_refused_not_dropped(
 
 
 def test_memory_demonstrations_come_before_the_conversation(tmp_path: Path) -> None:
-    lib = Library.open(tmp_path / "lib", create=True)
+    lib = default_registry().open_library(tmp_path / "lib", create=True)
     runs = [Trace(id=f"tr{i}", task=f"Ann has {i} pens and gets {i} more. How many pens?",
                   answer=str(2 * i), label=str(2 * i), score=1.0, outcome="answered",
                   steps=(Step(kind="think", module="think",

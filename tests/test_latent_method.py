@@ -24,9 +24,14 @@ from test_latent_tts import (  # noqa: F401 (fixtures)
 from whetstone.engine.backends.hf import HFBackend
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import make_config, options_from_text
-from whetstone.engine.methods.latent import LatentTTS, LatentTTSConfig, is_answer, load_scorer
-from whetstone.engine.methods.latent_rewards import RewardContext, RewardDropped, SelfReward
-from whetstone.engine.methods.latent_tts import LatentRefiner
+from whetstone.engine.methods.latent.plugin import (
+    LatentTTS,
+    LatentTTSConfig,
+    is_answer,
+    load_scorer,
+)
+from whetstone.engine.methods.latent.rewards import RewardContext, RewardDropped, SelfReward
+from whetstone.engine.methods.latent.tts import LatentRefiner
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.prompting import CODE_OUTPUT_STOP
 from whetstone.engine.runtime.state import RunConfig

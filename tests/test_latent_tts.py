@@ -18,14 +18,14 @@ from conftest import SHARED_CACHE
 from vlm_support import IMAGE_TOKENS, tiny_llava
 
 from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.latent_hooks import (
+from whetstone.engine.methods.latent.hooks import (
     frozen,
     image_attention_mass,
     latent_hooks,
     next_token_entropy,
     top_positions,
 )
-from whetstone.engine.methods.latent_tts import (
+from whetstone.engine.methods.latent.tts import (
     LatentConfig,
     LatentRefiner,
     RefineRecord,

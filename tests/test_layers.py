@@ -4,6 +4,7 @@ module imports itself back through others (no import cycles). Walks every import
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +39,14 @@ LAYERS: list[tuple[str, int]] = [
 SIBLINGS = [("engine/backends", "library_store"), ("skills", "tools")]
 
 
+# A method package's commands.py is a face (it mounts on the command line through the
+# registry, by import path): it may import the faces' helpers; nothing below imports it.
+METHOD_COMMANDS = re.compile(r"engine/methods/[a-z0-9_]+/commands\.py")
+
+
 def layer_of(rel: str) -> tuple[str, int] | None:
+    if METHOD_COMMANDS.fullmatch(rel):
+        return "engine/methods/*/commands.py", 6
     for prefix, rank in LAYERS:
         if rel == prefix or rel.startswith(prefix + "/"):
             return prefix, rank

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from whetstone.engine.methods.registry import default_registry
 from whetstone.library_store.fsutil import atomic_write, sha256_bytes
-from whetstone.library_store.store import Library, version_number
+from whetstone.library_store.store import version_number
 
 ROUNDS = 30  # kills while committing
 INDEX_ROUNDS = 3  # of which the last ones also sync the index in the writer
@@ -58,9 +59,9 @@ def expected_files(k: int) -> dict[str, str]:
 
 
 def writer(root: str, progress: str, mode: str) -> None:
-    from whetstone.skills.loader import validate_snapshot
+    from whetstone.engine.methods.registry import default_registry
 
-    lib = Library.open(root)
+    lib = default_registry().open_library(root)
     index = None
     if mode == "index":
         from whetstone.skills.index import LibraryIndex
@@ -72,8 +73,7 @@ def writer(root: str, progress: str, mode: str) -> None:
     k = version_number(lib.current_id())  # commit k makes version v(k+1)
     while True:
         os.write(fd, f"start {k}\n".encode())
-        lib.commit(change_set(k), method="crash-test", message=f"k={k}",
-                   validate=validate_snapshot)
+        lib.commit(change_set(k), method="crash-test", message=f"k={k}", validate=True)
         os.write(fd, f"done {k}\n".encode())
         if index is not None:
             index.ensure()
@@ -104,11 +104,11 @@ def run_round(root: Path, progress: Path, mode: str, rng: random.Random) -> list
 
 def check_library(root: Path, lines: list[str]) -> tuple[int, bool]:
     """Asserts the invariants; returns the committed k and whether the kill hit a commit."""
-    from whetstone.skills.loader import validate_snapshot
+    from whetstone.engine.methods.registry import default_registry
 
     started = [int(x) for a, x in pairwise(lines) if a == "start"]
     done = [int(x) for a, x in pairwise(lines) if a == "done"]
-    lib = Library.open(root)  # opening repairs the view after a crash
+    lib = default_registry().open_library(root)  # opening repairs the view after a crash
     k = version_number(lib.current_id()) - 1
     last_done = max(done, default=k if not started else started[0] - 1)
     mid_commit = bool(started) and started[-1] == last_done + 1
@@ -117,7 +117,7 @@ def check_library(root: Path, lines: list[str]) -> tuple[int, bool]:
     snap = lib.snapshot()
     assert snap.files() == expected_files(k)
     assert lib.verify() == []
-    assert validate_snapshot(snap) == []
+    assert lib.validator is not None and lib.validator(snap) == []
     assert not lib.edits(), lib.edits()
     assert [m.id for m in lib.log()] == [f"v{n}" for n in range(k + 1, 0, -1)]
     return k, mid_commit
@@ -128,9 +128,9 @@ def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Pa
     from whetstone.skills.index import LibraryIndex
 
     root = tmp_path / "lib"
-    Library.init(root)
+    default_registry().open_library(root, create=True)
     rng = random.Random(1234)
-    index = LibraryIndex(Library.open(root), TextEmbedder())
+    index = LibraryIndex(default_registry().open_library(root), TextEmbedder())
     hits_mid_commit = 0
     committed = 0
     for r in range(ROUNDS):
@@ -141,7 +141,7 @@ def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Pa
         committed = k
         # The index (left half-synced by the killed writer in index rounds) must be brought
         # to exactly this version.
-        index.library = Library.open(root)
+        index.library = default_registry().open_library(root)
         snap = index.library.snapshot()
         index.ensure(snap)
         assert index.check(snap) == [], f"round {r}"
@@ -155,7 +155,7 @@ def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Pa
     assert committed > ROUNDS  # the writers made progress between kills
     assert hits_mid_commit >= ROUNDS // 3, "kills should often land inside a commit"
     # Temp files a killed writer left are removed by the next write.
-    lib = Library.open(root)
+    lib = default_registry().open_library(root)
     lib.commit({"skills/final/SKILL.md": "---\nname: final\ndescription: d\n---\n"},
                method="final")
     assert list((root / ".tmp").iterdir()) == []

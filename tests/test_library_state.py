@@ -15,7 +15,7 @@ from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.commands.library import library_group
 from whetstone.engine.errors import ConfigError, ValidationError
 from whetstone.engine.methods.base import EvolveContext
-from whetstone.engine.methods.dynamo import Dynamo, DynamoConfig, _Run
+from whetstone.engine.methods.dynamo.evolver import Dynamo, DynamoConfig, _Run
 from whetstone.engine.methods.nlpg.evolver import NLPG, _Plan, _State
 from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.library_store.store import Library

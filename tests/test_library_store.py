@@ -22,13 +22,17 @@ def skill(name: str, extra: str = "") -> str:
     return SKILL.format(n=name, extra=extra)
 
 
+# A folder a method owns (NLPG's policies/): the store treats every such folder alike.
+OWNED = ("policies",)
+
+
 @pytest.fixture
 def lib(tmp_path: Path) -> Library:
-    return Library.init(tmp_path / "lib")
+    return Library.init(tmp_path / "lib", roots=OWNED)
 
 
 def test_init_creates_an_empty_first_version(tmp_path: Path) -> None:
-    lib = Library.init(tmp_path / "lib")
+    lib = Library.init(tmp_path / "lib", roots=OWNED)
     assert lib.current_id() == "v1"
     assert lib.snapshot().files() == {}
     for sub in ("skills", "policies", "versions", "blobs", "traces"):
@@ -41,6 +45,19 @@ def test_opening_a_missing_library_says_how_to_create_one(tmp_path: Path) -> Non
         Library.open(tmp_path / "nope")
     assert "library init" in exc.value.hint
     assert Library.open(tmp_path / "made", create=True).current_id() == "v1"
+
+
+def test_a_folder_is_writable_only_where_the_library_is_opened_with_it(tmp_path: Path) -> None:
+    """Core knows only skills/; a method's folder is a root the opener passes. Opened without
+    it, the library refuses writes there and keeps the folder's files in every new version."""
+    owner = Library.init(tmp_path / "lib", roots=OWNED)
+    owner.commit({"policies/think.md": "[n1] :: Check units.\n"}, method="t")
+    bare = Library.open(owner.root)
+    with pytest.raises(ValidationError, match="starts with one of skills/"):
+        bare.commit({"policies/act.md": "[n2] :: x\n"}, method="t")
+    bare.commit({"skills/a/SKILL.md": skill("a")}, method="t")
+    assert set(bare.snapshot().files()) == {"policies/think.md", "skills/a/SKILL.md"}
+    assert Library.open(owner.root, roots=OWNED).snapshot().read_text("policies/think.md")
 
 
 def test_commit_makes_a_new_version_with_a_manifest(lib: Library) -> None:
@@ -250,7 +267,7 @@ def test_a_view_left_behind_by_a_crash_is_repaired_on_open(lib: Library) -> None
     (lib.root / ".state" / "view.json").write_text(marker)
     (lib.root / "skills/a/SKILL.md").write_text(skill("a"))
     (lib.root / "skills/b/SKILL.md").unlink()
-    reopened = Library.open(lib.root)
+    reopened = Library.open(lib.root, roots=lib.roots)
     assert (reopened.root / "skills/a/SKILL.md").read_text() == skill("a", "v3\n")
     assert (reopened.root / "skills/b/SKILL.md").exists()
     assert not reopened.edits()
@@ -261,7 +278,7 @@ def test_a_hand_edit_is_stashed_when_the_view_marker_is_unreadable(lib: Library)
     lib.commit({"skills/a/SKILL.md": skill("a"), "policies/m.md": "committed\n"}, method="m")
     (lib.root / "policies/m.md").write_text("my hand edit\n")
     (lib.root / ".state" / "view.json").write_text("")  # torn (written without fsync)
-    reopened = Library.open(lib.root)
+    reopened = Library.open(lib.root, roots=lib.roots)
     assert (reopened.root / "policies/m.md").read_text() == "committed\n"
     stashed = list((lib.root / ".state" / "stash").rglob("m.md"))
     assert [p.read_text() for p in stashed] == ["my hand edit\n"]

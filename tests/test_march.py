@@ -1,4 +1,4 @@
-"""MARCH (engine/methods/march.py): the checker never sees the answer, the majority vote, the
+"""MARCH (engine/methods/march/verifier.py): the checker never sees the answer, the majority vote, the
 bounded revise loop, clear errors for an empty corpus and an unreadable proposer, malformed
 checker lines repaired or dropped with a count; and its faces (``Engine.verify``,
 ``whetstone verify``, the runtime ``verify`` node, the server's ``verify`` switch)."""
@@ -17,21 +17,21 @@ from click.testing import CliRunner
 from servers import Servers
 
 from whetstone.engine.backends.scripted import ScriptedBackend
-from whetstone.engine.commands.verify import EXIT_FLAGGED, verify
 from whetstone.engine.errors import EmptyCorpus, ParseError
-from whetstone.engine.methods.march import (
-    March,
-    MarchConfig,
-    MarchVerifier,
-    checker_messages,
-    result_trace,
-)
-from whetstone.engine.methods.march_format import (
+from whetstone.engine.methods.march.commands import EXIT_FLAGGED, verify
+from whetstone.engine.methods.march.format import (
     CheckLine,
     answers_agree,
     parse_checks,
     parse_claims,
     verdict,
+)
+from whetstone.engine.methods.march.verifier import (
+    March,
+    MarchConfig,
+    MarchVerifier,
+    checker_messages,
+    result_trace,
 )
 from whetstone.engine.types import CheckRequest, Claim, Request
 

@@ -22,7 +22,7 @@ from whetstone.engine.evaluation.runner import evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord
 from whetstone.engine.methods.base import EvolveContext, make_config, options_from_text
 from whetstone.engine.methods.registry import MethodEntry, MethodRegistry, default_registry
-from whetstone.engine.methods.trace2skill import Trace2SkillConfig
+from whetstone.engine.methods.trace2skill.evolver import Trace2SkillConfig
 from whetstone.engine.types import Request
 
 TOY = Path(__file__).parent / "fixtures" / "toy_methods"

@@ -30,12 +30,11 @@ from whetstone.engine.methods.nlpg.memory import (
     retire_ops,
     rules_curator,
 )
+from whetstone.engine.methods.nlpg.notes import parse_policy, read_policy, render_policy
 from whetstone.engine.methods.nlpg.plugin import NLPGPlugin, policy_notes
+from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.state import AgentContext
 from whetstone.engine.types import PolicyNote
-from whetstone.library_store.store import Library
-from whetstone.skills.loader import validate_snapshot
-from whetstone.skills.policies import parse_policy, read_policy, render_policy
 from whetstone.tools.base import Toolbox
 
 # -- the file format ---------------------------------------------------------------------------
@@ -89,15 +88,15 @@ def test_a_repeated_id_is_refused_and_the_writer_never_writes_what_the_reader_re
 
 
 def test_a_commit_with_a_malformed_policy_file_is_refused(tmp_path: Path) -> None:
-    lib = Library.init(tmp_path / "lib")
+    lib = default_registry().open_library(tmp_path / "lib", create=True)
     with pytest.raises(ValidationError, match="note-syntax") as err:
         lib.commit({"policies/think.md": "[n1] :: ok\njust prose\n"}, method="hand",
-                   validate=validate_snapshot)
+                   validate=True)
     assert err.value.line == 2
     with pytest.raises(ValidationError, match="policy-path"):
         lib.commit({"policies/deep/think.md": "[n1] :: ok\n"}, method="hand",
-                   validate=validate_snapshot)
-    v = lib.commit({"policies/think.md": GOOD}, method="hand", validate=validate_snapshot)
+                   validate=True)
+    v = lib.commit({"policies/think.md": GOOD}, method="hand", validate=True)
     assert v.id == "v2"
 
 

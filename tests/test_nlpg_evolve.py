@@ -17,10 +17,10 @@ from whetstone.cli import cli
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
-from whetstone.engine.methods.nlpg import NLPG, NLPGConfig
+from whetstone.engine.methods.nlpg.evolver import NLPG, NLPGConfig
 from whetstone.engine.methods.nlpg.memory import Memory, estimate_tokens, note_tokens
+from whetstone.engine.methods.nlpg.notes import parse_policy
 from whetstone.engine.types import Request
-from whetstone.skills.policies import parse_policy
 
 LESSON = "Add the two quantities before answering."
 TASKS = TaskSet("apples", tuple(

@@ -4,6 +4,7 @@ collision; ``from whetstone import Engine`` is the public API (docs/architecture
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -86,8 +87,13 @@ def test_an_application_with_its_own_engine_skills_and_tools_imports_whetstone(
 def test_the_wheel_holds_only_the_namespace_and_works_from_it(tmp_path: Path) -> None:
     """Built from the tree: every file under ``whetstone/`` (``cli.py`` as a real file, the
     prompts as package data), nothing at the top level; importable from the wheel alone."""
+    # Built from a copy: setuptools leaves build/ in the source folder, and a stale build/
+    # would put files that no longer exist into the next wheel.
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".*", "build", "dist", "*.egg-info", "__pycache__", "tests", "benchmarks", "docs"))
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                          "--no-build-isolation", "-w", str(tmp_path / "dist"), str(REPO)],
+                          "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
                          capture_output=True, text=True, timeout=600, check=False)
     if res.returncode != 0:
         pytest.skip(f"pip could not build a wheel here: {res.stderr[-500:]}")

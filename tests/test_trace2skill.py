@@ -9,7 +9,7 @@ import pytest
 
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.trace2skill import (
+from whetstone.engine.methods.trace2skill.evolver import (
     Trace2Skill,
     Trace2SkillConfig,
     draft_skill,
@@ -302,7 +302,7 @@ def test_sequential_does_not_pile_up_copies_of_one_lesson() -> None:
 
 
 def test_a_created_skill_whose_description_holds_a_colon_is_valid() -> None:
-    from whetstone.engine.methods.trace2skill import draft_skill
+    from whetstone.engine.methods.trace2skill.evolver import draft_skill
     from whetstone.skills.format import parse_skill_md
 
     desc = "Grade-school math word problems: compute the numeric answer."

@@ -24,6 +24,7 @@ from whetstone.engine.commands.common import (
     library_option,
 )
 from whetstone.engine.errors import LibraryError, NotFound, ValidationError
+from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.library_tools import import_check, validate_library
 from whetstone.library_store.store import Library, Manifest
 from whetstone.skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
@@ -40,7 +41,7 @@ def _open(path: Path | None) -> Library:
     """The library, opened even when its view is broken (the versions are the truth); a
     broken view is reported on stderr with what to do. Every write through it is checked by
     ``validate_library`` (the Library's default)."""
-    lib = Library.open(path or default_library_path(), quiet=True, validator=validate_library)
+    lib = default_registry().open_library(path or default_library_path(), quiet=True)
     if lib.view_problem is not None:
         err = console(stderr=True)
         err.print(f"[yellow]warning:[/] {escape(lib.view_problem.message)}", markup=True,
@@ -86,7 +87,7 @@ def init_cmd(library_path: Path | None, as_json: bool) -> None:
     """Create an empty library (nothing happens if one exists)."""
     path = library_path or default_library_path()
     existed = Library(path).is_initialized()
-    lib = Library.init(path)
+    lib = default_registry().open_library(path, create=True)
     if as_json:
         emit_json({"library": str(lib.root), "version": lib.current_id(), "created": not existed})
         return
@@ -101,16 +102,18 @@ def init_cmd(library_path: Path | None, as_json: bool) -> None:
 @json_option
 @handle_errors
 def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
-    """List the skills (and policy files) of a version."""
+    """List the skills of a version, and the files of the folders methods own (policy notes,
+    memory)."""
     lib = _open(library_path)
     snap = lib.snapshot(version)
     loaded = load_skills(snap)
-    policies = sorted(snap.files("policies/"))
+    # each method-owned folder by its name (JSON: "policies": [...], "memory": [...])
+    owned = {root: sorted(snap.files(f"{root}/")) for root in lib.roots if root != SKILLS_DIR}
     if as_json:
         emit_json({"version": snap.id,
                    "skills": [{"name": s.name, "description": s.description,
                                "files": sorted(s.files)} for s in loaded.skills.values()],
-                   "policies": policies,
+                   **owned,
                    "problems": [_problem_dict(e) for e in loaded.problems]})
         return
     table = Table(title=f"skills in {snap.id} ({len(loaded.skills)})", show_lines=False)
@@ -121,8 +124,9 @@ def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> Non
         desc = " ".join(s.description.split())
         table.add_row(s.name, desc if len(desc) <= 90 else desc[:89] + "…", str(len(s.files)))
     console().print(table)
-    if policies:
-        console().print("policies: " + ", ".join(policies))
+    for root, files in owned.items():
+        if files:
+            console().print(f"{root}: " + ", ".join(files))
     if loaded.problems:
         _print_problems(loaded.problems, title="skills that could not be loaded")
 
@@ -299,7 +303,7 @@ def validate_cmd(version: str | None, library_path: Path | None, as_json: bool) 
     admission check, and every file against its hash."""
     lib = _open(library_path)
     snap = lib.snapshot(version)
-    problems = validate_library(snap)
+    problems = lib.validator(snap) if lib.validator else validate_library(snap)
     integrity = lib.verify(snap.id)
     if as_json:
         emit_json({"version": snap.id, "ok": not problems and not integrity,
@@ -350,7 +354,9 @@ def reindex_cmd(library_path: Path | None, as_json: bool) -> None:
 def repair_cmd(library_path: Path | None, as_json: bool) -> None:
     """Write skills/ and policies/ again from the current version (after a crash, a full
     disk or a file that could not be written)."""
-    lib = Library(library_path or default_library_path())
+    registry = default_registry()
+    lib = Library(library_path or default_library_path(), roots=tuple(registry.roots()),
+                  validator=registry.library_validator())
     if not lib.is_initialized():
         lib = Library.open(lib.root)  # raises: no library there
     stashed = lib.repair_view()  # blocking: a file that still fails raises ViewError

@@ -30,6 +30,7 @@ from whetstone.engine.commands.common import (
     library_option,
 )
 from whetstone.engine.errors import NotFound, ToolError
+from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.types import ToolSpec
 from whetstone.library_store.store import Library, Snapshot
 
@@ -77,7 +78,7 @@ def _find(snap: Snapshot, name: str) -> ToolEntry:
 
 
 def _library(path: Path | None) -> Library:
-    return Library.open(path or default_library_path(), create=True)
+    return default_registry().open_library(path or default_library_path(), create=True)
 
 
 @click.group("tools")

@@ -21,6 +21,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 
 from whetstone.engine.api import Engine
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.registry import default_registry
 from whetstone.library_store.store import Library, Snapshot
 from whetstone.tools.base import Tool, Toolbox
 
@@ -36,7 +37,7 @@ def _snapshot(library: str | Path | Library | Engine, version: str | None) -> Sn
     if isinstance(library, Engine):
         return library.pinned_snapshot() or library.library.snapshot()
     if isinstance(library, (str, Path)):
-        library = Library.open(Path(library))
+        library = default_registry().open_library(Path(library))
     if not isinstance(library, Library):
         raise ConfigError(f"library must be a folder, a Library or an Engine, got "
                           f"{type(library).__name__}", hint='library_tools_for_langchain("lib")')

@@ -18,7 +18,7 @@ from whetstone.engine.errors import ModelNotInstalled
 from whetstone.engine.types import Trace
 
 if TYPE_CHECKING:
-    from whetstone.engine.methods.trace2skill import Trace2Skill
+    from whetstone.engine.methods.trace2skill.evolver import Trace2Skill
     from whetstone.skills.edits import SkillPatch
 
 

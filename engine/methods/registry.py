@@ -1,16 +1,19 @@
-"""Methods by name: the built-in evolvers and runtime methods, plus installed plugins.
+"""Methods by name: every method is one package that declares what it owns.
 
-The same mechanism as backends (``whetstone.engine.backends.registry``): each entry names its class by
-import path, so nothing is imported until that method is asked for. Another package adds a
-method through an entry point naming its class:
+A method package (``whetstone/engine/methods/<name>/``) holds its code and, in its
+``__init__.py``, one ``MethodSpec``: its evolver and runtime plugin (by import path, so
+nothing is imported until the method is asked for), the library folders it owns with their
+validators, and its commands. ``BUILTIN_METHODS`` below lists the built-in packages, one line
+each; nothing outside a method's package names it. Another package adds a method without
+touching ours through an entry point naming its spec:
 
-    [project.entry-points."whetstone.evolvers"]
-    my-evolver = "my_package.evolver:MyEvolver"
-    [project.entry-points."whetstone.runtime_methods"]
-    my-method = "my_package.method:MyMethod"
+    [project.entry-points."whetstone.methods"]
+    my-method = "my_package:METHOD"
 
-An evolver class follows ``whetstone.engine.methods.base.Evolver``; a runtime method class is an
-``whetstone.engine.runtime.Plugin`` with a ``config_class`` and ``build(config, env)``.
+(The older groups ``whetstone.evolvers`` and ``whetstone.runtime_methods``, naming one class
+each, still work.) An evolver class follows ``whetstone.engine.methods.base.Evolver``; a
+runtime method class is a ``whetstone.engine.runtime.Plugin`` with a ``config_class`` and
+``build(config, env)``. See docs/architecture.md, "Adding a method".
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,11 +29,63 @@ from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import Evolver, make_config
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from whetstone.engine.errors import ValidationError
     from whetstone.engine.runtime.plugins import MethodEnv, Plugin
+    from whetstone.library_store.store import Library, Snapshot
+    from whetstone.library_store.validation import Validator
 
 Kind = Literal["evolver", "runtime"]
 ENTRY_POINT_GROUPS: dict[Kind, str] = {"evolver": "whetstone.evolvers",
                                        "runtime": "whetstone.runtime_methods"}
+METHODS_ENTRY_POINT = "whetstone.methods"
+
+# The built-in method packages, one line each (each one's __init__.py holds its MethodSpec).
+BUILTIN_METHODS: tuple[str, ...] = (
+    "whetstone.engine.methods.trace2skill",
+    "whetstone.engine.methods.dynamo",
+    "whetstone.engine.methods.nlpg",
+    "whetstone.engine.methods.co_react",
+    "whetstone.engine.methods.horizon",
+    "whetstone.engine.methods.march",
+    "whetstone.engine.methods.memory",
+    "whetstone.engine.methods.self_consistency",
+    "whetstone.engine.methods.latent",
+)
+@dataclass(frozen=True)
+class LibraryRoot:
+    """A top-level library folder a method owns (beside ``skills/``): versioned, exported and
+    checked on every commit like the skills. ``validator`` (``"module:function"``, called as
+    ``f(snapshot, changed_paths)`` and returning ``ValidationError``s) checks its files;
+    ``layout`` says in one line what the folder holds."""
+
+    name: str
+    layout: str
+    validator: str | None = None
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What one method package owns. Targets are import paths (``"module:attr"``):
+    ``evolver`` and ``runtime`` name classes; ``commands`` names a function returning the
+    ``click`` commands to mount on the ``whetstone`` command line; ``prompts`` are the names of
+    its prompt files (``engine/prompts/<name>.md`` or ``.yaml``)."""
+
+    name: str
+    evolver: str | None = None
+    runtime: str | None = None
+    roots: tuple[LibraryRoot, ...] = ()
+    commands: str | None = None
+    prompts: tuple[str, ...] = ()
+
+    def entries(self) -> list[MethodEntry]:
+        out = []
+        if self.evolver:
+            out.append(MethodEntry(self.name, "evolver", self.evolver))
+        if self.runtime:
+            out.append(MethodEntry(self.name, "runtime", self.runtime))
+        return out
 
 
 @dataclass(frozen=True)
@@ -56,33 +111,104 @@ class MethodEntry:
         return doc.splitlines()[0] if doc else ""
 
 
-_BUILTINS: tuple[MethodEntry, ...] = (
-    MethodEntry("trace2skill", "evolver", "whetstone.engine.methods.trace2skill:Trace2Skill"),
-    MethodEntry("dynamo", "evolver", "whetstone.engine.methods.dynamo:Dynamo"),
-    MethodEntry("skills", "runtime", "whetstone.engine.runtime.skills_plugin:SkillsPlugin"),
-    MethodEntry("nlpg", "evolver", "whetstone.engine.methods.nlpg:NLPG"),
-    MethodEntry("nlpg", "runtime", "whetstone.engine.methods.nlpg:NLPGPlugin"),
-    MethodEntry("co_react", "runtime", "whetstone.engine.methods.co_react:CoReAct"),
-    MethodEntry("horizon", "runtime", "whetstone.engine.methods.horizon:ElasticHorizon"),
-    MethodEntry("march", "runtime", "whetstone.engine.methods.march:March"),
-    MethodEntry("memory", "evolver", "whetstone.engine.methods.memory:Memory"),
-    MethodEntry("memory", "runtime", "whetstone.engine.methods.memory:MemoryPlugin"),
-    MethodEntry("self_consistency", "runtime",
-                "whetstone.engine.methods.self_consistency:SelfConsistency"),
-    MethodEntry("latent", "runtime", "whetstone.engine.methods.latent:LatentTTS"),
-)
+# Not a method package: the core runtime plugin every agent starts with (skill retrieval).
+_CORE = (MethodEntry("skills", "runtime", "whetstone.engine.runtime.skills_plugin:SkillsPlugin"),)
+
+
+def load_target(target: str, what: str) -> Any:
+    """The object an import path (``"module:attr"``) names, or a ``ConfigError`` saying so."""
+    module, _, attr = target.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        return getattr(obj, attr) if attr else obj
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{what} cannot be loaded from {target}: {exc}",
+                          hint="reinstall the package that provides it") from exc
+
+
+def load_spec(package: str) -> MethodSpec:
+    """A method package's ``METHOD`` (importing only its ``__init__``)."""
+    spec = load_target(f"{package}:METHOD", f"method package {package}")
+    if not isinstance(spec, MethodSpec):
+        raise ConfigError(f"{package}.METHOD is a {type(spec).__name__}, not a MethodSpec",
+                          hint="declare METHOD = MethodSpec(...) in the package's __init__.py")
+    return spec
 
 
 class MethodRegistry:
     """Name -> ``MethodEntry``, per kind. Build one with ``default_registry()``."""
 
-    def __init__(self, entries: tuple[MethodEntry, ...] = ()) -> None:
+    def __init__(self, entries: tuple[MethodEntry, ...] = (),
+                 specs: tuple[MethodSpec, ...] = ()) -> None:
         self._entries: dict[Kind, dict[str, MethodEntry]] = {"evolver": {}, "runtime": {}}
+        self._specs: dict[str, MethodSpec] = {}
         for e in entries:
             self.register(e)
+        for spec in specs:
+            self.add(spec)
 
     def register(self, entry: MethodEntry) -> None:
         self._entries[entry.kind][entry.name] = entry
+
+    def add(self, spec: MethodSpec) -> None:
+        """Register a method package's spec (a later one of the same name replaces it)."""
+        self._specs[spec.name] = spec
+        for entry in spec.entries():
+            self.register(entry)
+
+    def specs(self) -> list[MethodSpec]:
+        return list(self._specs.values())
+
+    def roots(self) -> dict[str, LibraryRoot]:
+        """The library folders the methods own, by name (a folder two methods claim is a
+        ``ConfigError``: they would overwrite each other's files)."""
+        out: dict[str, LibraryRoot] = {}
+        owner: dict[str, str] = {}
+        for spec in self._specs.values():
+            for root in spec.roots:
+                if root.name in owner and owner[root.name] != spec.name:
+                    raise ConfigError(f"library folder {root.name!r} is claimed by both "
+                                      f"{owner[root.name]} and {spec.name}",
+                                      hint="uninstall one of the two methods")
+                out[root.name], owner[root.name] = root, spec.name
+        return out
+
+    def root_validators(self) -> list[Validator]:
+        """The validators of the methods' library folders, loaded now."""
+        return [load_target(r.validator, f"the validator of {r.name}/")
+                for r in self.roots().values() if r.validator]
+
+    def library_validator(self) -> Validator:
+        """What every commit of a library opened by the faces runs: the Agent Skills rules and
+        the learned-tool check (``validate_library``), then each method's folder validator."""
+        from whetstone.engine.runtime.library_tools import validate_library
+
+        extra = self.root_validators()
+
+        def validate(snapshot: Snapshot, changed: Sequence[str] | None = None
+                     ) -> list[ValidationError]:
+            problems = list(validate_library(snapshot, changed))
+            for check in extra:
+                problems += check(snapshot, changed)
+            return problems
+
+        return validate
+
+    def open_library(self, path: Path | str, **kwargs: Any) -> Library:
+        """``Library.open`` with these methods' folders and validators: how every face opens
+        a library (``create=True`` makes a missing one)."""
+        from whetstone.library_store.store import Library
+
+        kwargs.setdefault("validator", self.library_validator())
+        return Library.open(path, roots=tuple(self.roots()), **kwargs)
+
+    def commands(self) -> list[Any]:
+        """The ``click`` commands the methods add to the command line."""
+        out: list[Any] = []
+        for spec in self._specs.values():
+            if spec.commands:
+                out.extend(load_target(spec.commands, f"the commands of {spec.name}")())
+        return out
 
     def names(self, kind: Kind) -> list[str]:
         return list(self._entries[kind])
@@ -116,11 +242,22 @@ class MethodRegistry:
 
 
 def default_registry() -> MethodRegistry:
-    """The built-in methods plus those installed under the ``whetstone.evolvers`` and
-    ``whetstone.runtime_methods`` entry points (a plugin of the same name replaces a
-    built-in)."""
-    registry = MethodRegistry(_BUILTINS)
+    """The built-in method packages plus those installed under the ``whetstone.methods``
+    entry point (a spec) or the ``whetstone.evolvers`` / ``whetstone.runtime_methods`` ones
+    (a class); an installed method of the same name replaces a built-in."""
+    registry = MethodRegistry(_CORE, tuple(load_spec(p) for p in BUILTIN_METHODS))
+    for ep in importlib.metadata.entry_points(group=METHODS_ENTRY_POINT):
+        registry.add(load_spec_object(ep.value))
     for kind, group in ENTRY_POINT_GROUPS.items():
         for ep in importlib.metadata.entry_points(group=group):
             registry.register(MethodEntry(ep.name, kind, ep.value))
     return registry
+
+
+def load_spec_object(target: str) -> MethodSpec:
+    """The ``MethodSpec`` an entry point names (``"package:METHOD"``)."""
+    spec = load_target(target, f"method {target}")
+    if not isinstance(spec, MethodSpec):
+        raise ConfigError(f"{target} is a {type(spec).__name__}, not a MethodSpec",
+                          hint="point the whetstone.methods entry point at a MethodSpec")
+    return spec

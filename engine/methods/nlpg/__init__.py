@@ -6,17 +6,18 @@ feedback backwards through the module graph, with bounded updates.
     curator.py   corrections -> ADD / EDIT / AGREE / REMOVE operations (analyst or rules)
     memory.py    the notes per module, the bounded update, counters and retirement
     plugin.py    ``NLPGPlugin`` (``--methods nlpg``): each module's notes in its own prompt
-
-The file format of ``policies/<module>.md`` lives in ``whetstone.skills.policies``.
+    notes.py     the file format and checks of ``policies/<module>.md``, the folder it owns
+    commands.py  ``whetstone policies ls | show``
 """
 
-from whetstone.engine.methods.nlpg.evolver import NLPG, NLPGConfig
-from whetstone.engine.methods.nlpg.plugin import (
-           ModuleNotes,
-           NLPGPlugin,
-           NLPGRuntimeConfig,
-           policy_notes,
-)
+from whetstone.engine.methods.registry import LibraryRoot, MethodSpec
 
-__all__ = ["NLPG", "ModuleNotes", "NLPGConfig", "NLPGPlugin", "NLPGRuntimeConfig",
-           "policy_notes"]
+METHOD = MethodSpec(
+    name="nlpg",
+    evolver="whetstone.engine.methods.nlpg.evolver:NLPG",
+    runtime="whetstone.engine.methods.nlpg.plugin:NLPGPlugin",
+    roots=(LibraryRoot("policies", "policies/<module>.md: one module's policy notes, one per line",
+                       validator="whetstone.engine.methods.nlpg.notes:validate_policies"),),
+    commands="whetstone.engine.methods.nlpg.commands:commands",
+    prompts=("nlpg_backward", "nlpg_backward_system", "nlpg_curator", "nlpg_guidance"),
+)

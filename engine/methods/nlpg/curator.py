@@ -27,10 +27,10 @@ from whetstone.engine.methods.nlpg.memory import (
     note_tokens,
     rules_curator,
 )
+from whetstone.engine.methods.nlpg.notes import MAX_NOTE_CHARS, ROUTE_RE
 from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.replies import extract_json_object
 from whetstone.engine.types import PolicyNote
-from whetstone.skills.policies import MAX_NOTE_CHARS, ROUTE_RE
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from whetstone.engine.methods.nlpg.notes import MAX_NOTE_CHARS, ROUTE_RE, read_policy, render_policy
 from whetstone.engine.types import PolicyNote
-from whetstone.skills.policies import MAX_NOTE_CHARS, ROUTE_RE, read_policy, render_policy
 
 OpKind = Literal["ADD", "EDIT", "AGREE", "REMOVE"]
 OP_KINDS: tuple[OpKind, ...] = ("ADD", "EDIT", "AGREE", "REMOVE")
@@ -281,7 +281,7 @@ def count_uses(memory: Mapping[str, Sequence[PolicyNote]], helpful: Counter[tupl
 def memory_from_files(files: Mapping[str, str]) -> tuple[Memory, int]:
     """The memory held by ``{policies/<module>.md: text}``, and how many malformed lines
     were skipped (a commit validates them, but a library may come from elsewhere)."""
-    from whetstone.skills.policies import module_of
+    from whetstone.engine.methods.nlpg.notes import module_of
 
     memory: Memory = {}
     malformed = 0
@@ -300,7 +300,7 @@ def memory_changes(before: Mapping[str, Sequence[PolicyNote]],
                    after: Mapping[str, Sequence[PolicyNote]]) -> dict[str, str | None]:
     """The library changes that turn ``before`` into ``after``: a module whose notes changed
     is rewritten, one left without notes is deleted."""
-    from whetstone.skills.policies import policy_path
+    from whetstone.engine.methods.nlpg.notes import policy_path
 
     changes: dict[str, str | None] = {}
     for module in sorted(set(before) | set(after)):

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.nlpg.notes import load_policies
 from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
 from whetstone.engine.types import PolicyNote
-from whetstone.skills.policies import load_policies
 
 if TYPE_CHECKING:
     from whetstone.engine.runtime.state import AgentContext, AgentState

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
 from whetstone.engine.methods.examples import ExampleStats, examples_from_traces
+from whetstone.engine.methods.memory.files import MEMORY_DIR
 from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
 from whetstone.engine.types import Trace
-from whetstone.skills.format import MEMORY_DIR, NAME_RE, Example, parse_examples, render_examples
+from whetstone.skills.format import NAME_RE, Example, parse_examples, render_examples
 
 if TYPE_CHECKING:
     from whetstone.engine.backends.base import Backend

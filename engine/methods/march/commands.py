@@ -1,4 +1,4 @@
-"""``whetstone verify``: check an answer for hallucination with MARCH (engine/methods/march.py).
+"""``whetstone verify``: check an answer for hallucination with MARCH (engine/methods/march/verifier.py).
 
     whetstone verify --question "Who founded the Oberoi group?" --answer "Mohan Singh Oberoi"
     whetstone verify -q "..." -a "..." --evidence "a passage" --evidence @notes.txt
@@ -124,3 +124,8 @@ def verify(question: str, answer: str | None, evidence: tuple[str, ...], corpus_
         _print(result)
     if result.flagged:
         sys.exit(EXIT_FLAGGED)
+
+
+def commands() -> list[click.Command]:
+    """What MARCH adds to the ``whetstone`` command line (its ``MethodSpec.commands``)."""
+    return [verify]

@@ -22,7 +22,7 @@ it climbs by probes until the successes' distribution is seen whole, then settle
 window slides past the last probe's runs it probes again, so the loop keeps re-checking a
 changing workload at a bounded cost (``tests/test_horizon.py`` simulates both starts).
 
-Pure: it reads ``Trace`` objects, which the runtime method (``whetstone.engine.methods.horizon``) takes
+Pure: it reads ``Trace`` objects, which the runtime method (``whetstone.engine.methods.horizon.plugin``) takes
 from the library's ``TraceStore`` (``read_since``: only the records written since its last
 run).
 """

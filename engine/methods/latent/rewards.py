@@ -1,4 +1,4 @@
-"""Reward terms for latent refinement (``whetstone.engine.methods.latent_tts``).
+"""Reward terms for latent refinement (``whetstone.engine.methods.latent.tts``).
 
 Rewards live in [-inf, 0]. ``SelfReward``: the model judges its own answer, ``log P(yes)``
 normalised over {yes, no} for a verification turn appended after the answer

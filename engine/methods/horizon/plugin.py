@@ -2,7 +2,7 @@
 
 ``adjust_config`` reads the library's traces written since the last run
 (``TraceStore.read_since``), finds the task's **family** and asks that family's
-``HorizonController`` (``whetstone.engine.methods.horizon_controller``) for the budget: the 90th percentile of successful runs' lengths, bounded by
+``HorizonController`` (``whetstone.engine.methods.horizon.controller``) for the budget: the 90th percentile of successful runs' lengths, bounded by
 ``[min_steps, max_steps]``, adapting as traces arrive.
 
 Similar tasks: a trace's family is the task set it was evaluated in (``meta["task_set"]``
@@ -35,7 +35,7 @@ import numpy as np
 
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.horizon_controller import (
+from whetstone.engine.methods.horizon.controller import (
     HorizonController,
     HorizonDecision,
     RunRecord,

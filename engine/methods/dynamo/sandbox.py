@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import ToolError
 from whetstone.engine.methods.base import LibraryPatch
-from whetstone.engine.methods.dynamo_parts import (
+from whetstone.engine.methods.dynamo.parts import (
     IMAGE_WORD,
     PROVENANCE,
     Attempt,

@@ -28,7 +28,7 @@ from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.analyst import AnalystStats, ask_parsed, render_trace
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
 from whetstone.engine.methods.examples import example_from_trace
-from whetstone.engine.methods.trace2skill_examples import (
+from whetstone.engine.methods.trace2skill.examples import (
     ExampleAction,
     ExampleReport,
     actions_from_reply,

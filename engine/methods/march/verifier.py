@@ -7,7 +7,7 @@
     Checker   sees only the evidence and the claims' questions — never the answer, nor any
               claimed answer — and answers each from the evidence or says it cannot:
               ``k. Evidence: … [Answer: … | Cannot answer]``. ``samples`` samples (3), and a
-              claim's verdict is their majority vote (``engine/methods/march_format.py``).
+              claim's verdict is their majority vote (``engine/methods/march/format.py``).
 
 A claim is flagged when the checker's majority answer disagrees with the claimed one or the
 evidence cannot settle it. Policy ``report`` returns the answer with the hallucination report;
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError, ParseError, WhetstoneError
 from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.march_format import (
+from whetstone.engine.methods.march.format import (
     CheckLine,
     FormatStats,
     parse_checks,

@@ -6,7 +6,7 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
     ATTEMPT    run the agent (round 1 reuses the stored runs of the current library), split
                correct from incorrect attempts;
     MAKE       when the agent fails most tasks (``maker_share``), the tool maker
-               (``whetstone.engine.methods.dynamo_maker``) writes tools that read the task and answer it,
+               (``whetstone.engine.methods.dynamo.maker``) writes tools that read the task and answer it,
                admitted only if they answer held-in training tasks (labels) well enough; an
                admitted one is the round's proposal (no diagnosis), else the round goes on;
     DIAGNOSE   the analyst reads failures beside similar correct attempts and groups them by
@@ -44,7 +44,7 @@ from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.analyst import ask_parsed, render_trace
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.dynamo_parts import (
+from whetstone.engine.methods.dynamo.parts import (
     Attempt,
     Cluster,
     DynamoState,
@@ -59,7 +59,7 @@ from whetstone.engine.methods.dynamo_parts import (
     parse_when,
     words,
 )
-from whetstone.engine.methods.dynamo_sandbox import (
+from whetstone.engine.methods.dynamo.sandbox import (
     allowed_modules,
     build_patch,
     image_params,
@@ -486,8 +486,8 @@ class _Run:
                 and failing >= self.cfg.maker_share * max(1, len(st.attempts)) and failing > 0)
 
     async def _make(self) -> Proposal:
-        """The tool maker (``whetstone.engine.methods.dynamo_maker``) on the failed training tasks."""
-        from whetstone.engine.methods.dynamo_maker import ToolMaker
+        """The tool maker (``whetstone.engine.methods.dynamo.maker``) on the failed training tasks."""
+        from whetstone.engine.methods.dynamo.maker import ToolMaker
 
         st = self.state
         maker = ToolMaker(self.cfg, self.analyst, st.analyst, st.repairs,
@@ -573,7 +573,7 @@ class _Run:
             taken.add(p.skill)
             params = None
             if p.kind == "task_tool":
-                from whetstone.engine.methods.dynamo_maker import task_tool_files
+                from whetstone.engine.methods.dynamo.maker import task_tool_files
 
                 p.files = task_tool_files(p, round_no=round_no, questions={
                     i: t.prompt for i, t in self.tasks.items()})

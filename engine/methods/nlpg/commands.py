@@ -1,6 +1,6 @@
 """``whetstone policies ls | show MODULE``: the NLPG policy notes of a library version.
 
-Notes live in ``policies/<module>.md`` (format: ``whetstone.skills.policies``); ``whetstone evolve
+Notes live in ``policies/<module>.md`` (format: ``whetstone.engine.methods.nlpg.notes``); ``whetstone evolve
 nlpg`` learns them and ``--methods nlpg`` shows each module its own.
 """
 
@@ -30,10 +30,10 @@ version_option = click.option("--version", "version", default=None,
 
 def _read(library_path: Path | None, version: str | None
           ) -> tuple[str, dict[str, list[PolicyNote]], list[ValidationError]]:
-    from whetstone.library_store.store import Library
-    from whetstone.skills.policies import load_policies
+    from whetstone.engine.methods.nlpg.notes import load_policies
+    from whetstone.engine.methods.registry import default_registry
 
-    snap = Library.open(library_path or default_library_path()).snapshot(version)
+    snap = default_registry().open_library(library_path or default_library_path()).snapshot(version)
     memory, problems = load_policies(snap)
     return snap.id, memory, problems
 
@@ -114,3 +114,8 @@ def show_cmd(module: str, version: str | None, library_path: Path | None,
     for n in notes:
         table.add_row(n.id, n.route, str(n.helpful), str(n.harmful), escape(n.text))
     console().print(table)
+
+
+def commands() -> list[click.Command]:
+    """What NLPG adds to the ``whetstone`` command line (its ``MethodSpec.commands``)."""
+    return [policies_group]

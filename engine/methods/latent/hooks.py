@@ -3,7 +3,7 @@
 ``latent_hooks(model)`` captures the last-layer hidden states (the LM head's input) and
 substitutes latents or input embeddings at chosen positions; with nothing set the model
 computes exactly what it computes without hooks (tests pin this). Used by
-``whetstone.engine.methods.latent_tts``; nothing here changes the backend classes.
+``whetstone.engine.methods.latent.tts``; nothing here changes the backend classes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Dynamo's pieces: its records and the saved state of a run, and reading the analyst's
 replies (repaired where a small slip can be undone, with a count; refused with the reason
-otherwise, so the analyst can try once more). The method is ``whetstone.engine.methods.dynamo``; tools
-are tried and written by ``whetstone.engine.methods.dynamo_sandbox``.
+otherwise, so the analyst can try once more). The method is ``whetstone.engine.methods.dynamo.evolver``; tools
+are tried and written by ``whetstone.engine.methods.dynamo.sandbox``.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Proposal:
     kept: bool = False
     reason: str = ""
     files: dict[str, str] = field(default_factory=dict)
-    # A task tool's verification on held-in training tasks (whetstone.engine.methods.dynamo_maker).
+    # A task tool's verification on held-in training tasks (whetstone.engine.methods.dynamo.maker).
     accuracy: float | None = None
     checked: int = 0
     analyst: str = ""

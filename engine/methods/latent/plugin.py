@@ -1,7 +1,7 @@
 """Latent test-time scaling as a runtime method: ``--methods latent``, ``Engine(methods=["latent"])``.
 
 ``wrap_model`` lets the model answer as usual; when the reply is the answer (no tool call in
-it), ``LatentRefiner`` (``whetstone.engine.methods.latent_tts``) refines it from that answer: the hidden
+it), ``LatentRefiner`` (``whetstone.engine.methods.latent.tts``) refines it from that answer: the hidden
 states behind its first tokens take a few gradient steps on a reward (the model's own yes/no
 verdict by default; ``latent.scorer=module:function`` plugs in any scorer of the answer text),
 and the best-rewarded answer replaces the plain one. A refined answer that turned into a tool
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import BackendError, ConfigError
 from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.latent_rewards import Reward, ScorerReward, SelfReward
-from whetstone.engine.methods.latent_tts import LatentConfig, LatentRefiner, RefineRecord
+from whetstone.engine.methods.latent.rewards import Reward, ScorerReward, SelfReward
+from whetstone.engine.methods.latent.tts import LatentConfig, LatentRefiner, RefineRecord
 from whetstone.engine.runtime.parse import ReplyRules, parse_reply
 from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Plugin
 from whetstone.engine.runtime.prompting import CODE_OUTPUT_STOP

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import BackendError, ParseError, ToolError, WhetstoneError
 from whetstone.engine.methods.analyst import AnalystStats
-from whetstone.engine.methods.dynamo_parts import (
+from whetstone.engine.methods.dynamo.parts import (
     PROVENANCE,
     Cluster,
     Proposal,
@@ -542,7 +542,7 @@ def _closeness(tests: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> fl
 
 
 def _modules() -> str:
-    from whetstone.engine.methods.dynamo_sandbox import allowed_modules
+    from whetstone.engine.methods.dynamo.sandbox import allowed_modules
 
     return allowed_modules()
 

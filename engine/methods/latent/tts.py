@@ -26,13 +26,13 @@ path, or a VLM built in process). For one request:
 5. Stop once the reward reaches ``threshold`` or after ``max_steps`` updates; the answer with
    the best reward wins (ties go to the earliest, so the plain answer is kept unless beaten).
 
-Rewards (``whetstone.engine.methods.latent_rewards``) live in [-inf, 0]: the self-reward (the model's own
+Rewards (``whetstone.engine.methods.latent.rewards``) live in [-inf, 0]: the self-reward (the model's own
 yes/no verdict on its answer, the default) or any scorer of the answer text. A verdict with no
 yes or no in it is dropped, never fatal: the search stops and keeps its best answer.
 
 Decoding is greedy throughout (a request's temperature is ignored); ``refine(request,
 initial=completion)`` starts from an answer the backend already gave (the runtime method
-``whetstone.engine.methods.latent`` does this) instead of decoding it again. Cost is recorded in
+``whetstone.engine.methods.latent.plugin`` does this) instead of decoding it again. Cost is recorded in
 ``RefineRecord``: full-sequence forwards, backwards, decoded tokens and seconds.
 
 Device and dtype are the model's: the same code runs on CUDA in bf16 (the latents keep an fp32
@@ -52,7 +52,7 @@ from functools import partial
 from typing import Any
 
 from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.latent_hooks import (
+from whetstone.engine.methods.latent.hooks import (
     LatentHooks,
     eager_attention,
     frozen,
@@ -61,7 +61,7 @@ from whetstone.engine.methods.latent_hooks import (
     next_token_entropy,
     top_positions,
 )
-from whetstone.engine.methods.latent_rewards import (
+from whetstone.engine.methods.latent.rewards import (
     ROLES,
     Reward,
     RewardContext,

@@ -1,0 +1,12 @@
+"""Co-ReAct: a rubric before each decision, and optionally the decision checked against it.
+
+    plugin.py   ``CoReAct`` (``--methods co_react``): the rubric node and the check
+"""
+
+from whetstone.engine.methods.registry import MethodSpec
+
+METHOD = MethodSpec(
+    name="co_react",
+    runtime="whetstone.engine.methods.co_react.plugin:CoReAct",
+    prompts=("co_react", "co_react_rubric", "co_react_verify"),
+)

@@ -1,0 +1,12 @@
+"""Latent test-time scaling on white-box models: refine the answer's hidden states.
+
+    plugin.py    ``LatentTTS`` (``--methods latent``): ``wrap_model`` around the think call
+    tts.py       the search over latent vectors
+    hooks.py     forward hooks that read and replace hidden states (torch, loaded lazily)
+    rewards.py   the rewards the search climbs
+"""
+
+from whetstone.engine.methods.registry import MethodSpec
+
+METHOD = MethodSpec(name="latent", runtime="whetstone.engine.methods.latent.plugin:LatentTTS",
+                    prompts=("latent_verify", "latent_verify_visual"))

@@ -1,0 +1,9 @@
+"""Self-consistency: solve a task N times with sampling and answer with the majority.
+
+    plugin.py   ``SelfConsistency`` (``--methods self_consistency``)
+"""
+
+from whetstone.engine.methods.registry import MethodSpec
+
+METHOD = MethodSpec(name="self_consistency",
+                    runtime="whetstone.engine.methods.self_consistency.plugin:SelfConsistency")

@@ -1,0 +1,162 @@
+"""A method is one package that declares what it owns (``MethodSpec``): its evolver, its
+runtime plugin, its library folders with their validators, and its commands. A third-party
+method arrives through one entry point and touches no core file; core code names no method.
+(docs/architecture.md, "Adding a method")."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.errors import ConfigError, ValidationError
+from whetstone.engine.methods.registry import (
+    BUILTIN_METHODS,
+    LibraryRoot,
+    MethodRegistry,
+    MethodSpec,
+    default_registry,
+    load_spec,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+PLUGIN = Path(__file__).parent / "fixtures" / "method_plugin"
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The glossary method installed: its folder (with a dist-info and entry point) on
+    sys.path, as pip would leave it."""
+    monkeypatch.syspath_prepend(str(PLUGIN))
+
+
+def test_every_built_in_method_is_a_package_with_a_spec() -> None:
+    for package in BUILTIN_METHODS:
+        spec = load_spec(package)
+        assert (REPO / package.removeprefix("whetstone.").replace(".", "/") / "__init__.py"
+                ).exists()
+        assert spec.evolver or spec.runtime
+        for target in (spec.evolver, spec.runtime):
+            if target:  # each class sits in the method's own package
+                assert target.startswith(package + "."), target
+    roots = default_registry().roots()
+    assert set(roots) == {"policies", "memory"}  # what the built-ins own besides skills/
+
+
+def test_an_installed_method_adds_its_folder_command_evolver_and_plugin(
+        installed: None, tmp_path: Path) -> None:
+    registry = default_registry()
+    assert "glossary" in registry.names("evolver") and "glossary" in registry.names("runtime")
+    lib_path = tmp_path / "lib"
+    runner = CliRunner()
+    # its command, mounted from the registry
+    res = runner.invoke(cli, ["glossary", "add", "units", "the unit of each quantity",
+                              "--library", str(lib_path)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["library", "ls", "--json", "--library", str(lib_path)])
+    assert json.loads(res.output)["glossary"] == ["glossary/terms.md"]
+    res = runner.invoke(cli, ["methods", "--json"])
+    assert {(r["name"], r["kind"]) for r in json.loads(res.output)} >= {
+        ("glossary", "evolver"), ("glossary", "runtime")}
+    res = runner.invoke(cli, ["evolve", "glossary", "--help"])
+    assert res.exit_code == 0 and "min-score" in res.output
+    # its folder is checked by its own validator on every commit
+    lib = registry.open_library(lib_path)
+    with pytest.raises(ValidationError, match="term :: meaning"):
+        lib.commit({"glossary/terms.md": "no separator here\n"}, method="hand")
+    # its runtime plugin shows the folder's contents to the model
+    backend = ScriptedBackend(["The answer is 4."])
+    with Engine(backend, library=lib_path, methods=["glossary"], checkpointing=False) as e:
+        trace = e.run("What is 2 + 2?")
+    system = backend.requests[0].messages[0].text
+    assert "units :: the unit of each quantity" in system
+    assert trace.meta["methods"][-1]["name"] == "glossary"
+    # and its evolver proposes a change to its own folder
+    evolver = registry.evolver("glossary")
+    patch = evolver.fit([trace.__class__.from_dict({**trace.to_dict(), "score": 0.0})],
+                        lib.snapshot(), backend)
+    assert "what :: a word a failed task began with" in patch.changes["glossary/terms.md"]
+
+
+def test_one_registry_line_adds_a_method_and_two_owners_of_a_folder_are_refused(
+        installed: None) -> None:
+    spec = load_spec("whetstone_glossary")
+    registry = MethodRegistry(specs=(spec,))  # the one line a built-in method adds
+    assert registry.names("evolver") == ["glossary"]
+    assert [c.name for c in registry.commands()] == ["glossary"]
+    registry.add(MethodSpec("other", roots=(LibraryRoot("glossary", "also mine"),)))
+    with pytest.raises(ConfigError, match="claimed by both glossary and other"):
+        registry.roots()
+
+
+# --- core names no method ---------------------------------------------------------------
+
+CORE = ["library_store", "skills", "tools", "engine/runtime", "engine/evaluation",
+        "engine/server", "engine/commands", "engine/integrations", "engine/backends",
+        "engine/api.py", "engine/types.py", "engine/errors.py", "engine/paths.py",
+        "engine/replies.py", "engine/answer_text.py", "cli.py", "whetstone/__init__.py"]
+# Couplings still in core, each named here so that a new one fails the test and a fixed one
+# must be taken off the list. (file, method name)
+KNOWN = {
+    ("engine/api.py", "march"),                 # Engine.verify builds MARCH's verifier itself
+    ("engine/commands/common.py", "co_react"),  # --rubric-model is Co-ReAct's option
+    # "horizon" is also the runtime's word for the step limit a run can stop at (the outcome
+    # "horizon"), older than the Elastic Horizon method and not a reference to it
+    ("engine/types.py", "horizon"),
+    ("engine/runtime/nodes.py", "horizon"),
+    # and "memory" the sandbox's limit (the cgroup controller, what a killed tool exceeded)
+    ("tools/limits.py", "memory"),
+    ("tools/sandbox.py", "memory"),
+}
+
+
+def _references(path: Path, names: list[str]) -> set[str]:
+    """The methods ``path``'s code refers to: an import of a method's package, or the
+    method's name as a whole string constant or an identifier. Docstrings, comments and
+    words inside longer strings do not count ("memory" is also a sandbox limit)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module]
+        for module in modules:
+            m = re.match(r"whetstone\.engine\.methods\.([a-z0-9_]+)", module)
+            if m and m.group(1) in names:
+                found.add(m.group(1))
+        if isinstance(node, ast.Constant) and node.value in names:
+            found.add(node.value)
+        if isinstance(node, ast.Name) and node.id in names:
+            found.add(node.id)
+    return found
+
+
+def _core_files() -> list[Path]:
+    files: list[Path] = []
+    for entry in CORE:
+        p = REPO / entry
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    return files
+
+
+def test_core_code_names_no_method() -> None:
+    names = [spec.name for spec in default_registry().specs()]
+    found = {(str(path.relative_to(REPO)), name) for path in _core_files()
+             for name in _references(path, names)}
+    assert found == KNOWN
+
+
+def test_the_reference_check_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""Mentions memory and march in prose."""\n'
+                   "from whetstone.engine.methods.dynamo.evolver import Dynamo\n"
+                   'x = {"nlpg": 1, "sandbox memory": 2}\n')
+    assert _references(bad, ["dynamo", "nlpg", "memory", "march"]) == {"dynamo", "nlpg"}
