@@ -107,6 +107,27 @@ def _repair(text: str) -> str:
     return "".join(out)
 
 
+def json_safe(value: Any) -> Any:
+    """A value ``ast.literal_eval`` read, as JSON can hold it: sets and tuples become lists
+    (sets sorted when they can be), bytes text, complex numbers and anything else their
+    ``repr``. A small model's ``{"code", "print(1)"}`` is a set literal, not an error."""
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, str) else k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        items = [json_safe(v) for v in value]
+        try:
+            return sorted(items)
+        except TypeError:
+            return sorted(items, key=repr)
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return repr(value)
+
+
 # Longest argument text tried as a Python literal (literal_eval is not cheap on huge input).
 _MAX_LITERAL_CHARS = 20_000
 
@@ -143,5 +164,5 @@ def parse_call_arguments(raw: str) -> Any:
             except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
                 continue
             if isinstance(value, dict):
-                return value
+                return json_safe(value)
     raise error

@@ -115,3 +115,17 @@ def test_data_inside_a_program_is_not_a_call() -> None:
 ])
 def test_a_programs_output_is_an_answer_only_when_it_is_one(output: str, answers: bool) -> None:
     assert output_is_answer(output, TOOLS) is answers
+
+
+def test_a_python_set_literal_in_a_call_is_read_not_a_crash() -> None:
+    """The 0.5B wrote ``{"code", "..."}`` (a set) as a call's arguments on a BIG-bench task;
+    json.dumps raised inside the think node and the task failed (a TypeError, not a reply)."""
+    from whetstone.engine.replies import json_safe, parse_call_arguments
+
+    text = "```python\n{'name': 'python', 'arguments': {'code', 'print(1)'}}\n```"
+    parsed = parse(text)
+    assert parsed.calls and parsed.calls[0].name == "python"
+    assert json.loads(parsed.calls[0].arguments) == ["code", "print(1)"]
+    assert parse_call_arguments("{'a': {1, 2}, 'b': (3, b'x'), 'c': 1j}") == {
+        "a": [1, 2], "b": [3, "x"], "c": "1j"}
+    assert json_safe({1: {frozenset({2})}}) == {"1": [[2]]}

@@ -16,7 +16,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from whetstone.engine.replies import parse_call_arguments
+from whetstone.engine.replies import json_safe, parse_call_arguments
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 # The start of a call object, JSON or a Python dict: {"name": "...", "arguments": ...
@@ -58,7 +58,7 @@ class Found:
 
 
 def _arguments_text(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return value if isinstance(value, str) else json.dumps(json_safe(value), ensure_ascii=False)
 
 
 def call_from_object(obj: object, tool_names: Collection[str]) -> ParsedCall | None:
@@ -221,8 +221,8 @@ def tool_in_code(code: str, tool_names: Collection[str]) -> ParsedCall | None:
             and node.func.id in tool_names):
         return None
     try:
-        kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
-        args = [ast.literal_eval(a) for a in node.args]
+        kwargs = {k.arg: json_safe(ast.literal_eval(k.value)) for k in node.keywords if k.arg}
+        args = [json_safe(ast.literal_eval(a)) for a in node.args]
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
     if len(kwargs) != len(node.keywords) or (args and kwargs) or len(args) > 1:
