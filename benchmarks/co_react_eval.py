@@ -33,8 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from whetstone.engine.evaluation.compare import compare
-from whetstone.engine.scoreboard import (
+from scoreboard_harness.runner import (
     Plan,
     RowOutcome,
     RowPlan,
@@ -44,6 +43,8 @@ from whetstone.engine.scoreboard import (
     load_plan,
     run_plan,
 )
+
+from whetstone.engine.evaluation.compare import compare
 
 SEARCH_SET = SetPlan(name="halueval-search", train="halueval-search@train:0:40",
                      dev="halueval-search@dev:0:40", test="halueval-search@test:0:30",
@@ -106,7 +107,7 @@ class SectionRunner(Runner):
             return super().run(row)
         import time
 
-        from whetstone.engine.scoreboard import row_key, slug
+        from scoreboard_harness.runner import row_key, slug
 
         start = time.time()
         s = self.plan.set(row.set)
@@ -140,7 +141,8 @@ def open_corpus(root: Path) -> Any:
 
 def trace_stats(work_dir: Path, row: RowPlan, outcome: RowOutcome) -> dict[str, float] | None:
     """Per-task means read from the row's stored traces (None when they are not on disk)."""
-    from whetstone.engine.scoreboard import slug
+    from scoreboard_harness.runner import slug
+
     from whetstone.library_store.traces import TraceStore
 
     store = TraceStore(work_dir / slug(row.set) / slug(row.name) / "traces")

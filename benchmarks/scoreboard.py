@@ -1,4 +1,4 @@
-"""Regenerate docs/results.md: every method on the same tasks (see engine/scoreboard.py).
+"""Regenerate docs/results.md: every method on the same tasks (see benchmarks/scoreboard_harness/runner.py).
 
     .venv/bin/python benchmarks/scoreboard.py                   # run what is missing, render
     .venv/bin/python benchmarks/scoreboard.py --only gsm8k      # one set (or set/row)
@@ -18,8 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from whetstone.engine.scoreboard import Runner, load_plan, run_plan, run_sections
-from whetstone.engine.scoreboard_page import render
+from scoreboard_harness.page import render
+from scoreboard_harness.runner import Runner, load_plan, run_plan, run_sections
 
 COMMAND = ".venv/bin/python benchmarks/scoreboard.py"
 
@@ -58,7 +58,7 @@ def main() -> int:
                         on_progress=progress)
         run_plan(runner, results, only=args.only, rerun=args.rerun)
         run_sections(plan, REPO, only=args.only, rerun=args.rerun)
-    from whetstone.engine.scoreboard import load_outcome
+    from scoreboard_harness.runner import load_outcome
 
     outcomes = {r.id: o for r in plan.rows if (o := load_outcome(results, r)) is not None}
     Path(args.out).write_text(render(plan, outcomes, REPO, command=COMMAND), encoding="utf-8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CACHE = Path(os.environ.get("WHETSTONE_TEST_CACHE", REPO / ".cache" / "whetstone"))
+
+# The scoreboard harness is not part of the package: it lives in benchmarks/, importable as
+# scripts there import it (their folder is sys.path[0]).
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 # No test may reach a model hub; make any accidental attempt fail fast instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

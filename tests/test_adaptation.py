@@ -399,7 +399,7 @@ def test_the_skills_runtime_shows_the_nearest_examples_of_a_shown_skill(tmp_path
 
 
 def test_a_scoreboard_row_evolves_with_its_own_analyst(tmp_path: Path) -> None:
-    from whetstone.engine.scoreboard import Runner, load_plan
+    from scoreboard_harness.runner import Runner, load_plan
 
     plan = load_plan(Path(__file__).parents[1] / "benchmarks" / "scoreboard.yaml")
     rows = {r.id: r for r in plan.rows}

@@ -27,8 +27,6 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/server", 6),
     ("engine/integrations", 6),
     ("engine/api.py", 6),
-    ("engine/scoreboard.py", 6),
-    ("engine/scoreboard_page.py", 6),
     ("engine/commands", 6),
     ("engine/__init__.py", 6),
     ("cli.py", 6),
@@ -259,3 +257,10 @@ def test_the_serving_package_has_no_long_functions() -> None:
     long = [f"{name}: {n} lines" for p in (REPO / "engine" / "server").rglob("*.py")
             for name, n in _function_lengths(p) if n > 80]
     assert long == []
+
+
+def test_the_package_does_not_import_the_benchmarks() -> None:
+    """The scoreboard harness lives in benchmarks/, outside the installed package."""
+    bad = [f"{p.relative_to(REPO)}:{line} imports {m}" for p in our_files()
+           for line, m in imports_of(p) if m.split(".")[0] in ("benchmarks", "scoreboard_harness")]
+    assert bad == []

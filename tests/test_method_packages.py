@@ -50,6 +50,23 @@ def test_every_built_in_method_is_a_package_with_a_spec() -> None:
     assert set(roots) == {"policies", "memory"}  # what the built-ins own besides skills/
 
 
+def test_each_method_declares_the_prompts_named_after_it() -> None:
+    """A prompt file named after a method belongs to that method's spec, and every declared
+    prompt exists (core prompts, such as ``agent_system``, are declared by none)."""
+    prompts = {p.name.split(".")[0] for p in (REPO / "engine" / "prompts").iterdir()
+               if p.suffix in (".md", ".yaml")}
+    owner: dict[str, str] = {}
+    for spec in default_registry().specs():
+        for name in spec.prompts:
+            assert name in prompts, f"{spec.name} declares a missing prompt {name}"
+            assert name not in owner, f"{name} declared by {owner[name]} and {spec.name}"
+            owner[name] = spec.name
+    for name in prompts:
+        for spec in default_registry().specs():
+            if name == spec.name or name.startswith(spec.name + "_"):
+                assert owner.get(name) == spec.name, f"{name} is not declared by {spec.name}"
+
+
 def test_an_installed_method_adds_its_folder_command_evolver_and_plugin(
         installed: None, tmp_path: Path) -> None:
     registry = default_registry()

@@ -1,4 +1,4 @@
-"""The scoreboard (engine/scoreboard.py): plan checks, rows run once and reused while fresh,
+"""The scoreboard (benchmarks/scoreboard_harness/runner.py): plan checks, rows run once and reused while fresh,
 evolved rows gated on dev, the page pairs every row with the set's baseline."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scoreboard_harness.page import render
+from scoreboard_harness.runner import Runner, load_outcome, parse_plan, row_key, run_plan
 
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.evaluation.tasks import TaskRecord, write_jsonl
 from whetstone.engine.methods.registry import MethodEntry, MethodRegistry
-from whetstone.engine.scoreboard import Runner, load_outcome, parse_plan, row_key, run_plan
-from whetstone.engine.scoreboard_page import render
 from whetstone.engine.types import Request
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "toy_methods"))

@@ -11,5 +11,5 @@ METHOD = MethodSpec(
     evolver="whetstone.engine.methods.trace2skill.evolver:Trace2Skill",
     prompts=("trace2skill_batch", "trace2skill_batch_run", "trace2skill_draft",
              "trace2skill_examples", "trace2skill_failure", "trace2skill_success",
-             "trace2skill_system", "skill_scaffold"),
+             "trace2skill_system"),
 )

@@ -1,6 +1,6 @@
 """The scoreboard's page (docs/results.md): a table per task set, every row paired with the
 set's baseline on the same test tasks, pools of several sets' test slices, and the sections
-other benchmarks write. Rendering only: ``whetstone.engine.scoreboard`` runs the rows."""
+other benchmarks write. Rendering only: ``scoreboard_harness.runner`` runs the rows."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scoreboard_harness.runner import Plan, PoolPlan, RowOutcome, SectionPlan, SetPlan
 from whetstone.engine.evaluation.compare import compare
 from whetstone.engine.evaluation.results import EvalResult
-from whetstone.engine.scoreboard import Plan, PoolPlan, RowOutcome, SectionPlan, SetPlan
 
 
 def _cost(evolve: Mapping[str, Any] | None) -> str:
