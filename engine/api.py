@@ -25,7 +25,13 @@ from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, default_registry
 from whetstone.engine.paths import whetstone_home
 from whetstone.engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from whetstone.engine.runtime.plugins import MethodEnv, check_host, wrap_solvers
+from whetstone.engine.runtime.plugins import (
+    MethodEnv,
+    Verification,
+    VerifyEnv,
+    check_host,
+    wrap_solvers,
+)
 from whetstone.engine.runtime.skills_plugin import SkillsPlugin
 from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from whetstone.engine.server.client import WrappedClient, wrap_client
@@ -44,7 +50,6 @@ if TYPE_CHECKING:
     from whetstone.engine.evaluation.tasks import TaskSet
     from whetstone.engine.methods.base import Evolver
     from whetstone.engine.methods.evolve import EvolveResult
-    from whetstone.engine.methods.march.verifier import MarchResult
 
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
@@ -181,7 +186,7 @@ class Engine:
         for m in self.methods:
             name = m.name if isinstance(m, Plugin) else m[0]
             if name == "skills" and host != "agent":
-                continue  # the one-call hosts show the skills without read_skill's whetstone.tools
+                continue  # the one-call hosts show the skills without read_skill's tools
             cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
                                                                             name).load()
             check_host(name, cls, host)
@@ -361,33 +366,23 @@ class Engine:
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)
 
-    # -- verification (MARCH) ---------------------------------------------------------------
+    # -- verification (the method whose spec has ``verify``: MARCH) ------------------------
 
     def verify(self, question: str, answer: str | None = None, *,
                evidence: Sequence[str] | None = None, analyst: Backend | str | None = None,
-               record: bool = True, **options: Any) -> MarchResult:
-        """Check ``answer`` to ``question`` with MARCH against ``evidence`` (default: the top
-        passages of the corpus ``options["corpus"]`` or ``corpus``); with no ``answer`` the
-        solver answers from the evidence first. ``options`` are ``MarchConfig`` knobs over
-        those ``methods`` gives ``march`` (``policy="revise"``, ``rounds=2``, ``k=4`` ...).
-        The check is stored as a trace (``meta.source == "verify"``) unless ``record=False``.
-        """
-        from whetstone.engine.methods.march.verifier import MarchConfig, MarchVerifier, result_trace
-
-        options = {**dict(self._named("march") or {}), **options}
-        options.setdefault("corpus", self.corpus_name)
-        config = make_config(MarchConfig, options, method="march")
-        analyst_backend, own = self._analyst(analyst or config.analyst)
-        verifier = MarchVerifier(self.backend, proposer=analyst_backend, config=config,
-                                 retriever=None if evidence else self.corpus(config.corpus))
-        try:
-            result = verifier.verify(question, answer, evidence) if answer is not None \
-                else verifier.solve(question, evidence)
-        finally:
-            if own:
-                analyst_backend.close()
+               record: bool = True, **options: Any) -> Verification:
+        """Check ``answer`` to ``question`` against ``evidence`` with the installed verifier
+        (MARCH; default evidence: the top passages of the corpus ``options["corpus"]`` or
+        ``corpus``); with no ``answer`` the solver answers from the evidence first.
+        ``options`` are the verifier's knobs over those ``methods`` gives it (MARCH's
+        ``MarchConfig``: ``policy="revise"``, ``rounds=2``, ``k=4`` ...). The check is stored
+        as a trace (``meta.source == "verify"``) unless ``record=False``."""
+        name, check = self.registry.verifier()
+        env = VerifyEnv(self.backend, self._analyst, self.corpus, self.corpus_name)
+        result = check(env, question, answer, evidence=evidence, analyst=analyst,
+                       options={**dict(self._named(name) or {}), **options})
         if record:
-            self.traces.append(result_trace(result, model=self.backend.spec))
+            self.traces.append(result.trace(model=self.backend.spec))
         return result
 
     def verify_report(self, question: str, answer: str) -> dict[str, Any]:

@@ -237,6 +237,6 @@ def test_smollm2_loads_and_generates() -> None:
     try:
         c = backend.complete(Request(messages=[Message("user", "Hi!")], max_tokens=8))
         assert c.text and c.completion_tokens > 0 and c.model == "embedded:smollm2"
-        assert not backend.capabilities.tool_calls  # its template has no whetstone.tools
+        assert not backend.capabilities.tool_calls  # its template has no tools
     finally:
         backend.close()

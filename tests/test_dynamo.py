@@ -131,12 +131,12 @@ def test_dynamo_learns_a_skill_and_tool_pair_that_passes_its_test_and_the_gate(
     snap = engine.library.snapshot()
     files = set(snap.files("skills/sum-prices/"))
     assert files == {"skills/sum-prices/SKILL.md", "skills/sum-prices/scripts/sum_prices.py",
-                     "skills/sum-prices/assets/dynamo.json"}
+                     "skills/sum-prices/assets/provenance.json"}
     # The first code used eval: refused by the AST check, shown to the analyst, rewritten.
     retry = next(p for p in analyst.prompts if "Write ONE Python function" in p)
     assert retry and result.patch.details["analyst"]["retries"] == 1
     assert "return sum(prices)" in snap.read_text("skills/sum-prices/scripts/sum_prices.py")
-    provenance = json.loads(snap.read_text("skills/sum-prices/assets/dynamo.json"))
+    provenance = json.loads(snap.read_text("skills/sum-prices/assets/provenance.json"))
     assert [f["task_id"] for f in provenance["failures"]] == ["t0", "t1", "t2", "t3"]
     tests = provenance["sandbox_tests"]
     assert len(tests) == 4 and all(t["ok"] and t["matched"] for t in tests)
@@ -250,7 +250,7 @@ def test_given_toolset_mode_learns_only_when_to_call_python(tmp_path: Path) -> N
     assert result.version is not None, result.note
     snap = engine.library.snapshot()
     assert sorted(snap.files("skills/")) == ["skills/totals-with-python/SKILL.md",
-                                             "skills/totals-with-python/assets/dynamo.json"]
+                                             "skills/totals-with-python/assets/provenance.json"]
     skill = snap.read_text("skills/totals-with-python/SKILL.md")
     assert "Call the `python` tool with: `code` (string)" in skill
     assert 'Call `python` with {"code": "print(' in skill  # a verified worked example

@@ -109,7 +109,7 @@ def test_a_wrong_tool_is_rejected_and_a_right_one_kept_with_its_accuracy(
     assert d is not None and d.accepted and (d.current_score, d.candidate_score) == (0.0, 1.0)
     snap = engine.library.snapshot()
     base = "skills/price-totals"
-    assert set(snap.files(base + "/")) == {f"{base}/SKILL.md", f"{base}/assets/dynamo.json",
+    assert set(snap.files(base + "/")) == {f"{base}/SKILL.md", f"{base}/assets/provenance.json",
                                            f"{base}/scripts/price_totals.py",
                                            f"{base}/references/examples.md"}
     skill = parse_skill_md(snap.read_text(f"{base}/SKILL.md")).skill
@@ -127,7 +127,7 @@ def test_a_wrong_tool_is_rejected_and_a_right_one_kept_with_its_accuracy(
     prompt = next(r.messages[1].text for r in analyst.requests
                   if "Your code should pass" in r.messages[1].text)
     shown = re.findall(r"assert solve\('(Pens cost [^']+)'\)", prompt)
-    checked = json.loads(snap.read_text(f"{base}/assets/dynamo.json"))["checks"]
+    checked = json.loads(snap.read_text(f"{base}/assets/provenance.json"))["checks"]
     assert len(shown) == 3 and "dollars. What do they cost together?') == '6'" in prompt
     assert not {TRAIN.tasks[int(c["task_id"][1:])].question for c in checked} & set(shown)
     # In the check run the agent called it on every training task.
@@ -255,7 +255,7 @@ def test_the_search_repairs_the_closest_candidates_on_probe_tasks_only(tmp_path:
     # Repairs were shown probe tasks only; no prompt ever showed a task that admitted it.
     prompts = "\n".join(m.text for r in requests for m in r.messages)
     checked = {c["task_id"] for c in json.loads(engine.library.snapshot().read_text(
-        "skills/price-totals/assets/dynamo.json"))["checks"]}
+        "skills/price-totals/assets/provenance.json"))["checks"]}
     assert len(checked) == 8
     assert not any(tasks.tasks[int(i[1:])].question in prompts for i in checked)
 

@@ -122,8 +122,6 @@ CORE = ["library_store", "skills", "tools", "engine/runtime", "engine/evaluation
 # Couplings still in core, each named here so that a new one fails the test and a fixed one
 # must be taken off the list. (file, method name)
 KNOWN = {
-    ("engine/api.py", "march"),                 # Engine.verify builds MARCH's verifier itself
-    ("engine/commands/common.py", "co_react"),  # --rubric-model is Co-ReAct's option
     # "horizon" is also the runtime's word for the step limit a run can stop at (the outcome
     # "horizon"), older than the Elastic Horizon method and not a reference to it
     ("engine/types.py", "horizon"),

@@ -78,7 +78,7 @@ def test_loading_a_version_with_broken_skills_reports_them_and_loads_the_rest(
         for rel, data in files_of(folder).items():
             changes[f"skills/{folder.name}/{rel}"] = data
     changes["skills/loose.md"] = "not in a folder\n"
-    lib.commit(changes, method="raw")  # no validator: the store itself does not judge whetstone.skills
+    lib.commit(changes, method="raw")  # no validator: the store itself does not judge skills
     loaded = load_skills(lib.snapshot())
     assert sorted(loaded.skills) == ["good-one", "good-two"]
     assert sorted(e.rule for e in loaded.problems) == [

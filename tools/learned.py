@@ -48,6 +48,8 @@ from whetstone.engine.types import Skill, ToolSpec
 from whetstone.tools.validate import parse_tool_source
 
 SCRIPTS_DIR = "scripts"
+# Where a method that learned a tool records how (its checks, its score), beside the skill.
+PROVENANCE_FILE = "assets/provenance.json"
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")  # \Z: `$` would let "name\n" through
 MAX_DESCRIPTION = 1024
 IMAGE_ANNOTATIONS = frozenset({"Image.Image", "PIL.Image.Image", "Image"})

@@ -5,6 +5,7 @@ Progress bars, colours and exit codes live here and in the commands, never in th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -263,6 +264,11 @@ def concurrency_option(fn: F) -> F:
                              "that decode one sequence at a time).")(fn)
 
 
+def _knobs(registry: Any, name: str) -> set[str]:
+    config = getattr(registry.entry("runtime", name).load(), "config_class", None)
+    return {f.name for f in dataclasses.fields(config)} if config is not None else set()
+
+
 def parse_methods(methods: str, method_config: tuple[str, ...] = ()
                   ) -> list[tuple[str, dict[str, Any]]]:
     """``--methods`` and ``--method-config`` as ``Engine(methods=...)`` takes them; unknown
@@ -289,12 +295,16 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
         raw[name][key] = value
     ctx = click.get_current_context(silent=True)
     rubric_model = ctx.meta.get(_RUBRIC_MODEL) if ctx is not None else None
-    if rubric_model:
-        if "co_react" not in raw:
-            raise ConfigError("--rubric-model names Co-ReAct's rubric generator, but --methods "
-                              "does not list co_react", hint="add --methods co_react")
-        raw["co_react"].setdefault("rubric_model", rubric_model)
     registry = default_registry()
+    if rubric_model:
+        # the listed methods with a rubric_model knob (Co-ReAct's rubric generator)
+        takers = [n for n in names if "rubric_model" in _knobs(registry, n)]
+        if not takers:
+            able = [n for n in registry.names("runtime") if "rubric_model" in _knobs(registry, n)]
+            raise ConfigError("--rubric-model sets a method's rubric_model, but no method "
+                              "--methods lists has one", hint=f"add --methods {' or '.join(able)}")
+        for n in takers:
+            raw[n].setdefault("rubric_model", rubric_model)
     return [(n, options_from_text(registry.entry("runtime", n).load().config_class, raw[n],
                                   method=n)) for n in names]
 

@@ -169,7 +169,7 @@ def show_cmd(name: str, file: str | None, version: str | None, library_path: Pat
         text = read_skill(snap, name, file)
     else:
         text = snap.read_text(skill_path(name)) if snap.exists(skill_path(name)) else \
-            read_skill(snap, name)  # raises NotFound listing the whetstone.skills
+            read_skill(snap, name)  # raises NotFound listing the skills
     if as_json:
         emit_json({"version": snap.id, "skill": name, "file": file or "SKILL.md", "text": text,
                    "files": sorted(p.split("/", 2)[2] for p in snap.unit(f"skills/{name}"))})

@@ -33,8 +33,7 @@ from whetstone.engine.errors import NotFound, ToolError
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.types import ToolSpec
 from whetstone.library_store.store import Library, Snapshot
-
-PROVENANCE_FILE = "assets/dynamo.json"  # what Dynamo records beside a tool it learned
+from whetstone.tools.learned import PROVENANCE_FILE
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class ToolEntry:
     name: str
     kind: str  # builtin | visual | learned
     spec: ToolSpec
-    definition: Any = None  # whetstone.tools.learned.ToolDefinition for learned whetstone.tools
+    definition: Any = None  # whetstone.tools.learned.ToolDefinition for learned tools
 
 
 def _catalog(snap: Snapshot) -> tuple[list[ToolEntry], list[Any]]:
@@ -133,9 +132,12 @@ def show_cmd(name: str, version: str | None, library_path: Path | None, as_json:
     entry = _find(snap, name)
     provenance = None
     if entry.definition is not None:
-        path = f"skills/{entry.definition.skill}/{PROVENANCE_FILE}"
-        if snap.exists(path):
-            provenance = json.loads(snap.read_text(path))
+        # the tool maker's record; older libraries kept it under another assets/*.json name
+        base = f"skills/{entry.definition.skill}/"
+        found = [base + PROVENANCE_FILE] if snap.exists(base + PROVENANCE_FILE) else sorted(
+            p for p in snap.files(base + "assets/") if p.endswith(".json"))
+        if found:
+            provenance = json.loads(snap.read_text(found[0]))
     if as_json:
         emit_json({"name": entry.name, "kind": entry.kind, "spec": entry.spec.to_dict(),
                    "source": entry.definition.source if entry.definition else None,

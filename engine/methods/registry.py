@@ -70,7 +70,9 @@ class MethodSpec:
     """What one method package owns. Targets are import paths (``"module:attr"``):
     ``evolver`` and ``runtime`` name classes; ``commands`` names a function returning the
     ``click`` commands to mount on the ``whetstone`` command line; ``prompts`` are the names of
-    its prompt files (``engine/prompts/<name>.md`` or ``.yaml``)."""
+    its prompt files (``engine/prompts/<name>.md`` or ``.yaml``). ``verify`` names the
+    function ``Engine.verify`` calls to check an answer, ``f(env: VerifyEnv, question,
+    answer, *, evidence, analyst, options) -> Verification`` (MARCH provides it)."""
 
     name: str
     evolver: str | None = None
@@ -78,6 +80,7 @@ class MethodSpec:
     roots: tuple[LibraryRoot, ...] = ()
     commands: str | None = None
     prompts: tuple[str, ...] = ()
+    verify: str | None = None
 
     def entries(self) -> list[MethodEntry]:
         out = []
@@ -172,6 +175,16 @@ class MethodRegistry:
                                       hint="uninstall one of the two methods")
                 out[root.name], owner[root.name] = root, spec.name
         return out
+
+    def verifier(self) -> tuple[str, Any]:
+        """The method that verifies answers (the last registered with ``verify``) and its
+        function; ``ConfigError`` when no installed method does."""
+        found = [s for s in self._specs.values() if s.verify]
+        if not found:
+            raise ConfigError("no installed method verifies answers",
+                              hint="reinstall whetstone: its MARCH method provides Engine.verify")
+        spec = found[-1]
+        return spec.name, load_target(spec.verify or "", f"the verifier of {spec.name}")
 
     def root_validators(self) -> list[Validator]:
         """The validators of the methods' library folders, loaded now."""

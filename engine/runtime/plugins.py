@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from whetstone.engine.errors import ConfigError
 
@@ -81,6 +81,26 @@ class MethodEnv:
             raise ConfigError(f"the {method} method needs a library",
                               hint="build it through Engine, which opens the library")
         return self.library
+
+
+@dataclass(frozen=True)
+class VerifyEnv:
+    """What a method that verifies answers (``MethodSpec.verify``) is given by ``Engine.verify``:
+    the engine's model, ``analyst(spec_or_backend)`` -> ``(backend, close_it)`` for a second
+    model, and ``corpus(name)`` for evidence (``corpus_name`` is the engine's default)."""
+
+    backend: Backend
+    analyst: Callable[[Any], tuple[Backend, bool]]
+    corpus: Callable[[str | None], Any]
+    corpus_name: str
+
+
+class Verification(Protocol):
+    """What a verifier returns: the report the server and CLI show, and its trace."""
+
+    def report(self) -> dict[str, Any]: ...
+
+    def trace(self, *, model: str = "") -> Any: ...
 
 
 def config_dict(config: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ class AgentState(TypedDict, total=False):
     messages: list[dict[str, Any]]
     steps: Annotated[list[dict[str, Any]], operator.add]
     pending: list[dict[str, Any]]  # tool calls the last think step asked for
-    force_answer: bool  # the model repeated a call: next decision is offered no whetstone.tools
+    force_answer: bool  # the model repeated a call: next decision is offered no tools
     # The tools failed twice in a row: the next decision sees only the task and the guidance
     # (RunConfig.fresh_start_after_failures).
     fresh_start: bool

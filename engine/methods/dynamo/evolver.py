@@ -22,7 +22,7 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
                round is kept only if training accuracy rose (``min_gain``).
 
 Rounds repeat until ``rounds``, no failures left, no gain, or the budget (``max_analyst_calls``,
-``--max-agent-runs``). The patch holds every kept skill (+ tool, + ``assets/dynamo.json``: the
+``--max-agent-runs``). The patch holds every kept skill (+ tool, + ``assets/provenance.json``: the
 failures they came from and the sandbox test results); ``whetstone.engine.methods.evolve`` gates it on
 the held-out tasks. Given-toolset mode (``toolset``): with tools supplied in advance, the
 analyst only writes when to call each. Progress is saved after every phase under

@@ -16,7 +16,7 @@ from whetstone.engine.errors import ParseError, ValidationError
 from whetstone.engine.methods.analyst import AnalystStats
 from whetstone.engine.replies import extract_json_object, salvage_truncated_json
 from whetstone.skills.format import MAX_DESCRIPTION, NAME_RE
-from whetstone.tools.learned import TOOL_NAME, ToolDefinition, define_tool
+from whetstone.tools.learned import PROVENANCE_FILE, TOOL_NAME, ToolDefinition, define_tool
 
 KINDS = ("cognitive", "computational", "perceptual")
 # Words small analysts use for a kind; mapped (and counted as a repair).
@@ -24,7 +24,7 @@ KIND_WORDS = {"reasoning": "cognitive", "logic": "cognitive", "misread": "cognit
               "arithmetic": "computational", "calculation": "computational",
               "computation": "computational", "counting": "computational",
               "visual": "perceptual", "vision": "perceptual", "perception": "perceptual"}
-PROVENANCE = "assets/dynamo.json"
+PROVENANCE = PROVENANCE_FILE  # assets/provenance.json, what `whetstone tools show` reads
 IMAGE_WORD = "IMAGE"  # what the analyst writes for "the task's image" in test arguments
 NOTHING = ("", "null", "none", "[]", "{}", '""', "0.0j")
 

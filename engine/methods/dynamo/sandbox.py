@@ -109,7 +109,7 @@ def _examples(p: Proposal, attempts: Mapping[str, Attempt]) -> str:
 def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
                 parameters: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The library files of a kept proposal: SKILL.md (+ the tool's script), and its
-    provenance in ``assets/dynamo.json`` (kept in the version with the files it explains)."""
+    provenance in ``assets/provenance.json`` (kept in the version with the files it explains)."""
     if p.kind == "reasoning":
         body = render_prompt("dynamo_parts.yaml#reasoning_body", title=_title(p.skill),
                              diagnosis=p.cluster.diagnosis, steps="\n".join(

@@ -11,5 +11,6 @@ METHOD = MethodSpec(
     name="march",
     runtime="whetstone.engine.methods.march.verifier:March",
     commands="whetstone.engine.methods.march.commands:commands",
+    verify="whetstone.engine.methods.march.verifier:verify_answer",
     prompts=("march", "march_checker", "march_proposer", "march_revise", "march_solver"),
 )

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError, ParseError, WhetstoneError
-from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.base import knob, make_config
 from whetstone.engine.methods.march.format import (
     CheckLine,
     FormatStats,
@@ -44,7 +44,7 @@ from whetstone.engine.methods.march.format import (
     verdict,
 )
 from whetstone.engine.prompts import render_prompt
-from whetstone.engine.runtime.plugins import MethodEnv, NodeFn, Plugin
+from whetstone.engine.runtime.plugins import MethodEnv, NodeFn, Plugin, VerifyEnv
 from whetstone.engine.types import (
     CheckRequest,
     Claim,
@@ -217,6 +217,10 @@ class MarchResult:
                 "claims": claims, "flagged_claims": sum(c["flagged"] for c in claims),
                 "rounds": len(self.rounds), "note": last.note if last else "",
                 "tokens": self.usage.total_tokens}
+
+    def trace(self, *, model: str = "") -> Trace:
+        """This verification as a ``verify`` trace (``result_trace``)."""
+        return result_trace(self, model=model)
 
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.answer, "original": self.original,
@@ -393,6 +397,26 @@ def result_trace(result: MarchResult, trace_id: str | None = None, *, model: str
                       answer=result.answer, outcome="answered", model=model,
                       started=end - result.seconds, ended=end,
                       total_tokens=result.usage.total_tokens, meta={"march": report})
+
+
+def verify_answer(env: VerifyEnv, question: str, answer: str | None, *,
+                  evidence: Sequence[str] | None, analyst: Any,
+                  options: Mapping[str, Any]) -> MarchResult:
+    """``Engine.verify`` through MARCH (``MethodSpec.verify``): check ``answer`` against
+    ``evidence`` (default: the top passages of the corpus ``options["corpus"]``); with no
+    ``answer`` the solver answers from the evidence first."""
+    options = dict(options)
+    options.setdefault("corpus", env.corpus_name)
+    config = make_config(MarchConfig, options, method="march")
+    analyst_backend, own = env.analyst(analyst or config.analyst)
+    verifier = MarchVerifier(env.backend, proposer=analyst_backend, config=config,
+                             retriever=None if evidence else env.corpus(config.corpus))
+    try:
+        return verifier.verify(question, answer, evidence) if answer is not None \
+            else verifier.solve(question, evidence)
+    finally:
+        if own:
+            analyst_backend.close()
 
 
 # --- the runtime method ------------------------------------------------------------------------
