@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from whetstone.library_store.blobs import BlobStore
 
-BUCKET_HEX = 2  # 256 buckets: ~400 skills per bucket at 100k whetstone.skills
+BUCKET_HEX = 2  # 256 buckets: ~400 skills per bucket at 100k skills
 
 
 def group_of(path: str) -> str:
