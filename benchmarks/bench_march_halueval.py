@@ -130,10 +130,18 @@ def f1_interval(records: Sequence[dict[str, Any]], method: str, n: int = 2000,
     return values[int(0.025 * n)], values[int(0.975 * n) - 1]
 
 
+def failed(record: dict[str, Any]) -> bool:
+    """An answer either detector could not check (a proposer reply with no claim after its
+    retry; a judge reply with neither Yes nor No): left out of both detectors' scores, never
+    scored as "not flagged"."""
+    return "error" in record["march"] or record["judge"]["flagged"] is None
+
+
 def summary(records: Sequence[dict[str, Any]], method: str) -> dict[str, Any]:
     items = len({r["task"] for r in records})
-    out: dict[str, Any] = scores(records, method)
-    out["f1_ci95"] = list(f1_interval(records, method))
+    out: dict[str, Any] = scores([r for r in records if not failed(r)], method)
+    out["f1_ci95"] = list(f1_interval([r for r in records if not failed(r)], method))
+    out["scored"] = sum(1 for r in records if not failed(r))
     out["tokens_per_item"] = sum(r[method]["tokens"] for r in records) / max(1, items)
     out["seconds_per_answer"] = sum(r[method]["seconds"] for r in records) / max(1, len(records))
     if method == "march":
@@ -156,7 +164,8 @@ def markdown(result: dict[str, Any]) -> str:
     rows = [(f"MARCH (proposer + checker x{cfg['samples']}, majority)", result["march"]),
             ("LLM judge (one call, sees the answer)", result["judge"])]
     head = (f"HaluEval QA `{cfg['tasks']}`: {result['items']} items, {result['answers']} "
-            f"answers (each item's right and hallucinated answer); model `{cfg['model']}`; "
+            f"answers (each item's right and hallucinated answer), both detectors scored on "
+            f"the {result['march']['scored']} that neither failed; model `{cfg['model']}`; "
             f"evidence: {cfg['evidence_desc']}. Positive class: hallucinated.")
     columns = ("| detector | precision | recall | F1 [95% CI] | accuracy | flag rate "
                "| tokens/item | malformed |")
@@ -168,10 +177,13 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{s['tokens_per_item']:.0f} | {s['errors']} |")
     m = result["march"]
     note = (f"MARCH: {m['claims_per_answer']:.2f} claims per answer; malformed = proposer "
-            f"replies with no claim after a retry ({m['errors']}, scored as not flagged); "
+            f"replies with no claim after a retry ({m['errors']}, left out of both scores); "
             f"checker lines repaired {m['checker_repaired']}, dropped {m['checker_dropped']}. "
-            f"Judge malformed = neither Yes nor No (scored as not flagged). Wall time "
-            f"{result['seconds'] / 60:.1f} min.")
+            f"Judge malformed = neither Yes nor No (left out of both scores). Wall time "
+            f"{result['seconds'] / 60:.1f} min"
+            + (f" for the {result['checked']} answers this run checked (the others came "
+               f"from its checkpoint)." if result.get("checked", result["answers"])
+               < result["answers"] else "."))
     lines += ["", note]
     if result.get("retrieval_hit") is not None:
         lines.append(f"Retrieval: the item's own passage was among the top {cfg['k']} for "
@@ -254,7 +266,7 @@ def main() -> int:
         "items": len(tasks), "answers": len(records),
         "march": summary(records, "march"), "judge": summary(records, "judge"),
         "retrieval_hit": sum(hit) / len(hit) if hit else None,
-        "seconds": time.perf_counter() - start, "records": records}
+        "seconds": time.perf_counter() - start, "checked": len(todo), "records": records}
     result["markdown"] = markdown(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

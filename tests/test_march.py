@@ -440,3 +440,17 @@ def test_a_wrapped_client_refuses_verify_rather_than_ignore_it(tmp_path: Path) -
                                                                  "content": "hi"}],
                                             extra_body={"whetstone": {"verify": True}})
         assert "engine.verify" in err.value.hint
+
+
+def test_a_question_line_then_an_answer_line_is_one_claim() -> None:
+    """The 0.5B proposer wrote "Answer:" on the line after its question in 3 of the 4
+    HaluEval answers it failed (benchmarks/results/march-halueval.json); that is a claim."""
+    text = ("- Question: In which US state is McClellan Air Force Base?\n"
+            "Answer: California\n"
+            "- Question: Who leads the band? [Answer: John Gourley]\n"
+            "Question: What year?\n\n- Question: Another?\n")
+    claims, stats = parse_claims(text)
+    assert [(c.question, c.answer_claimed) for c in claims] == [
+        ("In which US state is McClellan Air Force Base?", "California"),
+        ("Who leads the band?", "John Gourley")]
+    assert stats.repaired == 1 and stats.dropped == 2  # the questions with no answer

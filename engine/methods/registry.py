@@ -101,12 +101,7 @@ class MethodEntry:
 
     def load(self) -> Any:
         """The method's class (its module is imported now)."""
-        module, _, attr = self.target.partition(":")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"method {self.name!r} cannot be loaded from {self.target}: {exc}",
-                              hint="reinstall the package that registers it") from exc
+        return load_target(self.target, f"method {self.name!r}")
 
     def summary(self) -> str:
         """The first line of the class's docstring."""
@@ -129,12 +124,15 @@ def load_target(target: str, what: str) -> Any:
                           hint="reinstall the package that provides it") from exc
 
 
-def load_spec(package: str) -> MethodSpec:
-    """A method package's ``METHOD`` (importing only its ``__init__``)."""
-    spec = load_target(f"{package}:METHOD", f"method package {package}")
+def load_spec(target: str) -> MethodSpec:
+    """The ``MethodSpec`` a method package declares: ``"package"`` reads its ``METHOD``
+    (importing only its ``__init__``), ``"package:NAME"`` another name (an entry point's)."""
+    target = target if ":" in target else f"{target}:METHOD"
+    spec = load_target(target, f"method {target}")
     if not isinstance(spec, MethodSpec):
-        raise ConfigError(f"{package}.METHOD is a {type(spec).__name__}, not a MethodSpec",
-                          hint="declare METHOD = MethodSpec(...) in the package's __init__.py")
+        raise ConfigError(f"{target} is a {type(spec).__name__}, not a MethodSpec",
+                          hint="declare METHOD = MethodSpec(...) in the package's __init__.py "
+                               "and point the whetstone.methods entry point at it")
     return spec
 
 
@@ -260,17 +258,9 @@ def default_registry() -> MethodRegistry:
     (a class); an installed method of the same name replaces a built-in."""
     registry = MethodRegistry(_CORE, tuple(load_spec(p) for p in BUILTIN_METHODS))
     for ep in importlib.metadata.entry_points(group=METHODS_ENTRY_POINT):
-        registry.add(load_spec_object(ep.value))
+        registry.add(load_spec(ep.value))
     for kind, group in ENTRY_POINT_GROUPS.items():
         for ep in importlib.metadata.entry_points(group=group):
             registry.register(MethodEntry(ep.name, kind, ep.value))
     return registry
 
-
-def load_spec_object(target: str) -> MethodSpec:
-    """The ``MethodSpec`` an entry point names (``"package:METHOD"``)."""
-    spec = load_target(target, f"method {target}")
-    if not isinstance(spec, MethodSpec):
-        raise ConfigError(f"{target} is a {type(spec).__name__}, not a MethodSpec",
-                          hint="point the whetstone.methods entry point at a MethodSpec")
-    return spec

@@ -80,13 +80,41 @@ def _clean(text: str) -> str:
     return text.strip().strip('"“”').strip()
 
 
+# A question line with no answer on it, and an answer line ("Answer: a") right after it.
+_QUESTION_ONLY = re.compile(r"^\s*(?:[-*•]|\d+[.)])?\s*(?:question|q)\s*[:：]\s*(?P<q>.+?)\s*$",
+                            re.IGNORECASE)
+_ANSWER_ONLY = re.compile(r"^\s*(?:[-*•])?\s*answer\s*[:：]\s*(?P<a>.+?)\s*$", re.IGNORECASE)
+
+
+def _join_answer_lines(lines: list[str]) -> tuple[list[str], int]:
+    """"Question: q" then "Answer: a" on the next line, as one claim line (a slip the 0.5B
+    makes); how many were joined."""
+    out: list[str] = []
+    joined = 0
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        q = _QUESTION_ONLY.match(line)
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        a = _ANSWER_ONLY.match(nxt)
+        if q and a and not re.search(r"answer\s*[:：]", q.group("q"), re.IGNORECASE):
+            out.append(f"- Question: {q.group('q')} [Answer: {a.group('a')}]")
+            joined += 1
+            i += 2
+            continue
+        out.append(line)
+        i += 1
+    return out, joined
+
+
 def parse_claims(text: str, max_claims: int = 6) -> tuple[list[Claim], FormatStats]:
     """The proposer's claims, at most ``max_claims``, duplicates removed. Lines that try the
     format and fail are dropped and counted; prose around the lines is ignored."""
     stats = FormatStats()
     claims: list[Claim] = []
     seen: set[str] = set()
-    for line in text.splitlines():
+    lines, stats.repaired = _join_answer_lines([ln for ln in text.splitlines() if ln.strip()])
+    for line in lines:
         if not line.strip():
             continue
         m = _CLAIM.match(line)
