@@ -29,7 +29,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
 from whetstone.engine.types import Trace
 from whetstone.library_store.images import ImageStore
 from whetstone.library_store.paths import shown
@@ -225,6 +225,20 @@ class TraceStore:
     def append(self, trace: Trace) -> None:
         """Write one record. Lines go to the file of the trace's start day."""
         self.append_records([self.encode(trace)])
+
+    def record(self, trace: Trace) -> bool:
+        """``append`` for a host that has already got its reply (a chat exchange, a wrapped
+        client, a LangChain call): a store that cannot be written (a full disk, a read-only
+        folder) is logged as an error and returns False; the caller keeps its reply and
+        drops the trace id it would have handed out."""
+        try:
+            self.append(trace)
+            return True
+        except (OSError, WhetstoneError) as exc:
+            log.error("trace %s was not stored in %s: %s (the reply is returned without a "
+                      "trace id; free space or fix the folder's permissions)",
+                      trace.id, self.root, exc)
+            return False
 
     def append_many(self, traces: Iterable[Trace]) -> None:
         """Write records under one lock (the server writes in batches)."""

@@ -339,3 +339,22 @@ def test_chat_keeps_methods_that_add_guidance(library: Library) -> None:
         assert e.chat("hello").text
     finally:
         e.close()
+
+
+def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_reply(
+        engine: Engine, upstream: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk under the trace store: chat and a wrapped client still return the reply
+    (the model's work is done and paid for), without a trace id, and the error is logged."""
+    def full(self: TraceStore, trace: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TraceStore, "append", full)
+    reply = engine.chat("hello")
+    assert reply.text == "echo: hello" and reply.trace_id is None
+    url, _, _ = upstream
+    client = engine.wrap(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
+    r = client.chat.completions.create(model="up", messages=USER)
+    assert r.choices[0].message.content.startswith("echo:") and trace_id_of(r) is None
+    logged = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
+    assert len(logged) == 2 and all("No space left on device" in m for m in logged)

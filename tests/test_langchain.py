@@ -39,6 +39,7 @@ from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.engine.types import Step, Trace
 from whetstone.library_store.store import Library
+from whetstone.library_store.traces import TraceStore
 
 UNITS = """---
 name: unit-conversion
@@ -305,3 +306,14 @@ def test_the_graph_example_in_the_docs_runs(tmp_path: Path, monkeypatch: pytest.
     exec(compile(example, "docs/langchain.md", "exec"), {})  # noqa: S102 - our own docs
     assert capsys.readouterr().out.splitlines() == [
         "2.5 hours are 150 minutes.", "['unit-conversion']", "1.0"]
+
+
+def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_reply(
+        library: Library, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(self: TraceStore, trace: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TraceStore, "append", full)
+    model = WhetstoneChatModel(inner=fake(["150 minutes"], Seen()), library=library.root)
+    reply = model.invoke([HumanMessage(TASK)])
+    assert reply.content == "150 minutes" and trace_id_of(reply) is None

@@ -326,9 +326,10 @@ class WhetstoneChatModel(BaseChatModel):
                           started=ex.started, completion=completion, error=failure,
                           outcome=outcome, meta={"client": "langchain", **meta})
 
-    def _write(self, trace: Trace | None) -> None:
-        if trace is not None:
-            self._engine.traces.append(trace)
+    def _write(self, trace: Trace | None) -> bool:
+        """Store a trace; False (logged) when the store cannot be written: the model's reply
+        is returned all the same."""
+        return trace is None or self._engine.traces.record(trace)
 
     @staticmethod
     def _facts(ex: _Exchange) -> dict[str, Any]:
@@ -342,6 +343,13 @@ class WhetstoneChatModel(BaseChatModel):
         return reply.model_copy(update={"response_metadata": {**reply.response_metadata,
                                                               **self._facts(ex)}})
 
+    def _stored(self, tagged: AIMessage, ex: _Exchange) -> AIMessage:
+        """Record the exchange; a reply whose trace could not be stored carries no trace id."""
+        if self._write(self._trace(ex, tagged, None)):
+            return tagged
+        meta = {**tagged.response_metadata, TRACE_KEY: None}
+        return tagged.model_copy(update={"response_metadata": meta})
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
                   ) -> ChatResult:
@@ -351,8 +359,7 @@ class WhetstoneChatModel(BaseChatModel):
         except Exception as exc:
             self._write(self._trace(ex, None, _error_text(exc)))
             raise
-        tagged = self._tagged(reply, ex)
-        self._write(self._trace(ex, tagged, None))
+        tagged = self._stored(self._tagged(reply, ex), ex)
         return ChatResult(generations=[ChatGeneration(message=tagged)])
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -364,8 +371,7 @@ class WhetstoneChatModel(BaseChatModel):
         except Exception as exc:
             await asyncio.to_thread(self._write, self._trace(ex, None, _error_text(exc)))
             raise
-        tagged = self._tagged(reply, ex)
-        await asyncio.to_thread(self._write, self._trace(ex, tagged, None))
+        tagged = await asyncio.to_thread(self._stored, self._tagged(reply, ex), ex)
         return ChatResult(generations=[ChatGeneration(message=tagged)])
 
     # -- streams -------------------------------------------------------------------------------

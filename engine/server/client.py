@@ -158,9 +158,10 @@ class _Core:
         base = str(getattr(self.client, "base_url", "") or "").rstrip("/")
         return f"openai:{model}@{base}" if base else f"openai:{model}"
 
-    def write(self, trace: Any) -> None:
-        if trace is not None and self.store is not None:
-            self.store.append(trace)
+    def write(self, trace: Any) -> bool:
+        """Store a trace; False (logged) when the store cannot be written: the caller's
+        response is returned all the same."""
+        return trace is None or self.store is None or self.store.record(trace)
 
     def error_text(self, exc: BaseException) -> str:
         return f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
@@ -346,8 +347,9 @@ class Completions(_Passthrough):
             out: Any = RecordingStream(parsed, ex)
         else:
             out = parsed
+            if not self._core.write(ex.trace(ex.completion_of(parsed), None)):
+                ex.trace_id = None  # not stored: the response carries no trace id
             _tag(out, ex.trace_id, ex.version)
-            self._core.write(ex.trace(ex.completion_of(parsed), None))
         if self._raw:
             _tag(response, ex.trace_id, ex.version)
             return _RawResponse(response, out)
@@ -382,10 +384,10 @@ class AsyncCompletions(_Passthrough):
             out: Any = AsyncRecordingStream(parsed, ex)
         else:
             out = parsed
-            _tag(out, ex.trace_id, ex.version)
             trace = ex.trace(ex.completion_of(parsed), None)
-            if trace is not None:
-                await asyncio.to_thread(self._core.write, trace)
+            if trace is not None and not await asyncio.to_thread(self._core.write, trace):
+                ex.trace_id = None  # not stored: the response carries no trace id
+            _tag(out, ex.trace_id, ex.version)
         if self._raw:
             _tag(response, ex.trace_id, ex.version)
             return _AsyncRawResponse(response, out)

@@ -13,7 +13,7 @@ import asyncio
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import ConfigError, WhetstoneError
@@ -173,10 +173,10 @@ class ChatRunner:
                               guidance=dict(adapted.meta))
         return reply, trace
 
-    def _record(self, trace: Trace | None) -> None:
-        """Store the exchange's trace (through the store's one writer) when it is recorded."""
-        if trace is not None and self.store is not None:
-            self.store.append(trace)
+    def _record(self, trace: Trace | None) -> bool:
+        """Store the exchange's trace (through the store's one writer) when it is recorded;
+        False when it could not be (logged: the reply is still returned)."""
+        return trace is None or self.store is None or self.store.record(trace)
 
     def _trace_id(self, switches: ChatSwitches, started: float) -> str | None:
         return new_trace_id(started) if switches.record and self.store is not None else None
@@ -193,9 +193,8 @@ class ChatRunner:
             self._record(trace)
             raise
         reply, trace = self._finish(trace_id, adapted, started, completion, None)
-        self._record(trace)
         assert reply is not None
-        return reply
+        return reply if self._record(trace) else replace(reply, trace_id=None)
 
     async def acomplete(self, request: Request, switches: ChatSwitches = DEFAULTS
                         ) -> ChatReply:
@@ -211,7 +210,8 @@ class ChatRunner:
                 await asyncio.to_thread(self._record, trace)
             raise
         reply, trace = self._finish(trace_id, adapted, started, completion, None)
-        if trace is not None:  # no thread hop for an unrecorded exchange
-            await asyncio.to_thread(self._record, trace)
         assert reply is not None
+        # no thread hop for an unrecorded exchange
+        if trace is not None and not await asyncio.to_thread(self._record, trace):
+            return replace(reply, trace_id=None)
         return reply
