@@ -16,6 +16,7 @@ silent pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import re
 from collections.abc import Iterator
@@ -163,6 +164,18 @@ def test_streamed_chunks_add_up_to_the_completion(subject: Subject) -> None:
     assert final is not None and all(ch.completion is None for ch in chunks[:-1])
     assert "".join(ch.text for ch in chunks[:-1]) == final.text
     assert len(chunks) > 2  # incremental, not one piece at the end
+
+
+def test_a_prefilled_reply_start_is_streamed_too(subject: Subject) -> None:
+    """With ``Request.prefix`` (the runtime's required tool call) the completion's text starts
+    with the prefix; the streamed chunks must add up to that same text."""
+    if not subject.backend.capabilities.prefill:
+        pytest.skip(f"{subject.name} cannot prefill a reply")
+    ask = dataclasses.replace(HELLO, prefix="Hello! My name")
+    chunks = list(subject.backend.stream(ask))
+    final = chunks[-1].completion
+    assert final is not None and final.text.startswith("Hello! My name")
+    assert "".join(ch.text for ch in chunks[:-1]) == final.text
 
 
 def test_native_tool_calls_come_back_parsed(subject: Subject) -> None:

@@ -245,6 +245,9 @@ class HFBackend(Backend):
         worker.start()
         gate = StreamGate(request.stop, hold_tool_calls=bool(request.tools))
         try:
+            # A prefilled reply start is part of the completion's text: stream it first.
+            if shown := gate.feed(request.prefix):
+                yield StreamChunk(text=shown)
             for piece in streamer:
                 shown = gate.feed(piece)
                 if shown:

@@ -152,6 +152,9 @@ class OnnxBackend(Backend):
         future, cancel = self._decoder.submit(ids, params, on_token=tokens.put)
         future.add_done_callback(lambda _: tokens.put(_DONE))
         gate = StreamGate(request.stop, hold_tool_calls=bool(request.tools))
+        # A prefilled reply start is part of the completion's text: stream it first.
+        if shown := gate.feed(request.prefix):
+            yield StreamChunk(text=shown)
         seen: list[int] = []
         text = ""
         try:
