@@ -80,8 +80,9 @@ def test_an_installed_method_adds_its_folder_command_evolver_and_plugin(
     res = runner.invoke(cli, ["library", "ls", "--json", "--library", str(lib_path)])
     assert json.loads(res.output)["glossary"] == ["glossary/terms.md"]
     res = runner.invoke(cli, ["methods", "--json"])
-    assert {(r["name"], r["kind"]) for r in json.loads(res.output)} >= {
-        ("glossary", "evolver"), ("glossary", "runtime")}
+    rows = {(r["name"], r["kind"]): r for r in json.loads(res.output)}
+    assert rows[("glossary", "runtime")]["folders"] == ["glossary"]
+    assert rows[("glossary", "evolver")]["commands"] == ["glossary"]
     res = runner.invoke(cli, ["evolve", "glossary", "--help"])
     assert res.exit_code == 0 and "min-score" in res.output
     # its folder is checked by its own validator on every commit

@@ -20,6 +20,7 @@ def methods_cmd(as_json: bool) -> None:
     from whetstone.engine.methods.registry import default_registry
 
     registry = default_registry()
+    specs = {spec.name: spec for spec in registry.specs()}
     rows = []
     for kind in ("evolver", "runtime"):
         for name in registry.names(kind):  # type: ignore[arg-type]
@@ -27,12 +28,19 @@ def methods_cmd(as_json: bool) -> None:
             cls = entry.load()
             config = getattr(cls, "config_class", None)
             knobs = [f.name for f in dataclasses.fields(config)] if config else []
+            spec = specs.get(name)
             rows.append({"name": name, "kind": kind, "summary": entry.summary(),
-                         "options": knobs, "from": entry.target})
+                         "options": knobs, "from": entry.target,
+                         # what its package owns: library folders and commands
+                         "folders": [r.name for r in spec.roots] if spec else [],
+                         "commands": [c.name for c in (registry.commands_of(spec)
+                                                       if spec else [])]})
     if as_json:
         emit_json(rows)
         return
-    table = Table("name", "kind", "what", "options")
+    table = Table("name", "kind", "what", "options", "owns")
     for r in rows:
-        table.add_row(r["name"], r["kind"], r["summary"], ", ".join(r["options"]))
+        owns = [f"{f}/" for f in r["folders"]] + [f"`whetstone {c}`" for c in r["commands"]]
+        table.add_row(r["name"], r["kind"], r["summary"], ", ".join(r["options"]),
+                      ", ".join(owns))
     console().print(table)

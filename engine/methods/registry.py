@@ -215,11 +215,14 @@ class MethodRegistry:
 
     def commands(self) -> list[Any]:
         """The ``click`` commands the methods add to the command line."""
-        out: list[Any] = []
-        for spec in self._specs.values():
-            if spec.commands:
-                out.extend(load_target(spec.commands, f"the commands of {spec.name}")())
-        return out
+        return [c for spec in self._specs.values() for c in self.commands_of(spec)]
+
+    @staticmethod
+    def commands_of(spec: MethodSpec) -> list[Any]:
+        """The ``click`` commands one method adds (loaded now)."""
+        if not spec.commands:
+            return []
+        return list(load_target(spec.commands, f"the commands of {spec.name}")())
 
     def names(self, kind: Kind) -> list[str]:
         return list(self._entries[kind])
