@@ -21,6 +21,9 @@ def methods_cmd(as_json: bool) -> None:
 
     registry = default_registry()
     specs = {spec.name: spec for spec in registry.specs()}
+    # loaded once per method (a method with both kinds has two rows)
+    commands = {name: [c.name for c in registry.commands_of(spec)]
+                for name, spec in specs.items()}
     rows = []
     for kind in ("evolver", "runtime"):
         for name in registry.names(kind):  # type: ignore[arg-type]
@@ -33,8 +36,7 @@ def methods_cmd(as_json: bool) -> None:
                          "options": knobs, "from": entry.target,
                          # what its package owns: library folders and commands
                          "folders": [r.name for r in spec.roots] if spec else [],
-                         "commands": [c.name for c in (registry.commands_of(spec)
-                                                       if spec else [])]})
+                         "commands": commands.get(name, [])})
     if as_json:
         emit_json(rows)
         return
