@@ -23,7 +23,11 @@ sandbox:
 
 # torch first and pinned: it takes the CPU build from this machine's disk instead of a CUDA build.
 $(STAMP): pyproject.toml requirements-nodeps.txt
-	test -x $(PY) || python3 -m venv $(VENV)
+	@# A venv whose ensurepip failed (seen once in CI) is rebuilt without it, pip from the index.
+	$(PY) -m pip --version >/dev/null 2>&1 || python3 -m venv $(VENV) || { \
+	  echo "python3 -m venv failed in ensurepip: creating $(VENV) without pip, then installing pip"; \
+	  rm -rf $(VENV) && python3 -m venv --without-pip $(VENV) && \
+	  python3 -m pip --python $(PY) install -q pip; }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
