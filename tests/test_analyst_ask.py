@@ -1,5 +1,6 @@
-"""One ask-parse-retry loop (``whetstone.engine.methods.analyst``) for the async evolvers and the
-synchronous graph nodes (Co-ReAct's ``rubric.ask``): the same requests, costs and drops."""
+"""One ask-parse-retry loop (``whetstone.engine.methods.analyst``) for the async evolvers, the
+Dynamo tool maker and the synchronous graph nodes (Co-ReAct's ``rubric.ask``): the same
+requests, costs and drops."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import BackendError, ParseError
 from whetstone.engine.methods import rubric
-from whetstone.engine.methods.analyst import AnalystReply, ask_parsed, ask_parsed_sync
+from whetstone.engine.methods.analyst import AnalystReply, AskAgain, ask_parsed, ask_parsed_sync
 from whetstone.engine.types import Completion, Request
 
 
@@ -60,6 +61,32 @@ def test_a_second_bad_reply_and_a_failed_call_are_dropped_not_raised() -> None:
     reply = ask_parsed_sync(failing, [{"role": "user", "content": "n?"}], as_int)
     assert (reply.value, reply.stats.calls, reply.stats.dropped) == (None, 1, 1)
     assert "connection refused" in reply.stats.errors[0]
+
+
+def test_a_method_words_its_own_retry_and_asks_again_for_a_reply_that_parses() -> None:
+    """The maker's two retries: a reply that does not parse goes back with the method's own
+    wording (``retry_prompt``), one that parses but repeats its input with ``AskAgain``'s;
+    a last ``AskAgain`` is taken as it is (``fallback``), not dropped."""
+    def not_five(text: str) -> int:
+        n = as_int(text)
+        if n == 5:
+            raise AskAgain("That is the number you were given: change it.", n)
+        return n
+
+    msgs = [{"role": "user", "content": "Change 5."}]
+    backend = ScriptedBackend(["five", "5", "6"])
+    reply = ask_parsed_sync(backend, msgs, not_five, retries=2,
+                            retry_prompt=lambda exc: f"Digits only, please ({exc.message}).")
+    assert (reply.value, reply.stats.retries, reply.stats.dropped) == (6, 2, 0)
+    told = [r.messages[-1].text for r in backend.requests[1:]]
+    assert told == ["Digits only, please (not a number).",
+                    "That is the number you were given: change it."]
+    backend = ScriptedBackend(["5", "5"])
+    reply = asyncio.run(ask_parsed(backend, msgs, not_five))
+    assert (reply.value, reply.stats.retries, reply.stats.dropped, reply.error) == (5, 1, 0, "")
+    backend = ScriptedBackend(["x", "y"])
+    reply = asyncio.run(ask_parsed(backend, msgs, not_five))
+    assert reply.value is None and reply.error.startswith("not a number")
 
 
 def test_rubric_ask_is_the_shared_loop() -> None:

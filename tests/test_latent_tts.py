@@ -310,7 +310,7 @@ def test_role_routing_on_a_tiny_vlm(qwen_tokenizer: Any) -> None:
             torch.nn.init.zeros_(proj.bias)
     ids, extra = vlm_prompt(qwen_tokenizer)
     rewards = [self_reward(qwen_tokenizer), self_reward(qwen_tokenizer, role="visual",
-                                                        prompt="latent_verify_visual")]
+                                                        prompt="verify_visual")]
     cfg = LatentConfig(fraction=0.1, prefix=0.5, max_steps=1, threshold=1.0)
     refiner = LatentRefiner(model, qwen_tokenizer, cfg, rewards)
     _, rec = refiner.refine_ids(ids, max_new_tokens=40, model_inputs=extra)
@@ -460,7 +460,7 @@ def test_bf16_on_cuda(qwen_tokenizer: Any) -> None:
     extra = {"pixel_values": extra["pixel_values"].to("cuda", torch.bfloat16)}
     assert_hooks_off_parity(model, ids.to("cuda"), 8, **extra)
     rewards = [self_reward(qwen_tokenizer), self_reward(qwen_tokenizer, role="visual",
-                                                        prompt="latent_verify_visual")]
+                                                        prompt="verify_visual")]
     refiner = LatentRefiner(model, qwen_tokenizer, LatentConfig(max_steps=2, threshold=1.0),
                             rewards)
     answer, rec = refiner.refine_ids(ids, max_new_tokens=24, model_inputs=extra)

@@ -50,21 +50,25 @@ def test_every_built_in_method_is_a_package_with_a_spec() -> None:
     assert set(roots) == {"policies", "memory"}  # what the built-ins own besides skills/
 
 
-def test_each_method_declares_the_prompts_named_after_it() -> None:
-    """A prompt file named after a method belongs to that method's spec, and every declared
-    prompt exists (core prompts, such as ``agent_system``, are declared by none)."""
-    prompts = {p.name.split(".")[0] for p in (REPO / "engine" / "prompts").iterdir()
-               if p.suffix in (".md", ".yaml")}
-    owner: dict[str, str] = {}
+def test_each_method_keeps_its_prompts_in_its_package() -> None:
+    """A method's prompts live in its package's ``prompts/`` folder and its spec declares
+    them; the core's folder holds none named after a method."""
+    from whetstone.engine.prompts import Prompts
+
     for spec in default_registry().specs():
-        for name in spec.prompts:
-            assert name in prompts, f"{spec.name} declares a missing prompt {name}"
-            assert name not in owner, f"{name} declared by {owner[name]} and {spec.name}"
-            owner[name] = spec.name
-    for name in prompts:
-        for spec in default_registry().specs():
-            if name == spec.name or name.startswith(spec.name + "_"):
-                assert owner.get(name) == spec.name, f"{name} is not declared by {spec.name}"
+        package = next(p for p in BUILTIN_METHODS if load_spec(p) is spec)
+        folder = REPO / package.removeprefix("whetstone.").replace(".", "/") / "prompts"
+        if not folder.is_dir():
+            assert spec.prompts is None, f"{spec.name} declares prompts it does not have"
+            continue
+        assert spec.prompts == Prompts(package), spec.name
+        assert spec.prompts.names() == sorted(p.name for p in folder.iterdir())
+        for name in spec.prompts.names():  # each one loads
+            assert spec.prompts.load(name)
+    core = [p.name for p in (REPO / "engine" / "prompts").iterdir()]
+    for spec in default_registry().specs():
+        assert not [n for n in core if n.split(".")[0] == spec.name
+                    or n.startswith(spec.name + "_")], spec.name
 
 
 def test_an_installed_method_adds_its_folder_command_evolver_and_plugin(
@@ -83,6 +87,7 @@ def test_an_installed_method_adds_its_folder_command_evolver_and_plugin(
     rows = {(r["name"], r["kind"]): r for r in json.loads(res.output)}
     assert rows[("glossary", "runtime")]["folders"] == ["glossary"]
     assert rows[("glossary", "evolver")]["commands"] == ["glossary"]
+    assert rows[("glossary", "runtime")]["prompts"] == ["guidance.md"]  # from its own folder
     res = runner.invoke(cli, ["evolve", "glossary", "--help"])
     assert res.exit_code == 0 and "min-score" in res.output
     # its folder is checked by its own validator on every commit
@@ -94,7 +99,7 @@ def test_an_installed_method_adds_its_folder_command_evolver_and_plugin(
     with Engine(backend, library=lib_path, methods=["glossary"], checkpointing=False) as e:
         trace = e.run("What is 2 + 2?")
     system = backend.requests[0].messages[0].text
-    assert "units :: the unit of each quantity" in system
+    assert "Terms this task may use (term :: meaning):\nunits :: the unit of" in system
     assert trace.meta["methods"][-1]["name"] == "glossary"
     # and its evolver proposes a change to its own folder
     evolver = registry.evolver("glossary")

@@ -103,6 +103,7 @@ def test_the_wheel_holds_only_the_namespace_and_works_from_it(tmp_path: Path) ->
         tops = {n.split("/")[0] for n in names}
         assert {t for t in tops if not t.endswith(".dist-info")} == {"whetstone"}
         assert "whetstone/engine/prompts/agent_system.md" in names
+        assert "whetstone/engine/methods/march/prompts/solver.md" in names  # a method's own
         assert b"def main()" in zf.read("whetstone/cli.py")
         zf.extractall(tmp_path / "site")
     code = "import whetstone, whetstone.cli; print(whetstone.Engine.__module__, whetstone.__file__)"

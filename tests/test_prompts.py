@@ -30,7 +30,8 @@ def test_a_dollar_that_starts_no_name_is_plain_text_and_values_are_not_expanded(
 
 def test_yaml_tables_hold_short_templates() -> None:
     assert load_prompt("analyst_trace.yaml#task") == "Task: $task"
-    assert placeholders("trace2skill_batch_run.yaml#failure") == {"number", "expected", "trace"}
+    assert placeholders("whetstone.engine.methods.trace2skill:batch_run.yaml#failure") == {
+        "number", "expected", "trace"}
     with pytest.raises(ConfigError, match="has no text entry 'nope'") as err:
         load_prompt("analyst_trace.yaml#nope")
     assert "task" in (err.value.hint or "")
@@ -38,24 +39,64 @@ def test_yaml_tables_hold_short_templates() -> None:
         load_prompt("no_such_prompt")
 
 
-def _calls() -> list[tuple[str, int, str, set[str]]]:
-    """(file, line, prompt name, keywords given) of each render_prompt call with a literal
-    prompt name, across the package."""
+def test_a_method_reads_its_own_prompts_by_short_name() -> None:
+    from whetstone.engine.methods.march import PROMPTS
+
+    assert PROMPTS.load("solver") == load_prompt("whetstone.engine.methods.march:solver.md")
+    assert "$question" in PROMPTS.load("solver")
+    assert PROMPTS.load("parts.yaml#question") == "$number. $question"
+    # a qualified name passes through: another package's prompt, or the core's
+    assert PROMPTS.qualify("whetstone.engine.methods.nlpg:curator") == \
+        "whetstone.engine.methods.nlpg:curator"
+    with pytest.raises(ConfigError, match="not found in whetstone.engine.methods.march's "
+                                          "prompts/ folder"):
+        PROMPTS.load("no_such_prompt")
+    with pytest.raises(ConfigError, match="not found in no_such_package's prompts/ folder"):
+        load_prompt("no_such_package:solver")
+
+
+def _calls(kind: str = "render") -> list[tuple[str, int, str, set[str]]]:
+    """(file, line, prompt name, keywords given) of each ``render_prompt`` call, and each
+    method's ``PROMPTS.render``, with a literal prompt name, across the package (``kind``
+    "load": of each ``load_prompt`` and ``PROMPTS.load``)."""
     found = []
     for root in ("engine", "skills", "tools", "library_store"):
         for path in (REPO / root).rglob("*.py"):
+            rel = path.relative_to(REPO)
+            # a method module's PROMPTS are its package's: engine/methods/<name>/...
+            method = rel.parts[2] if rel.parts[:2] == ("engine", "methods") and \
+                len(rel.parts) > 3 else None
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "render_prompt" \
-                        and node.args and isinstance(node.args[0], ast.Constant):
-                    keys = {k.arg for k in node.keywords if k.arg is not None}
-                    found.append((str(path.relative_to(REPO)), node.lineno, node.args[0].value,
-                                  keys))
+                if not (isinstance(node, ast.Call) and node.args):
+                    continue
+                first = node.args[0]  # a literal, or a choice of two ("a" if x else "b")
+                names = [first.value] if isinstance(first, ast.Constant) else \
+                    [b.value for b in (first.body, first.orelse) if isinstance(b, ast.Constant)] \
+                    if isinstance(first, ast.IfExp) else []
+                if getattr(node.func, "id", "") == f"{kind}_prompt":
+                    pass
+                elif isinstance(node.func, ast.Attribute) and node.func.attr == kind \
+                        and getattr(node.func.value, "id", "") == "PROMPTS" and method:
+                    names = [n if ":" in n else f"whetstone.engine.methods.{method}:{n}"
+                             for n in names]
+                else:
+                    continue
+                keys = {k.arg for k in node.keywords if k.arg is not None}
+                found += [(str(rel), node.lineno, name, keys) for name in names]
     return found
+
+
+def test_every_prompt_a_call_site_loads_exists() -> None:
+    loads = _calls("load")
+    assert len(loads) >= 10
+    for file, line, name, _ in loads:
+        assert load_prompt(name), f"{file}:{line}"
 
 
 def test_every_call_site_fills_every_placeholder_of_its_prompt() -> None:
     calls = _calls()
     assert len(calls) >= 10  # the scan sees the call sites
+    assert sum(":" in name for _, _, name, _ in calls) >= 20  # and the methods' own
     bad = [f"{f}:{line} {name} lacks {sorted(placeholders(name) - keys)}"
            for f, line, name, keys in calls if placeholders(name) - keys]
     assert bad == []

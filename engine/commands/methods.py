@@ -34,15 +34,17 @@ def methods_cmd(as_json: bool) -> None:
             spec = specs.get(name)
             rows.append({"name": name, "kind": kind, "summary": entry.summary(),
                          "options": knobs, "from": entry.target,
-                         # what its package owns: library folders and commands
+                         # what its package owns: library folders, commands, prompts
                          "folders": [r.name for r in spec.roots] if spec else [],
-                         "commands": commands.get(name, [])})
+                         "commands": commands.get(name, []),
+                         "prompts": spec.prompts.names() if spec and spec.prompts else []})
     if as_json:
         emit_json(rows)
         return
     table = Table("name", "kind", "what", "options", "owns")
     for r in rows:
         owns = [f"{f}/" for f in r["folders"]] + [f"`whetstone {c}`" for c in r["commands"]]
+        owns += [f"{len(r['prompts'])} prompts"] if r["prompts"] else []
         table.add_row(r["name"], r["kind"], r["summary"], ", ".join(r["options"]),
                       ", ".join(owns))
     console().print(table)

@@ -95,14 +95,37 @@ class AnalystReply(Generic[T]):
     value: T | None
     stats: AnalystStats
     raw: str = ""
+    error: str = ""  # why the last reply was dropped (``value`` is None)
+
+
+class AskAgain(Exception):  # noqa: N818 (a request to the loop, not an error anyone sees)
+    """Raised by a ``parse`` function for a reply that parses but should be asked for again
+    (a repair that returns the code unchanged): the model is told ``message``; when no retry
+    is left, ``fallback`` (the parsed value) is the answer."""
+
+    def __init__(self, message: str, fallback: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fallback = fallback
+
+
+# What the model is told after a reply that did not parse: the error, shown by default with
+# ``analyst_retry``; a method with its own wording passes ``retry_prompt``.
+RetryPrompt = Callable[[WhetstoneError], str]
+
+
+def _default_retry(exc: WhetstoneError) -> str:
+    error = exc.message + (f" ({exc.hint})" if exc.hint else "")
+    return render_prompt("analyst_retry", error=error).strip()
 
 
 def _exchange(messages: Sequence[Mapping[str, Any]], parse: Callable[[str], T], *,
               temperature: float, max_tokens: int, seed: int | None, retries: int,
-              stop: tuple[str, ...]) -> Generator[Request, Completion, AnalystReply[T]]:
+              stop: tuple[str, ...], retry_prompt: RetryPrompt | None = None
+              ) -> Generator[Request, Completion, AnalystReply[T]]:
     """The ask-parse-retry loop, without I/O: yields each request, is sent its completion (or
-    thrown the call's ``BackendError``) and returns the reply, so the async evolvers and the
-    synchronous graph nodes (Co-ReAct) share one loop."""
+    thrown the call's ``BackendError``) and returns the reply, so the async evolvers, the tool
+    maker and the synchronous graph nodes (Co-ReAct) share one loop."""
     stats = AnalystStats()
     convo = [dict(m) for m in messages]
     raw = ""
@@ -124,16 +147,22 @@ def _exchange(messages: Sequence[Mapping[str, Any]], parse: Callable[[str], T], 
         raw = completion.text
         try:
             return AnalystReply(parse(raw), stats, raw)
+        except AskAgain as again:
+            if attempt == retries:
+                return AnalystReply(again.fallback, stats, raw)
+            stats.retries += 1
+            convo += [{"role": "assistant", "content": raw},
+                      {"role": "user", "content": again.message}]
         except WhetstoneError as exc:
             error = exc.message + (f" ({exc.hint})" if exc.hint else "")
             if attempt < retries:
                 stats.retries += 1
                 convo += [{"role": "assistant", "content": raw},
-                          {"role": "user", "content": render_prompt(
-                              "analyst_retry", error=error).strip()}]
+                          {"role": "user", "content": (retry_prompt or _default_retry)(exc)}]
             else:
                 stats.dropped += 1
                 stats.errors.append(f"{error} | raw reply: {_clip(raw, 300)}")
+                return AnalystReply(None, stats, raw, error)
     return AnalystReply(None, stats, raw)
 
 
@@ -147,12 +176,14 @@ async def ask_parsed(
     seed: int | None = None,
     retries: int = 1,
     stop: tuple[str, ...] = (),
+    retry_prompt: RetryPrompt | None = None,
 ) -> AnalystReply[T]:
-    """Ask, parse with ``parse`` (which raises ``WhetstoneError`` on a bad reply), retry once
-    showing the error and the raw reply, then give up and count the drop. Never raises for a
-    bad reply or a failed call."""
+    """Ask, parse with ``parse`` (which raises ``WhetstoneError`` on a bad reply, or
+    ``AskAgain`` for one to ask again), retry once showing the error and the raw reply
+    (``retry_prompt`` words it), then give up and count the drop. Never raises for a bad reply
+    or a failed call."""
     loop = _exchange(messages, parse, temperature=temperature, max_tokens=max_tokens,
-                     seed=seed, retries=retries, stop=stop)
+                     seed=seed, retries=retries, stop=stop, retry_prompt=retry_prompt)
     try:
         request = next(loop)
         while True:
@@ -176,11 +207,12 @@ def ask_parsed_sync(
     seed: int | None = None,
     retries: int = 1,
     stop: tuple[str, ...] = (),
+    retry_prompt: RetryPrompt | None = None,
 ) -> AnalystReply[T]:
     """``ask_parsed`` for a caller that cannot await (a graph node): the same loop, with
     ``analyst.complete``."""
     loop = _exchange(messages, parse, temperature=temperature, max_tokens=max_tokens,
-                     seed=seed, retries=retries, stop=stop)
+                     seed=seed, retries=retries, stop=stop, retry_prompt=retry_prompt)
     try:
         request = next(loop)
         while True:

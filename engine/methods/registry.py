@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from whetstone.engine.errors import ValidationError
+    from whetstone.engine.prompts import Prompts
     from whetstone.engine.runtime.plugins import MethodEnv, Plugin
     from whetstone.library_store.store import Library, Snapshot
     from whetstone.library_store.validation import Validator
@@ -69,8 +70,8 @@ class LibraryRoot:
 class MethodSpec:
     """What one method package owns. Targets are import paths (``"module:attr"``):
     ``evolver`` and ``runtime`` name classes; ``commands`` names a function returning the
-    ``click`` commands to mount on the ``whetstone`` command line; ``prompts`` are the names of
-    its prompt files (``engine/prompts/<name>.md`` or ``.yaml``). ``verify`` names the
+    ``click`` commands to mount on the ``whetstone`` command line; ``prompts`` is its prompt
+    files (``Prompts(__name__)``: the ``prompts/`` folder of its package). ``verify`` names the
     function ``Engine.verify`` calls to check an answer, ``f(env: VerifyEnv, question,
     answer, *, evidence, analyst, options) -> Verification`` (MARCH provides it)."""
 
@@ -79,7 +80,7 @@ class MethodSpec:
     runtime: str | None = None
     roots: tuple[LibraryRoot, ...] = ()
     commands: str | None = None
-    prompts: tuple[str, ...] = ()
+    prompts: Prompts | None = None
     verify: str | None = None
 
     def entries(self) -> list[MethodEntry]:

@@ -129,10 +129,10 @@ def _weighted(items: list[tuple[float | None, str]], phase: Phase, repairs: list
 def render_rubric(rubric: Rubric) -> str:
     """The rubric as the agent reads it before its next decision."""
     lines = "\n".join(
-        render_prompt("co_react.yaml#rubric_line", number=i, weight=f"{w:.2f}", condition=c)
+        render_prompt("rubric.yaml#rubric_line", number=i, weight=f"{w:.2f}", condition=c)
         for i, (w, c) in enumerate(rubric.lines, 1))
-    return render_prompt("co_react.yaml#guidance", heading=load_prompt(
-        "co_react.yaml#guidance_heading"), phase=rubric.phase, lines=lines)
+    return render_prompt("rubric.yaml#guidance", heading=load_prompt(
+        "rubric.yaml#guidance_heading"), phase=rubric.phase, lines=lines)
 
 
 def rubric_in_request(request: Request) -> Rubric | None:
@@ -141,7 +141,7 @@ def rubric_in_request(request: Request) -> Rubric | None:
     if not request.messages:
         return None
     text = request.messages[-1].text
-    at = text.rfind(load_prompt("co_react.yaml#guidance_heading"))
+    at = text.rfind(load_prompt("rubric.yaml#guidance_heading"))
     if at < 0:
         return None
     head, _, rest = text[at:].partition("\n")

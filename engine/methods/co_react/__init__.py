@@ -4,9 +4,13 @@
 """
 
 from whetstone.engine.methods.registry import MethodSpec
+from whetstone.engine.prompts import Prompts
+
+# Its prompts, in prompts/ beside this file.
+PROMPTS = Prompts(__name__)
 
 METHOD = MethodSpec(
     name="co_react",
     runtime="whetstone.engine.methods.co_react.plugin:CoReAct",
-    prompts=("co_react", "co_react_rubric", "co_react_verify"),
+    prompts=PROMPTS,
 )

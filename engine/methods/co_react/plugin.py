@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import BackendError, ConfigError
 from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.co_react import PROMPTS
 from whetstone.engine.methods.rubric import (
     STOP_AFTER_LINES,
     ActionCheck,
@@ -47,7 +48,7 @@ from whetstone.engine.methods.rubric import (
     rubric_in_request,
     tried_queries,
 )
-from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.prompts import load_prompt
 from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, NodeFn, Plugin
 from whetstone.engine.types import Completion, Message, Request, Rubric, Step
 
@@ -110,17 +111,17 @@ def render_history(messages: Sequence[Mapping[str, Any]], limit: int) -> str:
             p.get("text", "") for p in content or [] if isinstance(p, Mapping))
         if m["role"] == "assistant":
             if text.strip():
-                lines.append(render_prompt("co_react.yaml#history_agent", text=_clip(text)))
+                lines.append(PROMPTS.render("parts.yaml#history_agent", text=_clip(text)))
             for c in m.get("tool_calls") or []:
                 name, args = _call_text(c["function"]["name"], c["function"]["arguments"])
-                lines.append(render_prompt("co_react.yaml#history_call", name=name,
-                                           arguments=args))
+                lines.append(PROMPTS.render("parts.yaml#history_call", name=name,
+                                            arguments=args))
         elif m["role"] == "tool":
-            lines.append(render_prompt("co_react.yaml#history_tool", name=m.get("name") or "?",
-                                       text=_clip(text)))
+            lines.append(PROMPTS.render("parts.yaml#history_tool", name=m.get("name") or "?",
+                                        text=_clip(text)))
         elif text.strip():
-            lines.append(render_prompt("co_react.yaml#history_user", text=_clip(text)))
-    return "\n".join(lines) or load_prompt("co_react.yaml#history_none")
+            lines.append(PROMPTS.render("parts.yaml#history_user", text=_clip(text)))
+    return "\n".join(lines) or PROMPTS.load("parts.yaml#history_none")
 
 
 def _proposal(completion: Completion) -> str:
@@ -128,8 +129,8 @@ def _proposal(completion: Completion) -> str:
     parts = [completion.text.strip()] if completion.text.strip() else []
     for c in completion.tool_calls:
         name, args = _call_text(c.name, c.arguments)
-        parts.append(render_prompt("co_react.yaml#proposal_call", name=name, arguments=args))
-    return "\n".join(parts) or load_prompt("co_react.yaml#proposal_empty")
+        parts.append(PROMPTS.render("parts.yaml#proposal_call", name=name, arguments=args))
+    return "\n".join(parts) or PROMPTS.load("parts.yaml#proposal_empty")
 
 
 def decision_key(messages: Sequence[Mapping[str, Any]], text: str,
@@ -179,14 +180,14 @@ class CoReAct(Plugin):
         used, horizon = state.get("n_calls", 0), ctx.config.max_steps
         phase = phase_of(used, horizon)
         calls = tried_calls(state)
-        prompt = render_prompt(
-            "co_react_rubric", task=state["task"], tools=", ".join(self._tool_names(state, ctx)),
+        prompt = PROMPTS.render(
+            "rubric", task=state["task"], tools=", ".join(self._tool_names(state, ctx)),
             history=render_history(state.get("messages") or [], cfg.history),
-            tried=render_prompt("co_react.yaml#tried_block", calls="\n".join(
-                render_prompt("co_react.yaml#tried_call", name=n, arguments=a)
+            tried=PROMPTS.render("parts.yaml#tried_block", calls="\n".join(
+                PROMPTS.render("parts.yaml#tried_call", name=n, arguments=a)
                 for n, a in (_call_text(n, a) for n, a in calls))) if calls else "",
             steps_used=used, horizon=horizon, phase=phase,
-            phase_hint=load_prompt(f"co_react.yaml#phase_{phase}"))
+            phase_hint=PROMPTS.load(f"parts.yaml#phase_{phase}"))
         queries = tried_queries(calls)
         seed = None if ctx.config.seed is None else ctx.config.seed + 1000 * (used + 1)
         parsed, stats, raw = ask(
@@ -242,9 +243,9 @@ class CoReAct(Plugin):
         rubric_text = "\n".join(f"{i}. [{w:.2f}] {c}" for i, (w, c) in enumerate(rubric.lines, 1))
         history = render_history([{**m.to_dict(), "content": _without_rubric(m.text)}
                                   for m in request.messages[1:]], cfg.history)
-        prompt = render_prompt("co_react_verify", task=_task_of(request), history=history,
-                               rubric=rubric_text, action=_proposal(completion),
-                               threshold=f"{cfg.pass_threshold:g}")
+        prompt = PROMPTS.render("verify", task=_task_of(request), history=history,
+                                rubric=rubric_text, action=_proposal(completion),
+                                threshold=f"{cfg.pass_threshold:g}")
         check, stats, _ = ask(self.generator, prompt,
                               lambda text: parse_check(text, rubric, cfg.pass_threshold),
                               max_tokens=cfg.max_tokens, temperature=cfg.temperature,
@@ -276,8 +277,8 @@ class CoReAct(Plugin):
         spent = [c for i, c in enumerate(candidates) if i != best]
         retried = False
         if cfg.rubric_verify and check is not None and not check.passed:
-            feedback = render_prompt(
-                "co_react.yaml#retry", score=f"{check.score:.2f}",
+            feedback = PROMPTS.render(
+                "parts.yaml#retry", score=f"{check.score:.2f}",
                 threshold=f"{cfg.pass_threshold:.2f}",
                 feedback=check.feedback or "(none given)")
             retry = request.with_(messages=(*request.messages,
@@ -355,7 +356,7 @@ class CoReAct(Plugin):
 
 def _without_rubric(text: str) -> str:
     """A message's text without the rubric the step guidance added to it."""
-    return text.split(load_prompt("co_react.yaml#guidance_heading"), 1)[0].rstrip()
+    return text.split(load_prompt("rubric.yaml#guidance_heading"), 1)[0].rstrip()
 
 
 def _task_of(request: Request) -> str:

@@ -7,11 +7,13 @@
 """
 
 from whetstone.engine.methods.registry import MethodSpec
+from whetstone.engine.prompts import Prompts
+
+# Its prompts, in prompts/ beside this file.
+PROMPTS = Prompts(__name__)
 
 METHOD = MethodSpec(
     name="dynamo",
     evolver="whetstone.engine.methods.dynamo.evolver:Dynamo",
-    prompts=("dynamo_diagnose", "dynamo_maker", "dynamo_maker_repair", "dynamo_maker_retry",
-             "dynamo_maker_skill", "dynamo_maker_unchanged", "dynamo_parts", "dynamo_skill",
-             "dynamo_system", "dynamo_tool", "dynamo_when"),
+    prompts=PROMPTS,
 )

@@ -44,6 +44,7 @@ from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.analyst import ask_parsed, render_trace
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
+from whetstone.engine.methods.dynamo import PROMPTS
 from whetstone.engine.methods.dynamo.parts import (
     Attempt,
     Cluster,
@@ -68,7 +69,6 @@ from whetstone.engine.methods.dynamo.sandbox import (
     skill_files,
     source_parameters,
 )
-from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.types import Trace
 
 if TYPE_CHECKING:
@@ -366,16 +366,16 @@ class _Run:
         return reply
 
     def _messages(self, user: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": load_prompt("dynamo_system")},
+        return [{"role": "system", "content": PROMPTS.load("system")},
                 {"role": "user", "content": user}]
 
     def _block(self, label: str, a: Attempt, *, failure: bool) -> str:
-        image = render_prompt("dynamo_parts.yaml#image", path=a.image) if a.image else ""
+        image = PROMPTS.render("parts.yaml#image", path=a.image) if a.image else ""
         if failure:
-            return render_prompt("dynamo_parts.yaml#failure", label=label, task_id=a.task_id,
-                                 image=image, trace=a.text, expected=a.expected)
-        return render_prompt("dynamo_parts.yaml#success", label=label, task_id=a.task_id,
-                             image=image, trace=a.text)
+            return PROMPTS.render("parts.yaml#failure", label=label, task_id=a.task_id,
+                                  image=image, trace=a.text, expected=a.expected)
+        return PROMPTS.render("parts.yaml#success", label=label, task_id=a.task_id,
+                              image=image, trace=a.text)
 
     def _failures(self, ids: Sequence[str]) -> tuple[str, dict[str, str]]:
         labels = {f"F{i}": t for i, t in enumerate(ids, 1)}
@@ -389,7 +389,7 @@ class _Run:
         correct.sort(key=lambda a: -len(words(a.question) & seen))
         blocks = [self._block(f"S{i}", a, failure=False)
                   for i, a in enumerate(correct[:self.cfg.contrast], 1)]
-        return "\n\n".join(blocks) or load_prompt("dynamo_parts.yaml#no_successes")
+        return "\n\n".join(blocks) or PROMPTS.load("parts.yaml#no_successes")
 
     def _tool_names(self) -> str:
         names: dict[str, None] = {}
@@ -409,8 +409,8 @@ class _Run:
 
         async def one(n: int, batch: list[str]) -> list[Cluster]:
             text, labels = self._failures(batch)
-            user = render_prompt("dynamo_diagnose", failures=text,
-                                 successes=self._contrast(batch), tools=self._tool_names())
+            user = PROMPTS.render("diagnose", failures=text,
+                                  successes=self._contrast(batch), tools=self._tool_names())
             async with sem:
                 reply = await self._call(self._messages(user), lambda raw: parse_clusters(
                     raw, labels, self.state.repairs), self.cfg.seed + n)
@@ -438,14 +438,14 @@ class _Run:
         if self.cfg.toolset:
             return await self._propose_when(cluster, text, labels, seed)
         if cluster.kind == "cognitive":
-            user = render_prompt("dynamo_skill", failures=text, diagnosis=cluster.diagnosis,
-                                 fix=cluster.fix, existing=", ".join(self._skill_names())
+            user = PROMPTS.render("skill", failures=text, diagnosis=cluster.diagnosis,
+                                  fix=cluster.fix, existing=", ".join(self._skill_names())
                                  or "(none)")
             reply = await self._call(self._messages(user), lambda raw: parse_reasoning(
                 raw, cluster, self.state.repairs), seed)
             return reply.value or dropped("reasoning", cluster, reply)
-        user = render_prompt("dynamo_tool", failures=text, diagnosis=cluster.diagnosis,
-                             fix=cluster.fix, modules=allowed_modules())
+        user = PROMPTS.render("tool", failures=text, diagnosis=cluster.diagnosis,
+                              fix=cluster.fix, modules=allowed_modules())
         taken = self._tool_taken()
         reply = await self._call(self._messages(user), lambda raw: parse_tool(
             raw, cluster, labels, taken, self.state.repairs), seed)
@@ -459,12 +459,12 @@ class _Run:
     async def _propose_when(self, cluster: Cluster, text: str, labels: dict[str, str],
                             seed: int) -> Proposal:
         given = self._given_tools()
-        lines = "\n".join(render_prompt(
-            "dynamo_parts.yaml#tool_line", name=t.name, description=t.spec.description,
+        lines = "\n".join(PROMPTS.render(
+            "parts.yaml#tool_line", name=t.name, description=t.spec.description,
             parameters=json.dumps(t.spec.parameters.get("properties", {}))) for t in
             given.values())
-        user = render_prompt("dynamo_when", failures=text, diagnosis=cluster.diagnosis,
-                             fix=cluster.fix, tools=lines)
+        user = PROMPTS.render("when", failures=text, diagnosis=cluster.diagnosis,
+                              fix=cluster.fix, tools=lines)
         reply = await self._call(self._messages(user), lambda raw: parse_when(
             raw, cluster, labels, list(given), self.state.repairs), seed)
         if reply.value is None:

@@ -37,11 +37,12 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import BackendError, ParseError, ToolError, WhetstoneError
-from whetstone.engine.methods.analyst import AnalystStats
+from whetstone.engine.errors import ParseError, ToolError
+from whetstone.engine.methods.analyst import AnalystReply, AnalystStats, AskAgain, ask_parsed
+from whetstone.engine.methods.dynamo import PROMPTS
 from whetstone.engine.methods.dynamo.parts import (
     PROVENANCE,
     Cluster,
@@ -51,8 +52,8 @@ from whetstone.engine.methods.dynamo.parts import (
     code_block,
     skill_name,
 )
-from whetstone.engine.prompts import load_prompt, render_prompt
-from whetstone.engine.types import Request, Skill
+from whetstone.engine.prompts import render_prompt
+from whetstone.engine.types import Skill
 from whetstone.skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
 from whetstone.tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
 
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 TASK_MARK = 'Annotated[str, "task"]'
 ANSWER_MARK = 'Annotated[str, "answer"]'
 FALLBACK_DOC = "Answer the task from its text."
+T = TypeVar("T")
 
 
 @dataclass
@@ -175,7 +177,7 @@ def parse_made(raw: str, taken: set[str], repairs: Repairs) -> ToolDefinition:
     """A task tool from a maker reply (``ParseError`` / ``ValidationError`` say what to fix)."""
     code = code_block(raw)
     if "def " not in code:
-        raise ParseError(render_prompt("dynamo_parts.yaml#maker_missing_code"), raw)
+        raise ParseError(PROMPTS.render("parts.yaml#maker_missing_code"), raw)
     name, source = normalise_tool(code, taken, repairs)
     definition, problems = define_tool(source, name=name, skill="dynamo-draft")
     if definition is None:
@@ -230,8 +232,8 @@ class ToolMaker:
         # Half the rest at most: the check tasks, never in a prompt, are what admits a tool.
         probe = spread(rest, min(self.cfg.maker_probe, len(rest) // 2))
         check = spread([i for i in rest if i not in probe], self.cfg.maker_check)
-        cluster = Cluster("computational", failing, load_prompt(
-            "dynamo_parts.yaml#maker_diagnosis"), load_prompt("dynamo_parts.yaml#maker_fix"))
+        cluster = Cluster("computational", failing, PROMPTS.load(
+            "parts.yaml#maker_diagnosis"), PROMPTS.load("parts.yaml#maker_fix"))
         return await self.make(cluster, [tasks[i] for i in shown], [tasks[i] for i in probe],
                                [tasks[i] for i in check])
 
@@ -241,9 +243,9 @@ class ToolMaker:
         proposal, kept or dropped with each candidate's reason in ``candidates``."""
         start = time.monotonic()
         # Tests in Python (MBPP's form): a coder model reads a literal's escapes exactly.
-        examples = "\n".join(render_prompt("dynamo_parts.yaml#maker_example", task=repr(
+        examples = "\n".join(PROMPTS.render("parts.yaml#maker_example", task=repr(
             t.prompt), expected=repr(_expected(t))) for t in shown)
-        user = render_prompt("dynamo_maker", examples=examples, modules=_modules())
+        user = PROMPTS.render("maker", examples=examples, modules=_modules())
         plan = [("greedy", 0.0)] + [(f"sample {i}", self.cfg.maker_temperature)
                                     for i in range(1, self.cfg.maker_samples + 1)]
         sem = asyncio.Semaphore(self.cfg.workers)
@@ -285,55 +287,41 @@ class ToolMaker:
 
     # -- writing ----------------------------------------------------------------------------
 
-    async def _ask(self, convo: list[dict[str, str]], temperature: float, seed: int) -> str:
-        start = time.perf_counter()
-        self.stats.calls += 1
-        try:
-            completion = await self.analyst.acomplete(Request(
-                messages=convo, max_tokens=self.cfg.max_tokens,  # type: ignore[arg-type]
-                temperature=temperature, seed=seed))
-        except BackendError as exc:
-            self.stats.dropped += 1
-            self.stats.errors.append(f"analyst call failed: {exc.message}")
-            return ""
-        finally:
-            self.stats.seconds += time.perf_counter() - start
-        self.stats.prompt_tokens += completion.prompt_tokens
-        self.stats.completion_tokens += completion.completion_tokens
-        return completion.text
+    async def _ask(self, messages: list[dict[str, str]], parse: Callable[[str], T],
+                   temperature: float, seed: int, **kwargs: Any) -> AnalystReply[T]:
+        """One analyst exchange (``analyst.ask_parsed``: the shared ask-parse-retry loop),
+        its costs added to the maker's."""
+        reply = await ask_parsed(self.analyst, messages, parse, temperature=temperature,
+                                 max_tokens=self.cfg.max_tokens, seed=seed, **kwargs)
+        self.stats.add(reply.stats)
+        return reply
 
     async def _write(self, label: str, user: str, temperature: float, seed: int,
                      unchanged: str = "") -> Candidate:
         """One candidate: ask for the code; a reply without a usable function is sent back
-        once with ``dynamo_maker_retry`` saying what was missing, and a repair that returns
-        ``unchanged`` (the code it was asked to fix) once with ``dynamo_maker_unchanged``."""
-        convo = [{"role": "system", "content": load_prompt("dynamo_system")},
-                 {"role": "user", "content": user}]
-        cand = Candidate(label)
-        for attempt in range(2):
-            raw = await self._ask(convo, temperature, seed + attempt)
-            try:
-                definition = parse_made(raw, self.taken, self.repairs)
-            except WhetstoneError as exc:
-                cand.reason = f"no usable function: {exc.message}"
-                if attempt == 0 and raw:
-                    self.stats.retries += 1
-                    convo += [{"role": "assistant", "content": raw},
-                              {"role": "user", "content": render_prompt(
-                                  "dynamo_maker_retry", missing=exc.message).strip()}]
-                    continue
-                self.stats.dropped += 1
-                self.stats.errors.append(f"{cand.reason} | raw reply: {raw[:300]}")
-                return cand
-            cand.tool, cand.source, cand.reason = definition.name, definition.source, ""
-            if attempt == 0 and unchanged and definition.source == unchanged:
+        once with ``maker_retry`` saying what was missing, and a repair that returns
+        ``unchanged`` (the code it was asked to fix) once with ``maker_unchanged``."""
+        asked = 0
+
+        def parse(raw: str) -> ToolDefinition:
+            nonlocal asked
+            asked += 1
+            definition = parse_made(raw, self.taken, self.repairs)
+            if asked == 1 and unchanged and definition.source == unchanged:
                 # A small analyst often answers "fix this" with the code as it was.
-                self.stats.retries += 1
                 self.repairs.add("maker-unchanged-retry")
-                convo += [{"role": "assistant", "content": raw},
-                          {"role": "user", "content": load_prompt("dynamo_maker_unchanged")}]
-                continue
-            return cand
+                raise AskAgain(PROMPTS.load("maker_unchanged"), definition)
+            return definition
+
+        reply = await self._ask(
+            [{"role": "system", "content": PROMPTS.load("system")},
+             {"role": "user", "content": user}], parse, temperature, seed,
+            retry_prompt=lambda exc: PROMPTS.render("maker_retry", missing=exc.message).strip())
+        cand = Candidate(label)
+        if reply.value is None:
+            cand.reason = f"no usable function: {reply.error or 'the analyst call failed'}"
+        else:
+            cand.tool, cand.source = reply.value.name, reply.value.source
         return cand
 
     # -- verifying --------------------------------------------------------------------------
@@ -436,12 +424,12 @@ class ToolMaker:
         repairs of one base differ)."""
         by_id = {t.id: t for t in signal}
         wrong = [t for t in base.probe if not t.matched][:3]
-        failures = "\n".join(render_prompt(
-            "dynamo_parts.yaml#maker_failure", task=repr(by_id[t.task_id].prompt),
+        failures = "\n".join(PROMPTS.render(
+            "parts.yaml#maker_failure", task=repr(by_id[t.task_id].prompt),
             output=repr(answer_text(t.output))[:300] if t.ok else
             "an error:\n# " + "\n# ".join(_crash_lines(t)),
             expected=repr(_expected(by_id[t.task_id]))) for t in wrong)
-        user = render_prompt("dynamo_maker_repair", code=base.source.strip(), failures=failures)
+        user = PROMPTS.render("maker_repair", code=base.source.strip(), failures=failures)
         temperature = 0.0 if base.repaired == 0 else self.cfg.maker_temperature
         base.repaired += 1
         fixed = await self._write(f"repair {round_no} of {base.sample}", user, temperature,
@@ -458,24 +446,24 @@ class ToolMaker:
         definition, _ = define_tool(best.source, name=best.tool, skill="dynamo-draft")
         summary = definition.spec.description if definition is not None else FALLBACK_DOC
         examples = "\n\n".join(f"Task: {t.prompt.strip()}" for t in shown[:2])
-        raw = await self._ask([{"role": "system", "content": load_prompt("dynamo_system")},
-                               {"role": "user", "content": render_prompt(
-                                   "dynamo_maker_skill", tool=best.tool, examples=examples)}],
-                              0.0, self.cfg.seed + 131)
-        name, when = parse_naming(raw, self.repairs)
+        reply = await self._ask([{"role": "system", "content": PROMPTS.load("system")},
+                                 {"role": "user", "content": PROMPTS.render(
+                                     "maker_skill", tool=best.tool, examples=examples)}],
+                                str, 0.0, self.cfg.seed + 131, retries=0)
+        name, when = parse_naming(reply.raw, self.repairs)
         if not when:
             self.repairs.add("maker-naming-fallback")
             first = shown[0].prompt.strip().splitlines()[0] if shown else ""
-            when = render_prompt("dynamo_parts.yaml#maker_when", task=first[:160])
+            when = PROMPTS.render("parts.yaml#maker_when", task=first[:160])
         p.skill = name or best.tool.replace("_", "-")
         if name:  # the code says `solve`: the tool is named after what it does, like its skill
             best.tool, best.source = _renamed(best.tool, best.source, name.replace("-", "_"),
                                               self.taken)
         when = re.sub(r"^(?:use it |call it |use |call )?when\s+", "", when, flags=re.IGNORECASE)
         when = when[:1].lower() + when[1:].rstrip(".") + "."
-        p.when = render_prompt("dynamo_parts.yaml#maker_use_when", when=when)
-        p.description = render_prompt("dynamo_parts.yaml#maker_description", when=when,
-                                      summary=summary.rstrip("."))[:MAX_DESCRIPTION]
+        p.when = PROMPTS.render("parts.yaml#maker_use_when", when=when)
+        p.description = PROMPTS.render("parts.yaml#maker_description", when=when,
+                                       summary=summary.rstrip("."))[:MAX_DESCRIPTION]
         p.tool, p.source, p.tests = best.tool, best.source, best.tests
         p.accuracy, p.checked, p.kept = best.accuracy, best.checked, True
         p.analyst = self.analyst.spec
@@ -559,7 +547,7 @@ def task_tool_files(p: Proposal, *, round_no: int, questions: Mapping[str, str]
     """SKILL.md (when to call, the verified call, the measured accuracy in ``metadata``), the
     script, two verified calls on training tasks, and the provenance with every candidate."""
     correct = sum(t.matched for t in p.tests)
-    body = render_prompt("dynamo_parts.yaml#task_tool_body", title=p.skill.replace(
+    body = PROMPTS.render("parts.yaml#task_tool_body", title=p.skill.replace(
         "-", " ").capitalize(), when=p.when, tool=p.tool, checked=p.checked, correct=correct)
     meta = {"source": "dynamo", "kind": "task-tool", "round": str(round_no), "tool": p.tool,
             "train-accuracy": f"{p.accuracy or 0.0:.3f}", "train-checked": str(p.checked),
@@ -575,8 +563,8 @@ def task_tool_files(p: Proposal, *, round_no: int, questions: Mapping[str, str]
                 _tool_call(p.tool),
                 render_prompt("examples.yaml#tool_response", output=t.output.strip()),
                 answer_text(t.output)])) for t in shown],
-            title=load_prompt("dynamo_parts.yaml#task_tool_examples_title"),
-            intro=render_prompt("dynamo_parts.yaml#task_tool_examples_intro", tool=p.tool))
+            title=PROMPTS.load("parts.yaml#task_tool_examples_title"),
+            intro=PROMPTS.render("parts.yaml#task_tool_examples_intro", tool=p.tool))
     provenance = {"method": "dynamo", "round": round_no, "kind": "task_tool", "tool": p.tool,
                   "train_accuracy": p.accuracy, "train_checked": p.checked,
                   "analyst": p.analyst, "verified": p.date, "cluster": asdict(p.cluster),

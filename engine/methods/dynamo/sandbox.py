@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import ToolError
 from whetstone.engine.methods.base import LibraryPatch
+from whetstone.engine.methods.dynamo import PROMPTS
 from whetstone.engine.methods.dynamo.parts import (
     IMAGE_WORD,
     PROVENANCE,
@@ -99,11 +100,11 @@ def _examples(p: Proposal, attempts: Mapping[str, Attempt]) -> str:
     items = []
     for t in [t for t in p.tests if t.matched][:2]:
         question = attempts[t.task_id].question if t.task_id in attempts else t.task_id
-        items.append(render_prompt(
-            "dynamo_parts.yaml#example", question=" ".join(question.split())[:300],
+        items.append(PROMPTS.render(
+            "parts.yaml#example", question=" ".join(question.split())[:300],
             tool=p.tool, arguments=json.dumps(t.arguments, ensure_ascii=False)[:400],
             result=t.output.strip()[:200]))
-    return render_prompt("dynamo_parts.yaml#examples", items="\n".join(items)) if items else ""
+    return PROMPTS.render("parts.yaml#examples", items="\n".join(items)) if items else ""
 
 
 def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
@@ -111,14 +112,14 @@ def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
     """The library files of a kept proposal: SKILL.md (+ the tool's script), and its
     provenance in ``assets/provenance.json`` (kept in the version with the files it explains)."""
     if p.kind == "reasoning":
-        body = render_prompt("dynamo_parts.yaml#reasoning_body", title=_title(p.skill),
-                             diagnosis=p.cluster.diagnosis, steps="\n".join(
-                                 render_prompt("dynamo_parts.yaml#step", number=i, text=s)
+        body = PROMPTS.render("parts.yaml#reasoning_body", title=_title(p.skill),
+                              diagnosis=p.cluster.diagnosis, steps="\n".join(
+                                 PROMPTS.render("parts.yaml#step", number=i, text=s)
                                  for i, s in enumerate(p.steps, 1)))
     else:
-        body = render_prompt("dynamo_parts.yaml#tool_body", title=_title(p.skill), when=p.when,
-                             tool=p.tool, parameters=_parameters(parameters or {}),
-                             diagnosis=p.cluster.diagnosis, examples=_examples(p, attempts))
+        body = PROMPTS.render("parts.yaml#tool_body", title=_title(p.skill), when=p.when,
+                              tool=p.tool, parameters=_parameters(parameters or {}),
+                              diagnosis=p.cluster.diagnosis, examples=_examples(p, attempts))
     ran = sum(t.ok for t in p.tests)
     meta = {"source": "dynamo", "kind": p.kind, "round": str(round_no),
             "from-failures": " ".join(p.cluster.failures)[:400]}
@@ -187,7 +188,7 @@ def build_patch(st: DynamoState, *, toolset: str, tasks: list[str], checkpoint: 
     a = st.analyst
     return LibraryPatch(
         method="dynamo", changes=dict(st.changes),
-        message=render_prompt("dynamo_parts.yaml#message", summary=summary)[:500],
+        message=PROMPTS.render("parts.yaml#message", summary=summary)[:500],
         details={"mode": "given-toolset" if toolset else "learn", "train_tasks": tasks,
                  "training_accuracy": st.scores, "stopped": st.stop,
                  "rounds": [r.to_dict() | {"trial": None} for r in st.rounds],

@@ -7,6 +7,10 @@
 """
 
 from whetstone.engine.methods.registry import MethodSpec
+from whetstone.engine.prompts import Prompts
+
+# Its prompts, in prompts/ beside this file.
+PROMPTS = Prompts(__name__)
 
 METHOD = MethodSpec(name="latent", runtime="whetstone.engine.methods.latent.plugin:LatentTTS",
-                    prompts=("latent_verify", "latent_verify_visual"))
+                    prompts=PROMPTS)

@@ -60,8 +60,8 @@ class LatentTTSConfig:
     min_verdict_mass: float = knob(0.05, min=0.0, help="the least yes+no probability a "
                                                        "self-reward verdict needs; below it "
                                                        "the verdict is dropped")
-    prompt: str = knob("latent_verify", help="the self-reward's verification prompt "
-                                             "(engine/prompts/NAME.md)")
+    prompt: str = knob("verify", help="the self-reward's verification prompt: NAME.md in "
+                                       "engine/methods/latent/prompts/, or PACKAGE:NAME")
     scorer: str | None = knob(None, help="module:function scoring the answer text in [0, 1], "
                                          "in place of the self-reward")
 

@@ -2,7 +2,7 @@
 
 Rewards live in [-inf, 0]. ``SelfReward``: the model judges its own answer, ``log P(yes)``
 normalised over {yes, no} for a verification turn appended after the answer
-(``engine/prompts/latent_verify*.md``); the default threshold -0.2 then means
+(``prompts/verify*.md`` of this package); the default threshold -0.2 then means
 ``P(yes) >= 0.82``. ``ScorerReward``: any scorer of the answer text returning ``s`` in [0, 1]
 gives ``r = s - 1``, as LatentSeek's verifier votes do.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from whetstone.engine.errors import ConfigError
-from whetstone.engine.prompts import render_prompt
+from whetstone.engine.methods.latent import PROMPTS
 
 ROLES = ("reasoning", "visual")
 _MARKER = "\u2063WHETSTONE-ANSWER\u2063"  # invisible separator: no template rewrites it
@@ -108,7 +108,7 @@ class SelfReward:
 
     tokenizer: Any
     role: str = "reasoning"
-    prompt: str = "latent_verify"
+    prompt: str = "verify"
     weight: float = 1.0
     differentiable: bool = True
     min_mass: float = 0.05
@@ -123,7 +123,7 @@ class SelfReward:
         if not 0.0 <= self.min_mass < 1.0:
             raise ConfigError(f"min_mass must be in [0, 1) (got {self.min_mass})",
                               hint="e.g. 0.05: a verdict needs 5% of its mass on yes or no")
-        self.suffix = verify_suffix_ids(self.tokenizer, render_prompt(self.prompt).strip())
+        self.suffix = verify_suffix_ids(self.tokenizer, PROMPTS.render(self.prompt).strip())
         self.yes_ids = _first_tokens(self.tokenizer, YES_FORMS)
         self.no_ids = _first_tokens(self.tokenizer, NO_FORMS)
         if not self.yes_ids or not self.no_ids or set(self.yes_ids) & set(self.no_ids):

@@ -6,11 +6,15 @@
 """
 
 from whetstone.engine.methods.registry import MethodSpec
+from whetstone.engine.prompts import Prompts
+
+# Its prompts, in prompts/ beside this file.
+PROMPTS = Prompts(__name__)
 
 METHOD = MethodSpec(
     name="march",
     runtime="whetstone.engine.methods.march.verifier:March",
     commands="whetstone.engine.methods.march.commands:commands",
     verify="whetstone.engine.methods.march.verifier:verify_answer",
-    prompts=("march", "march_checker", "march_proposer", "march_revise", "march_solver"),
+    prompts=PROMPTS,
 )

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError, ParseError, WhetstoneError
 from whetstone.engine.methods.base import knob, make_config
+from whetstone.engine.methods.march import PROMPTS
 from whetstone.engine.methods.march.format import (
     CheckLine,
     FormatStats,
@@ -43,7 +44,6 @@ from whetstone.engine.methods.march.format import (
     parse_claims,
     verdict,
 )
-from whetstone.engine.prompts import render_prompt
 from whetstone.engine.runtime.plugins import MethodEnv, NodeFn, Plugin, VerifyEnv
 from whetstone.engine.types import (
     CheckRequest,
@@ -98,42 +98,42 @@ class MarchConfig:
 # --- prompts: each role's messages are built from what that role may see ------------------------
 
 def _passages_text(passages: Sequence[Passage]) -> str:
-    return "\n".join(render_prompt("march.yaml#passage", number=i, text=p.text.strip())
+    return "\n".join(PROMPTS.render("parts.yaml#passage", number=i, text=p.text.strip())
                      for i, p in enumerate(passages, start=1)) or "(no evidence)"
 
 
 def solver_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
     """The solver's prompt: the evidence and the question."""
-    return [{"role": "user", "content": render_prompt(
-        "march_solver", evidence=_passages_text(passages), question=question).strip()}]
+    return [{"role": "user", "content": PROMPTS.render(
+        "solver", evidence=_passages_text(passages), question=question).strip()}]
 
 
 def proposer_messages(question: str, answer: str, max_claims: int) -> list[dict[str, str]]:
     """The proposer's prompt: the question and the answer, no evidence."""
-    return [{"role": "user", "content": render_prompt(
-        "march_proposer", question=question, answer=answer, max_claims=max_claims).strip()}]
+    return [{"role": "user", "content": PROMPTS.render(
+        "proposer", question=question, answer=answer, max_claims=max_claims).strip()}]
 
 
 def checker_messages(request: CheckRequest) -> list[dict[str, str]]:
     """The checker's prompt, built from a ``CheckRequest`` alone: evidence and questions."""
-    questions = "\n".join(render_prompt("march.yaml#question", number=i, question=q)
+    questions = "\n".join(PROMPTS.render("parts.yaml#question", number=i, question=q)
                           for i, q in enumerate(request.questions, start=1))
-    evidence = "\n".join(render_prompt("march.yaml#passage", number=i, text=t.strip())
+    evidence = "\n".join(PROMPTS.render("parts.yaml#passage", number=i, text=t.strip())
                          for i, t in enumerate(request.evidence, start=1)) or "(no evidence)"
-    return [{"role": "user", "content": render_prompt(
-        "march_checker", evidence=evidence, questions=questions).strip()}]
+    return [{"role": "user", "content": PROMPTS.render(
+        "checker", evidence=evidence, questions=questions).strip()}]
 
 
 def revise_messages(question: str, answer: str, passages: Sequence[Passage],
                     flagged: Sequence[Verdict]) -> list[dict[str, str]]:
     """The solver's second try: its answer, the flagged claims and what the checker found."""
-    lines = [render_prompt("march.yaml#flagged_disagrees", question=v.claim, claimed=v.claimed,
-                           checked=v.checked, evidence=v.evidence or "no quote")
+    lines = [PROMPTS.render("parts.yaml#flagged_disagrees", question=v.claim, claimed=v.claimed,
+                            checked=v.checked, evidence=v.evidence or "no quote")
              if v.supported is False else
-             render_prompt("march.yaml#flagged_unsupported", question=v.claim,
-                           claimed=v.claimed) for v in flagged]
-    return [{"role": "user", "content": render_prompt(
-        "march_revise", flagged="\n".join(lines), evidence=_passages_text(passages),
+             PROMPTS.render("parts.yaml#flagged_unsupported", question=v.claim,
+                            claimed=v.claimed) for v in flagged]
+    return [{"role": "user", "content": PROMPTS.render(
+        "revise", flagged="\n".join(lines), evidence=_passages_text(passages),
         question=question, answer=answer).strip()}]
 
 
@@ -357,8 +357,8 @@ class MarchVerifier:
             error = got.problems[0] if got.problems else "no line of the form " \
                 "'- Question: ... [Answer: ...]'"
             messages = [*messages, {"role": "assistant", "content": raw},
-                        {"role": "user", "content": render_prompt(
-                            "march.yaml#proposer_retry", error=error)}]
+                        {"role": "user", "content": PROMPTS.render(
+                            "parts.yaml#proposer_retry", error=error)}]
         raise ParseError("the proposer's reply holds no claim in the form "
                          "'- Question: ... [Answer: ...]', after one retry", raw,
                          hint="try a stronger --analyst model, or check the answer is a "

@@ -11,6 +11,10 @@ feedback backwards through the module graph, with bounded updates.
 """
 
 from whetstone.engine.methods.registry import LibraryRoot, MethodSpec
+from whetstone.engine.prompts import Prompts
+
+# Its prompts, in prompts/ beside this file.
+PROMPTS = Prompts(__name__)
 
 METHOD = MethodSpec(
     name="nlpg",
@@ -19,5 +23,5 @@ METHOD = MethodSpec(
     roots=(LibraryRoot("policies", "policies/<module>.md: one module's policy notes, one per line",
                        validator="whetstone.engine.methods.nlpg.notes:validate_policies"),),
     commands="whetstone.engine.methods.nlpg.commands:commands",
-    prompts=("nlpg_backward", "nlpg_backward_system", "nlpg_curator", "nlpg_guidance"),
+    prompts=PROMPTS,
 )

@@ -26,8 +26,8 @@ from typing import Any
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ParseError
 from whetstone.engine.methods.analyst import AnalystStats, ask_parsed
+from whetstone.engine.methods.nlpg import PROMPTS
 from whetstone.engine.methods.nlpg.memory import DUPLICATE_SIMILARITY, clean_text, similarity
-from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.replies import extract_json_object
 from whetstone.engine.types import PolicyNote, Step, Trace
 
@@ -48,7 +48,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _piece(kind: str, **values: Any) -> str:
-    return render_prompt(f"nlpg_backward.yaml#{kind}", **values)
+    return PROMPTS.render(f"backward.yaml#{kind}", **values)
 
 
 # -- visits ------------------------------------------------------------------------------------
@@ -317,11 +317,11 @@ def _notes_text(ids: Sequence[str], notes: Mapping[str, PolicyNote]) -> str:
 def visit_messages(trace: Trace, visit: Visit, feedback: str,
                    notes: Mapping[str, PolicyNote]) -> list[dict[str, str]]:
     """The analyst's prompt for one visit, given the feedback from downstream."""
-    user = render_prompt("nlpg_backward", task=_clip(trace.task, 1500), module=visit.module,
-                         route=visit.route, notes=_notes_text(visit.shown, notes),
-                         input=visit.input, output=visit.output, after=visit.after,
-                         feedback=feedback)
-    return [{"role": "system", "content": load_prompt("nlpg_backward_system")},
+    user = PROMPTS.render("backward", task=_clip(trace.task, 1500), module=visit.module,
+                          route=visit.route, notes=_notes_text(visit.shown, notes),
+                          input=visit.input, output=visit.output, after=visit.after,
+                          feedback=feedback)
+    return [{"role": "system", "content": PROMPTS.load("backward_system")},
             {"role": "user", "content": user}]
 
 

@@ -1,7 +1,7 @@
 """The NLPG curator: turns a step's folded corrections for one module into operations.
 
 ``analyst`` asks the analyst for ADD / EDIT / AGREE / REMOVE operations on the module's notes
-(``engine/prompts/nlpg_curator.md``); its reply is repaired where it can be (an op name in
+(``prompts/curator.md``); its reply is repaired where it can be (an op name in
 lower case, a bare list, an unknown route read as ``*``) and each operation it cannot use is
 dropped and counted. A reply that cannot be read at all, after one retry, falls back to the
 ``rules`` curator (``whetstone.engine.methods.nlpg.memory.rules_curator``). Either way the bound and the
@@ -18,6 +18,7 @@ from typing import Any
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ParseError
 from whetstone.engine.methods.analyst import AnalystStats, ask_parsed
+from whetstone.engine.methods.nlpg import PROMPTS
 from whetstone.engine.methods.nlpg.backward import CorrectionGroup
 from whetstone.engine.methods.nlpg.memory import (
     OP_KINDS,
@@ -28,7 +29,6 @@ from whetstone.engine.methods.nlpg.memory import (
     rules_curator,
 )
 from whetstone.engine.methods.nlpg.notes import MAX_NOTE_CHARS, ROUTE_RE
-from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.replies import extract_json_object
 from whetstone.engine.types import PolicyNote
 
@@ -44,15 +44,15 @@ def curator_messages(module: str, notes: Sequence[PolicyNote],
                      groups: Sequence[CorrectionGroup], *, budget: int, max_ops: int,
                      count: TokenCount) -> list[dict[str, str]]:
     """The analyst's prompt for one module's update."""
-    note_lines = [render_prompt("nlpg_curator.yaml#note", id=n.id, route=n.route,
-                                helpful=n.helpful, harmful=n.harmful, text=n.text)
+    note_lines = [PROMPTS.render("curator.yaml#note", id=n.id, route=n.route,
+                                 helpful=n.helpful, harmful=n.harmful, text=n.text)
                   for n in notes]
-    group_lines = [render_prompt("nlpg_curator.yaml#correction", route=g.route,
-                                 support=f"{g.support:.2f}", text=g.text) for g in groups[:8]]
-    user = render_prompt("nlpg_curator", module=module,
-                         notes="\n".join(note_lines) or load_prompt("nlpg_curator.yaml#no_notes"),
-                         corrections="\n".join(group_lines), budget=budget,
-                         used=note_tokens(notes, count), max_ops=max_ops)
+    group_lines = [PROMPTS.render("curator.yaml#correction", route=g.route,
+                                  support=f"{g.support:.2f}", text=g.text) for g in groups[:8]]
+    user = PROMPTS.render("curator", module=module,
+                          notes="\n".join(note_lines) or PROMPTS.load("curator.yaml#no_notes"),
+                          corrections="\n".join(group_lines), budget=budget,
+                          used=note_tokens(notes, count), max_ops=max_ops)
     return [{"role": "user", "content": user}]
 
 

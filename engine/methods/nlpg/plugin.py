@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.nlpg import PROMPTS
 from whetstone.engine.methods.nlpg.notes import load_policies
-from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
 from whetstone.engine.types import PolicyNote
 
@@ -51,8 +51,8 @@ class ModuleNotes:
 def _route_heading(route: str) -> str:
     key = {"*": "route_any", "act": "route_act", "finish": "route_finish",
            "think": "route_think"}.get(route)
-    return load_prompt(f"nlpg_guidance.yaml#{key}") if key else render_prompt(
-        "nlpg_guidance.yaml#route_other", route=route)
+    return PROMPTS.load(f"guidance.yaml#{key}") if key else PROMPTS.render(
+        "guidance.yaml#route_other", route=route)
 
 
 def _within(notes: Sequence[PolicyNote], budget: int, count: Callable[[str], int]
@@ -74,7 +74,7 @@ def render_notes(notes: Sequence[PolicyNote]) -> str:
                     key=lambda r: (ROUTE_ORDER.index(r) if r in ROUTE_ORDER else 9, r))
     blocks = []
     for route in routes:
-        lines = [render_prompt("nlpg_guidance.yaml#note", text=n.text)
+        lines = [PROMPTS.render("guidance.yaml#note", text=n.text)
                  for n in notes if n.route == route]
         blocks.append(_route_heading(route) + "\n" + "\n".join(lines))
     return "\n".join(blocks)
@@ -136,7 +136,7 @@ class NLPGPlugin(Plugin):
         notes = self.module_notes(THINK, None, ctx.backend.count_tokens, budget_tokens)
         meta = {"version": version, "shown": {THINK: list(notes.ids)} if notes.ids else {},
                 "malformed": malformed}
-        text = load_prompt("nlpg_guidance.yaml#heading") + "\n" + notes.text if notes.text \
+        text = PROMPTS.load("guidance.yaml#heading") + "\n" + notes.text if notes.text \
             else ""
         return Guidance("Policy notes", text, meta, library_version=version)
 

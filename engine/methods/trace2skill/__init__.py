@@ -5,11 +5,13 @@
 """
 
 from whetstone.engine.methods.registry import MethodSpec
+from whetstone.engine.prompts import Prompts
+
+# Its prompts, in prompts/ beside this file.
+PROMPTS = Prompts(__name__)
 
 METHOD = MethodSpec(
     name="trace2skill",
     evolver="whetstone.engine.methods.trace2skill.evolver:Trace2Skill",
-    prompts=("trace2skill_batch", "trace2skill_batch_run", "trace2skill_draft",
-             "trace2skill_examples", "trace2skill_failure", "trace2skill_success",
-             "trace2skill_system"),
+    prompts=PROMPTS,
 )

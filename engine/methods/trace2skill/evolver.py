@@ -28,6 +28,7 @@ from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.analyst import AnalystStats, ask_parsed, render_trace
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
 from whetstone.engine.methods.examples import example_from_trace
+from whetstone.engine.methods.trace2skill import PROMPTS
 from whetstone.engine.methods.trace2skill.examples import (
     ExampleAction,
     ExampleReport,
@@ -36,7 +37,6 @@ from whetstone.engine.methods.trace2skill.examples import (
     default_adds,
     listing,
 )
-from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.replies import extract_json_object
 from whetstone.engine.types import Trace
 from whetstone.skills.format import EXAMPLES_FILE, Example
@@ -241,9 +241,9 @@ def draft_skill(name: str, description: str) -> dict[str, str]:
     desc = description or f"Lessons learned for {name.replace('-', ' ')} tasks."
     # A JSON string is a double-quoted YAML scalar: a description holding ": " (or starting
     # with a special character) stays one value instead of breaking the front matter.
-    return {"SKILL.md": render_prompt("trace2skill_draft", name=name, description=desc,
-                                      description_yaml=json.dumps(desc, ensure_ascii=False),
-                                      title=name.replace("-", " ").capitalize())}
+    return {"SKILL.md": PROMPTS.render("draft", name=name, description=desc,
+                                       description_yaml=json.dumps(desc, ensure_ascii=False),
+                                       title=name.replace("-", " ").capitalize())}
 
 
 class Trace2Skill:
@@ -344,8 +344,8 @@ class Trace2Skill:
         if len(batch) == 1:
             t = batch[0]
             success = _is_success(t, self.config.success_threshold)
-            user = render_prompt(
-                "trace2skill_success" if success else "trace2skill_failure",
+            user = PROMPTS.render(
+                "success" if success else "failure",
                 skill=skill, trace=render_trace(t), outcome=t.outcome,
                 score="n/a" if t.score is None else f"{t.score:g}",
                 expected=_label(t, labels))
@@ -354,14 +354,14 @@ class Trace2Skill:
             for i, t in enumerate(batch, 1):
                 verdict = "success" if _is_success(t, self.config.success_threshold) \
                     else "failure"
-                blocks.append(render_prompt(f"trace2skill_batch_run.yaml#{verdict}", number=i,
-                                            expected=_label(t, labels),
-                                            trace=render_trace(t, max_chars=2500)))
-            user = render_prompt("trace2skill_batch", skill=skill, count=len(batch),
-                                 traces="\n\n".join(blocks))
+                blocks.append(PROMPTS.render(f"batch_run.yaml#{verdict}", number=i,
+                                             expected=_label(t, labels),
+                                             trace=render_trace(t, max_chars=2500)))
+            user = PROMPTS.render("batch", skill=skill, count=len(batch),
+                                  traces="\n\n".join(blocks))
         if self.config.examples:
             user += "\n\n" + listing(files)
-        return [{"role": "system", "content": load_prompt("trace2skill_system")},
+        return [{"role": "system", "content": PROMPTS.load("system")},
                 {"role": "user", "content": user}]
 
     def _checker(self, files: Mapping[str, str], support: Sequence[str]

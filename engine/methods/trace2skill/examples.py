@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from whetstone.engine.errors import WhetstoneError
-from whetstone.engine.prompts import render_prompt
+from whetstone.engine.methods.trace2skill import PROMPTS
 from whetstone.engine.replies import extract_json_object
 from whetstone.skills.format import (
     EXAMPLES_FILE,
@@ -79,11 +79,11 @@ class ExampleReport:
 def listing(files: Mapping[str, str]) -> str:
     """The prompt block that shows an analyst the skill's current examples."""
     current = parse_examples(files.get(EXAMPLES_FILE, ""))[0]
-    lines = [render_prompt("trace2skill_examples.yaml#entry", id=ex.trace_id,
-                           task=ex.task[:160]) for ex in current]
-    return render_prompt("trace2skill_examples.yaml#block",
-                         examples="\n".join(lines) or render_prompt(
-                             "trace2skill_examples.yaml#none"))
+    lines = [PROMPTS.render("examples.yaml#entry", id=ex.trace_id,
+                            task=ex.task[:160]) for ex in current]
+    return PROMPTS.render("examples.yaml#block",
+                          examples="\n".join(lines) or PROMPTS.render(
+                             "examples.yaml#none"))
 
 
 def _trace_id(value: Any, batch: Sequence[str], known: set[str]) -> tuple[str | None, bool]:
