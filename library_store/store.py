@@ -242,6 +242,11 @@ class Library:
         power cut costs one step again (a torn file reads as missing), not the library."""
         return method_state(self.root, method, legacy=legacy, durable=False)
 
+    def scratch(self, name: str) -> Path:
+        """``<library>/work/<name>/``: files runs write that belong to no version (the images
+        learned tools make); created on first use by whoever writes there, safe to delete."""
+        return self.root / "work" / name
+
     def settings(self) -> dict[str, Any]:
         """``library.json`` (e.g. ``{"trace_keep_days": 30}``); empty when absent."""
         try:

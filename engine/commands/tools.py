@@ -189,7 +189,7 @@ def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Librar
     from whetstone.tools.learned_run import run_learned
     from whetstone.tools.visual import visual_tools
 
-    images = ImageFiles(library.root / "work" / "tool-images", roots)
+    images = ImageFiles(library.scratch("tool-images"), roots)
     if entry.kind == "learned":
         try:
             return run_learned(entry.definition, args, images=images, timeout_s=timeout_s)

@@ -84,7 +84,7 @@ def library_tools_for_langchain(library: str | Path | Library | Engine, *,
     from whetstone.tools.images import ImageFiles
 
     snap = _snapshot(library, version)
-    images = ImageFiles(snap.library.root / "work" / "tool-images")
+    images = ImageFiles(snap.library.scratch("tool-images"))
     tools, _ = library_tools(snap, images=images, sandbox=sandbox)
     return [as_langchain_tool(t) for t in tools]
 

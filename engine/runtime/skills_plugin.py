@@ -166,7 +166,7 @@ class SkillsPlugin(Plugin):
         with self._lock:
             if self._tools is None or self._tools[0] != snap.id:
                 if self.images is None:
-                    self.images = ImageFiles(self.library.root / "work" / "tool-images")
+                    self.images = ImageFiles(self.library.scratch("tool-images"))
                 tools, report = library_tools(snap, images=self.images, sandbox=self.sandbox)
                 self._tools = (snap.id, tools, report)
             return self._tools[1], self._tools[2]
