@@ -98,7 +98,7 @@ class AnalystReply(Generic[T]):
     error: str = ""  # why the last reply was dropped (``value`` is None)
 
 
-class AskAgain(Exception):  # noqa: N818 (a request to the loop, not an error anyone sees)
+class AskAgain(Exception):  # a request to the loop, not an error anyone sees
     """Raised by a ``parse`` function for a reply that parses but should be asked for again
     (a repair that returns the code unchanged): the model is told ``message``; when no retry
     is left, ``fallback`` (the parsed value) is the answer."""
