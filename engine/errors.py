@@ -49,9 +49,12 @@ class ModelLoadError(WhetstoneError):
 
 
 class BackendError(WhetstoneError):
-    """A backend call failed."""
+    """A backend call failed. ``no_retry``: trying again now will not help, because the
+    backend already retried the upstream or the upstream said not to (``x-should-retry:
+    false``); a proxy tells its client so, and retries do not multiply down a chain."""
 
     exit_code = 4
+    no_retry: bool = False
 
 
 class BackendUnavailable(BackendError):

@@ -486,6 +486,47 @@ def test_429_and_500_are_retried_and_retry_after_is_honoured(servers: Servers) -
     assert c.prompt_tokens > 0 and c.completion_tokens > 0
 
 
+def test_an_upstream_that_says_do_not_retry_is_not_retried(servers: Servers) -> None:
+    """``x-should-retry: false`` (the header the ``openai`` client obeys) stops our retries
+    too, on both transports, and the error says retrying will not help."""
+    for call in ("complete", "acomplete"):
+        hits: list[float] = []
+        url = servers.start(_flaky_app([429] * 10, hits, headers={"x-should-retry": "false"}))
+        backend = get_backend(f"openai:tiny@{url}",
+                              BackendOptions(max_retries=3, extra=FAST_RETRY))
+        with backend, pytest.raises(BackendError) as info:
+            result = getattr(backend, call)(ASK)
+            if asyncio.iscoroutine(result):
+                asyncio.run(result)
+        assert len(hits) == 1 and info.value.no_retry, call
+    hits = []
+    url = servers.start(_flaky_app([429] * 10, hits))  # no header: retried, then final
+    backend = get_backend(f"openai:tiny@{url}", BackendOptions(max_retries=2, extra=FAST_RETRY))
+    with backend, pytest.raises(BackendError) as info:
+        backend.complete(ASK)
+    assert len(hits) == 3 and info.value.no_retry
+
+
+def test_a_chain_of_whetstone_servers_makes_one_round_of_retries(servers: Servers) -> None:
+    """client -> Whetstone B -> Whetstone A -> an upstream that is always rate limiting. A
+    retries its upstream, then answers 429 with ``x-should-retry: false``: B does not retry A
+    and the ``openai`` client does not retry B. Without the header the upstream saw
+    (1 + 3) * (1 + 3) * (1 + 2) = 48 calls for one request."""
+    import openai
+
+    hits: list[float] = []
+    flaky = servers.start(_flaky_app([429] * 100, hits))
+    a = servers.start(create_app(get_backend(f"openai:tiny@{flaky}", BackendOptions(
+        max_retries=3, extra=FAST_RETRY)), model_name="tiny"))
+    b = servers.start(create_app(get_backend(f"openai:tiny@{a}", BackendOptions(
+        max_retries=3, extra=FAST_RETRY)), model_name="tiny"))
+    client = openai.OpenAI(base_url=f"{b}/v1", api_key="x", max_retries=2)
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert len(hits) == 4  # A's one round: a call and three retries
+
+
 def test_4xx_is_not_retried_and_carries_the_servers_message(upstream: Callable[..., Any]
                                                            ) -> None:
     scripted, backend = upstream(ScriptedBackend(["never"]))

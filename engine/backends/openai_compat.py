@@ -29,6 +29,7 @@ from whetstone.engine.backends.openai_http import (
     SseParser,
     close_on_loop,
     server_message,
+    should_retry,
     sse_events,
 )
 from whetstone.engine.backends.openai_wire import (
@@ -153,6 +154,7 @@ class OpenAICompatBackend(Backend):
         if isinstance(exc, o.APIStatusError):
             return HttpFailure("status", _server_message(exc), status=exc.status_code,
                                retry_after=exc.response.headers.get("retry-after"), cause=exc,
+                               should_retry=should_retry(exc.response.headers),
                                error={"type": exc.type, "param": exc.param, "code": exc.code})
         if isinstance(exc, o.APIError):  # e.g. an error event in the middle of a stream
             return HttpFailure("api", _server_message(exc), cause=exc)
@@ -160,8 +162,9 @@ class OpenAICompatBackend(Backend):
 
     def _retry_wait(self, f: HttpFailure, retry: int) -> float | None:
         """Seconds to wait before retry number ``retry`` (0-based), or None: do not retry."""
-        if retry >= self.retry.max_retries or f.kind == "timeout":
-            # A timeout is not retried: the caller's deadline has already passed.
+        if retry >= self.retry.max_retries or f.kind == "timeout" or f.should_retry is False:
+            # A timeout is not retried: the caller's deadline has already passed. Nor is a
+            # reply that says not to (a Whetstone server upstream that already retried).
             return None
         if f.kind == "connection":
             return self.retry.delay(retry)
@@ -175,7 +178,13 @@ class OpenAICompatBackend(Backend):
 
     def _to_error(self, f: HttpFailure, attempts: int, timeout: float) -> WhetstoneError:
         """The ``WhetstoneError`` a caller sees for a failed call, whichever transport made
-        it."""
+        it; ``no_retry`` when it was retried here already or the upstream said not to."""
+        err = self._make_error(f, attempts, timeout)
+        if isinstance(err, BackendError):
+            err.no_retry = attempts > 1 or f.should_retry is False
+        return err
+
+    def _make_error(self, f: HttpFailure, attempts: int, timeout: float) -> WhetstoneError:
         url = self.base_url
         tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
         if f.kind == "timeout":

@@ -38,17 +38,25 @@ _READ_CHUNK = 64 * 1024
 @dataclass
 class HttpFailure(Exception):
     """A POST that did not give a 2xx: ``kind`` is ``timeout``, ``connection`` or ``status``
-    (then ``status``, the server's ``message`` and its ``Retry-After`` header)."""
+    (then ``status``, the server's ``message``, its ``Retry-After`` header and its
+    ``x-should-retry``, the header the ``openai`` client obeys: False when it said "false")."""
 
     kind: str
     message: str = ""
     status: int = 0
     retry_after: str | None = None
+    should_retry: bool | None = None
     cause: BaseException | None = None
     error: dict[str, Any] | None = None  # the server's OpenAI error object, when it sent one
 
     def __str__(self) -> str:
         return self.message
+
+
+def should_retry(headers: Any) -> bool | None:
+    """A reply's ``x-should-retry`` header: True, False, or None when absent or unclear."""
+    value = (headers.get("x-should-retry") or "").strip().lower()
+    return {"true": True, "false": False}.get(value)
 
 
 def server_message(body: Any, default: str) -> str:
@@ -252,6 +260,7 @@ class JsonPoster:
                         url, data=data, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     raw = await self._read_capped(r)
                     status, retry_after = r.status, r.headers.get("retry-after")
+                    retry_hint = should_retry(r.headers)
         except asyncio.TimeoutError as exc:
             raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -264,7 +273,7 @@ class JsonPoster:
         if status >= 400:
             raise HttpFailure("status", server_message(decoded, text[:500] or f"HTTP {status}"),
                               status=status, retry_after=retry_after,
-                              error=error_object(decoded))
+                              should_retry=retry_hint, error=error_object(decoded))
         return decoded
 
     async def open_stream(self, path: str, body: Any, timeout: float) -> AsyncIterator[bytes]:
@@ -292,6 +301,7 @@ class JsonPoster:
                                                            f"HTTP {response.status}"),
                                   status=response.status,
                                   retry_after=response.headers.get("retry-after"),
+                                  should_retry=should_retry(response.headers),
                                   error=error_object(decoded))
         except asyncio.TimeoutError as exc:
             raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc

@@ -238,11 +238,17 @@ def error_status(exc: WhetstoneError) -> tuple[int, str, str | None]:
 
 
 def error_headers(exc: WhetstoneError) -> dict[str, str]:
-    """Headers an error reply carries: ``Retry-After`` on a 429 (the upstream's, else 1 s)."""
+    """Headers an error reply carries: ``Retry-After`` on a 429 (the upstream's, else 1 s),
+    and ``x-should-retry: false`` when the backend already retried the upstream (or it said
+    not to): the ``openai`` client and a Whetstone in front of this one then do not retry
+    again, so a chain of proxies makes one round of retries, not one per hop."""
+    headers = {}
     refused = forwarded(exc)
     if refused is not None and refused.status == 429:
-        return {"Retry-After": refused.retry_after or _RETRY_AFTER_S}
-    return {}
+        headers["Retry-After"] = refused.retry_after or _RETRY_AFTER_S
+    if isinstance(exc, BackendError) and exc.no_retry:
+        headers["x-should-retry"] = "false"
+    return headers
 
 
 def metric_code(exc: WhetstoneError) -> str | None:
