@@ -38,7 +38,7 @@ from whetstone.engine.server.client import WrappedClient, wrap_client
 from whetstone.engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from whetstone.engine.types import Message, Trace
 from whetstone.library_store.corpus import Corpus
-from whetstone.library_store.store import Snapshot
+from whetstone.library_store.store import Library, Snapshot
 from whetstone.library_store.traces import TraceStore
 from whetstone.tools.base import Tool
 from whetstone.tools.builtin import builtin_tools
@@ -482,6 +482,16 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_library(path: str | Path | None = None, *, create: bool = False,
+                 registry: MethodRegistry | None = None, **kwargs: Any) -> Library:
+    """A library as ``Engine`` and the command line open it: every installed method's folders
+    (``policies/``, ``memory/``, a plugin's own) shown and written, and the product's checks on
+    every commit. ``path`` defaults to ``$WHETSTONE_HOME/library``; ``create`` makes a missing
+    one. (``Library.open`` alone knows only ``skills/`` and checks only paths.)"""
+    path = Path(path) if path is not None else whetstone_home() / "library"
+    return (registry or default_registry()).open_library(path, create=create, **kwargs)
 
 
 def solver_factory(*, methods: Sequence[MethodSpec] = (),

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from whetstone.cli import cli
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
-from whetstone.engine.errors import ConfigError, ValidationError
+from whetstone.engine.errors import ConfigError, ValidationError, WhetstoneError
 from whetstone.engine.methods.registry import (
     BUILTIN_METHODS,
     LibraryRoot,
@@ -181,3 +181,24 @@ def test_the_reference_check_can_fail(tmp_path: Path) -> None:
                    "from whetstone.engine.methods.dynamo.evolver import Dynamo\n"
                    'x = {"nlpg": 1, "sandbox memory": 2}\n')
     assert _references(bad, ["dynamo", "nlpg", "memory", "march"]) == {"dynamo", "nlpg"}
+
+
+def test_the_public_open_library_shows_every_methods_folder_and_checks_commits(
+        tmp_path: Path) -> None:
+    """``whetstone.open_library`` opens a library as ``Engine`` and the CLI do; a bare
+    ``Library.open`` writes only ``skills/`` (the other folders stay in every version)."""
+    import whetstone
+    from whetstone.library_store.store import Library
+
+    lib = whetstone.open_library(tmp_path / "lib", create=True)
+    lib.commit({"policies/think.md": "[n1] route=* helpful=0 harmful=0 :: Check units.\n"},
+               method="hand")
+    with pytest.raises(ValidationError):
+        lib.commit({"policies/think.md": "not a note line\n"}, method="hand")
+    assert (tmp_path / "lib" / "policies" / "think.md").is_file()  # in the view too
+    bare = Library.open(tmp_path / "lib")
+    with pytest.raises(WhetstoneError, match="skills/"):
+        bare.commit({"policies/think.md": "anything\n"}, method="hand")
+    bare.commit({"skills/a/SKILL.md": "---\nname: a\ndescription: d\n---\nbody\n"},
+                method="hand")
+    assert "policies/think.md" in whetstone.open_library(tmp_path / "lib").snapshot().files()

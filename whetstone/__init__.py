@@ -26,7 +26,7 @@ if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "engine" / "__init_
     __path__.append(str(_CHECKOUT))
 
 if TYPE_CHECKING:
-    from whetstone.engine.api import Engine
+    from whetstone.engine.api import Engine, open_library
     from whetstone.engine.errors import WhetstoneError
     from whetstone.engine.methods.evolve import EvolveResult
     from whetstone.engine.runtime.state import RunConfig
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # name -> the module that defines it (imported when the name is first read)
 _EXPORTS: dict[str, str] = {
     "Engine": "whetstone.engine.api",
+    "open_library": "whetstone.engine.api",
     "EvolveResult": "whetstone.engine.methods.evolve",
     "RunConfig": "whetstone.engine.runtime.state",
     "WhetstoneError": "whetstone.engine.errors",
@@ -46,7 +47,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = ["Completion", "Engine", "EvolveResult", "Message", "Request", "RunConfig", "Skill",
-           "Trace", "WhetstoneError", "__version__"]
+           "Trace", "WhetstoneError", "__version__", "open_library"]
 
 
 def __getattr__(name: str) -> Any:
