@@ -38,8 +38,8 @@ def load_prompt(name: str) -> str:
     """The text of ``engine/prompts/<name>`` (``.md`` added when no suffix is given), of one
     entry of a YAML table (``"<file>.yaml#<key>"``), or, qualified as ``"<package>:<file>"``,
     of a file in that package's ``prompts/`` folder."""
-    package, _, rest = name.rpartition(":")
-    fname, _, key = rest.partition("#")
+    path, _, key = name.partition("#")
+    package, _, fname = path.rpartition(":")
     fname = fname if "." in fname else f"{fname}.md"
     text = _read(package or __package__, fname)
     if not key:
