@@ -105,9 +105,12 @@ class MethodEntry:
         return load_target(self.target, f"method {self.name!r}")
 
     def summary(self) -> str:
-        """The first line of the class's docstring."""
+        """The first sentence of the class's docstring (its first paragraph when that has no
+        full stop)."""
         doc = (self.load().__doc__ or "").strip()
-        return doc.splitlines()[0] if doc else ""
+        first = " ".join(doc.split("\n\n")[0].split())
+        end = first.find(". ")
+        return first[:end + 1] if end >= 0 else first
 
 
 # Not a method package: the core runtime plugin every agent starts with (skill retrieval).
