@@ -75,7 +75,7 @@ class Engine:
     ``library`` is the library directory (default ``$WHETSTONE_HOME/library``, created on first
     use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
-    methods to use besides: registered names (``"co_react"``), ``(name, options)`` pairs, or
+    methods to use besides: registered names (``"memory"``), ``(name, options)`` pairs, or
     ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools`` names built-in tools, and
     ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone corpus``).
     ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate) answers a task:
@@ -240,8 +240,8 @@ class Engine:
         """What ``whetstone eval`` runs per task (traces are stored by the eval): the agent
         loop, or with ``kind="direct"`` (default: the engine's ``solver``) one call with the
         library's guidance (the skills the agent would be shown, the methods' guidance) in the
-        system message; a method with a hook that needs the loop (Co-ReAct's rubric node,
-        MARCH's verification, latent refinement) is a ``ConfigError`` there. Tagged with the
+        system message; a method with a hook that needs the loop (a node before each decision
+        or before finishing, a wrapped model call) is a ``ConfigError`` there. Tagged with the
         backend's batch for ``-j auto``."""
         from whetstone.engine.backends import auto_concurrency
         from whetstone.engine.evaluation.runner import with_concurrency
@@ -288,7 +288,7 @@ class Engine:
                registry: MethodRegistry | None = None, solver: str | None = None,
                allow_errors: bool = False, **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
-        object; default: the registry's first evolver, Trace2Skill) and land the change
+        object; default: the registry's first evolver) and land the change
         through the regression gate.
 
         Learns from ``traces``, or from the stored traces ``trace_filter`` selects
@@ -296,7 +296,7 @@ class Engine:
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
         scores on ``gate_tasks`` (default: the traces' own tasks). ``options`` configure the
-        method, e.g. ``skill="word-math", create=True, workers=4`` for trace2skill.
+        method (its config's fields, as ``whetstone methods`` lists them).
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
@@ -326,7 +326,7 @@ class Engine:
         task_set = load_tasks(tasks) if isinstance(tasks, str) else tasks
         analyst_backend, own = self._analyst(analyst)
         # Runs and the gate read the library through the runtime methods the evolver's
-        # changes need (NLPG's notes reach a prompt only through the nlpg method).
+        # changes need (a method's own folder reaches a prompt only through its runtime plugin).
         runner = self._with_methods(getattr(evolver, "runtime_methods", ()))
         try:
             return evolve(
@@ -366,16 +366,16 @@ class Engine:
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)
 
-    # -- verification (the method whose spec has ``verify``: MARCH) ------------------------
+    # -- verification (the method whose spec has ``verify``) --------------------------------
 
     def verify(self, question: str, answer: str | None = None, *,
                evidence: Sequence[str] | None = None, analyst: Backend | str | None = None,
                record: bool = True, **options: Any) -> Verification:
         """Check ``answer`` to ``question`` against ``evidence`` with the installed verifier
-        (MARCH; default evidence: the top passages of the corpus ``options["corpus"]`` or
+        (default evidence: the top passages of the corpus ``options["corpus"]`` or
         ``corpus``); with no ``answer`` the solver answers from the evidence first.
-        ``options`` are the verifier's knobs over those ``methods`` gives it (MARCH's
-        ``MarchConfig``: ``policy="revise"``, ``rounds=2``, ``k=4`` ...). The check is stored
+        ``options`` are the verifier's knobs over those ``methods`` gives it (its config's
+        fields: ``policy="revise"``, ``rounds=2``, ``k=4`` ... for the built-in one). The check is stored
         as a trace (``meta.source == "verify"``) unless ``record=False``."""
         name, check = self.registry.verifier()
         env = VerifyEnv(self.backend, self._analyst, self.corpus, self.corpus_name)
@@ -411,8 +411,8 @@ class Engine:
 
     def check_chat_methods(self) -> None:
         """``ConfigError`` for a method chat mode cannot run: a chat completion applies only
-        the methods' guidance, so Co-ReAct's rubric node, MARCH's verification, latent
-        refinement, self-consistency and Elastic Horizon would be dropped without a word."""
+        the methods' guidance, so a node before each decision or before finishing, a wrapped
+        model call or solver, or a per-task budget would be dropped without a word."""
         self._check_host("chat")
 
     def _chat_runner(self) -> ChatRunner:

@@ -241,8 +241,8 @@ class Completion:
 class Step:
     """One thing the agent did. ``input``/``output`` are JSON-safe values.
 
-    ``module`` is the graph node that produced it; ``route`` is the edge taken next, which
-    NLPG uses to key its notes.
+    ``module`` is the graph node that produced it; ``route`` is the edge taken next (policy
+    notes are keyed by both).
     """
 
     kind: StepKind
@@ -386,7 +386,7 @@ class ToolSpec(_Simple):
 
 @dataclass(frozen=True)
 class PolicyNote(_Simple):
-    """An NLPG note for one module: ``[id] route=… helpful=N harmful=N :: text``."""
+    """A policy note for one module: ``[id] route=… helpful=N harmful=N :: text``."""
 
     id: str
     module: str
@@ -398,7 +398,7 @@ class PolicyNote(_Simple):
 
 @dataclass(frozen=True)
 class Rubric(_Simple):
-    """A Co-ReAct step rubric: weighted conditions whose weights sum to 1."""
+    """A step rubric: weighted conditions for the next decision whose weights sum to 1."""
 
     lines: tuple[tuple[float, str], ...]
     phase: Literal["early", "mid", "late"] = "early"
@@ -431,7 +431,8 @@ class Passage(_Simple):
 
 @dataclass(frozen=True)
 class Claim(_Simple):
-    """A MARCH atomic claim, phrased as a checkable question with the answer's version.
+    """An atomic claim of an answer, phrased as a checkable question with the answer's
+    version.
 
     ``answer_claimed`` is what the checked answer implies; ``checked_answers`` are the
     checker's answers to ``question`` (one per sample; "" when it could not answer).
@@ -444,11 +445,11 @@ class Claim(_Simple):
 
 @dataclass(frozen=True)
 class CheckRequest(_Simple):
-    """Everything MARCH's checker may see: the evidence and the claims' questions.
+    """Everything a claim checker may see: the evidence and the claims' questions.
 
     There is deliberately no field for the answer being checked nor for any claimed answer:
     the checker's prompt is built from this record alone, so the answer cannot leak into it
-    (information asymmetry; see engine/methods/march/verifier.py).
+    (information asymmetry).
     """
 
     questions: tuple[str, ...]

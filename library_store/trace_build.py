@@ -2,7 +2,7 @@
 
 Every recorded run is built here, whatever made it: an agent run (``engine/runtime/nodes.py``),
 one direct-solver call (``engine/evaluation/direct.py``), one chat exchange
-(``engine/server/exchange.py``), a MARCH verification (``engine/methods/march/verifier.py``) or an
+(``engine/server/exchange.py``), a verification (``whetstone verify``, ``Engine.verify``) or an
 outside agent's run logged over MCP. Each host only says what it saw (task, steps, answer,
 outcome); ``make_trace`` gives the trace its id (``new_trace_id``, sortable by time) and its
 kind (``meta["source"]``), so ``whetstone traces ls --filter source=chat`` and the evolvers read
@@ -23,13 +23,13 @@ from typing import Any
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.types import Outcome, Step, Trace
 
-# What made a trace, stored as ``meta["source"]``. "verify" is MARCH's kind (its name on disk
+# What made a trace, stored as ``meta["source"]``. "verify" is a verification's kind (its name on disk
 # since the first verification traces, kept so old and new ones read alike).
 TRACE_KINDS: dict[str, str] = {
     "agent": "a run of the agent graph (whetstone run, eval, the server's agent mode)",
     "direct": "one call in the model's chat template (eval --solver direct)",
     "chat": "one chat exchange (Engine.chat, the server, Engine.wrap, LangChain)",
-    "verify": "a MARCH verification (whetstone verify, Engine.verify)",
+    "verify": "a verification (whetstone verify, Engine.verify)",
     "mcp": "an outside agent's run logged over MCP (log_run)",
 }
 SOURCE_KEY = "source"

@@ -23,7 +23,7 @@ input (the tool reads the task itself) or its output (the tool's result is the a
 A parameter ``Annotated[str, "task"]`` is filled by the runtime with the run's task text and
 is not shown to the model (LangChain's ``InjectedToolArg``); a return ``Annotated[..., "answer"]``
 says the output is the task's answer, so a run that calls the tool successfully ends with it
-(LangChain's ``return_direct``). Dynamo writes such tools only after checking their output
+(LangChain's ``return_direct``). An evolver writes such tools only after checking their output
 against labels.
 
 Parameters and the return value are JSON types (``int``, ``float``, ``str``, ``bool``,

@@ -8,7 +8,7 @@ the GGUF's sha256, or for a folder by a fingerprint of its files' names, sizes a
 ``hf:<path>@transformers`` runs the model through transformers here instead.
 
 ``HFBackend`` (the transformers engine) exposes ``model`` and ``tokenizer`` so white-box
-methods (latent test-time scaling) can reach hidden states. It uses the model's own chat
+methods can reach hidden states. It uses the model's own chat
 template and native tool-call format.
 
 A folder holding a vision-language model (``vision_config`` in its config) loads through

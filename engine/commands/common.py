@@ -217,11 +217,11 @@ def _remember_rubric_model(ctx: click.Context, _: click.Parameter, value: str | 
 
 def methods_option(fn: F) -> F:
     """``--methods a,b`` and ``--method-config NAME.KEY=VALUE``: runtime methods for the run
-    (``whetstone methods`` lists them); ``--rubric-model SPEC`` names Co-ReAct's rubric
-    generator (``--method-config co_react.rubric_model=SPEC``)."""
+    (``whetstone methods`` lists them); ``--rubric-model SPEC`` names the rubric
+    generator of the listed methods that have a ``rubric_model`` knob."""
     fn = click.option("--rubric-model", default=None, metavar="SPEC", expose_value=False,
                       callback=_remember_rubric_model,
-                      help="Model spec of Co-ReAct's rubric generator and checker "
+                      help="Model spec of the rubric generator and checker "
                            "(default: the agent's model).")(fn)
     fn = click.option("--method-config", "method_config", multiple=True, metavar="NAME.KEY=V",
                       help="Set one knob of a runtime method; repeat for more.")(fn)
@@ -297,7 +297,7 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
     rubric_model = ctx.meta.get(_RUBRIC_MODEL) if ctx is not None else None
     registry = default_registry()
     if rubric_model:
-        # the listed methods with a rubric_model knob (Co-ReAct's rubric generator)
+        # the listed methods with a rubric_model knob
         takers = [n for n in names if "rubric_model" in _knobs(registry, n)]
         if not takers:
             able = [n for n in registry.names("runtime") if "rubric_model" in _knobs(registry, n)]

@@ -1,4 +1,4 @@
-"""``whetstone corpus add | ls | rm | query | reindex``: the evidence corpora MARCH and the
+"""``whetstone corpus add | ls | rm | query | reindex``: the evidence corpora the verifier and the
 ``search`` tool read (``library_store/corpus.py``).
 
 A corpus lives in the library folder (``<library>/corpus/<name>``), named with ``--corpus``
@@ -46,7 +46,7 @@ def open_corpus(library_path: Path | None, name: str, *, threads: int | None = 1
 
 @click.group("corpus")
 def corpus_group() -> None:
-    """Evidence corpora: documents MARCH checks answers against and `search` reads."""
+    """Evidence corpora: documents the verifier checks answers against and `search` reads."""
 
 
 def _stdin_docs(text: str, fmt: str, source: str | None, text_field: str | None) -> Any:

@@ -3,7 +3,7 @@ the result. Shared by ``whetstone run`` and ``whetstone traces show``.
 
 Traces come from several writers, each with its own step shapes: the agent loop (a ``think``
 output is a dict with ``thought``/``parsed``/``completion``), the direct solver (the output is
-the reply text), chat mode (``{"completion": {...}}``) and MARCH (``verify`` steps holding a
+the reply text), chat mode (``{"completion": {...}}``) and verifications (``verify`` steps holding a
 whole check). Stored traces may also predate a shape change, so every field is read defensively:
 a step this module does not understand prints a short line, never a crash.
 """
@@ -89,7 +89,7 @@ _MARK = {True: "[green]supported[/]", False: "[red]contradicted[/]"}
 
 
 def _verify(out: Any, step: Any) -> None:
-    """A MARCH check: each claim of the last round with its verdict, then the summary."""
+    """A verification: each claim of the last round with its verdict, then the summary."""
     if step.error:
         out.print(f"[red]Verification failed:[/] {short(step.error, 2000)}", markup=True,
                   soft_wrap=True)
@@ -110,7 +110,7 @@ def _verify(out: Any, step: Any) -> None:
 
 
 def _rubric(out: Any, step: Any) -> None:
-    """A Co-ReAct rubric: the criteria the next decision is held to (or why it was dropped)."""
+    """A step rubric: the criteria the next decision is held to (or why it was dropped)."""
     if step.error:
         out.print(f"[yellow]{short(step.error, 1000)}[/]", markup=True, soft_wrap=True)
         return

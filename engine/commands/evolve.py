@@ -1,7 +1,7 @@
 """``whetstone evolve METHOD``: turn recorded traces into library changes, gated by eval.
 
-    whetstone evolve trace2skill --tasks gsm8k@train:0:20 --skill word-math --create
-    whetstone evolve trace2skill --skill word-math --traces "outcome=answered,score<1" --dry-run
+    whetstone evolve METHOD --tasks gsm8k@train:0:20 [its options]
+    whetstone evolve METHOD --traces "outcome=answered,score<1" --dry-run
 
 One command per registered evolver (``whetstone.engine.methods.registry``), built when asked for: its
 own options come from its config dataclass (``whetstone.engine.methods.base.knob`` fields), the shared

@@ -28,7 +28,7 @@ from whetstone.engine.commands.common import (
 @click.option("--no-record", is_flag=True, help="Do not store exchanges as traces.")
 @click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
               show_default=True, help='The evidence corpus {"whetstone": {"verify": true}} '
-                                      "checks replies against (MARCH).")
+                                      "checks replies against (`whetstone verify`).")
 @skills_options("Skills retrieved for each request (the k nearest).",
                 "The lowest retrieval score (cosine) a skill needs to be shown")
 @click.option("--host", default="127.0.0.1", show_default=True)

@@ -204,7 +204,7 @@ class WhetstoneChatModel(BaseChatModel):
     ``inner``: any LangChain chat model (or one with arguments bound). ``library``: a library
     folder, a ``Library``, or an ``Engine`` (its adapter, methods and pinned version are used;
     default: ``$WHETSTONE_HOME/library``). ``methods``: runtime methods that add guidance
-    (``memory``, ``nlpg``, with options as ``(name, {...})``); one that needs the agent loop is
+    (by name, with options as ``(name, {...})``); one that needs the agent loop is
     a ``ConfigError``. ``version`` pins a library version; ``skills=False`` leaves the skills
     out; ``record=False`` stores no traces; ``budget_tokens`` bounds the guidance. Per call,
     ``model.bind(whetstone={"library": False, "record": False, "budget_tokens": 400})`` does

@@ -46,7 +46,7 @@ def build_graph(plugins: Sequence[Plugin] = ()) -> Any:
     g.add_node("act", _adapt(act))
     g.add_node("finish", _adapt(finish))
 
-    # Node names are "<plugin>_<function>" (e.g. co_react_rubric): NLPG keys notes by them.
+    # Node names are "<plugin>_<function>": policy notes are keyed by them, so they stay put.
     before = [(f"{p.name}_{fn.__name__}", fn) for p in plugins
               if (fn := p.before_think()) is not None]
     verify = [(f"{p.name}_{fn.__name__}", fn) for p in plugins

@@ -2,7 +2,7 @@
 
 Each node is a plain function of (state, context) returning a state update, so it can be tested
 without LangGraph. Every node appends ``Step`` records; ``route`` on a step is the edge taken
-next, which NLPG uses to key its notes.
+next, by which policy notes are keyed.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Runtime methods: how a method acts during a run without the runtime knowing it.
 
 A ``Plugin`` is a runtime method. It may add guidance to the system message (skills, policy
-notes), tools (``read_skill``, Dynamo tools), a node before each decision (Co-ReAct's rubric), a
-node before finishing (MARCH's verification), facts to the finished trace's ``meta``, a per-task
-change of the run's budgets (``adjust_config``: Elastic Horizon sets the step horizon) and a
-wrapper around the model call (``wrap_model``: latent test-time scaling refines a white-box
-model's decoding). Every hook has a default, so a method implements only what it needs.
+notes), tools (``read_skill``, learned tools), a node before each decision (a step rubric), a
+node before finishing (a claim-by-claim verification), facts to the finished trace's ``meta``, a
+per-task change of the run's budgets (``adjust_config``: a step horizon that follows similar
+tasks) and a wrapper around the model call (``wrap_model``: refining a white-box model's decoding
+in its hidden states). Every hook has a default, so a method implements only what it needs.
 
 A method registered by name (``whetstone run --methods NAME``, ``Engine(methods=["NAME"])``;
 see ``whetstone.engine.methods.registry``) declares ``config_class``, a frozen dataclass of its knobs, and
@@ -156,7 +156,7 @@ def check_host(name: str, plugin_class: type[Plugin], host: str) -> None:
         f"act{'s' if len(missing) == 1 else ''} only in {where or 'a host that runs them'}",
         hint=f"run {name} in the agent (Engine(methods=[{name!r}]).run(task), "
              "`whetstone eval --solver agent`) or leave it out; chat mode and the direct "
-             "solver apply methods that add guidance (skills, memory, nlpg)")
+             "solver apply the methods that only add guidance to the system message")
 
 
 class Plugin:
@@ -191,11 +191,11 @@ class Plugin:
         return None
 
     def before_think(self) -> NodeFn | None:
-        """A node run before every model decision (Co-ReAct)."""
+        """A node run before every model decision (a step rubric)."""
         return None
 
     def verify(self) -> NodeFn | None:
-        """A node run on the answer before the run finishes (MARCH)."""
+        """A node run on the answer before the run finishes (a verification)."""
         return None
 
     def finish_meta(self, state: AgentState) -> Mapping[str, Any]:
@@ -203,8 +203,8 @@ class Plugin:
         return {}
 
     def adjust_config(self, task: str, config: RunConfig) -> RunConfig:
-        """The budgets and sampling for a run of ``task`` (Elastic Horizon sets
-        ``max_steps``); called once per run, in plugin order."""
+        """The budgets and sampling for a run of ``task`` (e.g. a ``max_steps`` learned from
+        similar tasks); called once per run, in plugin order."""
         return config
 
     def required_tools(self, shown: Mapping[str, Any]) -> list[str]:
@@ -215,13 +215,13 @@ class Plugin:
         return []
 
     def wrap_model(self, call: ModelCall, backend: Backend) -> ModelCall:
-        """The model call the ``think`` node makes, wrapped (latent test-time scaling refines
-        a white-box ``backend``'s decoding); wrappers nest in plugin order."""
+        """The model call the ``think`` node makes, wrapped (e.g. refining a white-box
+        ``backend``'s decoding in its hidden states); wrappers nest in plugin order."""
         return call
 
     def wrap_solver(self, solve: SolveFn) -> SolveFn:
         """A wrapper around solving one whole task, for a method that runs a task more than
-        once (self-consistency samples several runs and votes). Evaluation solvers
+        once (e.g. to sample several runs and vote). Evaluation solvers
         (``Engine.solver``: eval, the gate, the scoreboard) apply it, in plugin order; a
         single ``run`` does not."""
         return solve

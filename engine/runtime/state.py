@@ -47,7 +47,7 @@ class AgentState(TypedDict, total=False):
     outcome: str | None
     reason: str | None  # why the run stopped, in words
     n_calls: int  # model calls so far (the horizon counts these)
-    # Text the before-think nodes leave for the next model call only (Co-ReAct's rubric), by
+    # Text the before-think nodes leave for the next model call only (a step rubric), by
     # node; ``think`` adds it to that call's request and clears it.
     step_guidance: dict[str, str]
     tokens: int

@@ -54,7 +54,8 @@ class ChatSwitches:
 
     ``library``: inject guidance (default on); ``record``: store the exchange as a trace;
     ``budget_tokens``: the guidance budget for this request (default: the adapter's);
-    ``verify``: check the reply for hallucination with MARCH and return the report.
+    ``verify``: check the reply for hallucination with the installed verifier and return
+    the report.
     """
 
     library: bool = True

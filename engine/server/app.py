@@ -94,7 +94,7 @@ def create_app(
     many more may wait (429 past it; None: no limit); ``max_body_bytes`` refuses bigger bodies
     (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
     ``adapter`` applies the library to each request; ``traces`` records every exchange;
-    ``verifier`` answers ``{"whetstone": {"verify": true}}`` (MARCH's report on the reply);
+    ``verifier`` answers ``{"whetstone": {"verify": true}}`` (the verifier's report on the reply);
     ``retrieval_workers`` threads embed queries.
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,

@@ -24,7 +24,7 @@ from whetstone.engine.types import Request, Trace
 
 log = logging.getLogger("whetstone.server")
 
-# (question, answer) -> a hallucination report (MARCH: ``Engine.verify_report``).
+# (question, answer) -> a hallucination report (``Engine.verify_report``).
 Verifier = Callable[[str, str], Mapping[str, Any]]
 
 
@@ -99,7 +99,7 @@ class ChatPipeline:
                               "combined with stream", hint="send stream: false to verify")
 
     async def verify(self, question: str, answer: str) -> dict[str, Any]:
-        """MARCH's report on one reply, computed off the event loop. A failed check (an
+        """The verifier's report on one reply, computed off the event loop. A failed check (an
         empty corpus, an unreadable proposer reply) is reported, and the reply still sent."""
         assert self.verifier is not None
         loop = asyncio.get_running_loop()
