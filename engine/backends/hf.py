@@ -8,8 +8,8 @@ the GGUF's sha256, or for a folder by a fingerprint of its files' names, sizes a
 ``hf:<path>@transformers`` runs the model through transformers here instead.
 
 ``HFBackend`` (the transformers engine) exposes ``model`` and ``tokenizer`` so white-box
-methods can reach hidden states. It uses the model's own chat
-template and native tool-call format.
+methods can reach hidden states. It uses the model's own chat template and native tool-call
+format.
 
 A folder holding a vision-language model (``vision_config`` in its config) loads through
 ``AutoProcessor`` + ``AutoModelForImageTextToText`` (``hf_vlm.py``) and always runs on
