@@ -76,9 +76,9 @@ class Engine:
     use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
     methods to use besides: registered names (``"memory"``), ``(name, options)`` pairs, or
-    ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools`` names built-in tools, and
-    ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone corpus``).
-    ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate) answers a task:
+    ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools`` names built-in
+    tools, and ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone
+    corpus``). ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate) answers a task:
     ``agent`` (the loop) or ``direct`` (one call, the library's guidance in the system
     message).
     """
@@ -265,7 +265,8 @@ class Engine:
         return self.agent.run(task, **kwargs)
 
     def stream(self, task: str, **kwargs: Any) -> Iterator[AgentEvent]:
-        """Steps as they happen, then the finished trace (see ``whetstone.engine.runtime.Agent.stream``)."""
+        """Steps as they happen, then the finished trace (see
+        ``whetstone.engine.runtime.Agent.stream``)."""
         return self.agent.stream(task, **kwargs)
 
     def resume(self, trace_id: str) -> Trace:
@@ -375,8 +376,8 @@ class Engine:
         (default evidence: the top passages of the corpus ``options["corpus"]`` or
         ``corpus``); with no ``answer`` the solver answers from the evidence first.
         ``options`` are the verifier's knobs over those ``methods`` gives it (its config's
-        fields: ``policy="revise"``, ``rounds=2``, ``k=4`` ... for the built-in one). The check is stored
-        as a trace (``meta.source == "verify"``) unless ``record=False``."""
+        fields: ``policy="revise"``, ``rounds=2``, ``k=4`` ... for the built-in one). The
+        check is stored as a trace (``meta.source == "verify"``) unless ``record=False``."""
         name, check = self.registry.verifier()
         env = VerifyEnv(self.backend, self._analyst, self.corpus, self.corpus_name)
         result = check(env, question, answer, evidence=evidence, analyst=analyst,

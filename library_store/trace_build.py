@@ -23,8 +23,8 @@ from typing import Any
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.types import Outcome, Step, Trace
 
-# What made a trace, stored as ``meta["source"]``. "verify" is a verification's kind (its name on disk
-# since the first verification traces, kept so old and new ones read alike).
+# What made a trace, stored as ``meta["source"]``. "verify" is a verification's kind (its name
+# on disk since the first verification traces, kept so old and new ones read alike).
 TRACE_KINDS: dict[str, str] = {
     "agent": "a run of the agent graph (whetstone run, eval, the server's agent mode)",
     "direct": "one call in the model's chat template (eval --solver direct)",

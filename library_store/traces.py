@@ -350,8 +350,8 @@ class TraceStore:
                    ) -> tuple[list[Trace], dict[str, int]]:
         """The records written after ``cursor`` (what the previous call returned; None: from
         the start), in the order they were written, and the cursor for the next call: a
-        reader that follows the store (a method reading new traces before each run) reads each line
-        once, however large the store grows. A line still being written waits for the next
+        reader that follows the store (a method reading new traces before each run) reads each
+        line once, however large the store grows. A line still being written waits for the next
         call; an unreadable one is reported in ``problems`` and skipped; a file that shrank
         is read again from its start, and a deleted one leaves the cursor."""
         done = dict(cursor or {})
