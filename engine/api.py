@@ -78,9 +78,9 @@ class Engine:
     methods to use besides: registered names (``"memory"``), ``(name, options)`` pairs, or
     ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools`` names built-in
     tools, and ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone
-    corpus``). ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate) answers a task:
-    ``agent`` (the loop) or ``direct`` (one call, the library's guidance in the system
-    message).
+    corpus``). ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate)
+    answers a task: ``agent`` (the loop) or ``direct`` (one call, the library's guidance in
+    the system message).
     """
 
     def __init__(
