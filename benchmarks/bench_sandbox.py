@@ -8,6 +8,8 @@ Modes, each running the same programs in turn (round-robin, so drift hits them a
 - ``process/<limits>``: our fallback without bubblewrap (gate, limits, leftover sweep);
 - ``bwrap/<limits>``: the default where bubblewrap works.
 ``<limits>`` is ``cgroup1``/``cgroup2`` where a cgroup is writable here, and ``watchdog``.
+Run as root, the sandbox modes include giving root up first (``setpriv``, and staging what
+uid 65534 cannot reach: docs/sandbox.md); a process mode that must refuse as root is skipped.
 Programs: ``print(1)`` (pure overhead), ``import numpy`` (a typical tool), and a learned tool
 call through the harness (numpy + PIL, an image in and a number out; sandbox modes only).
 Prints the median and p90 wall time per call and each mode's median over the baseline's.
@@ -79,6 +81,9 @@ def _modes() -> dict[str, Sandbox]:
                 box = Sandbox.detect(isolation=isolation, limits=limits)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 -- a mode this machine lacks is reported
                 print(f"  ({isolation}/{limits} unavailable: {exc})")
+                continue
+            if box.refusal:  # root without bubblewrap that cannot give root up
+                print(f"  ({isolation}/{limits} refuses every call here: {box.refusal})")
                 continue
             modes[f"{box.status.isolation}/{box.status.limits}"] = box
     return modes

@@ -155,6 +155,9 @@ def test_denied_attributes_cover_every_module_the_allowed_ones_hold() -> None:
                                                          and path.endswith(".lib")):
                 missing[f"{path}.{name}"] = value.__name__
 
+    from PIL import Image
+
+    Image.init()  # every image plugin, as a run that decoded some images has them loaded
     for root in roots:
         walk(importlib.import_module(root), root, 0)
     assert len(seen) > 50  # numpy and PIL were walked, not skipped
@@ -197,6 +200,9 @@ open("out/kept.txt", "w").write("kept")
 report = {}
 for mode in ("auto", "process"):
     box = Sandbox.detect(isolation=mode)
+    if box.refusal:  # root without bubblewrap that cannot give root up: nothing runs
+        report[mode] = {"refused": box.refusal}
+        continue
     start = time.monotonic()
     res = box.run_python(MAKE, collect="out", timeout_s=10)
     report[mode] = {"s": time.monotonic() - start, "outputs": sorted(res.outputs),
@@ -235,6 +241,9 @@ def test_fifo_socket_and_link_in_out_do_not_block_and_leave_no_folder(tmp_path: 
     report = json.loads(run.stdout.strip().splitlines()[-1])
     for mode in ("auto", "process"):
         got = report[mode]
+        if "refused" in got:  # tests/test_sandbox_modes.py checks the refusal itself
+            assert mode == "process" and os.geteuid() == 0, got
+            continue
         assert got["rc"] == 0 and got["s"] < 30, got
         assert got["outputs"] == ["kept.txt"]
         assert sorted(got["skipped"]) == ["out/host (a link)", "out/pipe (a FIFO)",

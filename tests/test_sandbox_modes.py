@@ -5,7 +5,11 @@ that they are weaker. Modes the machine cannot run are skipped with the reason."
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -24,9 +28,12 @@ MODES = [("bwrap", "cgroup"), ("bwrap", "watchdog"), ("process", "cgroup"),
 @functools.cache
 def _sandbox(isolation: str, limits: str) -> Sandbox | str:
     try:
-        return Sandbox.detect(isolation=isolation, limits=limits)  # type: ignore[arg-type]
+        box = Sandbox.detect(isolation=isolation, limits=limits)  # type: ignore[arg-type]
     except ToolError as exc:
         return exc.message
+    # As root without bubblewrap, code runs only where root can be given up (see
+    # test_process_mode_as_root_never_runs_code_as_root).
+    return box.refusal or box
 
 
 @pytest.fixture(params=MODES, ids=["-".join(m) for m in MODES])
@@ -140,10 +147,33 @@ def test_a_missing_bubblewrap_falls_back_loudly(tmp_path: object) -> None:
     assert box.status.isolation == "process" and not box.status.strong
     assert "no bubblewrap executable at /nonexistent/bwrap" in box.status.warnings[0]
     assert "WEAK" in box.status.describe()
-    res = box.run_python("print('still runs')")
-    assert res.ok and res.stdout == "still runs\n" and res.warnings == box.status.warnings
+    res = box.run_python("import os; print('still runs as', os.geteuid())")
+    assert res.warnings == box.status.warnings
+    if box.refusal is None:  # a normal user, or root that could give root up
+        assert res.ok and res.stdout.startswith("still runs as ")
+        assert res.stdout != "still runs as 0\n"
+    else:
+        assert res.returncode == 126 and "would run as root" in res.stderr
     with pytest.raises(ToolError, match="cannot sandbox tool code"):
         Sandbox.detect(isolation="bwrap", bwrap="/nonexistent/bwrap")
+
+
+def test_process_mode_as_root_never_runs_code_as_root() -> None:
+    """Without bubblewrap, root gives root up (setpriv) when the unprivileged uid can read
+    this Python, and refuses every call when it cannot: code never runs as uid 0."""
+    if os.geteuid() != 0:
+        pytest.skip("runs as root only: a normal user has no root to give up")
+    box = Sandbox.detect(isolation="process")
+    canary = Path(tempfile.gettempdir()) / f"whetstone-canary-{uuid.uuid4().hex}"
+    res = box.run_python(f"import os\nopen({str(canary)!r}, 'w').write(str(os.geteuid()))\n"
+                         "print(os.geteuid(), os.getegid(), os.getgroups())")
+    if box.refusal is not None:
+        assert res.returncode == 126 and not res.ok and not canary.exists()
+        assert "install bubblewrap" in res.stderr and box.refusal in box.status.warnings
+        assert box.status.runs_as.startswith("nothing runs")
+    else:
+        assert res.stdout.split()[:2] == ["65534", "65534"], res
+        canary.unlink()
 
 
 def test_this_machine_gets_the_strong_sandbox_when_it_can() -> None:

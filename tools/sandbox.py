@@ -3,9 +3,10 @@
 Each call is a fresh process tree in a fresh temporary directory with a wall-clock timeout,
 output read as it comes (only the head is kept; a flood is killed), and limits on memory and
 process count for the whole call (``tools/limits.py``: a cgroup where one is writable, else a
-watchdog). Where bubblewrap works, the call also runs in its own namespaces with a read-only view
-of only what it needs (``tools/isolation.py``): no network, no host ``/proc``, no home, no
-``/etc``, and nothing it starts survives it. Where bubblewrap is missing or cannot start, the call
+watchdog), and never as root (``tools/privileges.py``: where Whetstone is root, each call gives
+root up for uid 65534 first). Where bubblewrap works, the call also runs in its own namespaces,
+under a seccomp filter, with a read-only view of only what it needs (``tools/isolation.py``):
+no network, no host ``/proc``, no home, no ``/etc``, and nothing it starts survives it. Where bubblewrap is missing or cannot start, the call
 runs as a plain subprocess (``isolation="process"``), and every result and ``Sandbox.status``
 say so: that mode keeps the limits but not the isolation. See docs/sandbox.md.
 """
@@ -18,12 +19,12 @@ import functools
 import logging
 import os
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,8 +36,8 @@ from whetstone.tools.isolation import (
     REPORT_PREFIX,
     SITE_IN_SANDBOX,
     BwrapProbe,
+    Launch,
     PythonView,
-    bwrap_argv,
     find_bwrap,
     probe_bwrap,
 )
@@ -49,6 +50,22 @@ from whetstone.tools.limits import (
     make_limiter,
     stop_and_kill,
 )
+from whetstone.tools.privileges import (
+    Drop,
+    Identity,
+    chown_tree,
+    plan_drop,
+    reachable,
+    remove_stage_dir,
+    work_parent,
+)
+from whetstone.tools.sandbox_files import (
+    MAX_DISK_ENTRIES,
+    SCRIPT,
+    collect_outputs,
+    disk_use,
+    place_files,
+)
 from whetstone.tools.sandbox_io import (
     HARD_OUTPUT_BYTES,
     KILL_GRACE_S,
@@ -58,6 +75,7 @@ from whetstone.tools.sandbox_io import (
     drain,
     pump,
 )
+from whetstone.tools.seccomp import Filter, build_filter
 
 __all__ = ["DEFAULT_MAX_TASKS", "DEFAULT_MEMORY_MB", "DEFAULT_TIMEOUT_S", "HARD_OUTPUT_BYTES",
            "MAX_OUTPUT_BYTES", "Sandbox", "SandboxResult", "SandboxStatus", "default_sandbox",
@@ -69,13 +87,10 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 512
 DEFAULT_MAX_TASKS = 64
 DEFAULT_MAX_DISK_MB = 256  # everything the call writes into its folder, together
-MAX_DISK_ENTRIES = 10_000
 # Disk use is counted in allocated blocks, which include the script, folders and the file
 # system's own bookkeeping: a file that stops at its size limit (= the folder's limit) must
 # not also trip the folder's watcher because of that overhead.
 DISK_SLACK_BYTES = 1024 * 1024
-MAX_COLLECT_BYTES = 32 * 1024 * 1024  # what may come back from the call's ``out/`` folder
-SCRIPT = "main.py"
 TICK_S = 0.05  # how often limits, disk use and left-behind processes are checked
 _MARK = "WHETSTONE_SANDBOX_CALL"  # process mode: finds what a call left behind
 Isolation = Literal["bwrap", "process"]
@@ -152,6 +167,8 @@ class SandboxStatus:
     python: str
     packages: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    runs_as: str = ""  # the identity sandboxed code has, in words
+    seccomp: int = 0  # system calls its filter refuses (0: no filter)
 
     @property
     def strong(self) -> bool:
@@ -161,12 +178,14 @@ class SandboxStatus:
         return {"isolation": self.isolation, "limits": self.limits, "bwrap": self.bwrap,
                 "bwrap_version": self.bwrap_version, "python": self.python,
                 "packages": list(self.packages), "warnings": list(self.warnings),
-                "strong": self.strong}
+                "runs_as": self.runs_as, "seccomp": self.seccomp, "strong": self.strong}
 
     def describe(self) -> str:
         iso = (f"bubblewrap ({self.bwrap_version or self.bwrap}): own namespaces, no network, "
                "read-only view" if self.isolation == "bwrap" else "plain subprocess (WEAK)")
-        lines = [f"isolation: {iso}", f"limits: {self.limits} (whole call)",
+        lines = [f"isolation: {iso}", f"runs as: {self.runs_as}",
+                 f"seccomp: {self.seccomp} system calls refused" if self.seccomp
+                 else "seccomp: none", f"limits: {self.limits} (whole call)",
                  f"python: {self.python}; packages: {', '.join(self.packages) or '(none)'}"]
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
@@ -194,105 +213,6 @@ def echo_last_expression(code: str) -> str:
     return ast.unparse(tree)
 
 
-def place_files(root: Path, files: Mapping[str, str | bytes]) -> None:
-    """Write ``files`` (relative name -> content) under ``root``; a name that is empty,
-    absolute, climbs with ``..`` or lands on the program itself is refused before anything of
-    the call is written."""
-    checked: list[tuple[Path, str | bytes]] = []
-    for name, content in files.items():
-        parts = Path(name).parts if name else ()
-        if not parts or name in (".", SCRIPT) or "\x00" in name:
-            raise ToolError(f"file name {name!r} is empty or reserved",
-                            hint="name files relative to the program's folder, e.g. data/x.txt")
-        target = (root / name).resolve()
-        if Path(name).is_absolute() or ".." in parts or not target.is_relative_to(root.resolve()):
-            raise ToolError(f"file name {name!r} is outside its folder",
-                            hint="name files relative to the program's folder, without '..'")
-        checked.append((target, content))
-    for target, content in checked:
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, bytes):
-                target.write_bytes(content)
-            else:
-                target.write_text(content, encoding="utf-8")
-        except OSError as exc:
-            raise ToolError(f"cannot place {target.relative_to(root.resolve())}: "
-                            f"{exc.strerror or exc}", hint="use short, plain file names") from exc
-
-
-def _disk_use(root: Path) -> tuple[int, int]:
-    """(bytes, entries) under ``root``, links not followed; stops counting past the cap."""
-    total, entries = 0, 0
-    todo = [root]
-    while todo and entries <= MAX_DISK_ENTRIES:
-        with contextlib.suppress(OSError), os.scandir(todo.pop()) as it:
-            for entry in it:
-                entries += 1
-                with contextlib.suppress(OSError):
-                    st = entry.stat(follow_symlinks=False)
-                    total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        todo.append(Path(entry.path))
-    return total, entries
-
-
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a link"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
-# Non-blocking: opening a FIFO waits for a writer, which a finished call never brings; no
-# controlling terminal; no link followed. Only a regular file is then read.
-_COLLECT_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                  | getattr(os, "O_CLOEXEC", 0))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def _read_regular(path: Path, budget: int) -> bytes | str:
-    """The bytes of ``path`` (at most ``budget + 1``), or why it is not read: what it is
-    instead of a regular file. The check is on the opened descriptor, so a file swapped for a
-    FIFO or a link after the walk saw it is not read either."""
-    try:
-        fd = os.open(path, _COLLECT_FLAGS)
-    except OSError as exc:  # ELOOP: a link; ENXIO: a socket; or gone
-        with contextlib.suppress(OSError):
-            return _kind(os.lstat(path).st_mode)
-        return f"unreadable ({exc.strerror or exc})"
-    with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            return _kind(mode)
-        return fh.read(budget + 1)
-
-
-def _collect(folder: Path) -> tuple[dict[str, bytes], list[str]]:
-    """Regular files under ``folder`` (relative name -> bytes), bounded, and what was left
-    out ("out/x (a FIFO)"). Links (to files or folders), FIFOs, sockets and devices are never
-    opened for reading: a call can neither make the caller read a host file for it nor block
-    it on a pipe that no one writes."""
-    out: dict[str, bytes] = {}
-    skipped: list[str] = []
-    if folder.is_symlink() or not folder.is_dir():
-        return out, skipped
-    budget = MAX_COLLECT_BYTES
-    for here, dirs, names in os.walk(folder):  # does not descend into linked folders
-        dirs.sort()
-        for name in sorted(names):
-            path = Path(here) / name
-            rel = path.relative_to(folder)
-            data = _read_regular(path, budget)
-            if isinstance(data, str):
-                skipped.append(f"{folder.name}/{rel} ({data})")
-                continue
-            if len(data) > budget:
-                skipped.append(f"{folder.name}/{rel} (over {MAX_COLLECT_BYTES} bytes in all)")
-                return out, skipped
-            budget -= len(data)
-            out[str(rel)] = data
-    return out, skipped
-
-
 def _marked(nonce: str) -> list[int]:
     needle = f"{_MARK}={nonce}".encode()
     found = []
@@ -313,26 +233,47 @@ def _sweep_marked(nonce: str) -> int:
 class Sandbox:
     """Runs Python programs isolated as well as this machine allows; ``status`` says how.
 
-    Build one with ``Sandbox.detect()`` (it probes bubblewrap and cgroups once) and reuse it."""
+    Build one with ``Sandbox.detect()`` (it probes bubblewrap and cgroups once) and reuse it.
+    Code never runs as root: where Whetstone is root, each call gives root up for
+    ``identity`` first (``tools/privileges.py``), or is refused when it cannot."""
 
-    def __init__(self, status: SandboxStatus, view: PythonView | None,
-                 place: CgroupPlace | None) -> None:
+    def __init__(self, status: SandboxStatus, launch: Launch | None,
+                 place: CgroupPlace | None, *, seccomp: Filter | None = None,
+                 drop: Drop | None = None, refusal: str | None = None,
+                 work_dir: str | None = None, identity: Identity | None = None) -> None:
         self.status = status
-        self.view = view
+        self.launch = launch  # None: process mode
         self.place = place
+        self.seccomp = seccomp if seccomp is not None and seccomp.program else None
+        self.drop = drop  # process mode as root: how it gives root up
+        self.refusal = refusal  # why no code may run here at all
+        self.work_dir = work_dir  # where call folders are made (None: the default)
+        self.identity = identity or Identity()
+        if launch is not None and launch.drop is not None and launch.drop.stage_dir:
+            weakref.finalize(self, remove_stage_dir, launch.drop.stage_dir)
+
+    @property
+    def view(self) -> PythonView | None:
+        return self.launch.view if self.launch is not None else None
 
     @classmethod
     def detect(cls, *, isolation: Literal["auto", "bwrap", "process"] = "auto",
                limits: Literal["auto", "cgroup", "watchdog"] = "auto",
-               packages: Sequence[str] = DEFAULT_PACKAGES, bwrap: str | None = None) -> Sandbox:
+               packages: Sequence[str] = DEFAULT_PACKAGES, bwrap: str | None = None,
+               identity: Identity | None = None) -> Sandbox:
         """Probe the machine. ``isolation="bwrap"`` and ``limits="cgroup"`` raise ``ToolError``
         when that mode cannot work here; ``"process"`` and ``"watchdog"`` force the weaker
-        modes. ``bwrap`` is the executable to use (default: found on PATH)."""
+        modes. ``bwrap`` is the executable to use (default: found on PATH); ``identity`` the
+        uid/gid code runs as where Whetstone is root (default 65534/65534)."""
+        ident = identity or Identity()
         view = PythonView.of_this_interpreter(packages)
         probe = BwrapProbe(None, None, False, "process isolation was requested")
+        seccomp = build_filter() if isolation != "process" else None
+        root = os.geteuid() == 0
+        work_dir = work_parent(ident) if root else None
         if isolation != "process":
-            with tempfile.TemporaryDirectory(prefix="whetstone-probe-") as scratch:
-                probe = probe_bwrap(view, scratch, bwrap or find_bwrap())
+            with tempfile.TemporaryDirectory(prefix="whetstone-probe-", dir=work_dir) as scratch:
+                probe = probe_bwrap(view, scratch, bwrap or find_bwrap(), ident, seccomp)
             if not probe.works and isolation == "bwrap":
                 raise ToolError(f"cannot sandbox tool code: {probe.problem}",
                                 hint="install bubblewrap (apt-get install bubblewrap) and make "
@@ -342,19 +283,29 @@ class Sandbox:
             raise ToolError("no writable cgroup with the memory and pids controllers here",
                             hint="run as root, or in a delegated cgroup v2 subtree")
         warnings = [] if probe.works else [WEAK_ISOLATION.format(why=probe.problem)]
+        drop, refusal = None, None
+        if root and not probe.works:
+            drop, refusal = _process_drop(ident)
+            if refusal:
+                warnings.append(refusal)
         if place is None:
             warnings.append(WEAK_LIMITS.format(tick=TICK_S))
         if view.missing and probe.works:
             warnings.append(f"not installed, so not importable in the sandbox: "
                             f"{', '.join(view.missing)}")
+        if probe.works and seccomp is not None and seccomp.problem:
+            warnings.append(seccomp.problem)
         status = SandboxStatus(
             "bwrap" if probe.works else "process", place.kind if place else "watchdog",
             probe.path, probe.version, view.python if probe.works else sys.executable,
             tuple(name for _, name in view.packages if not name.endswith(".libs")),
-            tuple(warnings))
+            tuple(warnings), _runs_as(ident, root, probe.works, refusal),
+            seccomp.refused if probe.works and seccomp is not None and seccomp.program else 0)
         for w in status.warnings:
             log.warning("tool sandbox: %s", w)
-        return cls(status, view if probe.works else None, place)
+        return cls(status, probe.launch if probe.works else None, place,
+                   seccomp=seccomp if probe.works else None, drop=drop, refusal=refusal,
+                   work_dir=work_dir, identity=ident)
 
     def run_python(self, code: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                    memory_mb: int = DEFAULT_MEMORY_MB, max_tasks: int = DEFAULT_MAX_TASKS,
@@ -367,22 +318,53 @@ class Sandbox:
         KILL_GRACE_S`` whatever the program does. ``collect`` names a folder (relative to the
         program's) whose files come back in ``outputs``."""
         start = time.perf_counter()
+        if self.refusal is not None:
+            return SandboxResult("", f"refused: {self.refusal}", 126, False, 0.0,
+                                 isolation=self.status.isolation, limits=self.status.limits,
+                                 warnings=self.status.warnings)
         limits = Limits(memory_mb=memory_mb, max_tasks=max_tasks,
                         max_file_mb=min(max_disk_mb, 64))
-        with tempfile.TemporaryDirectory(prefix="whetstone-sandbox-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="whetstone-sandbox-", dir=self.work_dir) as tmp:
             root = Path(tmp)
             place_files(root, files or {})
             (root / SCRIPT).write_text(code, encoding="utf-8")
+            if self.work_dir is not None:  # we are root: the folder is the sandbox uid's
+                chown_tree(tmp, self.identity)
             call = _Call(self, root, limits, max_disk_mb)
             data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
             result = call.run(args, data, timeout_s, env or {})
-            outputs, skipped = _collect(root / collect) if collect else ({}, [])
+            outputs, skipped = collect_outputs(root / collect) if collect else ({}, [])
         stderr = result.stderr
         if skipped:
             stderr += (f"\n... [not collected, only regular files come back: "
                        f"{', '.join(skipped[:5])}]")
         return replace(result, outputs=outputs, skipped=tuple(skipped), stderr=stderr,
                        duration_s=time.perf_counter() - start)
+
+
+def _process_drop(identity: Identity) -> tuple[Drop | None, str | None]:
+    """Process mode as root: give root up when the uid can reach this interpreter, else refuse
+    every call (tool code must never run as root)."""
+    needed = [os.path.realpath(sys.executable), sys.base_prefix, sys.prefix]
+    blocked = [p for p in needed if not reachable(p, identity)]
+    drop = plan_drop(identity, need_stages=False)
+    if not blocked and isinstance(drop, Drop):
+        return drop, None
+    why = (drop if isinstance(drop, str) else
+           f"uid {identity.uid} cannot read this Python ({blocked[0]})")
+    return None, (f"tool code is refused: without bubblewrap it would run as root, and root "
+                  f"cannot be given up here ({why}); install bubblewrap (apt-get install "
+                  "bubblewrap) or run Whetstone as a normal user")
+
+
+def _runs_as(identity: Identity, root: bool, bwrap: bool, refusal: str | None) -> str:
+    if refusal is not None:
+        return "nothing runs (refused: see the warnings)"
+    if not root:
+        inside = f"uid {identity.uid} in its own user namespace, " if bwrap else ""
+        return f"{inside}your uid {os.geteuid()} on the host, no capabilities"
+    where = "in its own user namespace" if bwrap else "on the host"
+    return f"{identity.describe()} ({where}; Whetstone is root and gives root up first)"
 
 
 class _Call:
@@ -402,23 +384,26 @@ class _Call:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp,
                "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "OPENBLAS_NUM_THREADS": "1",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        if self.box.view is not None:
+        if self.box.launch is not None:
             env["PYTHONPATH"] = SITE_IN_SANDBOX
         return {**env, **extra}
 
-    def _argv(self, args: Sequence[str], extra_env: Mapping[str, str]
-              ) -> tuple[list[str], dict[str, str]]:
+    def _argv(self, args: Sequence[str], extra_env: Mapping[str, str],
+              seccomp_fd: int | None) -> tuple[list[str], dict[str, str]]:
         # The gate: a shell that waits for one line on stdin before it execs the rest, so the
         # cgroup and rlimits are in place before the program (or bubblewrap) can fork.
         gate = ["/bin/sh", "-c", 'IFS= read -r _ || exit 125; exec "$@"', "whetstone-gate"]
         script = str(self.root / SCRIPT)
-        view = self.box.view
-        if view is None or self.box.status.bwrap is None:
+        launch = self.box.launch
+        if launch is None:
             env = {**self._env(extra_env), _MARK: self.nonce}
-            return [*gate, sys.executable, "-s", "-B", script, *args], env
-        command = [view.python, "-s", "-B", script, *args]
-        argv = bwrap_argv(self.box.status.bwrap, view, str(self.root), self._env(extra_env),
-                          command, f"{REPORT_PREFIX}-{self.nonce}")
+            command = [sys.executable, "-s", "-B", script, *args]
+            if self.box.drop is not None:
+                command = self.box.drop.argv(command)
+            return [*gate, *command], env
+        command = [launch.view.python, "-s", "-B", script, *args]
+        argv = launch.argv(str(self.root), self._env(extra_env), command,
+                           f"{REPORT_PREFIX}-{self.nonce}", seccomp_fd)
         # bubblewrap's init can read its own environment: give it nothing of ours.
         return [*gate, *argv], {"PATH": "/usr/bin:/bin"}
 
@@ -426,10 +411,10 @@ class _Call:
         tripped = self.limiter.tripped()
         if tripped is not None:
             return tripped
-        used, entries = _disk_use(self.root)
+        used, entries = disk_use(self.root)
         if used > self.max_disk + DISK_SLACK_BYTES or entries > MAX_DISK_ENTRIES:
             return "disk"
-        if proc.poll() is not None and self.box.view is None:
+        if proc.poll() is not None and self.box.launch is None:
             # The program is gone but its pipes are not closed: what holds them was left
             # behind (process mode; under bubblewrap our init has killed them already).
             self.leftovers += self.limiter.kill_all() + _sweep_marked(self.nonce)
@@ -438,11 +423,17 @@ class _Call:
     def run(self, args: Sequence[str], data: bytes, timeout_s: float,
             extra_env: Mapping[str, str]) -> SandboxResult:
         out, err = Sink(), Sink()
-        argv, env = self._argv(args, extra_env)
+        seccomp = self.box.seccomp
+        fd = seccomp.open_fd() if seccomp is not None and self.box.launch is not None else None
+        argv, env = self._argv(args, extra_env, fd)
         stopped: str | None = "interrupted"
-        proc = subprocess.Popen(argv, cwd=self.root, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        try:
+            proc = subprocess.Popen(argv, cwd=self.root, env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, pass_fds=() if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)  # the child holds its own copy until bubblewrap reads it
         try:
             self.limiter.attach(proc.pid, is_reaped=lambda: proc.returncode is not None)
             stopped = pump(proc, b"\n" + data, out, err, time.monotonic() + timeout_s,
@@ -465,10 +456,10 @@ class _Call:
         """Kill whatever of the call is still there; the count is what a program that had
         finished left behind (in process mode: under bubblewrap our init reports that)."""
         killed = self.limiter.kill_all()
-        if self.box.view is None:
+        if self.box.launch is None:
             killed += _sweep_marked(self.nonce)
         self.limiter.close()
-        return killed if self.box.view is None else 0
+        return killed if self.box.launch is None else 0
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         def kill_group() -> None:
@@ -487,7 +478,7 @@ class _Call:
                         os.killpg(group, signal.SIGKILL)
 
         self.limiter.kill_all(first=kill_group)
-        if self.box.view is None:
+        if self.box.launch is None:
             _sweep_marked(self.nonce)
 
     def _result(self, proc: subprocess.Popen[bytes], out: Sink, err: Sink, stopped: str | None,

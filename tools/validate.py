@@ -47,7 +47,7 @@ ALLOWED_MODULES = frozenset({
     "__future__", "math", "cmath", "statistics", "fractions", "decimal", "numbers",
     "itertools", "functools", "operator", "collections", "heapq", "bisect", "array",
     "re", "string", "textwrap", "unicodedata", "difflib", "json", "datetime", "calendar",
-    "random", "typing", "dataclasses", "enum", "abc", "copy", "colorsys",
+    "random", "typing", "dataclasses", "enum", "abc", "copy", "colorsys", "time",
     "PIL", "numpy",
 })
 DENIED_SUBMODULES = frozenset({
@@ -76,9 +76,16 @@ DENIED_ATTRIBUTES: dict[str, str] = {
         "ctypes", "ctypeslib", "f2py", "gc", "importlib", "inspect", "io", "keyword",
         "logging", "marshal", "mmap", "modules", "npyio", "os", "pathlib", "pickle", "posix",
         "shutil", "signal", "socket", "struct", "subprocess", "sys", "tempfile", "testing",
-        "threading", "types", "warnings")},
+        "threading", "types", "warnings", "gzip", "zlib")},
     "attrgetter": "reads attributes by name", "methodcaller": "calls methods by name",
     "get_type_hints": "evaluates annotation strings as code",
+    "unsafe_eval": "evaluates a string as code (PIL.ImageMath)",
+    # A generator's, coroutine's or traceback's frame holds the interpreter's builtins and
+    # globals: `(i for i in [1]).gi_frame.f_builtins["__import__"]("os")`.
+    **{name: "reaches an interpreter frame or code object (its builtins and globals)"
+       for name in ("gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await",
+                    "ag_frame", "ag_code", "ag_await", "f_builtins", "f_globals", "f_locals",
+                    "f_back", "f_code", "tb_frame", "tb_next", "co_consts")},
 }
 FORMAT_CALLS = frozenset({"format", "format_map", "vformat", "get_field"})
 FILE_IO_CALLS = frozenset({
@@ -110,6 +117,12 @@ def _named(node: ast.expr, name: str) -> bool:
     """Whether ``node`` is written as ``name`` or ``something.name``."""
     return (isinstance(node, ast.Name) and node.id == name) or (
         isinstance(node, ast.Attribute) and node.attr == name)
+
+
+def _names_a_string(node: ast.expr) -> bool:
+    """Whether ``node`` is a string literal or ``str`` itself (whose ``.format`` the attribute
+    rule reports)."""
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or _named(node, "str")
 
 
 def _module_problem(module: str) -> tuple[str, str] | None:
@@ -169,6 +182,12 @@ def _node_problems(node: ast.AST) -> Iterator[tuple[str, str, str]]:
             yield found
         elif node.attr == "format" and _named(node.value, "lib"):  # numpy.lib.format
             yield "attribute", "reads numpy.lib.format: it reads and writes .npy files", IO_HINT
+        elif node.attr in FORMAT_CALLS and not isinstance(node.ctx, ast.Store) and (
+                node.attr != "format" or _names_a_string(node.value)):
+            # Read without a call (``f = "{0.x}".format``) it is the same road, later. A bare
+            # ``.format`` stays allowed: images have one (``image.format == "PNG"``).
+            yield "format", f".{node.attr}() can read attributes through its format string", \
+                "use an f-string"
     elif isinstance(node, ast.Call):
         yield from _call_problems(node)
     elif isinstance(node, (ast.Global, ast.Nonlocal)):
@@ -185,8 +204,8 @@ def _call_problems(node: ast.Call) -> Iterator[tuple[str, str, str]]:
     if not isinstance(node.func, ast.Attribute):
         return
     attr = node.func.attr
-    if attr in FORMAT_CALLS:
-        yield "format", f".{attr}() can read attributes through its format string", \
+    if attr == "format" and not _names_a_string(node.func.value):
+        yield "format", ".format() can read attributes through its format string", \
             "use an f-string"
     elif attr in FILE_IO_CALLS:
         yield "file-io", f".{attr}() does file I/O", IO_HINT
