@@ -1,0 +1,159 @@
+"""Issue 36, findings 6, 8, 11 and 12, and a broken method entry point: what the third
+attacker's pass got through import, the bigbench sdist, the corpus and the method registry.
+
+Each test reproduces one attack; on the code before the fix (1468746) each one failed: pax
+records tarfile parses one by one took minutes of CPU, look-alike names were imported, a
+swapped sdist was extracted unhashed, a refused ``corpus add LINK`` removed a folder's
+documents, and one broken entry point stopped every command.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from whetstone.library_store.store import Library
+from whetstone.library_store.transfer import read_folder
+from whetstone.skills.transfer import import_skills
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = "---\nname: {name}\ndescription: A good skill called {name}.\n---\n\n# {name}\n\nDo it.\n"
+
+
+def write_skill(root: Path, name: str, files: dict[str, str] | None = None) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(GOOD.format(name=name))
+    for rel, body in (files or {}).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(body)
+    return folder
+
+
+# --- 6. pax records: the work per entry is bounded before tarfile parses them ----------------
+
+def _record(key: str, value: str = "") -> bytes:
+    body = f" {key}={value}\n"
+    n = len(body) + 1
+    while len(str(n)) + len(body) != n:
+        n += 1
+    return f"{n}{body}".encode()
+
+
+def _pax(kind: bytes, records: bytes) -> bytes:
+    """One extended header block and its records, padded to the tar block size."""
+    info = tarfile.TarInfo("pax")
+    info.type = kind
+    info.size = len(records)
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + records + b"\0" * (-len(records) % 512)
+
+
+def _folder(name: str) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def _gz(path: Path, blocks: list[bytes]) -> Path:
+    with gzip.open(path, "wb", compresslevel=6) as gz:
+        for block in blocks:
+            gz.write(block)
+        gz.write(b"\0" * 1024)
+    return path
+
+
+TIMED = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from whetstone.engine.errors import ConfigError
+    from whetstone.library_store.transfer import read_folder
+    start = time.process_time()
+    try:
+        read_folder(Path(sys.argv[1]))
+        outcome = "read"
+    except ConfigError as exc:
+        outcome = "refused: " + str(exc)
+    print(json.dumps({"outcome": outcome, "cpu": time.process_time() - start}))
+""")
+
+
+def _read_timed(archive: Path) -> dict[str, object]:
+    res = subprocess.run([sys.executable, "-c", TIMED, str(archive)], cwd=ROOT, check=False,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _global_keys_then_folders(tmp_path: Path) -> Path:
+    # The issue's shape, scaled down: 20,000 global keys (four headers under the 64 KiB cap),
+    # then 2,000 folders; tarfile copied all the keys into every folder (10 s of CPU before).
+    keys = [b"".join(_record(f"k{i}") for i in range(j, j + 5000)) for j in range(0, 20000, 5000)]
+    return _gz(tmp_path / "global.tar.gz", [_pax(tarfile.XGLTYPE, r) for r in keys]
+               + [_folder(f"d{i:05d}") for i in range(2000)])
+
+
+def _records_per_entry(tmp_path: Path) -> Path:
+    # 13,000 five-byte records in front of each of 300 folders: a 50 KB archive, 6 s of CPU.
+    records = b"5 a=\n" * 13000
+    blocks = []
+    for i in range(300):
+        blocks += [_pax(tarfile.XHDTYPE, records), _folder(f"d{i:05d}")]
+    return _gz(tmp_path / "records.tar.gz", blocks)
+
+
+def _globals_between_folders(tmp_path: Path) -> Path:
+    # Small global headers, each setting 50 new keys, between 400 folders: the keys every
+    # entry inherits grow with the archive.
+    blocks = []
+    for j in range(400):
+        keys = b"".join(_record(f"g{j}x{i}") for i in range(50))
+        blocks += [_pax(tarfile.XGLTYPE, keys), _folder(f"d{j:05d}")]
+    return _gz(tmp_path / "globals.tar.gz", blocks)
+
+
+def _chained_headers(tmp_path: Path) -> Path:
+    # 100 pax headers of one record each in front of each of 1,000 folders (tarfile copies
+    # the records at each link of the chain).
+    chain = _pax(tarfile.XHDTYPE, _record("comment", "x")) * 100
+    return _gz(tmp_path / "chain.tar.gz", [chain + _folder(f"d{i:05d}") for i in range(1000)])
+
+
+@pytest.mark.parametrize("build", [_global_keys_then_folders, _records_per_entry,
+                                   _globals_between_folders, _chained_headers])
+def test_pax_records_are_bounded_before_tarfile_parses_them(tmp_path: Path, build) -> None:
+    archive = build(tmp_path)
+    got = _read_timed(archive)
+    assert str(got["outcome"]).startswith("refused"), got
+    assert float(got["cpu"]) < 5, got  # the code before read them all, 6-10 s and growing
+
+
+def test_archives_with_ordinary_pax_headers_still_import(tmp_path: Path) -> None:
+    # git archive writes one global header (the commit id); GNU tar --posix and our own
+    # export write a few records per member (times, a non-ASCII path).
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": "a" * 40}) as tar:
+        for rel, text in (("plain/SKILL.md", GOOD.format(name="plain")),
+                          ("plain/references/café-notes.md", "notes\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.pax_headers = {"mtime": "1700000000.123456789", "atime": "1700000000.5",
+                                "SCHILY.xattr.user.origin": "here"}
+            tar.addfile(info, io.BytesIO(data))
+    archive = tmp_path / "skills.tar.gz"
+    archive.write_bytes(gzip.compress(buf.getvalue()))
+    assert sorted(read_folder(archive).files) == ["plain/SKILL.md",
+                                                  "plain/references/café-notes.md"]
+    report = import_skills(Library.init(tmp_path / "lib"), archive)
+    assert report.imported == ("plain",), report.summary()
