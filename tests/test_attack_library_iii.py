@@ -157,3 +157,47 @@ def test_archives_with_ordinary_pax_headers_still_import(tmp_path: Path) -> None
                                                   "plain/references/café-notes.md"]
     report = import_skills(Library.init(tmp_path / "lib"), archive)
     assert report.imported == ("plain",), report.summary()
+
+
+# --- 8. names that pass for other names ---------------------------------------------------------
+
+LOOKALIKES = {  # each beside the plain name it passes for
+    "readme\u034f.md": "readme.md", "readme\u17b4.md": "readme.md",
+    "\u3164readme.md": "readme.md", "readme\ufe0f.md": "readme.md",
+    "readme\u2800.md": "readme.md", "readme\u00a0.md": "readme.md",
+    "readme\u2028.md": "readme.md", "re\u0430dme.md": "readme.md",  # a Cyrillic а
+    "\ufb01le.md": "file.md",  # the fi ligature
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOKALIKES))
+def test_names_that_pass_for_another_are_refused(tmp_path: Path, name: str) -> None:
+    from whetstone.engine.errors import ValidationError
+    from whetstone.library_store.paths import check_path
+
+    src = tmp_path / "src"
+    write_skill(src, "good")
+    write_skill(src, "sneaky", {f"references/{LOOKALIKES[name]}": "plain\n",
+                                f"references/{name}": "look-alike\n"})
+    archive = tmp_path / "skills.tar.gz"
+    with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(src, arcname=".")
+    for source in (src, archive):
+        lib = Library.init(tmp_path / f"lib-{source.name}")
+        report = import_skills(lib, source)
+        assert report.imported == ("good",), report.summary()
+        assert report.skipped_skills == ("sneaky",)
+        (err,) = report.skipped
+        assert err.rule in ("path-characters", "path-normalization", "path-script"), err
+        assert not any(name in p for p in lib.snapshot().files())
+    with pytest.raises(ValidationError):
+        check_path(f"skills/good/references/{name}")
+
+
+@pytest.mark.parametrize("name", ["café.md", "заметки.md", "Ελληνικά.md", "日本語ファイル.md",
+                                  "한국어 notes.md", "मराठी.md", "a b-c_d (1).md", "v2.0~x.md"])
+def test_plain_names_in_any_one_script_still_import(tmp_path: Path, name: str) -> None:
+    src = tmp_path / "src"
+    write_skill(src, "good", {f"references/{name}": "notes\n"})
+    report = import_skills(Library.init(tmp_path / "lib"), src)
+    assert report.imported == ("good",), report.summary()
