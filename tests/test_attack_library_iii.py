@@ -9,6 +9,7 @@ documents, and one broken entry point stopped every command.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,103 @@ def test_plain_names_in_any_one_script_still_import(tmp_path: Path, name: str) -
     write_skill(src, "good", {f"references/{name}": "notes\n"})
     report = import_skills(Library.init(tmp_path / "lib"), src)
     assert report.imported == ("good",), report.summary()
+
+
+# --- 11. the sdist is hashed and extracted through one descriptor -----------------------------
+
+EXCHANGER = textwrap.dedent("""
+    import ctypes, os, sys, time
+    a, b, seconds = sys.argv[1].encode(), sys.argv[2].encode(), float(sys.argv[3])
+    libc = ctypes.CDLL(None, use_errno=True)
+    exchange = getattr(libc, "renameat2", None)
+    end = time.monotonic() + seconds
+    flips = 0
+    while time.monotonic() < end:  # flip the two files atomically (RENAME_EXCHANGE)
+        if exchange is None or exchange(-100, a, -100, b, 2) != 0:
+            t = a + b".t"
+            os.rename(a, t); os.rename(b, a); os.rename(t, b)
+        flips += 1
+        if flips == 2:
+            print("racing", flush=True)
+""")
+
+
+def _bigbench_sdist(path: Path, sorting_task: bytes) -> str:
+    import hashlib
+
+    fixture = ROOT / "tests" / "fixtures" / "bigbench" / "bigbench"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(fixture, arcname="bigbench-1.0.0/bigbench")
+        info = tarfile.TarInfo("bigbench-1.0.0/bigbench/benchmark_tasks/toy_sorting/task.json")
+        info.size = len(sorting_task)
+        tar.addfile(info, io.BytesIO(sorting_task))  # a second copy: the last one wins
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_swapped_sdist_is_never_extracted(tmp_path: Path) -> None:
+    # A real racer flipping the path between the pinned sdist and another: whether it wins
+    # on the code before depends on scheduling; the next test puts it at its best moment.
+    from whetstone.engine.errors import EvalError
+    from whetstone.engine.evaluation import bigbench
+
+    good = (ROOT / "tests/fixtures/bigbench/bigbench/benchmark_tasks/toy_sorting/task.json")
+    sdist = tmp_path / "bigbench-1.0.0.tar.gz"
+    digest = _bigbench_sdist(sdist, good.read_bytes())
+    _bigbench_sdist(tmp_path / "evil.tar.gz", b'{"name": "EVIL", "examples": []}')
+    cache = tmp_path / "cache"
+    task = cache / "bigbench-1.0.0" / "benchmark_tasks" / "toy_sorting" / "task.json"
+    racer = subprocess.Popen([sys.executable, "-c", EXCHANGER, str(sdist),
+                              str(tmp_path / "evil.tar.gz"), "60"], stdout=subprocess.PIPE)
+    assert racer.stdout is not None and racer.stdout.readline() == b"racing\n"
+    installed = refused = 0
+    try:
+        end = time.monotonic() + 30  # the issue's racer won on the second try
+        while time.monotonic() < end and not (installed >= 40 and refused >= 10):
+            try:
+                bigbench.install_sdist(sdist, cache, sha256=digest, force=True)
+            except EvalError as exc:
+                assert "expected" in str(exc)
+                refused += 1
+                continue
+            installed += 1
+            assert b"EVIL" not in task.read_bytes()
+    finally:
+        racer.kill()
+        racer.wait()
+    assert installed and refused, (installed, refused)  # the race ran both ways
+
+
+@pytest.mark.parametrize("how", ["swap", "rewrite"])
+def test_an_sdist_changed_right_after_its_check_is_never_extracted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    # The racer at its best moment: the cache folder is looked up after the check and before
+    # the extraction, so the file is swapped (or rewritten in place) right there.
+    from whetstone.engine.errors import EvalError
+    from whetstone.engine.evaluation import bigbench
+
+    good = (ROOT / "tests/fixtures/bigbench/bigbench/benchmark_tasks/toy_sorting/task.json")
+    sdist = tmp_path / "bigbench-1.0.0.tar.gz"
+    digest = _bigbench_sdist(sdist, good.read_bytes())
+    evil = tmp_path / "evil.tar.gz"
+    _bigbench_sdist(evil, b'{"name": "EVIL", "examples": []}')
+    real_data_dir = bigbench.data_dir
+
+    def racing_data_dir(cache: Path | None = None) -> Path:
+        if how == "swap":
+            os.replace(evil, sdist)
+        else:
+            with open(sdist, "r+b") as f:
+                f.write(evil.read_bytes())
+                f.truncate()
+        return real_data_dir(cache)
+
+    monkeypatch.setattr(bigbench, "data_dir", racing_data_dir)
+    refused = pytest.raises(EvalError, match="expected")
+    with refused if how == "rewrite" else contextlib.nullcontext():
+        bigbench.install_sdist(sdist, tmp_path / "cache", sha256=digest)
+    task = tmp_path / "cache" / "bigbench-1.0.0" / "benchmark_tasks" / "toy_sorting" / "task.json"
+    if how == "swap":  # the descriptor opened and checked is the one extracted
+        assert task.read_bytes() == good.read_bytes()
+    else:  # same file, new bytes: the second hash fails and nothing is installed
+        assert not (tmp_path / "cache" / "bigbench-1.0.0").exists()
+        assert [p.name for p in (tmp_path / "cache").iterdir()] == []
