@@ -303,3 +303,38 @@ def test_an_sdist_changed_right_after_its_check_is_never_extracted(
     else:  # same file, new bytes: the second hash fails and nothing is installed
         assert not (tmp_path / "cache" / "bigbench-1.0.0").exists()
         assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+# --- 12. a refused corpus input changes nothing -------------------------------------------------
+
+def _corpus_add(*args: str) -> dict[str, object]:
+    from click.testing import CliRunner
+
+    from whetstone.engine.commands.corpus import corpus_group
+
+    res = CliRunner().invoke(corpus_group, ["add", *args, "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_corpus_add_of_a_link_to_an_added_folder_removes_nothing(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "paris.md").write_text("# Paris\n\nThe Eiffel Tower was completed in 1889.\n")
+    (notes / "rome.md").write_text("# Rome\n\nThe Colosseum was completed in 80 AD.\n")
+    lib = str(tmp_path / "lib")
+    first = _corpus_add(str(notes), "--library", lib)
+    assert first["added"] == 2
+    link = tmp_path / "link"
+    link.symlink_to(notes)
+    again = _corpus_add(str(link), "--library", lib)  # refused as a link ...
+    assert "symbolic link" in "\n".join(again["skipped"])  # type: ignore[arg-type]
+    assert again["removed"] == 0 and again["corpus"]["documents"] == 2, again  # ... and inert
+    # A file of the folder swapped for a link is refused on a re-add: its document stays.
+    (notes / "rome.md").unlink()
+    (notes / "rome.md").symlink_to(tmp_path / "elsewhere.md")
+    third = _corpus_add(str(notes), "--library", lib)
+    assert third["removed"] == 0 and third["corpus"]["documents"] == 2, third
+    (notes / "paris.md").unlink()  # a file really gone is still dropped
+    fourth = _corpus_add(str(notes), "--library", lib)
+    assert fourth["removed"] == 1 and fourth["corpus"]["documents"] == 1, fourth
