@@ -338,3 +338,40 @@ def test_corpus_add_of_a_link_to_an_added_folder_removes_nothing(tmp_path: Path)
     (notes / "paris.md").unlink()  # a file really gone is still dropped
     fourth = _corpus_add(str(notes), "--library", lib)
     assert fourth["removed"] == 1 and fourth["corpus"]["documents"] == 1, fourth
+
+
+# --- Also: one broken method package never stops the other commands ---------------------------
+
+@pytest.mark.parametrize("broken", ["missing", "raises"])
+def test_a_broken_method_entry_point_is_skipped_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
+    from click.testing import CliRunner
+
+    from whetstone.cli import cli
+    from whetstone.engine.methods.registry import default_registry
+
+    dist = tmp_path / "broken_method-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-method\nVersion: 0.1\n")
+    target = "no_such_pkg:METHOD" if broken == "missing" else "broken_method_pkg:METHOD"
+    (dist / "entry_points.txt").write_text(f"[whetstone.methods]\nbroken = {target}\n")
+    (tmp_path / "broken_method_pkg.py").write_text("raise RuntimeError('half installed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "broken_method_pkg", raising=False)
+    registry = default_registry()
+    assert "trace2skill" in registry.names("evolver") and "broken" in registry.skipped
+    assert ("half installed" if broken == "raises" else "no_such_pkg") in registry.skipped["broken"]
+    lib = str(tmp_path / "lib")
+    for args in (["library", "init", "--library", lib], ["library", "ls", "--library", lib],
+                 ["methods", "--json"], ["evolve", "--help"], ["--help"]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, (args, res.output)
+    listing = json.loads(CliRunner().invoke(cli, ["methods", "--json"]).stdout)
+    (row,) = [r for r in listing if r["name"] == "broken"]
+    assert row["summary"].startswith("unusable:")
+    warned = subprocess.run([sys.executable, str(ROOT / "cli.py"), "methods"],
+                            capture_output=True, text=True, check=False, timeout=120,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                [str(tmp_path), str(ROOT)])})
+    assert warned.returncode == 0, warned.stderr[-2000:]
+    assert "skipped the installed method 'broken'" in warned.stderr
