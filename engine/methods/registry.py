@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from whetstone.library_store.store import Library, Snapshot
     from whetstone.library_store.validation import Validator
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("whetstone.methods")
 _WARNED: set[str] = set()  # each broken entry point is reported once per process
 
 Kind = Literal["evolver", "runtime"]
