@@ -323,6 +323,7 @@ def test_corpus_add_of_a_link_to_an_added_folder_removes_nothing(tmp_path: Path)
     (notes / "paris.md").write_text("# Paris\n\nThe Eiffel Tower was completed in 1889.\n")
     (notes / "rome.md").write_text("# Rome\n\nThe Colosseum was completed in 80 AD.\n")
     lib = str(tmp_path / "lib")
+    Path(lib).mkdir()  # an empty folder: the library is made there
     first = _corpus_add(str(notes), "--library", lib)
     assert first["added"] == 2
     link = tmp_path / "link"

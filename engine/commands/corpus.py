@@ -38,10 +38,12 @@ def corpus_option(fn: Any) -> Any:
 
 def open_corpus(library_path: Path | None, name: str, *, threads: int | None = 1) -> Corpus:
     """A library's corpus with the fastest packaged embedder (ONNX when installed)."""
+    from whetstone.engine.api import open_library
     from whetstone.library_store.embeddings import query_embedder
 
-    return Corpus.of_library(library_path or default_library_path(), name,
-                             query_embedder(threads=threads))
+    # The default library is made on first use; a mistyped --library is an error.
+    root = open_library(library_path or default_library_path(), quiet=True).root
+    return Corpus.of_library(root, name, query_embedder(threads=threads))
 
 
 @click.group("corpus")
