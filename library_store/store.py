@@ -123,9 +123,10 @@ class Library:
         if not lib.is_initialized():
             if create:
                 return cls.init(root, **kwargs)
-            raise LibraryError(f"no library at {lib.root}",
+            where = lib.root.absolute()
+            raise LibraryError(f"no library at {where}",
                                hint=f"check the path, or create it: `whetstone library init "
-                                    f"--library {lib.root}` (Python: create=True)")
+                                    f"--library {where}` (Python: create=True)")
         lib.repair_view(blocking=False)
         if lib.view_problem is not None and not quiet:
             log.warning("%s (%s)", lib.view_problem.message, lib.view_problem.hint)
