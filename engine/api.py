@@ -73,7 +73,8 @@ class Engine:
 
     ``model`` is a spec (``embedded``, ``openai:qwen@http://...``) or a ready ``Backend``;
     ``library`` is the library directory (default ``$WHETSTONE_HOME/library``, created on first
-    use); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
+    use; another path must hold a library, or be an empty folder, unless ``create=True``: a
+    mistyped path is an error, never a new empty library); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
     methods to use besides: registered names (``"memory"``), ``(name, options)`` pairs, or
     ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools`` names built-in
@@ -99,14 +100,18 @@ class Engine:
         registry: MethodRegistry | None = None,
         corpus: str = "default",
         solver: str = "agent",
+        create: bool | None = None,
     ) -> None:
         self.solver_kind = check_solver(solver)
-        self.home = Path(home) if home is not None else whetstone_home()
-        self.library_path = Path(library) if library is not None else self.home / "library"
+        self.home = Path(home).expanduser() if home is not None else whetstone_home()
+        self.library_path = (Path(library).expanduser() if library is not None
+                             else self.home / "library")
         self.registry = registry or default_registry()
         # Every write through engine.library is checked by the product's rules by default,
         # each method's folder by that method's validator.
-        self.library = self.registry.open_library(self.library_path, create=True)
+        if create is None:
+            create = may_create_library(self.library_path, self.home)
+        self.library = self.registry.open_library(self.library_path, create=create)
         # "candidate:NAME" scores a kept candidate without applying it.
         self.version = version if version and version.startswith("candidate:") else (
             self.library.resolve(version) if version else None)
@@ -485,13 +490,30 @@ class Engine:
         self.close()
 
 
-def open_library(path: str | Path | None = None, *, create: bool = False,
+def may_create_library(path: Path, home: Path | None = None) -> bool:
+    """Whether opening ``path`` may make a library there when there is none: the default
+    library (``$WHETSTONE_HOME/library``, made on first use, however a face names it) or a
+    folder that exists and is empty (made for it, as ``mktemp -d`` does). Any other missing
+    path is refused: a mistyped ``--library`` must never become a new, empty library."""
+    defaults = {(h / "library").absolute() for h in (home or whetstone_home(), whetstone_home())}
+    if path.absolute() in defaults:
+        return True
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
+
+
+def open_library(path: str | Path | None = None, *, create: bool | None = None,
                  registry: MethodRegistry | None = None, **kwargs: Any) -> Library:
     """A library as ``Engine`` and the command line open it: every installed method's folders
     (``policies/``, ``memory/``, a plugin's own) shown and written, and the product's checks on
-    every commit. ``path`` defaults to ``$WHETSTONE_HOME/library``; ``create`` makes a missing
-    one. (``Library.open`` alone knows only ``skills/`` and checks only paths.)"""
-    path = Path(path) if path is not None else whetstone_home() / "library"
+    every commit. ``path`` defaults to ``$WHETSTONE_HOME/library``; ``create=True`` makes a
+    missing one, ``None`` only where ``may_create_library`` says (``False``: never).
+    (``Library.open`` alone knows only ``skills/`` and checks only paths.)"""
+    path = Path(path).expanduser() if path is not None else whetstone_home() / "library"
+    if create is None:
+        create = may_create_library(path)
     return (registry or default_registry()).open_library(path, create=create, **kwargs)
 
 

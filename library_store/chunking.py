@@ -78,10 +78,16 @@ class SourceDoc:
 
 @dataclass
 class ReadReport:
-    """What reading a path gave: documents, and the lines or files skipped (with why)."""
+    """What reading a path gave: documents, and the lines or files skipped (with why).
+
+    ``root`` is the source the read speaks for (the file or folder, resolved), None when the
+    path itself was refused; ``refused`` the sources under it that were refused (a file now a
+    link): a re-add drops what ``root`` no longer gives, never what was refused."""
 
     docs: list[SourceDoc] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    root: str | None = None
+    refused: list[str] = field(default_factory=list)
 
 
 # --- chunking --------------------------------------------------------------------------------
@@ -207,6 +213,10 @@ MAX_SOURCE_BYTES = 1 << 30
 class _Refused(Exception):
     """A file the corpus does not read (a link, a FIFO, a device, a kernel file)."""
 
+    def __init__(self, message: str, source: Path) -> None:
+        super().__init__(message)
+        self.source = str(source)
+
 
 def _read_text(name: str | Path, shown_as: Path, dir_fd: int | None = None) -> str:
     """The UTF-8 text of one regular file, read through the descriptor that was checked
@@ -214,12 +224,13 @@ def _read_text(name: str | Path, shown_as: Path, dir_fd: int | None = None) -> s
     try:
         data = read_regular(name, MAX_SOURCE_BYTES, dir_fd=dir_fd)
     except NotRegular as exc:
-        raise _Refused(f"{shown_as}: {exc.kind}; only regular files are read") from None
+        raise _Refused(f"{shown_as}: {exc.kind}; only regular files are read",
+                       shown_as) from None
     except OSError as exc:
         raise LibraryError(f"cannot read {shown_as}: {exc.strerror or exc}",
                            hint="check the path and its permissions") from exc
     if len(data) > MAX_SOURCE_BYTES:
-        raise _Refused(f"{shown_as}: more than {MAX_SOURCE_BYTES} bytes; split it")
+        raise _Refused(f"{shown_as}: more than {MAX_SOURCE_BYTES} bytes; split it", shown_as)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -291,9 +302,11 @@ def read_path(path: Path, text_field: str | None = None) -> ReadReport:
         return _read_folder(path, text_field)
     source = path.parent.resolve() / path.name
     try:
-        return _file_docs(path, source, text_field)
-    except _Refused as exc:
+        report = _file_docs(path, source, text_field)
+    except _Refused as exc:  # a link named on the command line: it speaks for nothing
         return ReadReport(skipped=[str(exc)])
+    report.root = str(source)
+    return report
 
 
 def _file_docs(name: str | Path, source: Path, text_field: str | None,
@@ -309,8 +322,8 @@ def _file_docs(name: str | Path, source: Path, text_field: str | None,
 
 
 def _read_folder(path: Path, text_field: str | None) -> ReadReport:
-    report = ReadReport()
     root = path.resolve()
+    report = ReadReport(root=str(root))
     for rel, name, dir_fd, st in walk_entries(root, skip=lambda n: n.startswith(".")):
         where = root / rel
         if stat.S_ISDIR(st.st_mode):
@@ -318,6 +331,7 @@ def _read_folder(path: Path, text_field: str | None) -> ReadReport:
         if not stat.S_ISREG(st.st_mode):
             report.skipped.append(f"{where}: {kind_of(st.st_mode)}; only regular files "
                                   "are read")
+            report.refused.append(str(where))
             continue
         if where.suffix.lower() not in TEXT_SUFFIXES + JSONL_SUFFIXES:
             report.skipped.append(f"{where}: not a text, markdown or JSONL file")
@@ -326,6 +340,7 @@ def _read_folder(path: Path, text_field: str | None) -> ReadReport:
             sub = _file_docs(name, where, text_field, dir_fd)
         except _Refused as exc:
             report.skipped.append(str(exc))
+            report.refused.append(exc.source)
             continue
         report.docs += sub.docs
         report.skipped += sub.skipped

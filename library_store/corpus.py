@@ -204,17 +204,18 @@ class Corpus:
         return lock
 
     def add(self, docs: Iterable[SourceDoc], *, spec: ChunkSpec = DEFAULT_CHUNKS,
-            replace_under: Sequence[str] = ()) -> AddReport:
+            replace_under: Sequence[str] = (), keep: Sequence[str] = ()) -> AddReport:
         """Add ``docs``. A text already stored (same hash and cut) is unchanged; a source that
         gave another text before now gives this one. Sources equal to or under one of
-        ``replace_under`` (a re-added file or folder) that ``docs`` no longer give are dropped.
+        ``replace_under`` (a re-added file or folder) that ``docs`` no longer give are dropped,
+        except those under ``keep`` (refused this time: a refused input changes nothing).
         """
         report = AddReport()
         lock = self._locked()
         try:
             catalog = {d.key: d for d in self.documents()}
             owner = {s: d.key for d in catalog.values() for s in d.sources}
-            given: set[str] = set()
+            given: set[str] = {s for s in owner if any(_under(s, k) for k in keep)}
             for doc in docs:
                 given.add(doc.source)
                 self._add_one(catalog, owner, doc, spec, report)

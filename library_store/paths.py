@@ -12,6 +12,7 @@ and each file at most ``MAX_FILE_BYTES``.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from whetstone.engine.errors import ValidationError
@@ -87,6 +88,61 @@ def name_problem(part: str) -> tuple[str, str] | None:
         return "path-normalization", (f"the name {shown(part)} is not in Unicode NFC form "
                                       "(an accent spelled as two characters); write it "
                                       f"composed, as {unicodedata.normalize('NFC', part)!r}")
+    return _lookalike_problem(part)
+
+
+# Characters that draw nothing although they are letters or marks (Unicode's
+# Default_Ignorable_Code_Point less the format characters refused above): a grapheme
+# joiner, Khmer inherent vowels, Mongolian and other variation selectors, Hangul fillers.
+_IGNORABLE = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F),
+              (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0000, 0xE0FFF))
+# Letters, marks and digits: what a name may hold besides printable ASCII (so no symbols,
+# spaces or punctuation outside ASCII: NBSP, U+2028, U+2800 and U+2024 pass for others).
+_NAME_CATEGORIES = {"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Nd", "Nl", "No"}
+# Scripts one word may mix (Unicode TS #39, "Highly Restrictive"): Japanese, Chinese with
+# Bopomofo and Korean beside Latin; any other mixture (a Cyrillic a among Latin letters) is
+# a look-alike of another name.
+_MIXES = ({"LATIN", "HAN", "HIRAGANA", "KATAKANA"}, {"LATIN", "HAN", "BOPOMOFO"},
+          {"LATIN", "HAN", "HANGUL"})
+_WORD_BREAKS = re.compile(r"[ -/:-@\[-`{-~]+")  # ASCII spaces and punctuation
+_SCRIPT_ALIASES = {"CJK": "HAN", "IDEOGRAPHIC": "HAN", "KATAKANA-HIRAGANA": "KATAKANA"}
+
+
+def _script(char: str) -> str | None:
+    """The script of a letter, mark or digit outside ASCII, read from its Unicode name (the
+    standard library has no script property); None for marks that take their base's."""
+    word = unicodedata.name(char, "UNNAMED").split(" ", 1)[0]
+    return None if word == "COMBINING" else _SCRIPT_ALIASES.get(word, word)
+
+
+def _lookalike_problem(part: str) -> tuple[str, str] | None:
+    """(rule, detail) when ``part`` holds a character outside the allow-list, a
+    compatibility form (NFKC) or, within one word, letters of scripts that do not mix."""
+    for char in part:
+        code = ord(char)
+        if 0x20 <= code < 0x7F:
+            continue
+        ignorable = any(lo <= code <= hi for lo, hi in _IGNORABLE)
+        if ignorable or unicodedata.category(char) not in _NAME_CATEGORIES:
+            return "path-characters", (
+                f"the name {part[:60]!a} holds U+{code:04X} "
+                f"({unicodedata.name(char, 'unnamed').lower()}), which passes for another "
+                "character or for none; outside ASCII a name holds only letters, marks and "
+                "digits")
+    plain = unicodedata.normalize("NFKC", part)
+    if plain != part:
+        return "path-normalization", (
+            f"the name {part[:60]!a} holds a compatibility form (a ligature, a full-width or "
+            f"superscript letter) that reads as {shown(plain)!r}; write it that way")
+    for word in _WORD_BREAKS.split(part):
+        scripts = {"LATIN" if c.isascii() else _script(c) for c in word
+                   if not (c.isascii() and c.isdigit())}
+        scripts.discard(None)
+        if len(scripts) > 1 and not any(scripts <= mix for mix in _MIXES):
+            return "path-script", (
+                f"the name {part[:60]!a} mixes {' and '.join(sorted(scripts)).lower()} letters "
+                f"in the word {word[:40]!a}, which passes for another name; write each word "
+                "in one script")
     return None
 
 

@@ -123,8 +123,10 @@ class Library:
         if not lib.is_initialized():
             if create:
                 return cls.init(root, **kwargs)
-            raise LibraryError(f"no library at {lib.root}",
-                               hint="create one with `whetstone library init` or pass --library")
+            where = lib.root.absolute()
+            raise LibraryError(f"no library at {where}",
+                               hint=f"check the path, or create it: `whetstone library init "
+                                    f"--library {where}` (Python: create=True)")
         lib.repair_view(blocking=False)
         if lib.view_problem is not None and not quiet:
             log.warning("%s (%s)", lib.view_problem.message, lib.view_problem.hint)
@@ -525,6 +527,18 @@ class Library:
     def edits(self) -> ViewEdits:
         """Files in ``skills/`` and ``policies/`` that a person changed by hand."""
         return self.view.edits(self.snapshot().root)
+
+    def draft(self, changes: Mapping[str, Content]) -> list[Path]:
+        """Write new files into the view as a hand edit would, not as a version: nothing
+        reads them until ``commit_view`` (``whetstone library commit``) makes them one. A
+        path the current version or the view already holds is refused."""
+        data = {check_path(p, roots=self.roots): to_bytes(p, v) for p, v in changes.items()}
+        snap = self.snapshot()
+        taken = [p for p in data if snap.hash_of(p) is not None or os.path.lexists(self.root / p)]
+        if taken:
+            raise LibraryError(f"{self.root / taken[0]} already exists",
+                               hint="edit it, then `whetstone library commit -m ...`")
+        return [self.view.write_new(p, d) for p, d in data.items() if d is not None]
 
     def commit_view(self, *, message: str, validate: Validate = True,
                     method: str = "edit") -> LibraryVersion:

@@ -182,5 +182,12 @@ class View:
                          added=tuple(sorted(on_disk - set(tracked))),
                          deleted=tuple(sorted(set(tracked) - on_disk)))
 
+    def write_new(self, rel: str, data: bytes) -> Path:
+        """Write a file no version holds (a draft, a hand edit): syncs leave it alone."""
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, data, tmp_dir=self.tmp_dir, durable=False)
+        return target
+
     def read(self, rel: str) -> bytes:
         return (self.root / rel).read_bytes()

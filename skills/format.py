@@ -76,6 +76,7 @@ class ParsedSkill:
     problems: tuple[ValidationError, ...] = ()
     front_matter_lines: tuple[int, int] = (0, 0)
     body_start: int = 0  # character offset of the body in ``text``
+    name: str | None = None  # the front matter's name, even when the skill is not built
 
     @property
     def ok(self) -> bool:
@@ -298,7 +299,8 @@ def parse_skill_md(text: str, *, path: str = "SKILL.md", folder: str | None = No
             line=body_line + MAX_BODY_LINES, hint="move detail into references/*.md"))
     skill = _skill_of(data, body) if isinstance(data.get("name"), str) and isinstance(
         data.get("description"), str) else None
-    return ParsedSkill(skill, text, path, tuple(problems), (first, last), body_start)
+    return ParsedSkill(skill, text, path, tuple(problems), (first, last), body_start,
+                       _str_or_none(data.get("name")))
 
 
 def _str_or_none(value: Any) -> str | None:

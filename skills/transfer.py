@@ -99,11 +99,14 @@ def _refusals(src: Path, refused: Sequence[Refused], single: bool
 def _check_unit(name: str, unit: Mapping[str, bytes], base: str,
                 refused: Sequence[ValidationError]) -> list[ValidationError]:
     """Every problem of one skill folder, the library's path rules included, so the commit
-    that follows cannot fail on any of its files."""
-    problems = check_name(name, path=f"{base}/", line=None, folder=None)
-    if problems:
-        return problems
-    problems = [*refused, *check_skill_files(name, unit, base=base)[1]]
+    that follows cannot fail on any of its files. All are reported, the folder's name, the
+    SKILL.md and each file alike; a folder whose name is no skill name is named with the
+    skill its SKILL.md declares."""
+    parsed, problems = check_skill_files(name, unit, base=base)
+    folder = _folder_problems(name, base, parsed.name if parsed else None)
+    if folder:  # said once, by the folder's problem
+        problems = [e for e in problems if e.rule != "name-folder"]
+    problems = [*folder, *refused, *problems]
     if not problems:
         for rel in unit:
             try:
@@ -111,6 +114,17 @@ def _check_unit(name: str, unit: Mapping[str, bytes], base: str,
             except ValidationError as exc:
                 problems.append(exc)
     return problems
+
+
+def _folder_problems(name: str, base: str, declared: str | None) -> list[ValidationError]:
+    """The naming rules applied to a skill's folder, which is its name in a library."""
+    found = check_name(name, path=f"{base}/", line=None, folder=None)
+    usable = declared is not None and not check_name(declared, path="", line=None, folder=None)
+    said = f"; its SKILL.md names the skill {shown(declared)!r}" if declared else ""
+    hint = (f"rename the folder to {declared}" if usable else
+            "rename the folder and the SKILL.md name to one name of a-z, 0-9 and hyphens")
+    return [ValidationError(e.path, e.rule, e.detail.replace("'name' ", "the folder name ", 1)
+                            + said, hint=hint) for e in found]
 
 
 # More checks for one imported skill folder: (name, files, base) -> problems. The tool
@@ -149,8 +163,8 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
     for name, unit in sorted(groups.items()):
         base = src.as_posix() if single else f"{src.as_posix()}/{shown(name, 200)}"
         problems = _check_unit(name, unit, base, refused.get(name, []))
-        if not problems and check_unit is not None:
-            problems = check_unit(name, unit, base)
+        if check_unit is not None:
+            problems += check_unit(name, unit, base)
         if problems:
             skipped.extend(problems)
             skipped_names.append(name)

@@ -249,7 +249,7 @@ def test_self_consistency_answers_with_the_majority_and_counts_every_sample(
         temps.append(request.temperature)
         return next(answers)
 
-    engine = Engine(ScriptedBackend(responder=model), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(responder=model), library=tmp_path / "lib", create=True,
                     methods=[("self_consistency", {"n": 5, "temperature": 0.9})],
                     checkpointing=False, solver="direct")
     task = TaskRecord(id="q", question="What is 3 + 4?", expected="7", scorer="numeric")
@@ -274,7 +274,7 @@ def test_self_consistency_stops_at_its_token_budget_and_leaves_single_runs_greed
 
     sc = SelfConsistency(SelfConsistencyConfig(n=10, max_total_tokens=1))
     engine = Engine(ScriptedBackend(responder=model), library=tmp_path / "lib", methods=[sc],
-                    checkpointing=False)
+                    checkpointing=False, create=True)
     task = TaskRecord(id="q", question="What is 3 + 4?", expected="7")
     trace = engine.solver()(task, 0)
     assert trace.meta["self_consistency"]["drawn"] == 1

@@ -81,6 +81,7 @@ def test_corpus_add_follows_no_link_and_reads_no_proc_fifo_or_linked_folder(
     named_link = tmp_path / "named.txt"
     named_link.symlink_to(outside / "shadow")
     lib = tmp_path / "lib"
+    lib.mkdir()  # an empty folder: the library is made there
     args = ["add", str(notes), str(named_link), "/proc/self/environ", "--library", str(lib),
             "--json"]
     res = CliRunner().invoke(corpus_group, args, catch_exceptions=False)

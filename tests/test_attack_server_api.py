@@ -108,6 +108,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
            "OPENAI_API_KEY": ""}
     env.setdefault("WHETSTONE_CACHE", str(REPO / ".cache" / "whetstone"))
     log = root / "serve.log"
+    (root / "library").mkdir()  # an empty folder: serve makes the library there
     with running_server(upstream.app()) as upstream_url, log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, str(REPO / "cli.py"), "serve", "--upstream",

@@ -51,6 +51,7 @@ def whetstone_serve(tmp_path: Path, upstream: str, *options: str) -> Iterator[tu
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "WHETSTONE_API_KEY": "", "OPENAI_API_KEY": "",
            "WHETSTONE_HOME": str(tmp_path / "home")}
+    (tmp_path / "lib").mkdir(exist_ok=True)  # an empty folder: serve makes the library there
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, str(REPO / "cli.py"), "serve", "--upstream", upstream,

@@ -254,3 +254,49 @@ def test_fifo_socket_and_link_in_out_do_not_block_and_leave_no_folder(tmp_path: 
         assert tool["meta"]["not_collected"] == ["out/image-0.png (a FIFO)"]
     assert report["auto"]["isolation"] in ("bwrap", "process")
     assert sorted(os.listdir(tmp)) == []  # every call's folder was removed
+
+
+# --- issue 36, finding 7: a stored trace's scorer is data, not code to import ---------------
+
+def test_evolve_never_imports_the_scorer_a_stored_trace_names(
+        whetstone_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The issue's run: eval with `--scorer helper.py:score` in one folder (its traces keep the
+    # name, relative), then `whetstone evolve memory` started in another folder whose own
+    # helper.py writes a canary when imported.
+    first, other = tmp_path / "project", tmp_path / "elsewhere"
+    first.mkdir()
+    other.mkdir()
+    (first / "helper.py").write_text("def score(answer, task):\n    return 1.0\n")
+    canary = tmp_path / "CANARY"
+    (other / "helper.py").write_text(f"open({str(canary)!r}, 'w').write('ran')\n"
+                                     "def score(answer, task):\n    return 1.0\n")
+    tasks = first / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"{i}+{i}?",
+                                         "expected": str(2 * i)}) + "\n" for i in range(3)))
+    replies = tmp_path / "r.json"
+    replies.write_text(json.dumps([f"Final answer: {2 * i}" for i in range(3)] * 4))
+    monkeypatch.chdir(first)
+    res = CliRunner().invoke(cli, ["eval", "--tasks", str(tasks), "--model",
+                                    f"scripted:{replies}", "-j", "1", "--scorer",
+                                    "helper.py:score"])
+    assert res.exit_code == 0, res.output
+    from whetstone.engine.methods.examples import rescore
+    from whetstone.library_store.store import Library
+
+    stored = Library.open(whetstone_home / "library").traces.query()
+    assert stored and {t.meta.get("scorer") for t in stored} == {"helper.py:score"}
+    monkeypatch.chdir(other)
+    res = CliRunner().invoke(cli, ["evolve", "memory", "--model", f"scripted:{replies}",
+                                    "-j", "1"])
+    assert not canary.exists(), res.output
+    assert res.exit_code == EvalError.exit_code, res.output
+    assert "may not choose code" in res.output and "--gate-tasks" in res.output
+    for trace in stored:  # every evolver's re-check of a run keeps the stored score
+        assert rescore(trace) is None
+    from whetstone.engine.evaluation.tasks import tasks_from_traces
+
+    with pytest.raises(EvalError, match="may not choose code"):
+        tasks_from_traces(stored)
+    # The person running the command may still name that code, and then it runs.
+    assert len(tasks_from_traces(stored, scorer="helper.py:score")) == 3
+    assert not canary.exists()

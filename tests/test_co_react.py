@@ -113,7 +113,7 @@ def test_the_default_generator_is_the_agents_own_model(tmp_path: Path) -> None:
         return RUBRIC if is_rubric_prompt(request) else "Final Answer: 391"
 
     backend = ScriptedBackend(responder=reply)
-    engine = Engine(backend, library=tmp_path / "lib", methods=["co_react"],
+    engine = Engine(backend, library=tmp_path / "lib", create=True, methods=["co_react"],
                     checkpointing=False, skills=False)
     trace = engine.run("What is 17 * 23?")
     assert trace.answer == "391" and trace.meta["co_react"]["injected"] == 1
@@ -319,6 +319,7 @@ def test_cli_runs_co_react_with_a_rubric_model_and_records_it(tmp_path: Path) ->
     agent_spec = _replies(tmp_path / "agent.json", ["Action: calculator[17*23]",
                                                     "Final Answer: 391"])
     rubric_spec = _replies(tmp_path / "gen.json", [RUBRIC, RUBRIC])
+    (tmp_path / "lib").mkdir()  # an empty folder: the library is made there
     res = CliRunner().invoke(cli, [
         "run", "What is 17 * 23?", "--model", agent_spec, "--library", str(tmp_path / "lib"),
         "--methods", "co_react,horizon", "--rubric-model", rubric_spec, "--json"])

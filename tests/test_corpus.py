@@ -276,6 +276,7 @@ def run_cli(*args: str, input: str | None = None) -> object:
 
 def test_corpus_commands_end_to_end(tmp_path: Path) -> None:
     lib = str(tmp_path / "lib")
+    Path(lib).mkdir()  # an empty folder: the library is made there
     notes = tmp_path / "notes.md"
     notes.write_text("# Everest\n\nMount Everest is 8,849 metres tall.\n")
     res = run_cli("add", str(notes), "--library", lib, "--json")
@@ -301,6 +302,7 @@ def test_a_task_sets_evidence_fills_a_corpus(tmp_path: Path) -> None:
             for i, fact in enumerate(FACTS)] + [{"id": "q9", "question": "No evidence?"}]
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     lib = str(tmp_path / "lib")
+    Path(lib).mkdir()  # an empty folder: the library is made there
     res = run_cli("add", "--tasks", str(tasks), "--corpus", "qa", "--library", lib, "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["corpus"]["documents"] == 4
@@ -319,7 +321,7 @@ def test_an_agent_searches_the_library_corpus(tmp_path: Path, embedder: Embedder
         {"tool_calls": [{"name": "search", "arguments": {"query": "Everest height"}}]},
         "Final Answer: 8,849 metres"], tool_calls=True)
     with Engine(backend, library=lib, tools=("search",), corpus="facts", skills=False,
-                checkpointing=False) as engine:
+                checkpointing=False, create=True) as engine:
         trace = engine.run("How tall is Everest?")
     act = next(s for s in trace.steps if s.kind == "act")
     assert act.input["tool"] == "search" and FACTS[1] in act.output["observation"]

@@ -115,7 +115,7 @@ class Analyst:
 
 
 def engine_at(tmp_path: Path, agent: Any = shopper) -> Engine:
-    return Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib",
+    return Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib", create=True,
                   checkpointing=False)
 
 

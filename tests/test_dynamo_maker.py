@@ -81,7 +81,7 @@ class Analyst:
 
 def evolve(tmp_path: Path, analyst: Analyst, **options: object):  # type: ignore[no-untyped-def]
     options = {"maker_probe": 0, "maker_rounds": 1, "maker_beam": 1, **options}
-    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib", create=True,
                     checkpointing=False)
     result = engine.evolve("dynamo", tasks=TRAIN, gate_tasks=DEV, train=8, rounds=1,
                            maker_shown=3, maker_check=5, analyst=ScriptedBackend(
@@ -235,7 +235,7 @@ def test_the_search_repairs_the_closest_candidates_on_probe_tasks_only(tmp_path:
             return WRONG if request.temperature == 0 else crash
         raise AssertionError(first[:200])
 
-    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib", create=True,
                     checkpointing=False)
     tasks = TaskSet("shop", tuple(shop(i) for i in range(20)))
     result = engine.evolve("dynamo", tasks=tasks, gate_tasks=DEV, train=20, rounds=1,

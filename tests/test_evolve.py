@@ -46,7 +46,7 @@ def collect(engine: Engine) -> list[Any]:
 
 def test_a_helpful_skill_passes_the_gate_and_becomes_a_version(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
-                    library=tmp_path / "lib", checkpointing=False)
+                    library=tmp_path / "lib", create=True, checkpointing=False)
     traces = collect(engine)
     assert [t.score for t in traces] == [0.0] * 4
     patch = Trace2Skill(Trace2SkillConfig("adding", create=True,
@@ -71,7 +71,7 @@ def test_a_harmful_skill_is_rejected_and_kept_as_a_candidate(tmp_path: Path) -> 
         n = int(request.messages[-1].text.split("has ")[1].split(" ")[0])
         return f"Final Answer: {-1 if LESSON in request.messages[0].text else 2 * n}"
 
-    engine = Engine(ScriptedBackend(responder=contrary), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(responder=contrary), library=tmp_path / "lib", create=True,
                     checkpointing=False)
     traces = collect(engine)
     patch = Trace2Skill(Trace2SkillConfig("adding", create=True, description=ADDING)).fit(
@@ -91,7 +91,7 @@ def test_a_harmful_skill_is_rejected_and_kept_as_a_candidate(tmp_path: Path) -> 
 
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
-                    library=tmp_path / "lib", checkpointing=False)
+                    library=tmp_path / "lib", create=True, checkpointing=False)
     patch = Trace2Skill(Trace2SkillConfig("adding", create=True, description=ADDING)).fit(
         collect(engine), {}, ScriptedBackend(responder=analyst_reply))
     result = gate_and_apply(patch, engine.library, make_solver=lambda s: engine.solver(snapshot=s),
@@ -110,6 +110,7 @@ def test_cli_evolve_collects_traces_runs_the_gate_and_prints_json(tmp_path: Path
     analyst = [analyst_reply(None)] * 4  # type: ignore[arg-type]
     (tmp_path / "agent.json").write_text(json.dumps(agent))
     (tmp_path / "analyst.json").write_text(json.dumps(analyst))
+    (tmp_path / "lib").mkdir()  # an empty folder: the library is made there
     res = CliRunner().invoke(cli, [
         "evolve", "trace2skill", "--tasks", str(tasks), "--skill", "adding", "--create", "-j", "1",
         "--model", f"scripted:{tmp_path / 'agent.json'}",
@@ -124,7 +125,7 @@ def test_cli_evolve_collects_traces_runs_the_gate_and_prints_json(tmp_path: Path
 
 def test_cli_dry_run_and_trace_filters(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
-                    library=tmp_path / "lib", checkpointing=False)
+                    library=tmp_path / "lib", create=True, checkpointing=False)
     collect(engine)
     (tmp_path / "analyst.json").write_text(json.dumps([analyst_reply(None)] * 4))  # type: ignore
     res = CliRunner().invoke(cli, [
@@ -145,11 +146,11 @@ def test_cli_dry_run_and_trace_filters(tmp_path: Path) -> None:
 
 def test_a_candidate_can_be_evaluated_without_applying_it(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
-                    library=tmp_path / "lib", checkpointing=False)
+                    library=tmp_path / "lib", create=True, checkpointing=False)
     patch = Trace2Skill(Trace2SkillConfig("adding", create=True, description=ADDING)).fit(
         collect(engine), {}, ScriptedBackend(responder=analyst_reply))
     engine.library.candidates.save("try", patch.changes, method="trace2skill")
-    cand = Engine(engine.backend, library=tmp_path / "lib", version="candidate:try",
+    cand = Engine(engine.backend, library=tmp_path / "lib", create=True, version="candidate:try",
                   checkpointing=False)
     result = evaluate(TASKS, cand.solver())
     assert result.accuracy == 1.0 and engine.library.current_id() == "v1"
@@ -157,7 +158,7 @@ def test_a_candidate_can_be_evaluated_without_applying_it(tmp_path: Path) -> Non
 
 def test_python_api_evolve_in_three_lines(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
-                    library=tmp_path / "lib", checkpointing=False)
+                    library=tmp_path / "lib", create=True, checkpointing=False)
     collect(engine)
     result = engine.evolve("trace2skill", skill="adding", create=True, description=ADDING,
                            analyst=ScriptedBackend(responder=analyst_reply))
@@ -167,7 +168,7 @@ def test_python_api_evolve_in_three_lines(tmp_path: Path) -> None:
 
 def test_the_gates_own_runs_are_not_training_traces(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
-                    library=tmp_path / "lib", checkpointing=False)
+                    library=tmp_path / "lib", create=True, checkpointing=False)
     collect(engine)
     held_out = [TaskRecord(id=f"d{i}", question=f"Tom has {i} apples and gets {i} more. How "
                            "many?", expected=str(2 * i), scorer="numeric") for i in (5, 6)]

@@ -302,7 +302,7 @@ def test_budgets_are_recorded_and_a_resumed_run_keeps_its_own(tmp_path: Path) ->
 def test_the_horizon_is_selectable_by_name_and_recorded(tmp_path: Path) -> None:
     from whetstone.engine.api import Engine
 
-    engine = Engine(ScriptedBackend(["Final Answer: 1"]), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(["Final Answer: 1"]), library=tmp_path / "lib", create=True,
                     methods=[("horizon", {"family": "gsm8k", "max_steps": 12})],
                     checkpointing=False, skills=False)
     trace = engine.run("1?")

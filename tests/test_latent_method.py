@@ -60,7 +60,7 @@ def engine_run(backend: Any, tmp_path: Path, methods: list[Any], config: RunConf
     from whetstone.engine.api import Engine
 
     with Engine(backend, library=tmp_path / "lib", skills=False, tools=(), methods=methods,
-                checkpointing=False, config=config) as engine:
+                checkpointing=False, config=config, create=True) as engine:
         return engine.run(TASK)
 
 

@@ -97,13 +97,17 @@ def test_skill_new_rollback_status_commit_export(runner: CliRunner, tmp_path: Pa
     lib = str(tmp_path / "lib")
     lib_cmd(runner, "init", "--library", lib)
     res = runner.invoke(skill_group, ["new", "table-tricks", "--library", lib, "--json"])
-    created = as_json(res)
-    assert created["version"] == "v2" and Path(created["path"]).exists()
+    created = as_json(res)  # a draft in the view: no version yet
+    assert created["version"] == "v1" and created["draft"] and Path(created["path"]).exists()
     again = runner.invoke(skill_group, ["new", "table-tricks", "--library", lib])
     assert again.exit_code == 5 and "already exists" in again.stderr
     bad = runner.invoke(skill_group, ["new", "Bad_Name", "--library", lib])
     assert bad.exit_code == 5 and "'Bad_Name' may hold only a-z" in bad.stderr
     path = Path(created["path"])
+    status = as_json(lib_cmd(runner, "status", "--library", lib, "--json"))
+    assert status["added"] == ["skills/table-tricks/SKILL.md"]
+    assert as_json(lib_cmd(runner, "commit", "-m", "add table-tricks", "--library", lib,
+                           "--json"))["version"] == "v2"
     path.write_text(path.read_text() + "\nA hand-written tip.\n")
     status = as_json(lib_cmd(runner, "status", "--library", lib, "--json"))
     assert status["modified"] == ["skills/table-tricks/SKILL.md"]

@@ -182,7 +182,8 @@ def _unchanged(lib: Library, view_text: str) -> None:
 
 
 def test_an_engines_library_refuses_a_malformed_skill_md_by_default(tmp_path: Path) -> None:
-    with Engine(ScriptedBackend([]), library=tmp_path / "lib", checkpointing=False) as e:
+    with Engine(ScriptedBackend([]), library=tmp_path / "lib", create=True,
+                checkpointing=False) as e:
         e.library.commit({"skills/sorter/SKILL.md": GOOD.format(n="sorter")}, method="m")
         with pytest.raises(ValidationError) as exc:
             e.library.commit({"skills/sorter/SKILL.md": BAD}, method="m")

@@ -271,8 +271,9 @@ def library(tmp_path: Path) -> Path:
     from whetstone.library_store.chunking import SourceDoc
     from whetstone.library_store.corpus import Corpus
     from whetstone.library_store.embeddings import query_embedder
+    from whetstone.library_store.store import Library
 
-    lib = tmp_path / "lib"
+    lib = Library.init(tmp_path / "lib").root
     corpus = Corpus.of_library(lib, "oberoi", query_embedder(threads=1))
     corpus.add([SourceDoc(t, f"doc{i}") for i, t in enumerate(EVIDENCE)])
     corpus.close()
@@ -342,6 +343,7 @@ def test_engine_verify_stores_a_trace_and_uses_the_corpus(library: Path) -> None
 def run_verify(*args: str, replies: list[Any], tmp_path: Path) -> Any:
     script = tmp_path / "replies.json"
     script.write_text(json.dumps(replies))
+    (tmp_path / "lib").mkdir(exist_ok=True)  # an empty folder: the library is made there
     return CliRunner().invoke(verify, [*args, "--model", f"scripted:{script}", "--library",
                                        str(tmp_path / "lib")], catch_exceptions=False)
 
@@ -432,7 +434,8 @@ def test_a_wrapped_client_refuses_verify_rather_than_ignore_it(tmp_path: Path) -
     from whetstone.engine.api import Engine
     from whetstone.engine.errors import ConfigError
 
-    with Engine(ScriptedBackend([]), library=tmp_path / "lib", checkpointing=False) as engine:
+    with Engine(ScriptedBackend([]), library=tmp_path / "lib", create=True,
+                checkpointing=False) as engine:
         client = engine.wrap(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x",
                                            max_retries=0))
         with pytest.raises(ConfigError, match="answered by the Whetstone server") as err:

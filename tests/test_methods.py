@@ -51,7 +51,8 @@ def analyst_reply(_: Any = None) -> str:
 
 
 def collected(library: Path) -> Engine:
-    engine = Engine(ScriptedBackend(responder=agent), library=library, checkpointing=False)
+    engine = Engine(ScriptedBackend(responder=agent), library=library, checkpointing=False,
+                    create=True)
     evaluate(TASKS, engine.solver(), store=engine.traces, task_set="apples")
     return engine
 
@@ -123,7 +124,7 @@ def test_a_runtime_method_is_chosen_by_name_and_recorded_in_the_trace(
                                  "require_tool_at": 0.6}
     assert trace["meta"]["toy-horizon"]["calls"] == 2  # every model call went through it
     assert "Remember the kiwi." in trace["steps"][0]["output"]["system"]
-    engine = Engine(ScriptedBackend(["Final Answer: 4"]), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(["Final Answer: 4"]), library=tmp_path / "lib", create=True,
                     methods=[("toy-horizon", {"tag": "fig"})], skills=False,
                     checkpointing=False)
     done = engine.run("2+2")
@@ -134,9 +135,10 @@ def test_a_runtime_method_is_chosen_by_name_and_recorded_in_the_trace(
 
 def test_bad_method_names_and_options_fail_before_any_model_loads(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown runtime method 'co-react'"):
-        Engine("embedded", library=tmp_path / "lib", methods=["co-react"])
+        Engine("embedded", library=tmp_path / "lib", create=True, methods=["co-react"])
     with pytest.raises(ConfigError, match="unknown option.*for skills: depth"):
-        Engine("embedded", library=tmp_path / "lib", methods=[("skills", {"depth": 2})])
+        Engine("embedded", library=tmp_path / "lib", create=True,
+               methods=[("skills", {"depth": 2})])
     bad = CliRunner().invoke(cli, ["run", "x", "--model", "embedded", "--methods", "skills",
                                    "--method-config", "skills.k"])
     assert bad.exit_code == 2 and "NAME.KEY=VALUE" in bad.output
@@ -187,7 +189,7 @@ def test_cli_and_api_evolve_give_the_same_patch_on_the_same_traces(tmp_path: Pat
         "--library", str(tmp_path / "a"), "--dry-run", "--json"])
     assert res.exit_code == 0, res.output
     by_cli = json.loads(res.stdout)
-    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "b",
+    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "b", create=True,
                     checkpointing=False)
     by_api = engine.evolve("trace2skill", skill="adding", create=True, workers=1,
                            analyst=ScriptedBackend(replies=[analyst_reply()] * 4),

@@ -162,7 +162,7 @@ def lesson_analyst(crash_at: int | None = None) -> ScriptedBackend:
 
 def test_evolve_runs_rollouts_gates_and_lands_the_notes(tmp_path: Path) -> None:
     agent = Agent()
-    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib", create=True,
                     checkpointing=False)
     result = engine.evolve("nlpg", tasks=TASKS, analyst=lesson_analyst(), gate_tasks=TASKS,
                            batch=2, steps=2, curator="rules")
@@ -175,7 +175,7 @@ def test_evolve_runs_rollouts_gates_and_lands_the_notes(tmp_path: Path) -> None:
     notes = parse_policy(engine.library.snapshot().read_text("policies/think.md"), "think")
     assert [(n.route, n.text, n.helpful) for n in notes] == [("finish", LESSON, 2)]
     # The next run reads the note through the nlpg runtime method, and records it.
-    with Engine(ScriptedBackend(responder=Agent()), library=tmp_path / "lib",
+    with Engine(ScriptedBackend(responder=Agent()), library=tmp_path / "lib", create=True,
                 methods=["nlpg"], checkpointing=False) as later:
         run = later.run("Tom has 7 apples and gets 7 more. How many?")
     assert run.answer == "14" and run.meta["nlpg"]["shown"] == {"think": [notes[0].id]}
@@ -187,12 +187,12 @@ def test_an_interrupted_evolve_resumes_where_it_stopped(tmp_path: Path) -> None:
     # interrupt lands at a known rollout.
     options: dict[str, Any] = {"tasks": TASKS, "batch": 2, "steps": 3, "curator": "rules",
                                "workers": 1, "dry_run": True, "concurrency": 1}
-    plain = Engine(ScriptedBackend(responder=Agent()), library=tmp_path / "plain",
+    plain = Engine(ScriptedBackend(responder=Agent()), library=tmp_path / "plain", create=True,
                    checkpointing=False)
     expected = plain.evolve("nlpg", analyst=lesson_analyst(), **options)
 
     agent = Agent()
-    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(responder=agent), library=tmp_path / "lib", create=True,
                     checkpointing=False)
     with pytest.raises(RuntimeError, match="power cut"):  # the analyst dies in step 1
         engine.evolve("nlpg", analyst=lesson_analyst(crash_at=2), **options)
@@ -215,7 +215,8 @@ def test_an_interrupted_evolve_resumes_where_it_stopped(tmp_path: Path) -> None:
 
 def test_whetstone_policies_ls_and_show(tmp_path: Path) -> None:
     lib = tmp_path / "lib"
-    engine = Engine(ScriptedBackend(responder=Agent()), library=lib, checkpointing=False)
+    engine = Engine(ScriptedBackend(responder=Agent()), library=lib, checkpointing=False,
+                    create=True)
     engine.library.commit({"policies/think.md": "[n1] route=finish helpful=3 :: Check it.\n"
                                                 "[n2] :: Read twice.\n",
                            f"policies/{RUBRIC}.md": "[r1] route=think :: Weigh the math.\n"},
@@ -237,7 +238,8 @@ def test_whetstone_policies_ls_and_show(tmp_path: Path) -> None:
 
 def test_whetstone_evolve_nlpg_from_the_command_line(tmp_path: Path) -> None:
     lib = tmp_path / "lib"
-    engine = Engine(ScriptedBackend(responder=Agent()), library=lib, checkpointing=False)
+    engine = Engine(ScriptedBackend(responder=Agent()), library=lib, checkpointing=False,
+                    create=True)
     engine.evolve("nlpg", tasks=TASKS, analyst=lesson_analyst(), batch=1, dry_run=True)
     replies = tmp_path / "analyst.json"
     replies.write_text(json.dumps([json.dumps({"blame": 1, "correction": LESSON,

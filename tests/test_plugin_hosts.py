@@ -62,7 +62,7 @@ def library(tmp_path: Path) -> Path:
 
 def engine_with(library: Path, *methods: Any) -> Engine:
     return Engine(ScriptedBackend(responder=reply, tool_calls=True), library=library, skills=False, tools=(),
-                  methods=methods, checkpointing=False)
+                  methods=methods, checkpointing=False, create=True)
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_read_skill_errors_are_observations_listing_what_exists(tmp_path: Path) 
 
 def test_empty_library_adds_no_skills_section(tmp_path: Path) -> None:
     backend = ScriptedBackend(["Final Answer: 4"])
-    trace = Engine(backend, library=tmp_path / "empty", checkpointing=False).run("2+2")
+    trace = Engine(backend, library=tmp_path / "empty", create=True, checkpointing=False).run("2+2")
     assert "# Skills" not in backend.requests[0].messages[0].text
     assert trace.library_version == "v1" and trace.meta["skills"]["shown"] == []
 

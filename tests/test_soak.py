@@ -60,6 +60,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]
     upstream_app = Starlette(routes=[Route("/v1/chat/completions", upstream_chat,
                                            methods=["POST"])])
     library = tmp_path / "lib"
+    library.mkdir()  # an empty folder: serve makes the library there
     port = free_port()
     with running_server(upstream_app) as upstream:
         env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -38,7 +38,8 @@ TASK = TaskRecord(id="t", question="How many minutes are 2.5 hours?", expected="
 def test_direct_on_an_empty_library_is_one_call_with_the_templates_own_system(
         tmp_path: Path) -> None:
     backend = ScriptedBackend(["2.5 hours is 150 minutes."])
-    engine = Engine(backend, library=tmp_path / "lib", checkpointing=False, solver="direct")
+    engine = Engine(backend, library=tmp_path / "lib", create=True, checkpointing=False,
+                    solver="direct")
     result = evaluate([TASK], engine.solver())
     assert result.accuracy == 1.0
     [request] = backend.requests
@@ -67,7 +68,7 @@ def test_direct_gets_the_same_skills_as_the_agent_without_read_skill(tmp_path: P
 
 def test_an_unknown_solver_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown solver 'loop'") as err:
-        Engine(ScriptedBackend(), library=tmp_path / "lib", solver="loop")
+        Engine(ScriptedBackend(), library=tmp_path / "lib", create=True, solver="loop")
     assert "agent, direct" in (err.value.hint or "")
 
 
@@ -98,7 +99,7 @@ def test_the_evolve_gate_runs_the_solver_it_is_given(tmp_path: Path) -> None:
             {"file": "SKILL.md", "op": "append_to_section", "target_section": "Pitfalls",
              "content": "- Add the two numbers."}]})
 
-    engine = Engine(ScriptedBackend(responder=model), library=tmp_path / "lib",
+    engine = Engine(ScriptedBackend(responder=model), library=tmp_path / "lib", create=True,
                     checkpointing=False)
     tasks = [TaskRecord(id="a", question="What is 2 + 2?", expected="4", scorer="numeric")]
     traces = [engine.solver(kind="direct")(tasks[0], 0).with_(score=1.0, label="4")]

@@ -72,7 +72,7 @@ def test_an_agent_run_on_an_image_task_stores_the_image_once(tmp_path: Path) -> 
     Image.new("RGB", (32, 32), "red").save(img)
     backend = ScriptedBackend(["Thought: look\nAction: calculator[1+1]", "Final Answer: red"],
                               vision=True)
-    engine = Engine(backend, library=tmp_path / "lib", checkpointing=False)
+    engine = Engine(backend, library=tmp_path / "lib", create=True, checkpointing=False)
     messages = [{"role": "user", "content": [{"type": "image", "image": str(img)},
                                              {"type": "text", "text": "What colour?"}]}]
     trace = engine.agent.run("What colour?", messages=messages)

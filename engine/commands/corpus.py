@@ -38,10 +38,12 @@ def corpus_option(fn: Any) -> Any:
 
 def open_corpus(library_path: Path | None, name: str, *, threads: int | None = 1) -> Corpus:
     """A library's corpus with the fastest packaged embedder (ONNX when installed)."""
+    from whetstone.engine.api import open_library
     from whetstone.library_store.embeddings import query_embedder
 
-    return Corpus.of_library(library_path or default_library_path(), name,
-                             query_embedder(threads=threads))
+    # The default library is made on first use; a mistyped --library is an error.
+    root = open_library(library_path or default_library_path(), quiet=True).root
+    return Corpus.of_library(root, name, query_embedder(threads=threads))
 
 
 @click.group("corpus")
@@ -96,10 +98,11 @@ def add_cmd(paths: tuple[str, ...], tasks_spec: str | None, chunk_size: int, ove
     for p in paths:
         got = _stdin_docs(sys.stdin.read(), fmt, source, text_field) if p == "-" \
             else read_path(Path(p), text_field)
-        if p != "-":
-            replace_under.append(str(Path(p).resolve()))
+        if got.root is not None:  # what was read, never what a refused link points at
+            replace_under.append(got.root)
         read.docs += got.docs
         read.skipped += got.skipped
+        read.refused += got.refused
     if tasks_spec:
         from whetstone.engine.evaluation.benchmarks import load_tasks
         from whetstone.engine.evaluation.tasks import evidence_documents
@@ -115,7 +118,8 @@ def add_cmd(paths: tuple[str, ...], tasks_spec: str | None, chunk_size: int, ove
     try:
         with err.status(f"embedding {len(read.docs)} document(s) into {corpus_name} …",
                         spinner="dots"):
-            report = corpus.add(read.docs, spec=spec, replace_under=replace_under)
+            report = corpus.add(read.docs, spec=spec, replace_under=replace_under,
+                                keep=read.refused)
         stats = corpus.stats()
     finally:
         corpus.close()

@@ -502,18 +502,19 @@ def skill_group() -> None:
 @handle_errors
 def skill_new(name: str, description: str | None, library_path: Path | None,
               as_json: bool) -> None:
-    """Add a scaffolded skill NAME (validated), ready to edit under skills/NAME/SKILL.md."""
+    """Draft a scaffolded skill NAME under skills/NAME/SKILL.md: a hand edit, not a version,
+    so nothing serves it until you edit it and run `whetstone library commit`."""
     lib = _open(library_path)
     if lib.snapshot().unit(f"{SKILLS_DIR}/{name}"):
         raise LibraryError(f"skill {name!r} already exists",
                            hint=f"edit {lib.root / skill_path(name)} and run "
                                 "`whetstone library commit -m ...`")
     skill = scaffold_skill(name, description)
-    v = lib.commit(new_skill_changes(skill), method="skill new", message=f"new skill {name}")
-    target = lib.root / skill_path(name)
+    (target,) = lib.draft(new_skill_changes(skill))
     if as_json:
-        emit_json({"version": v.id, "skill": name, "path": str(target)})
+        emit_json({"version": lib.current_id(), "skill": name, "path": str(target),
+                   "draft": True})
         return
-    console().print(f"created skill [bold]{name}[/] in version {v.id}: edit "
-                    f"{escape(str(target))}, then `whetstone library commit -m ...`", markup=True)
-
+    console().print(f"drafted skill [bold]{name}[/] at {escape(str(target))}; it is not live "
+                    f"(still {lib.current_id()}): edit it, then `whetstone library commit -m "
+                    f"\"add {name}\"` makes it a version", markup=True, soft_wrap=True)

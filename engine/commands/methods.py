@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
+from whetstone.engine.errors import ConfigError
 
 
 @click.command("methods")
@@ -22,22 +23,33 @@ def methods_cmd(as_json: bool) -> None:
     registry = default_registry()
     specs = {spec.name: spec for spec in registry.specs()}
     # loaded once per method (a method with both kinds has two rows)
-    commands = {name: [c.name for c in registry.commands_of(spec)]
-                for name, spec in specs.items()}
+    commands: dict[str, list[str | None]] = {}
+    for name, spec in specs.items():
+        try:
+            commands[name] = [c.name for c in registry.commands_of(spec)]
+        except ConfigError as exc:
+            registry.skip(name, exc.message)
     rows = []
     for kind in ("evolver", "runtime"):
         for name in registry.names(kind):  # type: ignore[arg-type]
             entry = registry.entry(kind, name)  # type: ignore[arg-type]
-            cls = entry.load()
+            try:
+                cls = entry.load()
+                summary = entry.summary()
+            except ConfigError as exc:  # a broken package is listed, never a crash
+                cls, summary = None, f"unusable: {exc.message}"
             config = getattr(cls, "config_class", None)
             knobs = [f.name for f in dataclasses.fields(config)] if config else []
             spec = specs.get(name)
-            rows.append({"name": name, "kind": kind, "summary": entry.summary(),
+            rows.append({"name": name, "kind": kind, "summary": summary,
                          "options": knobs, "from": entry.target,
                          # what its package owns: library folders, commands, prompts
                          "folders": [r.name for r in spec.roots] if spec else [],
                          "commands": commands.get(name, []),
                          "prompts": spec.prompts.names() if spec and spec.prompts else []})
+    rows += [{"name": name, "kind": "method", "summary": f"unusable: {why}", "options": [],
+              "from": "", "folders": [], "commands": [], "prompts": []}
+             for name, why in registry.skipped.items() if name not in specs]
     if as_json:
         emit_json(rows)
         return

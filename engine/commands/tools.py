@@ -30,7 +30,6 @@ from whetstone.engine.commands.common import (
     library_option,
 )
 from whetstone.engine.errors import NotFound, ToolError
-from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.types import ToolSpec
 from whetstone.library_store.store import Library, Snapshot
 from whetstone.tools.learned import PROVENANCE_FILE
@@ -77,7 +76,10 @@ def _find(snap: Snapshot, name: str) -> ToolEntry:
 
 
 def _library(path: Path | None) -> Library:
-    return default_registry().open_library(path or default_library_path(), create=True)
+    from whetstone.engine.api import open_library
+
+    # The default library is made on first use; a mistyped --library is an error.
+    return open_library(path or default_library_path())
 
 
 @click.group("tools")

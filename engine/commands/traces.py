@@ -28,10 +28,14 @@ def traces_group() -> None:
 def trace_store(library_path: Path | None) -> TraceStore:
     """The trace store of the library at ``library_path`` (default: the home library), with
     the bounds its ``library.json`` sets."""
+    from whetstone.engine.api import may_create_library
     from whetstone.library_store.store import Library
 
     root = library_path or default_library_path()
-    return open_trace_store(root / "traces", Library(root).settings())
+    library = Library(root)
+    if not library.is_initialized() and not may_create_library(root):
+        Library.open(root)  # raises: a mistyped --library is an error, not an empty store
+    return open_trace_store(root / "traces", library.settings())
 
 
 @traces_group.command("ls")

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -33,7 +34,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from whetstone.engine.errors import EvalError
 from whetstone.engine.evaluation.answers import extract_number
@@ -79,11 +80,35 @@ class FetchResult:
 
 
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+        return _sha256_stream(f)
+
+
+def _sha256_stream(f: BinaryIO) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
     return h.hexdigest()
+
+
+class _HashingReader:
+    """The sdist as tarfile streams it, hashed on the way: what was extracted is what was
+    hashed, byte for byte, whatever happens to the file or its path meanwhile."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.hash = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.hash.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        """The hash of every byte of the file: the rest after the archive's end included."""
+        while self.read(_CHUNK):
+            pass
+        return self.hash.hexdigest()
 
 
 Runner = Callable[..., subprocess.CompletedProcess[str]]
@@ -123,11 +148,12 @@ def download_sdist(dest: Path, *, python: str = sys.executable,
     return sdist
 
 
-def _extract(sdist: Path, into: Path) -> tuple[int, int]:
+def _extract(stream: _HashingReader, into: Path) -> tuple[int, int]:
     """Copy each ``task.json`` member into ``into/benchmark_tasks/<rel>``: regular files only,
-    names matched against a strict pattern (no ``..``, no absolute paths, no links)."""
+    names matched against a strict pattern (no ``..``, no absolute paths, no links). The
+    archive is read as a stream, front to back, so every byte goes through the hash once."""
     files = size = 0
-    with tarfile.open(sdist, "r:*") as tar:
+    with tarfile.open(fileobj=stream, mode="r|*") as tar:  # type: ignore[call-overload]
         for member in tar:
             m = _MEMBER.match(member.name)
             if not m or not member.isfile():
@@ -147,29 +173,55 @@ def _extract(sdist: Path, into: Path) -> tuple[int, int]:
     return files, size
 
 
+def _wrong_hash(sdist: Path, got: str, want: str) -> EvalError:
+    return EvalError(f"{sdist} has sha256 {got}, expected {want} ({SDIST})",
+                     hint="the file is not the pinned sdist or is truncated: delete it and "
+                          "run `whetstone data fetch bigbench` without --from")
+
+
 def install_sdist(sdist: Path, cache: Path | None = None, *, sha256: str | None = None,
                   force: bool = False, download_s: float = 0.0) -> FetchResult:
     """Check the sdist's sha256, extract its task files aside, then rename them into place:
     a killed run leaves the old cache or none, never half of one. ``sha256`` defaults to the
-    pinned ``SDIST_SHA256``."""
+    pinned ``SDIST_SHA256``.
+
+    The file is opened once: it is hashed, then extracted through the same descriptor and
+    hashed again on the way, so a file swapped or rewritten after the check is never
+    extracted (the second hash fails and the extracted files are dropped)."""
     sdist = Path(sdist)
     sha256 = sha256 or SDIST_SHA256
     if not sdist.is_file():
         raise EvalError(f"{sdist} does not exist", hint=f"pass the path of {SDIST}")
-    got = sha256_of(sdist)
-    if got != sha256:
-        raise EvalError(f"{sdist} has sha256 {got}, expected {sha256} ({SDIST})",
-                        hint="the file is not the pinned sdist or is truncated: delete it and "
-                             "run `whetstone data fetch bigbench` without --from")
-    final = data_dir(cache)
-    if final.exists() and not force:
-        return FetchResult(final, _count(final), 0, got, download_s)
+    with open(sdist, "rb") as f:  # one descriptor for the check and the extraction
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise EvalError(f"{sdist} is not a regular file", hint=f"pass the path of {SDIST}")
+        got = _sha256_stream(f)
+        if got != sha256:
+            raise _wrong_hash(sdist, got, sha256)
+        final = data_dir(cache)
+        if final.exists() and not force:
+            return FetchResult(final, _count(final), 0, got, download_s)
+        f.seek(0)
+        return _install(sdist, _HashingReader(f), final, sha256, download_s)
+
+
+def _install(sdist: Path, stream: _HashingReader, final: Path, sha256: str,
+             download_s: float) -> FetchResult:
     final.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is readable like the models'
     try:
-        files, size = _extract(sdist, tmp)
+        try:
+            files, size = _extract(stream, tmp)
+        except tarfile.TarError as exc:
+            got = stream.hexdigest()
+            if got != sha256:  # rewritten into something else since the check
+                raise _wrong_hash(sdist, got, sha256) from None
+            raise EvalError(f"cannot read {sdist}: {exc}", hint=f"pass the {SDIST} sdist") from exc
+        got = stream.hexdigest()
+        if got != sha256:  # changed in place since the check: what was extracted is dropped
+            raise _wrong_hash(sdist, got, sha256)
         if not files:
             raise EvalError(f"{sdist} holds no bigbench/benchmark_tasks/*/task.json",
                             hint=f"pass the {SDIST} sdist")

@@ -363,10 +363,14 @@ def tasks_from_traces(traces: Sequence[Trace], scorer: str = "normalised",
     A trace needs a ``label`` (the expected answer); ``meta["task_id"]`` (set by evaluation)
     keeps the original id, and ``meta["scorer"]`` the original scorer. A label holding a JSON
     list or object (BFCL ground truth) is parsed back. Repeated task ids are kept once.
+    A recorded scorer that names code (``helper.py:score``) is stored data choosing code, as
+    a task file's would be: such a trace is skipped (with a warning) unless ``scorer``, the
+    caller's own choice, names the same code.
     """
     tasks: list[TaskRecord] = []
     seen: set[str] = set()
     problems: list[str] = []
+    refused: set[str] = set()
     for t in traces:
         if t.label is None:
             continue
@@ -379,14 +383,29 @@ def tasks_from_traces(traces: Sequence[Trace], scorer: str = "normalised",
                 expected = json.loads(t.label)
             except json.JSONDecodeError:
                 pass  # plain text that starts with a bracket
+        named = str(t.meta.get("scorer") or scorer)
+        if is_user_scorer(named) and named != scorer:
+            problems.append(f"trace {t.id} names the scorer {named!r}, code a stored trace "
+                            "may not choose; skipped")
+            refused.add(named)
+            continue
         try:
             tasks.append(TaskRecord(id=task_id, question=t.task, expected=expected,
-                                    scorer=str(t.meta.get("scorer") or scorer),
-                                    metadata={"trace_id": t.id}))
+                                    scorer=named, metadata={"trace_id": t.id}))
         except EvalError as exc:
             problems.append(f"trace {t.id}: {exc.message}; skipped")
             continue
         seen.add(task_id)
+    if refused:
+        names = ", ".join(map(repr, sorted(refused)[:3]))
+        hint = ("score them with tasks you choose: --gate-tasks SET (built-in scorers), or in "
+                "Python gate_tasks=load_tasks(FILE, trust_scorers=True)")
+        if not tasks:
+            raise EvalError(f"every labelled trace names a scorer that is code ({names}); a "
+                            "stored trace may not choose code to run", hint=hint)
+        log.warning("%d trace(s) left out: they name the scorer %s, code a stored trace may "
+                    "not choose; %s", sum("code a stored trace" in p for p in problems),
+                    names, hint)
     return TaskSet(name=name, tasks=tuple(tasks), problems=tuple(problems))
 
 

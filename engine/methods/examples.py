@@ -58,13 +58,14 @@ def _expected(label: str) -> Any:
 
 def rescore(trace: Trace) -> float | None:
     """The trace scored again by the scorer its eval named (``meta["scorer"]``) against its
-    label; None when that cannot be done (no scorer or label recorded, or the scorer needs
-    more of the task than the trace keeps)."""
+    label; None when that cannot be done (no scorer or label recorded, the scorer needs more
+    of the task than the trace keeps, or it names code: a stored trace never chooses code to
+    run, so the stored score stands)."""
     from whetstone.engine.evaluation.scorers import get_scorer
-    from whetstone.engine.evaluation.tasks import TaskRecord
+    from whetstone.engine.evaluation.tasks import TaskRecord, is_user_scorer
 
     name = trace.meta.get("scorer")
-    if not isinstance(name, str) or not name or trace.label is None:
+    if not isinstance(name, str) or not name or trace.label is None or is_user_scorer(name):
         return None
     try:
         task = TaskRecord(id=str(trace.meta.get("task_id") or trace.id), question=trace.task,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from whetstone.engine.runtime.plugins import MethodEnv, Plugin
     from whetstone.library_store.store import Library, Snapshot
     from whetstone.library_store.validation import Validator
+
+log = logging.getLogger("whetstone.methods")
+_WARNED: set[str] = set()  # each broken entry point is reported once per process
 
 Kind = Literal["evolver", "runtime"]
 ENTRY_POINT_GROUPS: dict[Kind, str] = {"evolver": "whetstone.evolvers",
@@ -126,6 +130,10 @@ def load_target(target: str, what: str) -> Any:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{what} cannot be loaded from {target}: {exc}",
                           hint="reinstall the package that provides it") from exc
+    except Exception as exc:  # a package whose import raises (a bug in it): still a ConfigError
+        raise ConfigError(f"{what} cannot be loaded from {target}: importing it raised "
+                          f"{type(exc).__name__}: {exc}",
+                          hint="reinstall or uninstall the package that provides it") from exc
 
 
 def load_spec(target: str) -> MethodSpec:
@@ -147,6 +155,7 @@ class MethodRegistry:
                  specs: tuple[MethodSpec, ...] = ()) -> None:
         self._entries: dict[Kind, dict[str, MethodEntry]] = {"evolver": {}, "runtime": {}}
         self._specs: dict[str, MethodSpec] = {}
+        self.skipped: dict[str, str] = {}  # an installed method that could not load -> why
         for e in entries:
             self.register(e)
         for spec in specs:
@@ -163,6 +172,15 @@ class MethodRegistry:
 
     def specs(self) -> list[MethodSpec]:
         return list(self._specs.values())
+
+    def skip(self, name: str, why: str) -> None:
+        """Leave out an installed method that cannot load, with a warning: one broken
+        package never stops the commands that do not need it."""
+        self.skipped[name] = why
+        if why not in _WARNED:
+            _WARNED.add(why)
+            log.warning("skipped the installed method %r: %s (reinstall or uninstall the "
+                        "package that provides it)", name, why)
 
     def roots(self) -> dict[str, LibraryRoot]:
         """The library folders the methods own, by name (a folder two methods claim is a
@@ -218,8 +236,15 @@ class MethodRegistry:
         return Library.open(path, roots=tuple(self.roots()), **kwargs)
 
     def commands(self) -> list[Any]:
-        """The ``click`` commands the methods add to the command line."""
-        return [c for spec in self._specs.values() for c in self.commands_of(spec)]
+        """The ``click`` commands the methods add to the command line (a method whose
+        commands cannot load is skipped with a warning)."""
+        out = []
+        for spec in self._specs.values():
+            try:
+                out += self.commands_of(spec)
+            except ConfigError as exc:
+                self.skip(spec.name, exc.message)
+        return out
 
     @staticmethod
     def commands_of(spec: MethodSpec) -> list[Any]:
@@ -262,10 +287,14 @@ class MethodRegistry:
 def default_registry() -> MethodRegistry:
     """The built-in method packages plus those installed under the ``whetstone.methods``
     entry point (a spec) or the ``whetstone.evolvers`` / ``whetstone.runtime_methods`` ones
-    (a class); an installed method of the same name replaces a built-in."""
+    (a class); an installed method of the same name replaces a built-in. An installed spec
+    that cannot load is skipped with a warning (``skipped`` says why)."""
     registry = MethodRegistry(_CORE, tuple(load_spec(p) for p in BUILTIN_METHODS))
     for ep in importlib.metadata.entry_points(group=METHODS_ENTRY_POINT):
-        registry.add(load_spec(ep.value))
+        try:
+            registry.add(load_spec(ep.value))
+        except ConfigError as exc:
+            registry.skip(ep.name, exc.message)
     for kind, group in ENTRY_POINT_GROUPS.items():
         for ep in importlib.metadata.entry_points(group=group):
             registry.register(MethodEntry(ep.name, kind, ep.value))
