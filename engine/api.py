@@ -246,10 +246,11 @@ class Engine:
         from whetstone.engine.backends import auto_concurrency
         from whetstone.engine.evaluation.runner import with_concurrency
 
-        n = auto_concurrency(self.backend)
+        n, ordered = auto_concurrency(self.backend), self.backend.capabilities.ordered
         if check_solver(kind or self.solver_kind) == "agent":
             agent = self.build_agent(snapshot=snapshot, store_traces=False)
-            return with_concurrency(wrap_solvers(agent_solver(agent), agent.plugins), n)
+            return with_concurrency(wrap_solvers(agent_solver(agent), agent.plugins), n,
+                                    ordered=ordered)
         snap = snapshot or self.pinned_snapshot()
         plugins, resources = self._host_plugins("direct", snap)
         self._resources += resources
@@ -258,7 +259,7 @@ class Engine:
             self.backend, model=self.backend.spec, library_version=version, plugins=plugins,
             guidance_budget_tokens=self.config.guidance_budget_tokens,
             max_tokens=self.config.max_tokens_per_call, temperature=self.config.temperature),
-            plugins), n)
+            plugins), n, ordered=ordered)
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""

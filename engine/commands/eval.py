@@ -78,8 +78,7 @@ def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
     """One evaluation with a progress bar (ETA, tasks/min and running accuracy) on stderr.
     ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once."""
     err = console(stderr=True)
-    if concurrency is None:
-        concurrency = solver_concurrency(solver)
+    concurrency = solver_concurrency(solver, concurrency)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("acc {task.fields[acc]}"), RateColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from whetstone.engine.errors import BackendError
+from whetstone.engine.errors import BackendError, error_text
 from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.replies import parse_call_arguments
 from whetstone.engine.runtime.parse import (
@@ -131,6 +131,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     except BackendError as exc:
         return {
             "outcome": "error", "reason": f"model call failed: {exc.message}", "pending": [],
+            "error": error_text(exc),
             "steps": [_step("think", "think", input={"messages": [m.to_dict() for m in
                                                                    request.messages]},
                             error=str(exc), started=start, duration_s=time.time() - start,
@@ -372,6 +373,8 @@ def finish(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     reason = state.get("reason") or ("answered" if outcome == "answered" else "no answer")
     meta = dict(state.get("meta") or {})
     meta["reason"] = reason
+    if outcome == "error":
+        meta["error"] = state.get("error") or reason
     for plugin in ctx.plugins:
         extra = plugin.finish_meta(state)
         if extra:

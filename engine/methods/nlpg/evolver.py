@@ -173,9 +173,11 @@ class _Plan:
 
 
 def _score(trace: Trace) -> float | None:
+    """The run's score; a run stopped at a limit without an answer is a 0, one that failed
+    (outcome ``error``) or answered unscored is unmeasured (None)."""
     if trace.score is not None:
         return trace.score
-    return None if trace.outcome == "answered" else 0.0  # no answer is a failure
+    return None if trace.outcome in ("answered", "error") else 0.0
 
 
 class NLPG:
@@ -273,7 +275,8 @@ class NLPG:
                     have[str(t.meta["task_id"])] = t
         for t in context.store.query():
             if t.meta.get("nlpg_run") == checkpoint.key and t.meta.get("nlpg_step") == step \
-                    and t.meta.get("task_id") in wanted and t.outcome != "running":
+                    and t.meta.get("task_id") in wanted \
+                    and t.outcome not in ("running", "error"):
                 have[str(t.meta["task_id"])] = t
         missing = [t for t in tasks if t.id not in have]
         state.counts["runs_reused"] += len(tasks) - len(missing)
