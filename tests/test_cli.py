@@ -106,7 +106,7 @@ def test_models_table_shows_whole_install_commands_and_reads_at_80_columns() -> 
     rows = json.loads(CliRunner().invoke(cli, ["models", "--json"]).stdout)
     lines = out.splitlines()
     for r in rows:  # one line per spec, whole, with its state
-        (line,) = [x for x in lines if x.split()[:1] == [r["spec"]]]
+        (line,) = [x for x in lines if x.startswith(f"  {r['spec']} ")]
         assert ("not installed" in line) != r["installed"], line
         assert ("white-box" in line) == r["white_box"], line
         if not r["installed"]:  # the whole command, on one (terminal-folded) line
