@@ -117,6 +117,15 @@ def test_models_table_shows_whole_install_commands_and_reads_at_80_columns() -> 
     assert "…" not in out
 
 
+def test_a_model_path_that_does_not_exist_exits_3_as_the_table_says(tmp_path: Path) -> None:
+    """Issue 37 item 9: ``--model hf:/nonexistent/model`` exited 2 (usage); docs/cli.md's
+    table gives 3 to a model that is not installed."""
+    for spec in (f"hf:{tmp_path}/nonexistent/model", f"hf:{tmp_path}#missing.gguf"):
+        res = CliRunner().invoke(cli, ["run", "hi", "--model", spec])
+        assert res.exit_code == 3, res.output
+        assert "nothing is downloaded" in res.output or "check the name" in res.output
+
+
 def _whetstone(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", "from cli import main; main()", *args],
