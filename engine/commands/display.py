@@ -80,7 +80,9 @@ def _act(out: Any, step: Any) -> None:
 
 
 def _observe(out: Any, step: Any) -> None:
-    error = step.error or ""  # already says "unparseable reply: ..."
+    # The runtime's reason ("unparseable reply: ...", "tool call not run: ..."), never the
+    # reminder it sent the model, which would read as if the model had said it.
+    error = step.error or ""
     out.print(f"[yellow]{short(error[:1].upper() + error[1:], 2000)}[/]", markup=True,
               soft_wrap=True)
 
