@@ -51,7 +51,7 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.base import Backend, Capabilities
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.integrations.langchain_tools import library_tools_for_langchain
-from whetstone.engine.server.adapter import Adapted, ChatSwitches, chat_query
+from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from whetstone.engine.server.exchange import chat_trace
 from whetstone.engine.types import Completion, Message, Request, ToolCall
 from whetstone.library_store.store import Library
@@ -284,6 +284,21 @@ class WhetstoneChatModel(BaseChatModel):
         return dataclasses.replace(given, record=value.get("record", self.record),
                                    budget_tokens=value.get("budget_tokens", self.budget_tokens))
 
+    def _adapter(self, tools: Sequence[Mapping[str, Any]]) -> ChatAdapter:
+        """The chat adapter for a call: the one whose guidance may say when to call the
+        library's learned tools when the call binds every one of them
+        (``library_tools_for_langchain``), else the one that leaves their lines out."""
+        from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+
+        plain = self._engine.chat_adapter()
+        if not tools:
+            return plain
+        bound = {str((t.get("function") or {}).get("name")) for t in tools}
+        learned = {d.name for p in plain.plugins if isinstance(p, SkillsPlugin)
+                   for d in p.learned_tools_report().definitions}
+        return self._engine.chat_adapter(offers_tools=True) if learned and learned <= bound \
+            else plain
+
     def _begin(self, messages: Sequence[BaseMessage], kwargs: dict[str, Any]
                ) -> tuple[_Exchange, Runnable[Any, Any], dict[str, Any]]:
         """Adapt the conversation (blocking: retrieval embeds the query); the exchange, the
@@ -299,7 +314,7 @@ class WhetstoneChatModel(BaseChatModel):
         adapted = Adapted(request, query=chat_query(request.messages))
         if switches.library:
             try:
-                adapted = self._engine.chat_adapter().adapt(request, switches)
+                adapted = self._adapter(tools).adapt(request, switches)
             except Exception as exc:  # noqa: BLE001 - the app's call matters more than guidance
                 # As the server and Engine.wrap do: send it unadapted, and say so in the trace.
                 log.warning("library retrieval failed; sending the request without it: %s",

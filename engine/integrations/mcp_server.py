@@ -163,7 +163,9 @@ class LibraryServer:
 
         self.engine = engine
         self.allow_writes = allow_writes
-        self.adapter = engine.chat_adapter()
+        # The learned tools are this server's own tools: the guidance may say when to call
+        # them (a chat completion's may not).
+        self.adapter = engine.chat_adapter(offers_tools=True)
         found = [p for p in self.adapter.plugins if isinstance(p, SkillsPlugin)]
         if not found:
             raise ConfigError("the MCP server needs the skills method",
