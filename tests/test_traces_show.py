@@ -144,3 +144,15 @@ def test_the_runtimes_reminder_is_not_printed_as_the_models_reply(tmp_path: Path
     # The model is still told, in the runtime's words.
     assert observed and all(s["output"]["observation"].startswith(
         "You already have the result") for s in observed)
+
+
+def test_a_chat_reply_that_only_calls_tools_shows_the_calls_not_an_answer(
+        tmp_path: Path) -> None:
+    """Issue 37 item 8: such a reply printed as ``Answer: convert_units({...})``."""
+    with Engine(script(tmp_path, [{"text": "", "tool_calls": [
+            {"name": "convert_units", "arguments": {"value": 2.5, "to": "min"}}]}]),
+            skills=False, checkpointing=False) as engine:
+        called = engine.chat("How many minutes are 2.5 hours?")
+    out = show(called.trace_id or "")
+    assert 'Tool call: convert_units({"value": 2.5, "to": "min"})' in out
+    assert "Answer: convert_units" not in out and "Replied with tool calls" in out
