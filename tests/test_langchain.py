@@ -350,18 +350,6 @@ def test_the_engine_over_a_langchain_model_answers_engine_chat(library: Library)
     engine.close()
 
 
-def test_the_graph_example_in_the_docs_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its library lands in tmp_path
-    text = (Path(__file__).resolve().parent.parent / "docs" / "langchain.md").read_text()
-    example = text.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(example, "docs/langchain.md", "exec"), {})  # noqa: S102 - our own docs
-    assert capsys.readouterr().out.splitlines() == [
-        "2.5 hours are 150 minutes.", "['unit-conversion']", "1.0"]
-
-
 def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_reply(
         library: Library, monkeypatch: pytest.MonkeyPatch) -> None:
     def full(self: TraceStore, trace: Any) -> None:
