@@ -317,9 +317,10 @@ class NLPG:
         harmful = Counter(m for w in walks for m in w.misleading)
         memory = count_uses(state.memory, helpful, harmful)
         groups = aggregate([c for w in walks for c in w.corrections])
+        scores = [x for x in (_score(t) for t in runs) if x is not None]  # measured runs
         report: dict[str, Any] = {
             "step": step, "runs": [t.id for t in runs],
-            "mean_score": round(sum(_score(t) or 0.0 for t in runs) / len(runs), 4),
+            "mean_score": round(sum(scores) / len(scores), 4) if scores else None,
             "walked": len(walks), "corrections": sum(len(w.corrections) for w in walks),
             "helpful": sum(helpful.values()), "harmful": sum(harmful.values()),
             "groups": {m: [g.to_dict() for g in gs] for m, gs in groups.items()},
