@@ -235,8 +235,8 @@ def test_the_readme_tour_runs_as_written(home: Path, tmp_path: Path) -> None:
     assert {"run", "eval", "evolve", "serve", "mcp", "corpus", "verify", "data"} <= set(ran)
 
 
-def test_the_readme_scorer_and_python_examples_run(home: Path) -> None:
-    scorer, api = blocks("README.md", "python")
+def test_the_readme_scorer_example_runs(home: Path) -> None:
+    scorer, _ = blocks("README.md", "python")
     Path("scorer.py").write_text(scorer)
     Path("humaneval.jsonl").write_text(json.dumps({
         "id": "add", "question": "Write def add(a, b) that returns the sum.", "expected": "",
@@ -245,6 +245,12 @@ def test_the_readme_scorer_and_python_examples_run(home: Path) -> None:
     (line,) = [c for b in blocks("README.md", "bash") for c in commands(b)
                if "--scorer scorer.py" in c]
     invoke(argv(line, {}))
+
+
+def test_the_readme_python_example_runs(home: Path) -> None:
+    """On a library of its own: the evolve it ends with learns from the run and the chat
+    before it."""
+    _, api = blocks("README.md", "python")
     exec(compile(api, "README.md", "exec"), {})  # noqa: S102 - our own docs
 
 
