@@ -153,9 +153,8 @@ def render_set(task_set: str, variants: list[str], model: str = "embedded") -> l
             c = compare(base, res)
             delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
             p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
-        ok = sum(t.score for t in res.results)
         ratio = res.mean_tokens / base.mean_tokens if base.mean_tokens else float("nan")
-        lines.append(f"| {name} | {res.accuracy:.3f} ({ok:g}/{res.n}) | {delta} | {p} | "
+        lines.append(f"| {name} | {res.accuracy:.3f} ({res.tally()}) | {delta} | {p} | "
                      f"{res.mean_tokens:.0f} | {ratio:.2f} | {tool:.2f} | {program:.2f} | "
                      f"{calls:.2f} |")
     return lines

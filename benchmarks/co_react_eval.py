@@ -199,12 +199,11 @@ def render_set(set_title: str, rows: list[RowPlan], outcomes: Mapping[str, RowOu
             tokens = f"{res.mean_tokens:.0f} ({res.mean_tokens - base.result.mean_tokens:+.0f})"
         else:
             tokens = f"{res.mean_tokens:.0f}"
-        ok = sum(t.score for t in res.results)
         co = any(m == "co_react" for m, _ in r.methods)
         verify = any(m == "co_react" and o_.get("rubric_verify") for m, o_ in r.methods)
         horizon = any(m == "horizon" for m, _ in r.methods)
         lines.append(
-            f"| {r.name} | {res.accuracy:.3f} ({ok:g}/{res.n}) | {delta} | {p} | "
+            f"| {r.name} | {res.accuracy:.3f} ({res.tally()}) | {delta} | {p} | "
             f"{_fmt(st and st['tool_calls'])} | {_fmt(st and st['model_calls'])} | {tokens} | "
             f"{_fmt(st and st['rubric_tokens'], '.0f') if co else '–'} | "
             f"{_fmt(st and st['checks_failed'], '.0%') if verify else '–'} | "

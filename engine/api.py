@@ -251,10 +251,11 @@ class Engine:
         from whetstone.engine.backends import auto_concurrency
         from whetstone.engine.evaluation.runner import with_concurrency
 
-        n = auto_concurrency(self.backend)
+        n, ordered = auto_concurrency(self.backend), self.backend.capabilities.ordered
         if check_solver(kind or self.solver_kind) == "agent":
             agent = self.build_agent(snapshot=snapshot, store_traces=False)
-            return with_concurrency(wrap_solvers(agent_solver(agent), agent.plugins), n)
+            return with_concurrency(wrap_solvers(agent_solver(agent), agent.plugins), n,
+                                    ordered=ordered)
         snap = snapshot or self.pinned_snapshot()
         plugins, resources = self._host_plugins("direct", snap)
         self._resources += resources
@@ -263,7 +264,7 @@ class Engine:
             self.backend, model=self.backend.spec, library_version=version, plugins=plugins,
             guidance_budget_tokens=self.config.guidance_budget_tokens,
             max_tokens=self.config.max_tokens_per_call, temperature=self.config.temperature),
-            plugins), n)
+            plugins), n, ordered=ordered)
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""
@@ -358,6 +359,7 @@ class Engine:
         clone.methods = self.methods + self._check_methods(extra)
         clone._agent = None
         clone.__dict__.pop("_chat_adapter", None)
+        clone.__dict__.pop("_chat_adapter_tools", None)
         return clone
 
     def _analyst(self, analyst: Backend | str | None) -> tuple[Backend, bool]:
@@ -400,19 +402,26 @@ class Engine:
     # One adapted completion per call, no agent loop; the logic lives in engine/server/
     # (adapter, exchange, client), these methods only wire this engine's objects into it.
 
-    def chat_adapter(self) -> ChatAdapter:
+    def chat_adapter(self, *, offers_tools: bool = False) -> ChatAdapter:
         """What chat mode injects (built once): the library's skills, then ``methods``'
         guidance, within ``config.guidance_budget_tokens``. Chat mode has no agent loop, so
-        only the methods' ``guidance`` acts (``check_chat_methods``)."""
-        adapter: ChatAdapter | None = self.__dict__.get("_chat_adapter")
+        only the methods' ``guidance`` acts (``check_chat_methods``). A chat completion runs
+        no tools, so the skills' lines about their learned tools are left out
+        (``SkillsPlugin.offers_tools``); ``offers_tools=True`` is the adapter for a host that
+        offers them itself (the MCP server, a LangChain call with the learned tools bound)."""
+        key = "_chat_adapter_tools" if offers_tools else "_chat_adapter"
+        adapter: ChatAdapter | None = self.__dict__.get(key)
         if adapter is None:
             plugins, resources = self._host_plugins("chat")
+            for p in plugins:
+                if isinstance(p, SkillsPlugin):
+                    p.offers_tools = offers_tools
             adapter = ChatAdapter(
                 plugins, self.backend,
                 budget_tokens=self.config.guidance_budget_tokens,
                 version_of=lambda: self.version or self.library.current_id(),
                 resources=resources)
-            self.__dict__["_chat_adapter"] = adapter
+            self.__dict__[key] = adapter
         return adapter
 
     def check_chat_methods(self) -> None:
@@ -476,9 +485,10 @@ class Engine:
         for resource in self._resources:
             resource.close()
         self._resources.clear()
-        adapter = self.__dict__.pop("_chat_adapter", None)
-        if adapter is not None:
-            adapter.close()
+        for key in ("_chat_adapter", "_chat_adapter_tools"):
+            adapter = self.__dict__.pop(key, None)
+            if adapter is not None:
+                adapter.close()
         for corpus in self._corpora.values():
             corpus.close()
         self.backend.close()

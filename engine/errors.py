@@ -26,6 +26,13 @@ class WhetstoneError(Exception):
         super().__init__(message if not hint else f"{message}\n  -> {hint}")
 
 
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` for records and listings: a ``WhetstoneError``'s message without its
+    hint, any other exception as ``str`` gives it."""
+    message = exc.message if isinstance(exc, WhetstoneError) else str(exc)
+    return f"{type(exc).__name__}: {message}"
+
+
 class ConfigError(WhetstoneError):
     """Bad option, spec or configuration supplied by the user."""
 

@@ -306,6 +306,15 @@ class Trace:
     def duration_s(self) -> float | None:
         return None if self.ended is None else self.ended - self.started
 
+    @property
+    def error(self) -> str | None:
+        """What failed in a run whose outcome is ``error`` (``meta["error"]``, "Type:
+        message"; older traces: the reason it stopped); None for every other outcome. Such a
+        run has no answer to score: it is a failed run, not a wrong one."""
+        if self.outcome != "error":
+            return None
+        return str(self.meta.get("error") or self.meta.get("reason") or "the run failed")
+
     def with_(self, **changes: Any) -> Trace:
         return replace(self, **changes)
 

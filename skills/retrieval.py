@@ -10,9 +10,10 @@ The token counter is injected, so the runtime passes its backend's ``count_token
 from __future__ import annotations
 
 import difflib
+import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,6 +81,20 @@ def skill_body(snapshot: Snapshot, name: str) -> str:
     text = snapshot.read_text(path)
     parsed = parse_skill_md(text, path=path, folder=name)
     return parsed.skill.body if parsed.skill is not None else text
+
+
+def names_any(text: str, names: Sequence[str]) -> bool:
+    """Whether ``text`` names one of ``names`` as a whole word (``convert_units``, not
+    ``convert_units_v2``)."""
+    return any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text) for n in names if n)
+
+
+def without_lines_naming(body: str, names: Sequence[str]) -> str:
+    """``body`` without the lines that name one of ``names``: what a skill says about tools a
+    host cannot offer (a chat completion runs none), so the model is not told to call them."""
+    if not names:
+        return body
+    return "\n".join(line for line in body.split("\n") if not names_any(line, names))
 
 
 def read_skill(snapshot: Snapshot, name: str, file: str | None = None) -> str:
@@ -221,8 +236,11 @@ class SkillRetriever:
 
     def retrieve(self, task: str, *, snapshot: Snapshot | None = None, k: int | None = None,
                  budget_tokens: int | None = None, max_bodies: int | None = None,
-                 query_vector: np.ndarray | None = None) -> Retrieval:
-        """The skills prompt for ``task``. Pass ``query_vector`` to skip embedding the task."""
+                 query_vector: np.ndarray | None = None,
+                 unoffered: Mapping[str, Sequence[str]] | None = None) -> Retrieval:
+        """The skills prompt for ``task``. Pass ``query_vector`` to skip embedding the task.
+        ``unoffered``: skill -> names (its tools) this host cannot offer; the lines of its
+        body that name one are left out (``without_lines_naming``)."""
         snap = snapshot or self.library.snapshot()
         budget = self.budget_tokens if budget_tokens is None else budget_tokens
         bodies_max = self.max_bodies if max_bodies is None else max_bodies
@@ -247,8 +265,9 @@ class SkillRetriever:
         for m in matches[:n]:
             if len(with_body) >= bodies_max:
                 break
-            section = render_prompt("skills_entry.yaml#body", name=m.name,
-                                    body=self._body(snap, m.name))
+            body = without_lines_naming(self._body(snap, m.name),
+                                        (unoffered or {}).get(m.name, ()))
+            section = render_prompt("skills_entry.yaml#body", name=m.name, body=body)
             if self.count_tokens(render(n, bodies + [section])) <= budget:
                 bodies.append(section)
                 with_body.append(m.name)

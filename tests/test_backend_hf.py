@@ -21,7 +21,7 @@ from whetstone.engine.backends.toolcall_format import (
     offered_tool_names,
     parse_tool_calls,
 )
-from whetstone.engine.errors import ConfigError, ModelLoadError
+from whetstone.engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
 from whetstone.engine.types import Message, Request, ToolCall
 
 CALC = {
@@ -187,14 +187,15 @@ def test_jinja_renderer_handles_a_chatml_template() -> None:
 def test_hf_spec_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs a model path"):
         get_backend("hf:")
-    with pytest.raises(ConfigError, match="no model at"):
+    # A model that is not there is not installed (exit 3, docs/cli.md), not a usage error.
+    with pytest.raises(ModelNotInstalled, match="no model at"):
         get_backend(f"hf:{tmp_path}/nothing-here")
-    with pytest.raises(ConfigError, match="nor in the local Hugging Face cache"):
+    with pytest.raises(ModelNotInstalled, match="nor in the local Hugging Face cache"):
         get_backend("hf:nobody/no-such-model")  # a hub id is looked up locally, never fetched
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ConfigError, match="not a .gguf"):
         get_backend(f"hf:{tmp_path}/notes.txt")
-    with pytest.raises(ConfigError, match="no GGUF file"):
+    with pytest.raises(ModelNotInstalled, match="no GGUF file"):
         get_backend(f"hf:{tmp_path}#missing.gguf")
 
 

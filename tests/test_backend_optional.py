@@ -55,9 +55,9 @@ def test_llamacpp_missing_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -
         "pip install 'whetstone-engine[llamacpp]'  (builds for ~14 min on 2 cores)")
 
 
-def test_llamacpp_bad_path_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_llamacpp_bad_path_is_a_model_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
-    with pytest.raises(ConfigError, match="no GGUF file"):
+    with pytest.raises(ModelNotInstalled, match="no GGUF file"):
         get_backend("llamacpp:/nowhere/model.gguf")
     with pytest.raises(ConfigError, match="needs a GGUF path"):
         get_backend("llamacpp:")

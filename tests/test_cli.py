@@ -95,6 +95,37 @@ def test_models_lists_every_spec_with_install_state() -> None:
     assert "pip install" in llama["install"]
 
 
+def test_models_table_shows_whole_install_commands_and_reads_at_80_columns() -> None:
+    """Issue 37 item 7: the llamacpp/vllm rows read ``pip install 'whetstone-engine'`` (the
+    extra eaten as markup) and at 80 columns each cell wrapped over 6-8 lines."""
+    res = CliRunner(env={"COLUMNS": "80"}).invoke(cli, ["models"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert "pip install 'whetstone-engine[llamacpp]'" in out
+    assert "pip install 'whetstone-engine[vllm]'" in out
+    rows = json.loads(CliRunner().invoke(cli, ["models", "--json"]).stdout)
+    lines = out.splitlines()
+    for r in rows:  # one line per spec, whole, with its state
+        (line,) = [x for x in lines if x.startswith(f"  {r['spec']} ")]
+        assert ("not installed" in line) != r["installed"], line
+        assert ("white-box" in line) == r["white_box"], line
+        if not r["installed"]:  # the whole command, on one (terminal-folded) line
+            assert f"    {r['install']}" in lines
+    # Only the install commands run past 80 columns (the terminal folds them, so they copy
+    # whole); nothing is cut.
+    assert all(len(x) <= 80 for x in lines if not x.startswith("    pip install")), out
+    assert "…" not in out
+
+
+def test_a_model_path_that_does_not_exist_exits_3_as_the_table_says(tmp_path: Path) -> None:
+    """Issue 37 item 9: ``--model hf:/nonexistent/model`` exited 2 (usage); docs/cli.md's
+    table gives 3 to a model that is not installed."""
+    for spec in (f"hf:{tmp_path}/nonexistent/model", f"hf:{tmp_path}#missing.gguf"):
+        res = CliRunner().invoke(cli, ["run", "hi", "--model", spec])
+        assert res.exit_code == 3, res.output
+        assert "nothing is downloaded" in res.output or "check the name" in res.output
+
+
 def _whetstone(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", "from cli import main; main()", *args],

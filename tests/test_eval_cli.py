@@ -202,3 +202,17 @@ def test_concurrency_auto_follows_the_backend_and_rejects_nonsense() -> None:
             conv.convert(bad, None, None)
     assert solver_concurrency(lambda t, s: None) == 1  # type: ignore[arg-type,return-value]
     assert solver_concurrency(with_concurrency(lambda t, s: None, 8)) == 8  # type: ignore
+
+
+def test_help_names_every_kind_of_task_set() -> None:
+    """Issue 37 item 9: ``eval --help`` listed the packaged sets and .jsonl files, not
+    ``bigbench:<task>``; an unknown set's hint did not name it either."""
+    from whetstone.engine.errors import EvalError
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+
+    res = CliRunner().invoke(eval_cmd, ["--help"], terminal_width=200)
+    assert res.exit_code == 0
+    assert "bigbench:<task>" in res.output and "whetstone data fetch bigbench" in res.output
+    with pytest.raises(EvalError) as info:
+        load_tasks("gsm9k")
+    assert "bigbench:<task>" in (info.value.hint or "")

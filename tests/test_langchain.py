@@ -1,7 +1,8 @@
 """A Whetstone library inside LangChain and LangGraph: ``WhetstoneChatModel`` around
-langchain-core's own fake chat models, in real compiled graphs (``create_react_agent``, a
-``StateGraph`` over ``MessagesState``), with a real library, the real embedder and the sandbox.
-Nothing of Whetstone is mocked; the only doubles are the LangChain models."""
+langchain-core's own fake chat models, in real compiled graphs (the ReAct loop of a
+``ToolNode`` and ``tools_condition``, a ``StateGraph`` over ``MessagesState``), with a real
+library, the real embedder and the sandbox. Nothing of Whetstone is mocked; the only doubles
+are the LangChain models."""
 
 from __future__ import annotations
 
@@ -145,10 +146,21 @@ def test_the_inner_model_gets_the_skill_and_the_exchange_is_a_trace_with_feedbac
     assert rows[trace_id]["score"] == 1.0
 
 
+def react_graph(model: Any, tools: Sequence[Any], checkpointer: Any = None) -> Any:
+    """The ReAct loop as docs/langchain.md builds it with LangGraph 1.x's own parts."""
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", whetstone_node(model, tools=tools))
+    builder.add_node("tools", ToolNode(tools))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    return builder.compile(checkpointer=checkpointer)
+
+
 def test_a_react_agent_runs_a_learned_tool_in_the_sandbox_with_its_skill_shown(
         library: Library) -> None:
-    from langgraph.prebuilt import create_react_agent
-
     seen = Seen()
     call = {"name": "sum_amounts", "args": {"amounts": [1.5, 4.25]}, "id": "call_1",
             "type": "tool_call"}
@@ -158,8 +170,8 @@ def test_a_react_agent_runs_a_learned_tool_in_the_sandbox_with_its_skill_shown(
     tools = library_tools_for_langchain(library.root)
     assert [t.name for t in tools] == ["sum_amounts"]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # create_react_agent is marked as moving to langchain
-        graph = create_react_agent(model, tools)
+        warnings.simplefilter("error")  # the current API: nothing deprecated
+        graph = react_graph(model, tools)
     state = graph.invoke({"messages": [HumanMessage(PRICES)]})
     messages = state["messages"]
     assert messages[-1].content == "Together they cost 5.75."
@@ -170,15 +182,57 @@ def test_a_react_agent_runs_a_learned_tool_in_the_sandbox_with_its_skill_shown(
     # Both decisions saw the skill that says when to call the tool, and the tool itself.
     assert len(seen.calls) == 2
     for sent, params in zip(seen.calls, seen.params):
-        assert "sum-amounts" in system_text(sent)
+        assert "Call `sum_amounts`" in system_text(sent)
         assert [t["function"]["name"] for t in params["tools"]] == ["sum_amounts"]
-    traces = {t.id: t for t in library.traces.query()}
-    ids = [trace_id_of(messages[1]), trace_id_of(messages[-1])]
-    assert all(i in traces for i in ids)
-    first, last = traces[ids[0]], traces[ids[1]]
-    assert first.answer == 'sum_amounts({"amounts": [1.5, 4.25]})'
-    assert first.steps[0].input["tools"] == ["sum_amounts"]
-    assert last.answer == "Together they cost 5.75." and last.task == PRICES
+
+
+def test_the_model_calls_of_one_graph_run_are_one_trace(library: Library) -> None:
+    """Issue 37 item 8: each model call of one agent run was its own trace, nothing tying
+    them together; `traces show` printed the tool call as ``Answer: sum_amounts({...})``."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    call = {"name": "sum_amounts", "args": {"amounts": [1.5, 4.25]}, "id": "call_1",
+            "type": "tool_call"}
+    inner = ToolCallingFake(responses=[AIMessage("Adding them.", tool_calls=[call]),
+                                       AIMessage("Together they cost 5.75."),
+                                       AIMessage("You are welcome.")])
+    model = WhetstoneChatModel(inner=inner, library=library.root)
+    graph = react_graph(model, library_tools_for_langchain(library.root), InMemorySaver())
+    thread = {"configurable": {"thread_id": "order-7"}}
+    messages = graph.invoke({"messages": [HumanMessage(PRICES)]}, thread)["messages"]
+    run_id = trace_id_of(messages[1])
+    assert run_id and trace_id_of(messages[-1]) == run_id  # one id for the whole run
+    runs = [t for t in library.traces.query() if t.meta.get("client") == "langchain"]
+    assert [t.id for t in runs] == [run_id]
+    (run,) = runs
+    assert [s.kind for s in run.steps] == ["think", "act", "think"]
+    assert run.steps[0].route == "act" and run.steps[-1].route == "end"
+    act = run.steps[1]
+    assert act.input["tool"] == "sum_amounts" and act.input["arguments"] == {
+        "amounts": [1.5, 4.25]}
+    assert json.loads(act.output["observation"]) == 5.75 and act.error is None
+    assert run.outcome == "answered" and run.answer == "Together they cost 5.75."
+    assert run.task == PRICES and run.meta["langchain"]["calls"] == 2
+    assert run.meta["langchain"]["thread_id"] == "order-7"
+    assert len(run.meta["langchain"]["run_ids"]) == 2
+    model.feedback(run_id, 1.0)  # labels the run
+    # What an evolver reads: the whole run, in the agent's vocabulary.
+    from whetstone.engine.methods.evolve import training_traces
+
+    assert [t.id for t in training_traces(library.traces.query())] == [run_id]
+    shown = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["traces", "show", run_id, "--library", str(library.root)])
+    assert shown.exit_code == 0, shown.output
+    out = shown.output
+    assert "Thought: Adding them." in out
+    assert 'Tool call: sum_amounts({"amounts": [1.5, 4.25]})' in out
+    assert "Observation: 5.75" in out and "Answer: Together they cost 5.75." in out
+    assert "Answer: sum_amounts" not in out
+    # A new turn in the same thread is a new run that names the one before.
+    later = graph.invoke({"messages": [HumanMessage("Thanks!")]}, thread)["messages"]
+    second = library.traces.get(trace_id_of(later[-1]) or "")
+    assert second.id != run_id and second.meta["langchain"]["previous"] == run_id
+    assert library.traces.get(run_id).score == 1.0  # its label survives
 
 
 def test_a_state_graph_node_streams_each_token_once_and_leaves_a_trace(
@@ -294,18 +348,6 @@ def test_the_engine_over_a_langchain_model_answers_engine_chat(library: Library)
     assert reply.text == "150" and "unit-conversion" in system_text(seen.calls[0])
     assert engine.traces.get(reply.trace_id or "").model == "langchain:GenericFakeChatModel"
     engine.close()
-
-
-def test_the_graph_example_in_the_docs_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its library lands in tmp_path
-    text = (Path(__file__).resolve().parent.parent / "docs" / "langchain.md").read_text()
-    example = text.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(example, "docs/langchain.md", "exec"), {})  # noqa: S102 - our own docs
-    assert capsys.readouterr().out.splitlines() == [
-        "2.5 hours are 150 minutes.", "['unit-conversion']", "1.0"]
 
 
 def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_reply(

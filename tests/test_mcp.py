@@ -258,3 +258,94 @@ def test_api_keys_on_stdio_are_refused_before_anything_loads(tmp_path: Path) -> 
     res = CliRunner().invoke(cli, ["mcp", "--library", str(tmp_path / "lib"), "--api-key", "k"])
     assert res.exit_code == 2 and "--transport http" in res.output
     assert not (tmp_path / "lib").exists()
+
+
+# --- what a client reads (issue 37, item 9) ---------------------------------------------------
+
+HALVE = textwrap.dedent('''\
+    def halve(x: float) -> float:
+        """Half of x.
+
+        Args:
+            x: a number.
+        """
+        return _divide(x, 0)
+
+
+    def _divide(a, b):
+        return a / b
+    ''')
+
+
+def failing_library(root: Path) -> Library:
+    lib = Library.open(root, create=True)
+    lib.commit({"skills/halving/SKILL.md": "---\nname: halving\ndescription: Halve a number."
+                "\n---\n# Halving\nCall `halve`.\n", "skills/halving/scripts/halve.py": HALVE},
+               method="test", validate=validate_library)
+    return lib
+
+
+async def test_a_failing_learned_tool_returns_its_exception_and_its_own_lines_only(
+        tmp_path: Path) -> None:
+    """The client got the sandbox's traceback, /tmp/whetstone-sandbox-... paths and all."""
+    from whetstone.engine.integrations.langchain_tools import library_tools_for_langchain
+    from whetstone.engine.integrations.mcp_app import McpHandlers
+
+    lib = failing_library(tmp_path / "lib")
+    server = LibraryServer.open(lib.root)
+    try:
+        import mcp_types as types
+
+        ran = await McpHandlers(server).call_tool(
+            None, types.CallToolRequestParams(name="halve", arguments={"x": 3}))  # type: ignore[arg-type]
+    finally:
+        server.close()
+    (tool,) = library_tools_for_langchain(lib.root)  # the same tool, as LangChain runs it
+    message = tool.invoke({"type": "tool_call", "id": "c1", "name": "halve", "args": {"x": 3}})
+    for text in (ran.content[0].text, message.content, json.dumps(ran.structured_content)):
+        assert "whetstone-sandbox" not in text and "/tmp/" not in text, text
+        assert "Traceback" not in text and "^^^" not in text and "~~^" not in text, text
+        assert "ZeroDivisionError: division by zero" in text
+        assert "skills/halving/scripts/halve.py:11 in _divide: return a / b" in text
+    assert ran.is_error and not ran.structured_content["output"]
+    assert message.content.startswith("Error in halve: ZeroDivisionError")
+    assert message.artifact["ok"] is False
+
+
+async def test_feedback_and_log_run_errors_speak_to_an_mcp_client(tmp_path: Path) -> None:
+    """record_feedback on an unknown id said "use the X-Whetstone-Trace-Id header" (HTTP);
+    log_run said "needs a 'answer'"."""
+    server = LibraryServer.open(make_library(tmp_path / "lib").root, allow_writes=True)
+    try:
+        with pytest.raises(NotFound) as info:
+            await server.record_feedback("20261130-101500-3f9a1c2b", 1)
+        assert (info.value.hint or "").startswith("use the trace_id log_run returned")
+        with pytest.raises(ConfigError, match=r"^log_run needs an 'answer' \(a non-empty"):
+            server.log_run("2+2?", "")
+        with pytest.raises(ConfigError, match=r"^log_run needs a 'task'"):
+            server.log_run(None, "4")
+    finally:
+        server.close()
+
+
+async def test_every_tool_has_a_title_and_says_what_it_changes(tmp_path: Path) -> None:
+    """Tools had no ``title``; learned tools no ``readOnlyHint``/``idempotentHint``."""
+    from whetstone.engine.integrations.mcp_app import McpHandlers
+
+    server = LibraryServer.open(make_library(tmp_path / "lib").root, allow_writes=True)
+    try:
+        listed = await McpHandlers(server).list_tools(None, None)  # type: ignore[arg-type]
+    finally:
+        server.close()
+    tools = {t.name: t for t in listed.tools}
+    assert set(tools) == {"search_skills", "record_feedback", "log_run", "sum_amounts"}
+    for t in tools.values():
+        assert t.title and t.annotations is not None and t.annotations.title == t.title
+        assert t.annotations.open_world_hint is False and t.annotations.destructive_hint is False
+    hints = {n: (t.annotations.read_only_hint, t.annotations.idempotent_hint)  # type: ignore[union-attr]
+             for n, t in tools.items()}
+    assert hints == {"search_skills": (True, True), "sum_amounts": (True, True),
+                     "record_feedback": (False, True), "log_run": (False, False)}
+    assert tools["sum_amounts"].title == "Sum amounts (skill sum-amounts)"
+    wire = tools["sum_amounts"].model_dump(by_alias=True, exclude_none=True)
+    assert wire["annotations"]["readOnlyHint"] is True and wire["title"]

@@ -124,3 +124,35 @@ def test_a_step_of_an_unknown_shape_prints_a_line_not_a_crash(whetstone_home: Pa
     out = show("odd1")
     assert "rubric dropped: empty" in out and "other (plugin) boom" in out
     assert "Answer: x" in out
+
+
+def test_the_runtimes_reminder_is_not_printed_as_the_models_reply(tmp_path: Path) -> None:
+    """Issue 37 item 9: on a step-limit run the reminder sent after a repeated call printed
+    as ``Unparseable reply: You already have the result...``, as if the model had said it."""
+    call = "Thought: multiply\nAction: calculator[17*23]"
+    spec = script(tmp_path, [call, call, call, call])
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["run", "17 * 23?", "--model", spec, "--max-steps", "4"])
+    assert res.exit_code == 8, res.output  # stopped at the step limit
+    for out in (res.output, show(latest()["id"])):
+        assert "You already have the result" not in out, out
+        assert "Unparseable reply" not in out
+        assert "Tool call not run: tools were off for this reply" in out
+    trace = json.loads(CliRunner().invoke(cli, ["traces", "show", latest()["id"], "--json"]
+                                          ).stdout)
+    observed = [s for s in trace["steps"] if s["kind"] == "observe"]
+    # The model is still told, in the runtime's words.
+    assert observed and all(s["output"]["observation"].startswith(
+        "You already have the result") for s in observed)
+
+
+def test_a_chat_reply_that_only_calls_tools_shows_the_calls_not_an_answer(
+        tmp_path: Path) -> None:
+    """Issue 37 item 8: such a reply printed as ``Answer: convert_units({...})``."""
+    with Engine(script(tmp_path, [{"text": "", "tool_calls": [
+            {"name": "convert_units", "arguments": {"value": 2.5, "to": "min"}}]}]),
+            skills=False, checkpointing=False) as engine:
+        called = engine.chat("How many minutes are 2.5 hours?")
+    out = show(called.trace_id or "")
+    assert 'Tool call: convert_units({"value": 2.5, "to": "min"})' in out
+    assert "Answer: convert_units" not in out and "Replied with tool calls" in out

@@ -75,19 +75,16 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             c = compare(base.result, res)
             delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
             p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
-        n_ok = sum(t.score or 0.0 for t in res.results)
-        failed = f", {res.n - res.n_scored} failed" if res.n_scored < res.n else ""
         gate = _gate(o.evolve, s.dev) if r.library_of is None else f"library of `{r.library_of}`"
         lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
-                     f"({n_ok:g}/{res.n_scored}{failed}) | {delta} | {p} | "
+                     f"({res.tally()}) | {delta} | {p} | "
                      f"{res.mean_tokens:.0f} | "
                      f"{_cost(o.evolve)} | {gate} |")
         if o.candidate_result is not None and base is not None:
             c = compare(base.result, o.candidate_result)
             cr = o.candidate_result
             lines.append(f"| {r.name} (rejected candidate) | {r.solver} | {methods} | "
-                         f"{cr.accuracy:.3f} ({sum(t.score or 0.0 for t in cr.results):g}/"
-                         f"{cr.n_scored}) | "
+                         f"{cr.accuracy:.3f} ({cr.tally()}) | "
                          f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | "
                          f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} | "
                          f"{cr.mean_tokens:.0f} | | not committed |")
@@ -123,8 +120,8 @@ def render_pool(plan: Plan, pool: PoolPlan, outcomes: Mapping[str, RowOutcome]) 
             c = compare(base, res)
             delta = f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
             p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
-        lines.append(f"| {name} | {res.accuracy:.3f} ({sum(t.score for t in res.results):g}/"
-                     f"{res.n}) | {delta} | {p} | {res.mean_tokens:.0f} |")
+        lines.append(f"| {name} | {res.accuracy:.3f} ({res.tally()}) | {delta} | {p} | "
+                     f"{res.mean_tokens:.0f} |")
     return "\n".join(lines)
 
 

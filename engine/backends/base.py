@@ -32,6 +32,9 @@ class Capabilities:
     max_concurrency: int = 1
     # Request.prefix is honoured: the reply continues text written for the model.
     prefill: bool = False
+    # Replies follow the order of the calls, not their content (``scripted:`` replaying a
+    # list): tasks must run one at a time for each to get the replies written for it.
+    ordered: bool = False
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from whetstone.engine.backends.registry import (
     split_engine,
 )
 from whetstone.engine.backends.toolcall_format import StreamGate
-from whetstone.engine.errors import BackendError, ConfigError, ModelLoadError
+from whetstone.engine.errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
 from whetstone.engine.types import Completion, Request
 
 
@@ -283,7 +283,8 @@ def _sha256_file(path: Path) -> str:
 
 
 def resolve_local_model(arg: str) -> Path:
-    """A path, or a hub id already in the local Hugging Face cache. Never downloads."""
+    """A path, or a hub id already in the local Hugging Face cache. Never downloads;
+    ``ModelNotInstalled`` when it is neither."""
     path = Path(arg).expanduser()
     if path.exists():
         return path
@@ -295,7 +296,8 @@ def resolve_local_model(arg: str) -> Path:
             return Path(snapshot_download(arg, local_files_only=True))
         except (LocalEntryNotFoundError, OSError, ValueError):
             pass
-    raise ConfigError(
+    # A model that is not there is a model not installed (exit 3), whatever names it.
+    raise ModelNotInstalled(
         f"no model at {arg!r} (not a file or folder, nor in the local Hugging Face cache)",
         hint="give the path of a transformers folder or a .gguf file; nothing is downloaded",
     )
@@ -329,7 +331,7 @@ def _model_path(arg: str) -> Path:
     if gguf_name:
         path = path / gguf_name
         if not path.is_file():
-            raise ConfigError(f"no GGUF file {gguf_name!r} in {base}",
+            raise ModelNotInstalled(f"no GGUF file {gguf_name!r} in {base}",
                               hint="check the name after '#'")
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ConfigError(f"{path} is a file but not a .gguf",

@@ -185,7 +185,7 @@ def resolve_gguf(arg: str, cache_dir: Path) -> Path:
         return cached_gguf(embedded_variant(variant), cache_dir)
     path = Path(arg).expanduser()
     if not path.is_file():
-        raise ConfigError(f"no GGUF file at {arg!r}",
+        raise ModelNotInstalled(f"no GGUF file at {arg!r}",
                           hint="give llamacpp: the path of a .gguf file, or llamacpp:embedded")
     return path
 

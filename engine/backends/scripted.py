@@ -57,6 +57,12 @@ class ScriptedBackend(Backend):
 
     ``delay_s`` sleeps per call (to make parallelism measurable); ``tool_calls`` says whether to
     advertise native tool calls, so the runtime's text-format path can be tested too.
+
+    Replies are taken in call order, so with replies (no responder) the backend is
+    ``ordered`` and decodes one call at a time (``max_concurrency`` 1): ``eval -j auto`` runs
+    one task at a time and an explicit ``-j N`` is brought down to 1, so each task gets the
+    replies written for it, in task order, at every ``-j``. A responder answers each request
+    from its content, at any concurrency.
     """
 
     def __init__(
@@ -76,9 +82,10 @@ class ScriptedBackend(Backend):
         self._lock = threading.Lock()
         self.requests: list[Request] = []
         self.spec = "scripted:"
+        ordered = responder is None
         self.capabilities = Capabilities(
-            vision=vision, tool_calls=tool_calls, streaming=True, max_concurrency=max_concurrency,
-            prefill=prefill,
+            vision=vision, tool_calls=tool_calls, streaming=True,
+            max_concurrency=1 if ordered else max_concurrency, prefill=prefill, ordered=ordered,
         )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -37,6 +37,23 @@ def _number(value: Any) -> float:
         else 0.0
 
 
+def _calls(completion: Any) -> list[tuple[Any, Any]]:
+    """(name, arguments) of each tool call a stored completion made."""
+    out = []
+    for call in _get(completion, "tool_calls") or ():
+        fn = _get(call, "function") or call  # stored in the OpenAI shape, or flat
+        out.append((_get(fn, "name"), _get(fn, "arguments")))
+    return out
+
+
+def _ended_on_calls(trace: Any) -> bool:
+    """The last decision of the trace made tool calls and wrote no text (a chat exchange a
+    client runs tools for): its stored "answer" is those calls, not an answer."""
+    last = next((s for s in reversed(trace.steps or ()) if s.kind == "think"), None)
+    completion = _get(last.output, "completion") if last is not None else None
+    return bool(_calls(completion)) and not str(_get(completion, "text") or "").strip()
+
+
 def _think(out: Any, step: Any) -> None:
     """A model call: the agent's thought (not repeated when it is just the answer), the tool
     calls a chat-mode or direct reply made, then its tokens and time."""
@@ -53,13 +70,16 @@ def _think(out: Any, step: Any) -> None:
         if not answer_only:
             out.print(f"[cyan]Thought:[/] {short(thought, 1200)}", markup=True, soft_wrap=True)
     elif _get(output, "parsed") is None:
-        # Chat mode and the direct solver: one reply, which is the answer printed below. A
-        # chat reply's tool calls are the answer when it has no text; beside text, show them.
+        # Chat mode and the direct solver: a reply without tool calls is the answer, printed
+        # below; one with calls is a decision: its text a thought, its calls calls (never an
+        # "Answer: f({...})").
+        calls = _calls(completion)
         text = _get(completion, "text")
-        for call in (_get(completion, "tool_calls") or ()) if text else ():
-            fn = _get(call, "function") or call  # stored in the OpenAI shape
-            out.print(f"[magenta]Tool call:[/] {short(_get(fn, 'name'))}"
-                      f"({short(_get(fn, 'arguments'))})", markup=True, soft_wrap=True)
+        if calls and isinstance(text, str) and text.strip():
+            out.print(f"[cyan]Thought:[/] {short(text, 1200)}", markup=True, soft_wrap=True)
+        for name, arguments in calls:
+            out.print(f"[magenta]Tool call:[/] {short(name)}({short(arguments)})", markup=True,
+                      soft_wrap=True)
     tokens = meta.get("completion_tokens", step.tokens)
     seconds = meta.get("latency_s", step.duration_s)
     out.print(f"[dim]  ({int(_number(tokens))} tokens, {_number(seconds):.1f} s)[/]",
@@ -80,7 +100,9 @@ def _act(out: Any, step: Any) -> None:
 
 
 def _observe(out: Any, step: Any) -> None:
-    error = step.error or ""  # already says "unparseable reply: ..."
+    # The runtime's reason ("unparseable reply: ...", "tool call not run: ..."), never the
+    # reminder it sent the model, which would read as if the model had said it.
+    error = step.error or ""
     out.print(f"[yellow]{short(error[:1].upper() + error[1:], 2000)}[/]", markup=True,
               soft_wrap=True)
 
@@ -139,7 +161,10 @@ def print_step(out: Any, step: Any) -> None:
 def print_result(out: Any, trace: Any) -> None:
     """The answer (or why there is none), then the trace id, tokens and time."""
     took = (trace.ended or time.time()) - trace.started
-    if trace.outcome == "answered":
+    if trace.outcome == "answered" and _ended_on_calls(trace):
+        out.print("[bold green]Replied with tool calls[/] (above): the caller runs them",
+                  markup=True)
+    elif trace.outcome == "answered":
         out.print(f"[bold green]Answer:[/] {short(trace.answer or '', 100_000)}", markup=True,
                   soft_wrap=True)
     else:

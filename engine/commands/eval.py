@@ -78,8 +78,7 @@ def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
     """One evaluation with a progress bar (ETA, tasks/min and running accuracy) on stderr.
     ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once."""
     err = console(stderr=True)
-    if concurrency is None:
-        concurrency = solver_concurrency(solver)
+    concurrency = solver_concurrency(solver, concurrency)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("acc {task.fields[acc]}"), RateColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
@@ -193,8 +192,10 @@ Example, a HumanEval-style code task scored by running its tests
 
 @click.group("eval", invoke_without_command=True, epilog=_SCORER_EPILOG)
 @click.option("--tasks", "-t", "tasks_spec", metavar="SET",
-              help="Task set: " + ", ".join(BENCHMARKS) + " or a .jsonl file; "
-                   "SET@train|dev|test picks a split, SET:START:END a slice.")
+              help="Task set: " + ", ".join(BENCHMARKS) + "; bigbench:<task> (any BIG-bench "
+                   "task folder, e.g. bigbench:logical_deduction/three_objects; `whetstone data "
+                   "fetch bigbench` first); or a .jsonl file. SET@train|dev|test picks a "
+                   "split, SET:START:END a slice.")
 @model_option
 @library_option
 @click.option("--version", "version", default=None, help="Library version (default: current).")
@@ -226,8 +227,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
              solver: str, methods: str, method_config: tuple[str, ...], as_json: bool) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task.
 
-    A task whose solver or scorer raises is recorded with its error and left out of the
-    accuracy; the run goes on, is saved, and exits 11 to say tasks failed."""
+    A task whose solver or scorer raises, or whose run failed (a model call that could not
+    be made), is recorded with its error and left out of the accuracy; the run goes on, is
+    saved, and exits 11 to say tasks failed (7 when every task did: no accuracy)."""
     if ctx.invoked_subcommand is not None:
         return
     if not tasks_spec:

@@ -222,7 +222,8 @@ def load_benchmark(name: str) -> TaskSet:
     bench = BENCHMARKS.get(key)
     if bench is None:
         raise EvalError(f"unknown task set {name!r}",
-                        hint="known sets: " + ", ".join(BENCHMARKS)
+                        hint="known sets: " + ", ".join(BENCHMARKS) + ", "
+                        + ", ".join(f"{n}:<task>" for n in NAMESPACES)
                         + "; or pass a path to a .jsonl file of task records")
     root = package_dir(bench.package, bench.pip, bench.name)
     try:

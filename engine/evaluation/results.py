@@ -29,8 +29,9 @@ FORMAT_VERSION = 1
 @dataclass(frozen=True)
 class TaskResult:
     """One task's outcome. ``error`` ("Type: message") is set when the task failed (the
-    solver or the scorer raised): it is not scored, and every summary leaves it out (its
-    ``score`` field stays 0.0 only so the file format keeps a number there)."""
+    solver or the scorer raised, or the run ended in the ``error`` outcome): it is not
+    scored, and every summary leaves it out (its ``score`` field stays 0.0 only so the file
+    format keeps a number there)."""
 
     task_id: str
     score: float
@@ -46,14 +47,18 @@ class TaskResult:
 
     @property
     def scored(self) -> bool:
-        return self.error is None
+        return self.error is None and self.outcome != "error"
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TaskResult:
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        if kw.get("outcome") == "error" and not kw.get("error"):
+            # Saved before a run's own failure was recorded: failed, with nothing to say why.
+            kw["error"] = "the run ended in an error (no message was saved)"
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -132,12 +137,27 @@ class EvalResult:
     def n_errors(self) -> int:
         return self.n - self.n_scored
 
+    def tally(self) -> str:
+        """``17/20`` (correct of scored), with ``, 3 failed`` when tasks failed: the count a
+        table shows beside the accuracy, over the same tasks the accuracy is."""
+        correct = sum(r.score for r in self.scored)
+        failed = f", {self.n_errors} failed" if self.n_errors else ""
+        return f"{correct:g}/{self.n_scored}{failed}"
+
     def errors_line(self, most: int = 5) -> str:
-        """``3 task(s) failed: t1 (IndexError: ...), t2 (...)``: for messages and reports."""
+        """``3 task(s) failed: t1, t2 (BackendUnavailable: ...); t3 (IndexError: ...)``: the
+        failed tasks grouped by their error, ``most`` ids and groups shown, for messages."""
         failed = self.failed
-        shown = ", ".join(f"{r.task_id} ({r.error})" for r in failed[:most])
-        more = f" and {len(failed) - most} more" if len(failed) > most else ""
-        return f"{len(failed)} task(s) failed: {shown}{more}"
+        groups: dict[str, list[str]] = {}
+        for r in failed:
+            groups.setdefault(r.error or "no error recorded", []).append(r.task_id)
+        parts = []
+        for error, ids in list(groups.items())[:most]:
+            more = f" and {len(ids) - most} more" if len(ids) > most else ""
+            parts.append(f"{', '.join(ids[:most])}{more} ({error})")
+        if len(groups) > most:
+            parts.append(f"{len(groups) - most} other error(s)")
+        return f"{len(failed)} task(s) failed: {'; '.join(parts)}"
 
     @property
     def name(self) -> str:

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from whetstone.engine.errors import (
-    BackendUnavailable,
     ConfigError,
     EvalError,
     ModelLoadError,
     ModelNotInstalled,
-    WhetstoneError,
+    error_text,
 )
 from whetstone.engine.evaluation.results import EvalResult, TaskResult
 from whetstone.engine.evaluation.scorers import NamedScorer, ScoreFn, as_scorer
@@ -39,19 +38,34 @@ log = logging.getLogger("whetstone.eval")
 Solver = Callable[[TaskRecord, int], Trace]
 ProgressFn = Callable[[int, int, TaskResult], None]
 
-# Failures that would hit every task alike: stop the run instead of scoring each task 0.
-FATAL = (ConfigError, ModelNotInstalled, ModelLoadError, BackendUnavailable, EvalError)
+# Failures of the setup, the same for every task: stop the run rather than fail each task.
+# A backend that cannot be reached is not one of them: each task's run records it and fails,
+# whichever solver ran it (the agent records a failed model call in its trace), so a dead
+# model gives a list of failed tasks and no accuracy, never a row of wrong answers.
+FATAL = (ConfigError, ModelNotInstalled, ModelLoadError, EvalError)
 
 
-def with_concurrency(solver: Solver, n: int) -> Solver:
-    """Tag ``solver`` with how many tasks its backend runs well at once (``-j auto``)."""
-    solver.max_concurrency = max(1, int(n))  # type: ignore[attr-defined]
+def with_concurrency(solver: Solver, n: int, *, ordered: bool = False) -> Solver:
+    """Tag ``solver`` with how many tasks its backend runs well at once (``-j auto``), and
+    whether its backend's replies follow call order (``Capabilities.ordered``: then tasks run
+    one at a time whatever ``-j`` says)."""
+    solver.max_concurrency = 1 if ordered else max(1, int(n))  # type: ignore[attr-defined]
+    solver.ordered = ordered  # type: ignore[attr-defined]
     return solver
 
 
-def solver_concurrency(solver: Solver) -> int:
-    """The concurrency ``-j auto`` picks for ``solver``: its tag, else 1 (one at a time)."""
-    return max(1, int(getattr(solver, "max_concurrency", 1)))
+def solver_concurrency(solver: Solver, requested: int | None = None) -> int:
+    """How many tasks run at once: ``requested`` (None: ``-j auto``, the solver's tag, else
+    1), brought down to 1 for an ``ordered`` solver, with a warning when that overrides a
+    request."""
+    if requested is None:
+        return max(1, int(getattr(solver, "max_concurrency", 1)))
+    if requested > 1 and getattr(solver, "ordered", False):
+        log.warning("the model's replies follow call order (scripted: replays its list), so "
+                    "tasks run one at a time, not %d at once: each gets the replies written "
+                    "for it", requested)
+        return 1
+    return requested
 
 
 def task_seed(seed: int, task_id: str) -> int:
@@ -102,45 +116,57 @@ class _Run:
         latency = duration if duration is not None and duration >= 0 else wall
         meta = {**trace.meta, **self.trace_meta, "task_set": self.task_set, "task_id": task.id,
                 "seed": s, "scorer": scorer.name, "eval_run": self.run_id}
-        try:
-            score: float | None = scorer(trace, task)
-            error: BaseException | None = None
-        except Exception as exc:  # noqa: BLE001 -- a scorer's bug on one task fails that task
-            # NamedScorer words a user scorer's exception as an EvalError: report the original.
-            error = exc.__cause__ if isinstance(exc, EvalError) and exc.__cause__ else exc
-            log.warning("task %s: scorer %s failed: %s", task.id, scorer.name,
-                        _error_text(error))
-            score = None
-            meta["eval_error"] = f"{_error_text(error)} (in scorer {scorer.name!r})"
+        score: float | None = None
+        failure: tuple[str, str] | None = None  # (error text, error type)
+        if trace.error is not None:
+            # The run itself failed (a model call that raised, a runtime error): there is no
+            # answer to score, and a 0 would read a dead model as a wrong one.
+            failure = (trace.error, _type_of(trace.error))
+            log.warning("task %s: the run failed: %s", task.id, trace.error)
+            meta["eval_error"] = trace.error
+        else:
+            try:
+                score = scorer(trace, task)
+            except Exception as exc:  # noqa: BLE001 -- a scorer's bug fails that task only
+                # NamedScorer words a user scorer's exception as an EvalError: report the
+                # original.
+                error = exc.__cause__ if isinstance(exc, EvalError) and exc.__cause__ else exc
+                where = f" (in scorer {scorer.name!r})"
+                failure = (error_text(error) + where, type(error).__name__)
+                log.warning("task %s: scorer %s failed: %s", task.id, scorer.name,
+                            error_text(error))
+                meta["eval_error"] = failure[0]
         # The trace is kept either way: the model time it cost is not thrown away.
         scored = trace.with_(score=score, label=_label_text(task.expected), meta=meta)
         if self.store is not None:
             self.store.append(scored)
         self.traces[task.id] = scored
-        if error is not None:
-            return self._failed(task, s, latency, error, trace=trace, tokens=tokens,
-                                where=f" (in scorer {scorer.name!r})")
+        if failure is not None:
+            return self._failed(task, s, latency, failure, trace=trace, tokens=tokens)
         assert score is not None
         return TaskResult(task_id=task.id, score=score, answer=trace.answer,
                           expected=task.expected, tokens=tokens, latency_s=latency,
                           trace_id=trace.id, outcome=trace.outcome, seed=s)
 
     @staticmethod
-    def _failed(task: TaskRecord, seed: int, latency: float, exc: BaseException, *,
-                trace: Trace | None = None, tokens: int = 0, where: str = "") -> TaskResult:
-        """A failed task: not scored, its error kept (``score`` 0.0 is only a placeholder)."""
+    def _failed(task: TaskRecord, seed: int, latency: float,
+                failure: BaseException | tuple[str, str], *, trace: Trace | None = None,
+                tokens: int = 0) -> TaskResult:
+        """A failed task: not scored, its error kept (``score`` 0.0 is only a placeholder).
+        ``failure``: the exception, or (error text, error type) already worded."""
+        text, kind = failure if isinstance(failure, tuple) else (
+            error_text(failure), type(failure).__name__)
         return TaskResult(task_id=task.id, score=0.0, expected=task.expected, seed=seed,
-                          latency_s=latency, outcome="error", error=_error_text(exc) + where,
-                          error_type=type(exc).__name__, tokens=tokens,
-                          answer=trace.answer if trace is not None else None,
+                          latency_s=latency, outcome="error", error=text, error_type=kind,
+                          tokens=tokens, answer=trace.answer if trace is not None else None,
                           trace_id=trace.id if trace is not None else None)
 
 
-def _error_text(exc: BaseException) -> str:
-    """``Type: message``; a scorer's failure is already worded as such (``EvalError``)."""
-    if isinstance(exc, WhetstoneError):
-        return f"{type(exc).__name__}: {exc.message}"
-    return f"{type(exc).__name__}: {exc}"
+def _type_of(error: str) -> str:
+    """The class name a run's error text starts with ("BackendUnavailable: ..."), else
+    ``RunFailed``: the filterable part of ``TaskResult.error_type``."""
+    head = error.partition(":")[0]
+    return head if head.isidentifier() and head[:1].isupper() else "RunFailed"
 
 
 def _run_serial(run: _Run, tasks: Sequence[TaskRecord], done: dict[int, TaskResult],
@@ -204,11 +230,12 @@ def evaluate(
     ``scorer``: a name or a function ``(prediction, task) -> float`` used for every task, or
     ``None``: each task's own ``scorer``. Each scored trace is appended to ``store`` with its
     score, its expected answer as label, and ``meta`` holding task_set, task_id, seed, scorer
-    and eval_run. A task whose solver or scorer raises is a failed task, not a 0: its error is
-    recorded in ``TaskResult.error`` and it is left out of the accuracy (a trace the scorer
-    failed on is stored unscored, with ``meta["eval_error"]``), and the run goes on; only a
-    solver error that would hit every task alike (bad config, missing model, unreachable
-    backend) stops the run and is raised.
+    and eval_run. A task whose solver or scorer raises, or whose run ended in the ``error``
+    outcome (``Trace.error``: a model call failed inside the agent), is a failed task, not a
+    0: its error is recorded in ``TaskResult.error`` and it is left out of the accuracy (its
+    trace is stored unscored, with ``meta["eval_error"]``), and the run goes on; only a
+    setup error that is the same for every task (bad config, missing model, a bad task set:
+    ``FATAL``) stops the run and is raised.
     Ctrl-C returns the tasks scored so far, with ``partial=True``. With ``results_dir`` the
     result is saved there (partial ones too) and ``meta["saved_to"]`` says where.
     ``trace_meta`` is added to every stored trace's ``meta`` (the gate marks its runs with it);
@@ -216,6 +243,7 @@ def evaluate(
     """
     if concurrency < 1:
         raise EvalError(f"concurrency must be >= 1, got {concurrency}", hint="e.g. --concurrency 4")
+    concurrency = solver_concurrency(solver, concurrency)
     task_list = tuple(tasks)
     name = task_set or (tasks.name if isinstance(tasks, TaskSet) else "tasks")
     # Resolve every scorer before any task runs, so a bad name fails fast.

@@ -11,8 +11,9 @@ library's guidance (the skills retrieved for the conversation, the methods' note
 the first system message, memory demonstrations put before the conversation as earlier turns,
 then the inner model's reply, stored as a chat trace (``meta.client == "langchain"``) whose id
 is in the reply's ``response_metadata``. ``bind_tools``, streaming and async pass through to
-the inner model; the model works as ``create_react_agent``'s ``model=`` and, through
-``whetstone_node``, as a node of a ``StateGraph``. ``library_tools_for_langchain`` gives the
+the inner model; the model works as an agent's model (a ``ToolNode`` loop, LangChain's
+agents) and, through ``whetstone_node``, as a node of a ``StateGraph``; the calls of one
+agent run are one trace (``langchain_runs``). ``library_tools_for_langchain`` gives the
 library's learned tools as LangChain tools that run in the sandbox (``langchain_tools.py``).
 
 langchain-core is imported only by this package's LangChain modules: ``import engine`` never
@@ -25,6 +26,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,8 +52,9 @@ from pydantic import ConfigDict, PrivateAttr
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.base import Backend, Capabilities
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.integrations.langchain_runs import TRACE_KEY, RunLink, link_of, run_trace
 from whetstone.engine.integrations.langchain_tools import library_tools_for_langchain
-from whetstone.engine.server.adapter import Adapted, ChatSwitches, chat_query
+from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from whetstone.engine.server.exchange import chat_trace
 from whetstone.engine.types import Completion, Message, Request, ToolCall
 from whetstone.library_store.store import Library
@@ -61,7 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("whetstone.langchain")
 
-TRACE_KEY = "whetstone_trace_id"  # in an AIMessage's response_metadata
 VERSION_KEY = "whetstone_library_version"
 SKILLS_KEY = "whetstone_skills"
 # The inner model runs with its own callbacks only: inheriting the caller's (LangChain passes
@@ -165,13 +167,25 @@ class LangChainBackend(Backend):
 
 @dataclass
 class _Exchange:
-    """One call: what the inner model is sent, the adaptation, the trace id to record under."""
+    """One call: what the inner model is sent, the adaptation, the trace id to record under
+    (its run's: ``langchain_runs``), where the call stands in its run, and LangChain's ids."""
 
     messages: list[BaseMessage]
     adapted: Adapted
     trace_id: str | None
     started: float
     clock: float
+    link: RunLink = dataclasses.field(default_factory=RunLink)
+    langchain: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _langchain_facts(run_manager: Any) -> dict[str, Any]:
+    """LangChain's run id of this call and LangGraph's thread id, when there are."""
+    if run_manager is None:
+        return {}
+    thread = (getattr(run_manager, "metadata", None) or {}).get("thread_id")
+    return {"run_ids": [str(run_manager.run_id)],
+            **({"thread_id": str(thread)} if thread is not None else {})}
 
 
 def _open_engine(inner: Runnable[Any, Any], library: Any, *, methods: Sequence[Any],
@@ -223,6 +237,7 @@ class WhetstoneChatModel(BaseChatModel):
 
     _engine: Engine = PrivateAttr()
     _own_engine: bool = PrivateAttr(default=False)
+    _runs_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
@@ -260,7 +275,7 @@ class WhetstoneChatModel(BaseChatModel):
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any
                    ) -> Runnable[Any, AIMessage]:
-        """Tools for the inner model (``create_react_agent`` binds its tools here): kept in
+        """Tools for the inner model (an agent binds its tools here): kept in
         OpenAI form, bound on the inner model per call and listed in the trace."""
         formatted = [convert_to_openai_tool(t) for t in tools]
         if tool_choice is not None:
@@ -284,8 +299,23 @@ class WhetstoneChatModel(BaseChatModel):
         return dataclasses.replace(given, record=value.get("record", self.record),
                                    budget_tokens=value.get("budget_tokens", self.budget_tokens))
 
-    def _begin(self, messages: Sequence[BaseMessage], kwargs: dict[str, Any]
-               ) -> tuple[_Exchange, Runnable[Any, Any], dict[str, Any]]:
+    def _adapter(self, tools: Sequence[Mapping[str, Any]]) -> ChatAdapter:
+        """The chat adapter for a call: the one whose guidance may say when to call the
+        library's learned tools when the call binds every one of them
+        (``library_tools_for_langchain``), else the one that leaves their lines out."""
+        from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+
+        plain = self._engine.chat_adapter()
+        if not tools:
+            return plain
+        bound = {str((t.get("function") or {}).get("name")) for t in tools}
+        learned = {d.name for p in plain.plugins if isinstance(p, SkillsPlugin)
+                   for d in p.learned_tools_report().definitions}
+        return self._engine.chat_adapter(offers_tools=True) if learned and learned <= bound \
+            else plain
+
+    def _begin(self, messages: Sequence[BaseMessage], kwargs: dict[str, Any],
+               run_manager: Any = None) -> tuple[_Exchange, Runnable[Any, Any], dict[str, Any]]:
         """Adapt the conversation (blocking: retrieval embeds the query); the exchange, the
         inner model with this call's tools bound, and the arguments left for it."""
         from whetstone.library_store.trace_build import new_trace_id
@@ -299,7 +329,7 @@ class WhetstoneChatModel(BaseChatModel):
         adapted = Adapted(request, query=chat_query(request.messages))
         if switches.library:
             try:
-                adapted = self._engine.chat_adapter().adapt(request, switches)
+                adapted = self._adapter(tools).adapt(request, switches)
             except Exception as exc:  # noqa: BLE001 - the app's call matters more than guidance
                 # As the server and Engine.wrap do: send it unadapted, and say so in the trace.
                 log.warning("library retrieval failed; sending the request without it: %s",
@@ -312,9 +342,10 @@ class WhetstoneChatModel(BaseChatModel):
             except NotImplementedError as exc:
                 raise ConfigError(f"{model_name(self.inner)} cannot bind tools",
                                   hint="wrap a chat model that implements bind_tools") from exc
-        trace_id = new_trace_id(started) if switches.record else None
+        link = link_of(messages)
+        trace_id = (link.continues or new_trace_id(started)) if switches.record else None
         return _Exchange(with_guidance(messages, adapted), adapted, trace_id, started,
-                         clock), inner, kwargs
+                         clock, link, _langchain_facts(run_manager)), inner, kwargs
 
     def _trace(self, ex: _Exchange, reply: BaseMessage | None, failure: str | None, *,
                outcome: Any = None, **meta: Any) -> Trace | None:
@@ -326,10 +357,14 @@ class WhetstoneChatModel(BaseChatModel):
                           started=ex.started, completion=completion, error=failure,
                           outcome=outcome, meta={"client": "langchain", **meta})
 
-    def _write(self, trace: Trace | None) -> bool:
-        """Store a trace; False (logged) when the store cannot be written: the model's reply
-        is returned all the same."""
-        return trace is None or self._engine.traces.record(trace)
+    def _write(self, ex: _Exchange, trace: Trace | None) -> bool:
+        """Store this call in its run's trace (``langchain_runs.run_trace``); False (logged)
+        when the store cannot be written: the model's reply is returned all the same."""
+        if trace is None:
+            return True
+        with self._runs_lock:  # two calls of one run must not both extend the same version
+            prior = self._engine.traces.find(ex.link.continues) if ex.link.continues else None
+            return self._engine.traces.record(run_trace(trace, prior, ex.link, ex.langchain))
 
     @staticmethod
     def _facts(ex: _Exchange) -> dict[str, Any]:
@@ -345,7 +380,7 @@ class WhetstoneChatModel(BaseChatModel):
 
     def _stored(self, tagged: AIMessage, ex: _Exchange) -> AIMessage:
         """Record the exchange; a reply whose trace could not be stored carries no trace id."""
-        if self._write(self._trace(ex, tagged, None)):
+        if self._write(ex, self._trace(ex, tagged, None)):
             return tagged
         meta = {**tagged.response_metadata, TRACE_KEY: None}
         return tagged.model_copy(update={"response_metadata": meta})
@@ -353,11 +388,11 @@ class WhetstoneChatModel(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
                   ) -> ChatResult:
-        ex, inner, kwargs = self._begin(messages, kwargs)
+        ex, inner, kwargs = self._begin(messages, kwargs, run_manager)
         try:
             reply = inner.invoke(ex.messages, OWN_CALLBACKS, stop=stop, **kwargs)
         except Exception as exc:
-            self._write(self._trace(ex, None, _error_text(exc)))
+            self._write(ex, self._trace(ex, None, _error_text(exc)))
             raise
         tagged = self._stored(self._tagged(reply, ex), ex)
         return ChatResult(generations=[ChatGeneration(message=tagged)])
@@ -365,11 +400,11 @@ class WhetstoneChatModel(BaseChatModel):
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None,
                          **kwargs: Any) -> ChatResult:
-        ex, inner, kwargs = await asyncio.to_thread(self._begin, messages, kwargs)
+        ex, inner, kwargs = await asyncio.to_thread(self._begin, messages, kwargs, run_manager)
         try:
             reply = await inner.ainvoke(ex.messages, OWN_CALLBACKS, stop=stop, **kwargs)
         except Exception as exc:
-            await asyncio.to_thread(self._write, self._trace(ex, None, _error_text(exc)))
+            await asyncio.to_thread(self._write, ex, self._trace(ex, None, _error_text(exc)))
             raise
         tagged = await asyncio.to_thread(self._stored, self._tagged(reply, ex), ex)
         return ChatResult(generations=[ChatGeneration(message=tagged)])
@@ -407,7 +442,7 @@ class WhetstoneChatModel(BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
                 ) -> Iterator[ChatGenerationChunk]:
-        ex, inner, kwargs = self._begin(messages, kwargs)
+        ex, inner, kwargs = self._begin(messages, kwargs, run_manager)
         acc: AIMessageChunk | None = None
         done, failure = False, None
         try:
@@ -420,13 +455,13 @@ class WhetstoneChatModel(BaseChatModel):
             failure = _error_text(exc)
             raise
         finally:
-            self._write(self._stream_trace(ex, acc, done, failure))
+            self._write(ex, self._stream_trace(ex, acc, done, failure))
         yield self._last_chunk(ex, acc)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        ex, inner, kwargs = await asyncio.to_thread(self._begin, messages, kwargs)
+        ex, inner, kwargs = await asyncio.to_thread(self._begin, messages, kwargs, run_manager)
         acc: AIMessageChunk | None = None
         done, failure = False, None
         try:
@@ -440,7 +475,7 @@ class WhetstoneChatModel(BaseChatModel):
             failure = _error_text(exc)
             raise
         finally:
-            await asyncio.to_thread(self._write, self._stream_trace(ex, acc, done, failure))
+            await asyncio.to_thread(self._write, ex, self._stream_trace(ex, acc, done, failure))
         yield self._last_chunk(ex, acc)
 
     # -- feedback ------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""A library's learned tools as LangChain tools, for ``create_react_agent``, a ``ToolNode`` or
-any LangChain agent.
+"""A library's learned tools as LangChain tools, for a ``ToolNode`` or any LangChain agent.
 
     tools = library_tools_for_langchain("lib")
-    agent = create_react_agent(WhetstoneChatModel(inner=..., library="lib"), tools)
+    builder.add_node("model", whetstone_node(WhetstoneChatModel(inner=..., library="lib"),
+                                             tools=tools))
+    builder.add_node("tools", ToolNode(tools))
 
 Each tool is the one the agent loop offers (``whetstone.engine.runtime.library_tools``): it runs only in
 the sandbox, and a failure is its observation, never an exception. The tool message's content

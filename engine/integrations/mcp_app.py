@@ -59,35 +59,45 @@ def _text(value: Any) -> list[types.TextContent]:
                               else json.dumps(value, ensure_ascii=False))]
 
 
+def _tool(name: str, title: str, description: str, schema: dict[str, Any], *,
+          read_only: bool, idempotent: bool, meta: dict[str, Any] | None = None) -> types.Tool:
+    """A tool with its title and behaviour hints: none reaches outside the library and its
+    sandbox (not open-world) and none deletes anything (not destructive)."""
+    hints = types.ToolAnnotations(title=title, read_only_hint=read_only,
+                                  destructive_hint=False, idempotent_hint=idempotent,
+                                  open_world_hint=False)
+    return types.Tool(name=name, title=title, description=description, input_schema=schema,
+                      annotations=hints, meta=meta)
+
+
 def _own_tools(allow_writes: bool) -> list[types.Tool]:
     """``search_skills``, and the two writes when the server takes them."""
     string = {"type": "string"}
-    tools = [types.Tool(
-        name=SEARCH_TOOL, description=load_prompt("mcp.yaml#search_skills"),
-        input_schema={"type": "object", "properties": {
+    tools = [_tool(
+        SEARCH_TOOL, load_prompt("mcp.yaml#search_skills_title"),
+        load_prompt("mcp.yaml#search_skills"), {"type": "object", "properties": {
             "query": {**string, "description": "The task, in words."},
             "k": {"type": "integer", "minimum": 1, "maximum": 50,
                   "description": "How many skills at most (default: the runtime's k)."}},
-            "required": ["query"]},
-        annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False))]
+            "required": ["query"]}, read_only=True, idempotent=True)]
     if not allow_writes:
         return tools
     score = {"type": "number", "minimum": 0, "maximum": 1}
-    tools.append(types.Tool(
-        name="record_feedback", description=load_prompt("mcp.yaml#record_feedback"),
-        input_schema={"type": "object", "properties": {
+    # The same label again leaves the trace as it was: idempotent. A logged run is a new
+    # trace each time: not.
+    tools.append(_tool(
+        "record_feedback", load_prompt("mcp.yaml#record_feedback_title"),
+        load_prompt("mcp.yaml#record_feedback"), {"type": "object", "properties": {
             "trace_id": string, "score": score, "comment": string},
-            "required": ["trace_id", "score"]},
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False)))
+            "required": ["trace_id", "score"]}, read_only=False, idempotent=True))
     step = {"type": "object", "description": 'A {"thought": "..."} or a {"tool": "name", '
             '"arguments": {...}, "observation": "...", "error": null}.'}
-    tools.append(types.Tool(
-        name="log_run", description=load_prompt("mcp.yaml#log_run"),
-        input_schema={"type": "object", "properties": {
+    tools.append(_tool(
+        "log_run", load_prompt("mcp.yaml#log_run_title"), load_prompt("mcp.yaml#log_run"),
+        {"type": "object", "properties": {
             "task": string, "answer": string, "steps": {"type": "array", "items": step},
             "score": score, "model": {**string, "description": "The model that answered."}},
-            "required": ["task", "answer"]},
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False)))
+            "required": ["task", "answer"]}, read_only=False, idempotent=False))
     return tools
 
 
@@ -161,11 +171,14 @@ class McpHandlers:
 
     async def list_tools(self, ctx: Ctx, params: Any) -> types.ListToolsResult:
         learned = await anyio.to_thread.run_sync(self.library.tool_list)
+        # A learned tool runs in the sandbox: no files, no network, nothing kept between
+        # calls, so it changes nothing around it (read-only) and a repeat changes nothing more.
         return types.ListToolsResult(tools=[*_own_tools(self.library.allow_writes), *(
-            types.Tool(name=t.name, description=t.description, input_schema=dict(t.input_schema),
-                       annotations=types.ToolAnnotations(open_world_hint=False),
-                       meta={"whetstone": {"skill": t.skill, "skill_uri": skill_uri(
-                           t.skill, SKILL_FILE), "returns_answer": t.returns_answer}})
+            _tool(t.name, render_prompt("mcp.yaml#learned_title", skill=t.skill,
+                                        words=t.name.replace("_", " ").capitalize()),
+                  t.description, dict(t.input_schema), read_only=True, idempotent=True,
+                  meta={"whetstone": {"skill": t.skill, "skill_uri": skill_uri(
+                      t.skill, SKILL_FILE), "returns_answer": t.returns_answer}})
             for t in learned)])
 
     async def call_tool(self, ctx: Ctx, params: types.CallToolRequestParams

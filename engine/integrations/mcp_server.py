@@ -163,7 +163,9 @@ class LibraryServer:
 
         self.engine = engine
         self.allow_writes = allow_writes
-        self.adapter = engine.chat_adapter()
+        # The learned tools are this server's own tools: the guidance may say when to call
+        # them (a chat completion's may not).
+        self.adapter = engine.chat_adapter(offers_tools=True)
         found = [p for p in self.adapter.plugins if isinstance(p, SkillsPlugin)]
         if not found:
             raise ConfigError("the MCP server needs the skills method",
@@ -362,7 +364,12 @@ class LibraryServer:
             raise ConfigError(f"'trace_id' is not a trace id: at most {MAX_TRACE_ID_CHARS} "
                               "letters, digits and '-_.:'", hint="use the id log_run returned")
         score, comment = check_feedback(score, comment)
-        trace = await self.writer.label(trace_id, score, comment, owner=owner)
+        try:
+            trace = await self.writer.label(trace_id, score, comment, owner=owner)
+        except NotFound as exc:  # the server's hint names an HTTP header: say it for MCP
+            raise NotFound(exc.message, hint="use the trace_id log_run returned (or, for an "
+                           "exchange `whetstone serve` recorded, its X-Whetstone-Trace-Id); "
+                           "`whetstone traces ls` lists the library's traces") from exc
         return {"trace_id": trace.id, "score": trace.score, "comment": comment}
 
     def log_run(self, task: Any, answer: Any, steps: Any = None, score: Any = None,
@@ -376,7 +383,9 @@ class LibraryServer:
         self.check_writes("log_run")
         for key, value in (("task", task), ("answer", answer)):
             if not isinstance(value, str) or not value.strip():
-                raise ConfigError(f"log_run needs a '{key}' (a non-empty string)")
+                article = "an" if key[0] in "aeiou" else "a"
+                raise ConfigError(f"log_run needs {article} '{key}' (a non-empty string)",
+                                  hint=f"pass the {key} as text")
             if len(value) > MAX_TASK_CHARS:
                 raise ConfigError(f"'{key}' is {len(value)} characters; at most "
                                   f"{MAX_TASK_CHARS} are kept", hint=f"shorten the {key}")

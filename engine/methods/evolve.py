@@ -35,9 +35,11 @@ from whetstone.library_store.traces import TraceQuery
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:
     """What an evolver learns from: finished runs, without the gate's own runs and an
     evolver's runs over a preview (they score libraries that may never be committed, the
-    gate's often on held-out tasks that must not leak into training). Oldest first; the
+    gate's often on held-out tasks that must not leak into training), and without runs that
+    failed (outcome ``error``: a model call that raised says nothing about what the model
+    does, and read as a failure it would teach a lesson nobody measured). Oldest first; the
     newest ``limit`` when given."""
-    kept = [t for t in traces if t.outcome != "running" and "gate" not in t.meta
+    kept = [t for t in traces if t.outcome not in ("running", "error") and "gate" not in t.meta
             and "evolve_preview" not in t.meta]
     return kept[-limit:] if limit else kept
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.errors import WhetstoneError, error_text
 from whetstone.engine.runtime.checkpoints import Checkpoints
 from whetstone.engine.runtime.graph import build_graph
 from whetstone.engine.runtime.nodes import build_trace
@@ -122,8 +122,8 @@ class Agent:
             "messages": [dict(m) for m in messages] if messages else
             [{"role": "user", "content": task}],
             "steps": [], "pending": [], "answer_tools": [dict(t) for t in answer_tools],
-            "answer": None, "outcome": None, "reason": None, "n_calls": 0, "tokens": 0,
-            "started": now,
+            "answer": None, "outcome": None, "reason": None, "error": None, "n_calls": 0,
+            "tokens": 0, "started": now,
             "meta": {**dict(meta or {}), "methods": [p.describe() for p in self.plugins],
                      # The limits this run had after the plugins' adjust_config (what a
                      # horizon controller reads back: a run stopped at its horizon is cut
@@ -194,7 +194,7 @@ class Agent:
             self._record_stop(last_values, ctx, "interrupted", "interrupted by the caller")
             raise
         except WhetstoneError as exc:
-            self._record_stop(last_values, ctx, "error", exc.message)
+            self._record_stop(last_values, ctx, "error", exc.message, error=error_text(exc))
             raise
         trace = Trace.from_dict(last_values["trace"])
         if self.checkpoints is not None:
@@ -202,10 +202,11 @@ class Agent:
         yield RunFinished(trace)
 
     def _record_stop(self, values: Mapping[str, Any], ctx: AgentContext, outcome: str,
-                     reason: str) -> None:
+                     reason: str, *, error: str | None = None) -> None:
         if self.trace_store is None or "trace_id" not in values:
             return
-        meta = {**dict(values.get("meta") or {}), "reason": reason}
+        meta = {**dict(values.get("meta") or {}), "reason": reason,
+                **({"error": error} if error else {})}
         self.trace_store.append(build_trace(values, ctx, outcome=outcome, meta=meta,
                                             ended=time.time()))
 

@@ -16,12 +16,14 @@ runs, so they are listed but not checked as tools.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import ValidationError
 from whetstone.skills.loader import SKILLS_DIR, load_skill, validate_snapshot
+from whetstone.tools.base import ToolResult
 from whetstone.tools.learned import (
     SCRIPTS_DIR,
     LoadedTools,
@@ -179,17 +181,55 @@ def load_library_tools(snapshot: Snapshot) -> LibraryTools:
     return out
 
 
+# A traceback frame; the sandbox runs a learned tool's script as ``tool.py`` in its own
+# temporary folder (whetstone.tools.learned_run).
+_FRAME = re.compile(r'File "(?P<file>[^"\n]*)", line (?P<line>\d+), in (?P<fn>[^\n]+)')
+_SANDBOX_DIR = re.compile(r"""[^\s"']*whetstone-sandbox-[^/\s"']+/""")
+
+
+def own_lines(definition: ToolDefinition, output: str) -> list[str]:
+    """The frames of a failed call that are the tool's own code, as ``at <script>:<line> in
+    <function>: <code>``: the sandbox's harness, the libraries it called and the sandbox's
+    temporary paths are not the tool's, and say nothing its author or caller can act on."""
+    code = definition.source.splitlines()
+    out = []
+    for m in _FRAME.finditer(output):
+        if m["file"].replace("\\", "/").rsplit("/", 1)[-1] != "tool.py":
+            continue
+        n = int(m["line"])
+        text = code[n - 1].strip() if 0 < n <= len(code) else ""
+        out.append(f"  at {definition.path}:{n} in {m['fn'].strip()}"
+                   + (f": {text}" if text else ""))
+    return out
+
+
+def tool_failure(definition: ToolDefinition, result: ToolResult) -> ToolResult:
+    """A failed call as the caller reads it (the agent, an MCP client, a LangChain agent):
+    the exception and the tool's own lines (``own_lines``); output with no traceback in it
+    (a time or memory limit's) keeps its text, without the sandbox's temporary paths."""
+    if result.error is None:
+        return result
+    lines = own_lines(definition, result.output)
+    if lines or _FRAME.search(result.output):
+        return replace(result, output="", error="\n".join([result.error, *lines]))
+    return replace(result, output=_SANDBOX_DIR.sub("", result.output))
+
+
 def agent_tool(definition: ToolDefinition, *, images: ImageFiles,
                sandbox: Sandbox | None = None) -> Tool:
     """A learned tool as the agent sees it: the docstring's summary and the skill to read for
-    when to call it; it runs only in the sandbox."""
-    from dataclasses import replace
-
+    when to call it; it runs only in the sandbox, and a failure reads as ``tool_failure``."""
     from whetstone.tools.learned_run import learned_tool
 
     tool = learned_tool(definition, images=images, sandbox=sandbox)
+
+    def run(args: Mapping[str, Any]) -> str | ToolResult:
+        result = tool.fn(args)
+        return tool_failure(definition, result) if isinstance(result, ToolResult) else result
+
     note = f" (skill {definition.skill!r} says when to use it)"
-    return replace(tool, spec=replace(tool.spec, description=tool.spec.description + note))
+    return replace(tool, fn=run,
+                   spec=replace(tool.spec, description=tool.spec.description + note))
 
 
 def library_tools(snapshot: Snapshot, *, images: ImageFiles, sandbox: Sandbox | None = None

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from whetstone.engine.errors import BackendError
+from whetstone.engine.errors import BackendError, error_text
 from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.replies import parse_call_arguments
 from whetstone.engine.runtime.parse import (
@@ -131,6 +131,7 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     except BackendError as exc:
         return {
             "outcome": "error", "reason": f"model call failed: {exc.message}", "pending": [],
+            "error": error_text(exc),
             "steps": [_step("think", "think", input={"messages": [m.to_dict() for m in
                                                                    request.messages]},
                             error=str(exc), started=start, duration_s=time.time() - start,
@@ -139,12 +140,16 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     rules = _rules(state, ctx)
     parsed = parse_reply(completion, rules)
     forced = bool(state.get("force_answer"))
+    why: str | None = None  # what the trace says went wrong with the reply
     if forced and parsed.kind == "action" \
             and not {c.name for c in parsed.calls} & set(answer_tool_names(state)):
         # Tools are off after a repeated call (in the tags and ReAct formats the model can
-        # still write one): not run, not the answer, asked again.
+        # still write one): not run, not the answer, asked again. The trace records what
+        # happened; the reminder is the runtime's words to the model, not the reply's.
         parsed = replace(parsed, kind="invalid", calls=(),
                          error=load_prompt("agent_tools_off").strip())
+        why = ("tool call not run: tools were off for this reply (the same call had been "
+               "made before); the model was asked for the answer")
     update: dict[str, Any] = {
         "force_answer": forced and parsed.kind == "invalid",
         "fresh_start": False,
@@ -173,7 +178,8 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         messages.append({"role": "user", "content": retry})
     update["messages"] = messages
     update["steps"] = _think_steps(request, completion, parsed, route, start, dropped,
-                                   messages[-1]["content"] if route == "think" else None)
+                                   messages[-1]["content"] if route == "think" else None,
+                                   why=why)
     return update
 
 
@@ -188,8 +194,11 @@ def _retry_text(parsed: Parsed, rules: ReplyRules, ctx: AgentContext) -> str:
 
 
 def _think_steps(request: Request, completion: Completion, parsed: Parsed, route: str,
-                 start: float, dropped: int, retry: str | None) -> list[dict[str, Any]]:
-    """The think step (and an observe step when the reply could not be used)."""
+                 start: float, dropped: int, retry: str | None, *, why: str | None = None
+                 ) -> list[dict[str, Any]]:
+    """The think step (and an observe step when the reply could not be used: its ``error``
+    says why, ``why`` when given, else the parser's reason; its observation is what the
+    model is told)."""
     steps = [_step(
         "think", "think",
         input={"messages": [m.to_dict() for m in request.messages],
@@ -206,7 +215,7 @@ def _think_steps(request: Request, completion: Completion, parsed: Parsed, route
     if retry is not None:
         steps.append(_step("observe", "think", input={"raw": completion.text},
                            output={"observation": retry},
-                           error=f"unparseable reply: {parsed.error}", route="think"))
+                           error=why or f"unparseable reply: {parsed.error}", route="think"))
     return steps
 
 
@@ -372,6 +381,8 @@ def finish(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     reason = state.get("reason") or ("answered" if outcome == "answered" else "no answer")
     meta = dict(state.get("meta") or {})
     meta["reason"] = reason
+    if outcome == "error":
+        meta["error"] = state.get("error") or reason
     for plugin in ctx.plugins:
         extra = plugin.finish_meta(state)
         if extra:

@@ -95,10 +95,20 @@ class SkillsConfig:
 
 
 class SkillsPlugin(Plugin):
-    """Progressive disclosure of the library's skills (see ``whetstone.skills.retrieval``)."""
+    """Progressive disclosure of the library's skills (see ``whetstone.skills.retrieval``).
+
+    ``offers_tools``: whether the host offers the learned tools of the skills it shows. None
+    (the default) reads it from the run's toolbox: the agent holds them, the one-call hosts
+    (a chat completion, the direct solver) hold none. A tool the host cannot offer is not
+    promised: the lines of a shown skill that name it, and the worked examples that call
+    it, are left out of the guidance (a model told of a tool it was not given writes calls
+    nobody runs, or tells the user to use it). The MCP server, which lists the learned tools
+    as its own, sets True.
+    """
 
     name = "skills"
     config_class = SkillsConfig
+    offers_tools: bool | None = None
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> SkillsPlugin:
@@ -209,7 +219,9 @@ class SkillsPlugin(Plugin):
         if not snap.has("skills/"):
             return Guidance("Skills", "", {"version": snap.id, "shown": [], "with_body": []},
                             library_version=snap.id)
-        r = self.retriever.retrieve(task, snapshot=snap, budget_tokens=budget_tokens)
+        unoffered = self._unoffered(ctx)
+        r = self.retriever.retrieve(task, snapshot=snap, budget_tokens=budget_tokens,
+                                    unoffered=unoffered)
         meta: dict[str, Any] = {"version": r.version, "shown": list(r.shown),
                                 "with_body": list(r.with_body),
                                 "matches": [[m.name, round(m.score, 4)] for m in r.matches]}
@@ -222,7 +234,7 @@ class SkillsPlugin(Plugin):
         turns: tuple[dict[str, str], ...] = ()
         if self.config.examples > 0 and r.with_body:
             left = budget_tokens - (ctx.backend.count_tokens(prompt) if prompt else 0)
-            shown = self._nearest_examples(snap, r.with_body, task, left, ctx)
+            shown = self._nearest_examples(snap, r.with_body, task, left, ctx, unoffered)
             if shown is not None and (shown.text or shown.turns):
                 if shown.text:
                     prompt = prompt.rstrip("\n") + "\n\n" + shown.text
@@ -231,11 +243,27 @@ class SkillsPlugin(Plugin):
         # The retrieved prompt carries its own "# Skills" heading; drop ours.
         return Guidance("", prompt, meta, library_version=snap.id, turns=turns)
 
+    def _unoffered(self, ctx: AgentContext) -> dict[str, list[str]]:
+        """Skill -> its learned tools this host does not offer (``offers_tools``)."""
+        if self.offers_tools and self.config.learned_tools:
+            return {}
+        offered: set[str] = set()  # learned_tools off: offered nowhere
+        if self.config.learned_tools and self.offers_tools is None:
+            offered = set(ctx.toolbox.tools)
+        out: dict[str, list[str]] = {}
+        for d in self._learned()[1].definitions:
+            if d.name not in offered:
+                out.setdefault(d.skill, []).append(d.name)
+        return out
+
     def _nearest_examples(self, snap: Snapshot, skills: tuple[str, ...], task: str,
-                          budget: int, ctx: AgentContext) -> Any:
-        """The nearest worked examples of ``skills`` within ``budget`` (None: none kept)."""
+                          budget: int, ctx: AgentContext,
+                          unoffered: Mapping[str, list[str]] | None = None) -> Any:
+        """The nearest worked examples of ``skills`` within ``budget`` (None: none kept);
+        an example that calls a tool of ``unoffered`` is not shown."""
         from whetstone.skills.examples import ExampleRetriever
         from whetstone.skills.format import EXAMPLES_FILE, parse_examples
+        from whetstone.skills.retrieval import names_any
 
         pool: list[Example] = []
         for name in skills:
@@ -246,7 +274,8 @@ class SkillsPlugin(Plugin):
                 path = f"skills/{name}/{EXAMPLES_FILE}"
                 self._parsed[key] = parse_examples(snap.read_text(path), path=path)[0] \
                     if snap.exists(path) else []
-            pool += self._parsed[key]
+            hidden = (unoffered or {}).get(name, [])
+            pool += [e for e in self._parsed[key] if not names_any(e.solution, hidden)]
         if not pool or budget <= 0:
             return None
         with self._lock:

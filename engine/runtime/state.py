@@ -46,6 +46,9 @@ class AgentState(TypedDict, total=False):
     answer: str | None
     outcome: str | None
     reason: str | None  # why the run stopped, in words
+    # What failed when the outcome is "error" ("Type: message"): the run's own record of the
+    # failure, so a scorer never reads an unanswered run as a wrong answer.
+    error: str | None
     n_calls: int  # model calls so far (the horizon counts these)
     # Text the before-think nodes leave for the next model call only (a step rubric), by
     # node; ``think`` adds it to that call's request and clears it.

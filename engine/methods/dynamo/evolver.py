@@ -298,12 +298,11 @@ class _Run:
 
     # -- attempts ---------------------------------------------------------------------------
 
-    def _attempt_of(self, task: TaskRecord, trace: Trace | None, score: float,
-                    error: str | None = None) -> Attempt:
+    def _attempt_of(self, task: TaskRecord, trace: Trace | None, score: float) -> Attempt:
         expected = task.expected if isinstance(task.expected, str) else json.dumps(
             task.expected, ensure_ascii=False)
         text = render_trace(trace, max_chars=2500) if trace is not None else \
-            f"Task: {task.prompt}\n(the run failed: {error})"
+            f"Task: {task.prompt}\n(the run was not stored)"
         return Attempt(task.id, trace.id if trace else "", score, task.prompt, expected,
                        trace.answer if trace else None, text, task.image)
 
@@ -315,7 +314,8 @@ class _Run:
         out: dict[str, Attempt] = {}
         for t in traces:
             task = self.tasks.get(str(t.meta.get("task_id")))
-            if task is None or t.outcome == "running" or "evolve_preview" in t.meta:
+            # A failed run (outcome error) is no attempt: the task is run again below.
+            if task is None or t.outcome in ("running", "error") or "evolve_preview" in t.meta:
                 continue
             score = t.score if t.score is not None else get_scorer(task.scorer)(t, task)
             out[task.id] = self._attempt_of(task, t, score)
@@ -345,9 +345,11 @@ class _Run:
             traces = {t.id: t for t in ctx.store.query(TraceQuery(ids=frozenset(
                 r.trace_id for r in result.results if r.trace_id)))}
             for r in result.results:
-                done[r.task_id] = self._attempt_of(self.tasks[r.task_id],
-                                                   traces.get(r.trace_id or ""), r.score,
-                                                   r.error)
+                # A failed task is unmeasured: no attempt, never a wrong answer to the
+                # analyst or the training accuracy (rounds compare the tasks both measured).
+                if r.scored:
+                    done[r.task_id] = self._attempt_of(self.tasks[r.task_id],
+                                                       traces.get(r.trace_id or ""), r.score)
             if result.partial:
                 st.pending = done
                 self.save()

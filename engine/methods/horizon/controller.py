@@ -78,10 +78,11 @@ def task_family(task_set: str | None) -> str:
 
 
 def record_from_trace(trace: Trace, *, min_score: float = 1.0) -> RunRecord | None:
-    """A ``RunRecord`` from one stored trace, or None for a run still going, interrupted, or
-    with no model call."""
+    """A ``RunRecord`` from one stored trace, or None for a run still going, interrupted,
+    failed (outcome ``error``: its length says nothing about the task) or with no model
+    call."""
     outcome = trace.outcome
-    if outcome in (None, "running", "interrupted"):
+    if outcome in (None, "running", "interrupted", "error"):
         return None
     length = sum(1 for s in trace.steps if s.kind == "think" and not s.error)
     if length == 0:

@@ -173,9 +173,11 @@ class _Plan:
 
 
 def _score(trace: Trace) -> float | None:
+    """The run's score; a run stopped at a limit without an answer is a 0, one that failed
+    (outcome ``error``) or answered unscored is unmeasured (None)."""
     if trace.score is not None:
         return trace.score
-    return None if trace.outcome == "answered" else 0.0  # no answer is a failure
+    return None if trace.outcome in ("answered", "error") else 0.0
 
 
 class NLPG:
@@ -273,7 +275,8 @@ class NLPG:
                     have[str(t.meta["task_id"])] = t
         for t in context.store.query():
             if t.meta.get("nlpg_run") == checkpoint.key and t.meta.get("nlpg_step") == step \
-                    and t.meta.get("task_id") in wanted and t.outcome != "running":
+                    and t.meta.get("task_id") in wanted \
+                    and t.outcome not in ("running", "error"):
                 have[str(t.meta["task_id"])] = t
         missing = [t for t in tasks if t.id not in have]
         state.counts["runs_reused"] += len(tasks) - len(missing)
@@ -314,9 +317,10 @@ class NLPG:
         harmful = Counter(m for w in walks for m in w.misleading)
         memory = count_uses(state.memory, helpful, harmful)
         groups = aggregate([c for w in walks for c in w.corrections])
+        scores = [x for x in (_score(t) for t in runs) if x is not None]  # measured runs
         report: dict[str, Any] = {
             "step": step, "runs": [t.id for t in runs],
-            "mean_score": round(sum(_score(t) or 0.0 for t in runs) / len(runs), 4),
+            "mean_score": round(sum(scores) / len(scores), 4) if scores else None,
             "walked": len(walks), "corrections": sum(len(w.corrections) for w in walks),
             "helpful": sum(helpful.values()), "harmful": sum(harmful.values()),
             "groups": {m: [g.to_dict() for g in gs] for m, gs in groups.items()},
