@@ -261,7 +261,7 @@ class Engine:
         self._resources += resources
         version = snap.id if snap is not None else None
         return with_concurrency(wrap_solvers(direct_solver(
-            self.backend, model=self.backend.spec, library_version=version, plugins=plugins,
+            self.backend, model=self.backend.shown_spec, library_version=version, plugins=plugins,
             guidance_budget_tokens=self.config.guidance_budget_tokens,
             max_tokens=self.config.max_tokens_per_call, temperature=self.config.temperature),
             plugins), n, ordered=ordered)
@@ -341,7 +341,7 @@ class Engine:
                 make_solver=lambda snap: runner.solver(snapshot=snap, kind=kind), traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
-                candidate_name=candidate_name, dry_run=dry_run, model=self.backend.spec,
+                candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
                 max_agent_runs=max_agent_runs, on_progress=on_progress,
                 allow_errors=allow_errors)
         finally:
@@ -390,7 +390,7 @@ class Engine:
         result = check(env, question, answer, evidence=evidence, analyst=analyst,
                        options={**dict(self._named(name) or {}), **options})
         if record:
-            self.traces.append(result.trace(model=self.backend.spec))
+            self.traces.append(result.trace(model=self.backend.shown_spec))
         return result
 
     def verify_report(self, question: str, answer: str) -> dict[str, Any]:

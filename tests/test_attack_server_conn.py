@@ -1,9 +1,11 @@
-"""Issue 29, findings 5, 8 and 9: what a client's sockets or an upstream's replies can do to
-a running ``whetstone serve``.
+"""Issue 29, findings 5, 8 and 9, and issue 36, finding 4: what a client's sockets or an
+upstream's replies can do to a running ``whetstone serve``.
 
 5. Slow-loris: sockets that send one header line a second are closed once the header
    deadline passes, one address cannot hold more than its share, and ``/health`` and keyed
-   requests are answered meanwhile.
+   requests are answered meanwhile. Issue 36.4: five addresses dripping headers on every
+   place they can get, reconnecting after each close, leave room for a probe from another
+   address and for another client behind one of theirs (an idle socket makes way).
 8. An upstream's impossible ``usage`` (1e30, negative, 2.5, a string, true) gives the client a
    normal answer, and ``whetstone_tokens_total`` only ever holds sane counts.
 9. An upstream's gzip reply that inflates to a gigabyte is cut at the reply cap with a 502,
@@ -159,6 +161,12 @@ class Herd:
                 self.selector.unregister(loris.sock)
                 loris.sock.close()
 
+    def refill(self, n: int) -> None:
+        """Reconnect until ``n`` sockets are open again (the attack reconnects after a 408)."""
+        missing = n - self.open_now
+        if missing > 0:
+            self.open(missing)
+
     @property
     def open_now(self) -> int:
         return sum(1 for x in self.lorises if x.closed is None)
@@ -225,6 +233,46 @@ def test_slow_headers_are_cut_and_no_address_holds_the_server(tmp_path: Path) ->
         assert metric(base, closed % "header_timeout") >= 150
 
 
+def probe(base: str, source: str) -> int | str:
+    """``GET /health`` from the address ``source``: its status, or the transport's error."""
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=5) as client:
+        try:
+            return client.get(base + "/health").status_code
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+
+
+def test_a_flood_from_many_addresses_leaves_room_for_everyone_else(tmp_path: Path) -> None:
+    replies = tmp_path / "replies.json"
+    replies.write_text(json.dumps({"replies": ["ok"]}))
+    with whetstone_serve(tmp_path, f"scripted:{replies}", "--header-timeout", "2",
+                         "--max-connections-per-ip", "30", "--max-connections", "100") as (
+                             base, _):
+        port = int(base.rsplit(":", 1)[1])
+        herds = [Herd(port, f"127.0.0.{i}") for i in range(2, 7)]  # 5 x 30 against 100
+        probes: dict[str, list[int | str]] = {"127.0.0.9": [], "127.0.0.2": []}
+        try:
+            for herd in herds:
+                herd.open(30)
+            for _ in range(12):  # ~8 s: every socket past its 2 s deadline, and reopened
+                for herd in herds:
+                    herd.read(0.1)
+                    herd.drip()
+                    herd.refill(30)
+                for source, seen in probes.items():
+                    seen.append(probe(base, source))
+        finally:
+            for herd in herds:
+                herd.close()
+        # Another address, and another client behind a flooding one, get in every time.
+        # Was: 503s and resets from the total cap and the per-address cap.
+        assert probes == {"127.0.0.9": [200] * 12, "127.0.0.2": [200] * 12}, probes
+        closed = 'whetstone_connections_closed_total{reason="%s"}'
+        assert metric(base, closed % "max_connections") > 0  # the flood did fill the server
+        assert metric(base, closed % "header_timeout") > 0
+
+
 def test_a_kept_alive_connection_must_send_its_next_headers_in_time(tmp_path: Path) -> None:
     """The deadline is re-armed by the first byte after a reply, so a client cannot get a
     connection with one quick request and then drip the next."""
@@ -234,7 +282,7 @@ def test_a_kept_alive_connection_must_send_its_next_headers_in_time(tmp_path: Pa
             base, _):
         port = int(base.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             first = s.recv(65536)
             assert first.startswith(b"HTTP/1.1 200")
             s.sendall(b"GET /health HTTP/1.1\r\n")
@@ -422,3 +470,34 @@ def test_connection_limits_are_checked_and_counted() -> None:
     assert metrics.connections_closed.value(reason="max_connections") == 1
     with pytest.raises(ValueError):
         metrics.tokens.inc(float("inf"), kind="prompt")
+
+
+def test_an_idle_connection_makes_way_and_a_busy_one_never_does() -> None:
+    from whetstone.engine.server.connections import ConnectionGuard, ConnectionLimits
+    from whetstone.engine.server.metrics import Metrics
+
+    class Conn:
+        def __init__(self, idle: bool) -> None:
+            self._idle, self.evicted = idle, False
+
+        def idle(self) -> bool:
+            return self._idle and not self.evicted
+
+        def evict(self) -> None:
+            self.evicted = True
+
+    metrics = Metrics()
+    guard = ConnectionGuard(ConnectionLimits(max_connections=4, max_per_ip=3), metrics)
+    a = [Conn(True), Conn(False), Conn(True)]
+    assert all(guard.admit("a", c) is None for c in a)
+    assert guard.admit("a", Conn(False)) is None  # at a's cap: a's oldest idle one goes
+    assert [c.evicted for c in a] == [True, False, False] and guard.per_ip["a"] == 3
+    assert guard.admit("b", Conn(False)) is None  # 4 open: the total cap
+    assert guard.admit("c", Conn(True)) is None  # the heaviest address (a) makes way
+    assert a[2].evicted and guard.per_ip == {"a": 2, "b": 1, "c": 1}
+    # a's two are busy; b and c hold no more than the newcomer's address: refused.
+    assert guard.admit("c", Conn(True)) is not None
+    # A new address: a's are busy, b's is busy, c's is idle and c holds more than d.
+    assert guard.admit("d", Conn(True)) is None and guard.per_ip == {"a": 2, "b": 1, "d": 1}
+    assert metrics.connections_closed.value(reason="max_per_ip") == 1
+    assert metrics.connections_closed.value(reason="max_connections") >= 1

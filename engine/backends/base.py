@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from whetstone.engine.backends.redact import redact_spec
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.types import Completion, Request
 
@@ -68,6 +69,18 @@ class Backend(abc.ABC):
 
     spec: str = ""
     capabilities: Capabilities = Capabilities()
+
+    @property
+    def shown_spec(self) -> str:
+        """``spec`` as it may be shown, logged or stored in a trace: the credentials of its
+        URL masked (``redact.redact_spec``). ``spec`` itself rebuilds the backend."""
+        return redact_spec(self.spec)
+
+    async def aready(self, timeout: float) -> str | None:
+        """Whether the model can answer now, for a readiness probe: None when it can, else
+        why not in a few words (no address). A model loaded in this process is ready; a
+        remote one asks its server (``OpenAICompatBackend``). Within ``timeout`` seconds."""
+        return None
 
     @abc.abstractmethod
     def complete(self, request: Request) -> Completion:
@@ -127,4 +140,4 @@ class Backend(abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.spec!r}>"
+        return f"<{type(self).__name__} {self.shown_spec!r}>"

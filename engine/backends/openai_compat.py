@@ -30,6 +30,7 @@ from whetstone.engine.backends.openai_http import (
     close_on_loop,
     server_message,
     should_retry,
+    split_userinfo,
     sse_events,
 )
 from whetstone.engine.backends.openai_wire import (
@@ -37,6 +38,7 @@ from whetstone.engine.backends.openai_wire import (
     completion_from_openai,
     request_to_openai,
 )
+from whetstone.engine.backends.redact import redact_text, redact_url, split_address, url_secrets
 from whetstone.engine.backends.registry import BackendOptions
 from whetstone.engine.errors import (
     BackendError,
@@ -81,7 +83,7 @@ def normalize_base_url(url: str) -> str:
         url = "http://" + url
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{url!r} is not an http(s) URL",
+        raise ConfigError(f"{redact_url(url)!r} is not an http(s) URL",
                           hint="use openai:<model>@http://host:port/v1")
     path = parts.path.rstrip("/")
     return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
@@ -89,13 +91,14 @@ def normalize_base_url(url: str) -> str:
 
 def parse_spec(arg: str, env: dict[str, str] | None = None) -> tuple[str, str]:
     """``qwen@http://127.0.0.1:8000/v1`` -> (model, base_url). Without ``@url`` the base URL is
-    ``$OPENAI_BASE_URL`` or the official API."""
+    ``$OPENAI_BASE_URL`` or the official API. The URL starts at the first ``@`` before a
+    scheme (``redact.split_address``), so its userinfo never ends up in the model name."""
     env = dict(os.environ) if env is None else env
-    model, sep, url = arg.strip().rpartition("@")
-    if not sep:
-        model, url = url, env.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
+    model, address = split_address(arg.strip())
+    url = address if address is not None else env.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
     if not model or not url:
-        raise ConfigError(f"openai spec needs a model name and a URL, got 'openai:{arg}'",
+        raise ConfigError(f"openai spec needs a model name and a URL, got "
+                          f"'openai:{redact_text(arg)}'",
                           hint="e.g. openai:qwen@http://127.0.0.1:8000/v1 or openai:gpt-4o-mini")
     return model, normalize_base_url(url)
 
@@ -122,6 +125,12 @@ class OpenAICompatBackend(Backend):
 
         self.model = model
         self.base_url = base_url
+        # What messages and logs name: the address without its credentials (redact.py).
+        self.shown_url = redact_url(base_url)
+        basic = split_userinfo(base_url)[1]  # the Authorization the URL's userinfo makes
+        self._secrets = tuple(s for s in (api_key, *url_secrets(base_url),
+                                          basic.split()[-1] if basic else "")
+                              if s and s != PLACEHOLDER_KEY)
         self.timeout_s = timeout_s
         self.retry = retry
         self.spec = f"openai:{model}@{base_url}"
@@ -176,16 +185,25 @@ class OpenAICompatBackend(Backend):
             return self.retry.delay(retry, retry_after)
         return None
 
+    def redact(self, text: str) -> str:
+        """``text`` without this backend's key, its URL's credentials or any bearer token:
+        an upstream may echo the request's ``Authorization`` header in an error."""
+        return redact_text(text, self._secrets)
+
     def _to_error(self, f: HttpFailure, attempts: int, timeout: float) -> WhetstoneError:
         """The ``WhetstoneError`` a caller sees for a failed call, whichever transport made
-        it; ``no_retry`` when it was retried here already or the upstream said not to."""
+        it; ``no_retry`` when it was retried here already or the upstream said not to. What
+        the upstream said is redacted (``redact``) before it is kept anywhere."""
+        error = {k: self.redact(v) if isinstance(v, str) else v
+                 for k, v in (f.error or {}).items()}
+        f = replace(f, message=self.redact(f.message), error=error or None)
         err = self._make_error(f, attempts, timeout)
         if isinstance(err, BackendError):
             err.no_retry = attempts > 1 or f.should_retry is False
         return err
 
     def _make_error(self, f: HttpFailure, attempts: int, timeout: float) -> WhetstoneError:
-        url = self.base_url
+        url = self.shown_url
         tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
         if f.kind == "timeout":
             return BackendTimeout(
@@ -210,7 +228,7 @@ class OpenAICompatBackend(Backend):
     def _status_error(self, f: HttpFailure, tries: str) -> WhetstoneError:
         """A status of 400 or more. A 4xx is a ``BackendRejected`` carrying the upstream's
         own status, error and ``Retry-After``, so a proxy can answer its client with them."""
-        url, status, msg = self.base_url, f.status, f.message
+        url, status, msg = self.shown_url, f.status, f.message
         if status >= 500:
             cls = BackendUnavailable if status in (502, 503, 504) else BackendError
             return cls(f"{url} failed with {status} {tries}: {msg}",
@@ -246,7 +264,7 @@ class OpenAICompatBackend(Backend):
                 wait = self._retry_wait(failure, attempt)
                 if wait is None:
                     raise self._to_error(failure, attempt + 1, timeout) from exc
-                log.warning("%s: %s; retry %d/%d in %.2f s", self.base_url, type(exc).__name__,
+                log.warning("%s: %s; retry %d/%d in %.2f s", self.shown_url, type(exc).__name__,
                             attempt + 1, self.retry.max_retries, wait)
                 time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -260,7 +278,7 @@ class OpenAICompatBackend(Backend):
                 wait = self._retry_wait(failure, attempt)
                 if wait is None:
                     raise self._to_error(failure, attempt + 1, timeout) from exc
-                log.warning("%s: %s; retry %d/%d in %.2f s", self.base_url, type(exc).__name__,
+                log.warning("%s: %s; retry %d/%d in %.2f s", self.shown_url, type(exc).__name__,
                             attempt + 1, self.retry.max_retries, wait)
                 await asyncio.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -295,8 +313,8 @@ class OpenAICompatBackend(Backend):
                 raise TypeError(f"a JSON object was expected, got {type(data).__name__}")
             completion = completion_from_openai(data, time.perf_counter() - start)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise BackendError(f"{self.base_url} sent a reply that is not a chat completion "
-                               f"({exc}): {str(data)[:500]!r}",
+            raise BackendError(f"{self.shown_url} sent a reply that is not a chat completion "
+                               f"({exc}): {self.redact(str(data)[:500])!r}",
                                hint="check that the server speaks the OpenAI chat API") from exc
         return self._finish(request, completion)
 
@@ -418,6 +436,21 @@ class OpenAICompatBackend(Backend):
             completion = replace(completion, finish_reason="timeout")
         return self._finish(request, completion)
 
+    async def aready(self, timeout: float) -> str | None:
+        """Whether the upstream answers: a ``GET /models`` (vLLM, llama.cpp, OpenAI and
+        Whetstone serve it; a 404 still means the server is up). None when it answers, else
+        why not, without its address."""
+        try:
+            status = await self._poster.status("/models", timeout)
+        except HttpFailure as exc:
+            return ("the upstream did not answer in time" if exc.kind == "timeout"
+                    else "the upstream cannot be reached")
+        if status in (401, 403, 407):
+            return f"the upstream refuses this server's API key ({status})"
+        if status >= 500:
+            return f"the upstream is failing ({status})"
+        return None
+
     # --- other routes, passed through (the server's /v1/embeddings and /v1/completions) ----
 
     async def apost(self, path: str, body: Mapping[str, Any], timeout: float | None = None
@@ -429,10 +462,24 @@ class OpenAICompatBackend(Backend):
 
     async def apost_stream(self, path: str, body: Mapping[str, Any],
                            timeout: float | None = None) -> AsyncIterator[bytes]:
-        """``apost`` for ``"stream": true``: the reply's bytes as they come. Opening the
-        stream is retried; a refusal is raised here, before any byte."""
+        """``apost`` for ``"stream": true``: the reply's bytes as they come, at most the
+        reply cap (64 MiB decoded; past it a ``BackendError``). Opening the stream is retried;
+        a refusal is raised here, before any byte."""
         wait = self.timeout_s if timeout is None else timeout
-        return await self._acall(lambda: self._poster.open_stream(path, body, wait), wait)
+        chunks = await self._acall(lambda: self._poster.open_stream(path, body, wait), wait)
+        return self._relayed(chunks, wait)
+
+    async def _relayed(self, chunks: AsyncIterator[bytes], timeout: float
+                       ) -> AsyncIterator[bytes]:
+        """``chunks`` with a failure while reading them (the cap, a broken connection) as the
+        ``WhetstoneError`` a caller handles."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except HttpFailure as exc:
+            raise self._to_error(exc, 1, timeout) from exc
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     async def aclose(self) -> None:
         """Close the async client of the running loop (a server calls this as it shuts down,

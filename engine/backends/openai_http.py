@@ -14,6 +14,7 @@ backend maps to the same errors and retries as the SDK's.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -22,6 +23,7 @@ import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 # uvicorn (and so vLLM and whetstone serve) drops an idle connection after 5 s; reusing one it
 # is closing at that moment fails, so idle ones are let go first.
@@ -96,11 +98,20 @@ async def _close_with_loop(session: Any) -> AsyncIterator[None]:
         await session.close()
 
 
-async def _relay(response: Any) -> AsyncIterator[bytes]:
-    """The bytes of an aiohttp response as they arrive; the connection is let go however the
-    reading ends (done, failed, or closed by the caller)."""
+async def _relay(response: Any, max_bytes: int) -> AsyncIterator[bytes]:
+    """The bytes of an aiohttp response as they arrive (decoded), at most ``max_bytes`` in
+    all: past it an ``HttpFailure`` of kind ``too_large`` (a compressed bomb relayed as is
+    would otherwise reach the client whole). The connection is let go however the reading
+    ends (done, failed, or closed by the caller)."""
+    size = 0
     try:
         async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > max_bytes:
+                raise HttpFailure("too_large", f"the reply passed {max_bytes:,} bytes once "
+                                  "decoded (Content-Encoding: "
+                                  f"{response.headers.get('content-encoding', 'none')}); it "
+                                  "was cut there")
             yield chunk
     finally:
         response.release()
@@ -187,16 +198,32 @@ def close_on_loop(loop: asyncio.AbstractEventLoop, close: Any) -> None:
             asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=5)
 
 
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``user:password@`` and the ``Authorization`` header they make
+    (HTTP Basic, as httpx and the ``openai`` SDK send them), or ``(url, None)``."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    netloc = parts.netloc.rpartition("@")[2]
+    return (urlunsplit(parts._replace(netloc=netloc)),
+            "Basic " + base64.b64encode(pair.encode()).decode("ascii"))
+
+
 class JsonPoster:
     """POST JSON to ``base_url`` + path with one aiohttp session per event loop (a session's
-    connection pool belongs to the loop that made it)."""
+    connection pool belongs to the loop that made it). Credentials in the URL
+    (``http://user:password@host/v1``) are sent as HTTP Basic in place of the bearer key,
+    as the ``openai`` SDK sends them (aiohttp refuses a URL with both)."""
 
     def __init__(self, base_url: str, api_key: str, *, user_agent: str = "whetstone",
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+        base_url, basic = split_userinfo(base_url)
         self.base_url = base_url.rstrip("/")
         self.max_reply_bytes = max_reply_bytes
-        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": user_agent,
-                         "Content-Type": "application/json", "Accept": "application/json"}
+        self._headers = {"Authorization": basic or f"Bearer {api_key}",
+                         "User-Agent": user_agent, "Content-Type": "application/json",
+                         "Accept": "application/json"}
         # loop -> (its session, the async generator that closes it with the loop)
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
                                                   tuple[Any, AsyncIterator[None]]] = (
@@ -276,6 +303,22 @@ class JsonPoster:
                               should_retry=retry_hint, error=error_object(decoded))
         return decoded
 
+    async def status(self, path: str, timeout: float) -> int:
+        """The status of a GET of ``path`` (its body is not read: a readiness probe);
+        ``HttpFailure`` (``timeout`` or ``connection``) when no reply came."""
+        import aiohttp
+
+        try:
+            async with asyncio.timeout(timeout):
+                session = await self._session()
+                async with session.get(self.base_url + path,
+                                       timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                    return int(r.status)
+        except asyncio.TimeoutError as exc:
+            raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc
+
     async def open_stream(self, path: str, body: Any, timeout: float) -> AsyncIterator[bytes]:
         """POST and relay the reply's bytes as they come (an SSE stream, as sent). A status
         of 400 or more is an ``HttpFailure`` raised here, before any byte is handed out, so
@@ -307,7 +350,7 @@ class JsonPoster:
             raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc
-        return _relay(response)
+        return _relay(response, self.max_reply_bytes)
 
     async def aclose(self) -> None:
         """Close the running loop's session."""

@@ -92,7 +92,9 @@ def request_to_openai(request: Request, model: str) -> dict[str, Any]:
         if key not in request.unset:
             body[key] = getattr(request, key)
     if "n" not in request.unset:
-        body["n"] = 1  # one Completion per Request is the backend contract
+        # One Completion per Request is the backend contract; more choices are asked for only
+        # by a caller that reads the upstream's reply itself (the server's n > 1 relay).
+        body["n"] = request.n
     if request.stop:
         body["stop"] = list(request.stop)
     if request.seed is not None:
@@ -399,7 +401,7 @@ def _tools_from_openai(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]
 
 
 def request_from_openai(body: Any, *, default_max_tokens: int = 512,
-                        timeout: float | None = None) -> ChatCall:
+                        timeout: float | None = None, max_n: int = 1) -> ChatCall:
     """Validate a chat-completions body and turn it into a ``ChatCall``.
 
     Raises ``ConfigError`` naming the offending field. ``tool_choice``, ``response_format``
@@ -407,6 +409,7 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
     other fields are accepted and ignored, as OpenAI-compatible servers do. ``max_tokens``,
     ``temperature``, ``top_p`` and ``n`` the body leaves out are in ``Request.unset``: a model
     run here uses ``default_max_tokens``, 0.0 and 1.0, an upstream its own defaults.
+    ``n`` may be up to ``max_n``: more than 1 only where the upstream decodes the choices.
     """
     if not isinstance(body, Mapping):
         raise _bad("the request body must be a JSON object")
@@ -419,9 +422,10 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
     if model is not None and not isinstance(model, str):
         raise _bad("'model' must be a string")
     n = _number(body, "n", int, 1)
-    if n not in (None, 1):
-        raise _bad(f"'n' = {n} is not supported; only one choice per request",
-                   hint="send n separate requests (with different seeds) instead")
+    if n is not None and n > max_n:
+        raise _bad(f"'n' = {n} is not supported here: this model answers one choice per "
+                   "request", hint="send n separate requests (with different seeds), or put "
+                   "an upstream that decodes n behind Whetstone (openai:<model>@<url>)")
     max_tokens = _number(body, "max_completion_tokens", int, 1)
     token_field = "max_completion_tokens" if max_tokens is not None else "max_tokens"
     if max_tokens is None:
@@ -446,6 +450,7 @@ def request_from_openai(body: Any, *, default_max_tokens: int = 512,
         max_tokens=max_tokens or default_max_tokens,
         temperature=0.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
+        n=n or 1,
         stop=tuple(stop or ()),
         seed=_number(body, "seed", int),
         tools=tools,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from whetstone.engine.backends.base import Backend
+from whetstone.engine.backends.redact import redact_spec
 from whetstone.engine.errors import ConfigError, UnknownBackend
 from whetstone.engine.paths import cache_dir as default_cache_dir
 
@@ -186,7 +187,8 @@ class BackendRegistry:
         prefix, arg = split_spec(spec)
         entry = self._entries.get(prefix)
         if entry is None:
-            raise UnknownBackend(f"unknown model spec {spec!r}", hint=self._known_hint())
+            raise UnknownBackend(f"unknown model spec {redact_spec(spec)!r}",
+                                 hint=self._known_hint())
         return entry, arg
 
     def create(self, spec: str, options: BackendOptions | None = None) -> Backend:

@@ -353,3 +353,33 @@ def skills_options(k_help: str, score_help: str) -> Callable[[F], F]:
 def skills_config(k: int, min_score: float | str | None) -> dict[str, Any]:
     """The skills options given: ``k``, and ``min_score`` only when it was set."""
     return {"k": k} | ({} if min_score is _UNSET_SCORE else {"min_score": min_score})
+
+
+def web_options(fn: F) -> F:
+    """``--allowed-host``, ``--allowed-origin`` and ``--insecure`` (``serve`` and ``mcp``)."""
+    fn = click.option("--insecure", is_flag=True,
+                      help="Listen on a non-loopback --host without an API key (anyone who "
+                           "can reach the port may use it).")(fn)
+    fn = click.option("--allowed-origin", "allowed_origins", multiple=True,
+                      help="A browser origin whose pages may call the server "
+                           "(https://app.example.com); repeat for more. Default: none but "
+                           "the server's own.")(fn)
+    return click.option("--allowed-host", "allowed_hosts", multiple=True,
+                        help="A Host name clients use besides the loopback names and the "
+                             "bound address (NAME for any port, NAME:PORT, or '*' for any); "
+                             "repeat for more. Others get 421 (DNS rebinding).")(fn)
+
+
+def check_exposed_bind(host: str, keys: frozenset[str], insecure: bool, command: str) -> None:
+    """Refuse to listen beyond this machine with no API key, unless ``--insecure``."""
+    from whetstone.engine.errors import ConfigError
+    from whetstone.engine.server.hosts import is_loopback
+
+    if keys or insecure or is_loopback(host):
+        return
+    raise ConfigError(
+        f"`whetstone {command} --host {host}` would take requests from the network with no "
+        "API key: anyone who can reach the port could use it",
+        hint="require a key with --api-key KEY (or --api-keys-file FILE; clients send "
+             "'Authorization: Bearer KEY'), listen on 127.0.0.1, or pass --insecure to serve "
+             "without one anyway")

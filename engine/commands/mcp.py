@@ -8,11 +8,13 @@ from pathlib import Path
 import click
 
 from whetstone.engine.commands.common import (
+    check_exposed_bind,
     console,
     handle_errors,
     library_option,
     skills_config,
     skills_options,
+    web_options,
 )
 
 
@@ -24,8 +26,11 @@ from whetstone.engine.commands.common import (
               show_default=True,
               help="stdio: one client that started this process; http: streamable HTTP at "
                    "http://HOST:PORT/mcp.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP only.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="HTTP only; an address other than 127.0.0.1/localhost needs --api-key "
+                   "(or --insecure).")
 @click.option("--port", type=int, default=8765, show_default=True, help="HTTP only.")
+@web_options
 @click.option("--api-key", "api_keys", multiple=True, envvar="WHETSTONE_API_KEY",
               help="HTTP: require this key from clients (Authorization: Bearer); repeat for "
                    "more.")
@@ -42,9 +47,10 @@ from whetstone.engine.commands.common import (
               default="info", show_default=True, help="HTTP: uvicorn's log level.")
 @handle_errors
 def mcp(library_path: Path | None, library_version: str | None, transport: str, host: str,
-        port: int, api_keys: tuple[str, ...], api_keys_file: Path | None, max_body_bytes: int,
-        allow_writes: bool, skills_k: int, skills_min_score: float | None,
-        log_level: str) -> None:
+        port: int, allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
+        insecure: bool, api_keys: tuple[str, ...], api_keys_file: Path | None,
+        max_body_bytes: int, allow_writes: bool, skills_k: int,
+        skills_min_score: float | None, log_level: str) -> None:
     """Serve the library over MCP: skills as resources (by version), search_skills, the
     guidance prompt, the learned tools (run in the sandbox) and, with --allow-writes,
     record_feedback and log_run. No model is loaded: the client's model answers."""
@@ -68,6 +74,8 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
     if transport == "http":
         from whetstone.engine.server.app import bind
 
+        check_exposed_bind(host, keys, insecure, "mcp --transport http")
+
         sock = bind(host, port)  # a port in use fails now
     library = LibraryServer.open(library_path, allow_writes=allow_writes, skills=skills,
                                  version=library_version)
@@ -81,9 +89,12 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
             anyio.run(serve_stdio, library)
             return
         from whetstone.engine.server.connections import ConnectionLimits
+        from whetstone.engine.server.hosts import WebPolicy
 
+        web = WebPolicy.for_bind(host, allowed_hosts=allowed_hosts,
+                                 allowed_origins=allowed_origins)
         serve_http(library, host=host, port=port, keys=keys, max_body_bytes=max_body_bytes,
-                   sock=sock, limits=ConnectionLimits(), log_level=log_level)
+                   sock=sock, limits=ConnectionLimits(), log_level=log_level, web=web)
     finally:
         if sock is not None:
             sock.close()

@@ -7,11 +7,13 @@ from pathlib import Path
 import click
 
 from whetstone.engine.commands.common import (
+    check_exposed_bind,
     console,
     handle_errors,
     library_option,
     skills_config,
     skills_options,
+    web_options,
 )
 
 
@@ -31,8 +33,11 @@ from whetstone.engine.commands.common import (
                                       "checks replies against (`whetstone verify`).")
 @skills_options("Skills retrieved for each request (the k nearest).",
                 "The lowest retrieval score (cosine) a skill needs to be shown")
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to listen on; one other than 127.0.0.1/localhost needs "
+                   "--api-key (or --insecure).")
 @click.option("--port", type=int, default=8000, show_default=True)
+@web_options
 @click.option("--served-name", default=None,
               help="Model name clients use (default: the upstream's own model name, e.g. "
                    "qwen for openai:qwen@http://host:8001/v1; never its address).")
@@ -80,6 +85,7 @@ from whetstone.engine.commands.common import (
 def serve(upstream: str, library_path: Path | None, library_version: str | None,
           no_library: bool, no_record: bool, corpus_name: str, skills_k: int,
           skills_min_score: float | None, host: str, port: int,
+          allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...], insecure: bool,
           served_name: str | None,
           api_keys: tuple[str, ...], api_keys_file: Path | None, upstream_key: str | None,
           max_body_bytes: int, max_concurrency: int | None,
@@ -91,6 +97,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
     /v1/completions pass through to an openai: upstream as sent."""
     from whetstone.engine.api import Engine
+    from whetstone.engine.backends.redact import redact_spec
     from whetstone.engine.backends.registry import BackendOptions, get_backend
     from whetstone.engine.server.app import bind
     from whetstone.engine.server.app import serve as run_server
@@ -99,6 +106,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
 
     out = console(stderr=True)
     keys = load_api_keys(api_keys, api_keys_file)
+    check_exposed_bind(host, keys, insecure, "serve")
     limits = ConnectionLimits(header_timeout_s=header_timeout, max_connections=max_connections,
                               max_per_ip=max_connections_per_ip)
     options = BackendOptions(api_key=upstream_key, **(
@@ -107,7 +115,8 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     sock = bind(host, port)  # a port in use fails now, not after the model has loaded
     engine: Engine | None = None
     try:
-        with out.status(f"loading {upstream} …", spinner="dots"):
+        shown = redact_spec(upstream)  # never print the credentials of its URL
+        with out.status(f"loading {shown} …", spinner="dots"):
             engine = Engine(get_backend(upstream, options), library=library_path,
                             version=library_version, skills=not no_library,
                             checkpointing=False, corpus=corpus_name,
@@ -119,12 +128,12 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
         traces = None if no_record else engine.traces
         if traces is not None and traces_max_bytes is not None:
             traces.max_bytes = traces_max_bytes
-        out.print(f"serving [bold]{upstream}[/] on http://{host}:{port}/v1 · library "
+        out.print(f"serving [bold]{shown}[/] on http://{host}:{port}/v1 · library "
                   f"{engine.library_path} ({'off' if no_library else version}) · traces "
                   f"{'off' if no_record else 'on'} · API keys {len(keys) or 'off'}",
                   markup=True)
         run_server(engine.backend, host=host, port=port, log_level=log_level, sock=sock,
-                   limits=limits,
+                   limits=limits, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,
                    model_name=served_name, adapter=adapter, traces=traces,
                    verifier=engine.verify_report,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,

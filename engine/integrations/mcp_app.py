@@ -1,9 +1,11 @@
 """``LibraryServer`` on the official MCP SDK (``mcp``, its low-level ``Server``), over stdio or
 streamable HTTP.
 
-Over HTTP the endpoint is ``/mcp`` and the limits are ``whetstone serve``'s: its API keys
-(``Authorization: Bearer``, checked with ``whetstone.engine.server.guard``), its request-body cap (the
-SDK answers 413 past it) and its connection limits (a header timeout, connections at once).
+Over HTTP the endpoint is ``/mcp`` and the limits are ``whetstone serve``'s: its Host, Origin
+and Content-Type checks (``whetstone.engine.server.hosts``, in place of the SDK's own), its API
+keys (``Authorization: Bearer``, checked with ``whetstone.engine.server.guard``), its
+request-body cap (the SDK answers 413 past it) and its connection limits (a header timeout,
+connections at once).
 Where a key is set, a run logged with it carries the key's hash, and feedback from another key
 cannot label it (as on ``/v1/feedback``).
 """
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
@@ -32,6 +35,7 @@ from whetstone.engine.integrations.mcp_server import (
 )
 from whetstone.engine.prompts import load_prompt, render_prompt
 from whetstone.engine.server.guard import key_owner
+from whetstone.engine.server.hosts import WebCheck, WebPolicy
 from whetstone.engine.server.service import error_message
 
 if TYPE_CHECKING:
@@ -270,24 +274,28 @@ class KeyCheck:
 
 
 def http_app(library: LibraryServer, *, keys: frozenset[str], max_body_bytes: int,
-             host: str = "127.0.0.1") -> ASGIApp:
-    """The streamable-HTTP app at ``/mcp``: keys checked first, bodies past
-    ``max_body_bytes`` answered 413 by the SDK (before they are parsed)."""
+             host: str = "127.0.0.1", web: WebPolicy | None = None) -> ASGIApp:
+    """The streamable-HTTP app at ``/mcp``: the web checks first (``web``, default: the
+    policy of a server bound to ``host``; 421, 403, 415), then the keys, bodies past
+    ``max_body_bytes`` answered 413 by the SDK (before they are parsed). The SDK's own Host
+    and Origin check is off: it protected loopback binds only, with lists of its own."""
     app = build_server(library, keys).streamable_http_app(
-        streamable_http_path=MCP_PATH, max_request_body_size=max_body_bytes, host=host)
-    return KeyCheck(app, keys) if keys else app
+        streamable_http_path=MCP_PATH, max_request_body_size=max_body_bytes, host=host,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    inner = KeyCheck(app, keys) if keys else app
+    return WebCheck(inner, web or WebPolicy.for_bind(host))
 
 
 def serve_http(library: LibraryServer, *, host: str, port: int, keys: frozenset[str],
                max_body_bytes: int, sock: socket.socket, limits: ConnectionLimits,
-               log_level: str = "info") -> None:
+               log_level: str = "info", web: WebPolicy | None = None) -> None:
     """Serve ``http_app`` under uvicorn with ``whetstone serve``'s connection limits."""
     import uvicorn
 
     from whetstone.engine.server.connections import ConnectionGuard, guarded_protocol
     from whetstone.engine.server.metrics import Metrics
 
-    app = http_app(library, keys=keys, max_body_bytes=max_body_bytes, host=host)
+    app = http_app(library, keys=keys, max_body_bytes=max_body_bytes, host=host, web=web)
     guard = ConnectionGuard(limits, Metrics())
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            http=guarded_protocol(guard)))

@@ -410,7 +410,7 @@ def build_trace(state: Mapping[str, Any], ctx: AgentContext, *, outcome: str,
         label=state.get("label"),
         outcome=outcome,  # type: ignore[arg-type]
         library_version=ctx.library_version or (state.get("meta") or {}).get("library_version"),
-        model=ctx.backend.spec,
+        model=ctx.backend.shown_spec,
         started=state["started"],
         ended=ended,
         total_tokens=state.get("tokens", 0),

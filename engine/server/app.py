@@ -23,10 +23,12 @@ from whetstone.engine.errors import AddressInUse, ConfigError, WhetstoneError
 from whetstone.engine.server.adapter import ChatAdapter
 from whetstone.engine.server.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from whetstone.engine.server.guard import Guard
+from whetstone.engine.server.hosts import WebPolicy
 from whetstone.engine.server.metrics import Metrics
 from whetstone.engine.server.naming import upstream_model_name
 from whetstone.engine.server.passthrough import router as passthrough_router
 from whetstone.engine.server.pipeline import ChatPipeline, Verifier
+from whetstone.engine.server.probes import Readiness
 from whetstone.engine.server.recording import TraceWriter
 from whetstone.engine.server.responses import install_error_handlers
 from whetstone.engine.server.routes import ServerState, router
@@ -83,6 +85,7 @@ def create_app(
     traces: TraceStore | None = None,
     retrieval_workers: int = 4,
     verifier: Verifier | None = None,
+    web: WebPolicy | None = None,
 ) -> FastAPI:
     """Build the app serving ``backend`` as ``model_name`` (default: the upstream's own model
     name, ``naming.upstream_model_name``: never its address).
@@ -95,7 +98,8 @@ def create_app(
     (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
     ``adapter`` applies the library to each request; ``traces`` records every exchange;
     ``verifier`` answers ``{"whetstone": {"verify": true}}`` (the verifier's report on the reply);
-    ``retrieval_workers`` threads embed queries.
+    ``retrieval_workers`` threads embed queries. ``web`` says which Host and Origin headers are
+    answered (``hosts.WebPolicy``; default: a server on 127.0.0.1's, the loopback names).
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,
                          default_max_tokens=default_max_tokens,
@@ -132,8 +136,8 @@ def create_app(
     app.state.server = ServerState(backend=backend, settings=settings, service=service,
                                    metrics=metrics, pipeline=pipeline, writer=writer,
                                    adapter=adapter, started_at=int(time.time()),
-                                   api_keys=keys)
-    app.add_middleware(Guard, keys=keys, metrics=metrics)
+                                   api_keys=keys, readiness=Readiness(backend))
+    app.add_middleware(Guard, keys=keys, metrics=metrics, web=web or WebPolicy.for_bind())
     install_error_handlers(app, metrics)
     app.include_router(router)
     app.include_router(passthrough_router)
@@ -170,16 +174,22 @@ def serve(
     log_level: str = "info",
     sock: socket.socket | None = None,
     limits: ConnectionLimits | None = None,
+    allowed_hosts: Iterable[str] = (),
+    allowed_origins: Iterable[str] = (),
     **app_options: Any,
 ) -> None:
     """Serve ``backend`` until interrupted (``whetstone serve``) on ``sock`` (default: bound
     to ``host:port`` here, ``bind``). ``limits`` bound each connection's headers and the
-    connections open (default: ``ConnectionLimits()``, see ``connections.py``).
+    connections open (default: ``ConnectionLimits()``, see ``connections.py``). The Host
+    headers answered are ``host``'s and ``allowed_hosts``, the browser origins the server's
+    own and ``allowed_origins`` (``hosts.WebPolicy.for_bind``).
     ``app_options`` go to ``create_app`` (``model_name``, ``adapter``, ``traces``,
     ``api_keys``, ``max_queue`` ...). At shutdown uvicorn lets requests in flight finish,
     then the trace queue is drained."""
     import uvicorn
 
+    app_options.setdefault("web", WebPolicy.for_bind(host, allowed_hosts=allowed_hosts,
+                                                     allowed_origins=allowed_origins))
     app = create_app(backend, **app_options)
     guard = ConnectionGuard(limits or ConnectionLimits(), app.state.server.metrics)
     sock = sock if sock is not None else bind(host, port)

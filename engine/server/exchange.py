@@ -163,7 +163,7 @@ class ChatRunner:
                 ) -> tuple[ChatReply | None, Trace | None]:
         trace = None
         if trace_id is not None:
-            trace = chat_trace(trace_id, adapted, model=self.backend.spec, started=started,
+            trace = chat_trace(trace_id, adapted, model=self.backend.shown_spec, started=started,
                                completion=completion,
                                error=None if error is None else error.message)
         reply = None

@@ -1,8 +1,9 @@
 """Auth and limits in front of the routes: API keys, request metrics, the body size limit.
 
-- ``Guard``: ASGI middleware (the only thing the server calls middleware) that checks API keys
-  (``Authorization: Bearer``) on ``/v1/*`` and counts every response by route and status, with
-  its latency (streams: until the last byte).
+- ``Guard``: ASGI middleware (the only thing the server calls middleware) that refuses what a
+  web page may not ask (``hosts.WebPolicy``: Host, Origin, Content-Type; on every route,
+  ``/health`` included), then checks API keys (``Authorization: Bearer``) on ``/v1/*``, and
+  counts every response by route and status, with its latency (streams: until the last byte).
 - ``key_owner``: the SHA-256 of the key a request carries, which an exchange's trace keeps so
   that only that key may label it (never the key itself).
 - ``read_body``: the request body, refused past ``max_body_bytes`` (413) before it is all read.
@@ -21,6 +22,7 @@ from typing import Any
 
 from whetstone.engine.backends.openai_wire import error_to_openai
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.server.hosts import Refusal, WebPolicy, send_refusal
 from whetstone.engine.server.metrics import Metrics
 
 Scope = MutableMapping[str, Any]
@@ -32,7 +34,7 @@ TRACE_HEADER = "X-Whetstone-Trace-Id"
 VERSION_HEADER = "X-Whetstone-Library-Version"
 REQUEST_ID_HEADER = "X-Request-Id"
 KNOWN_ROUTES = ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/v1/embeddings",
-                "/v1/completions", "/health", "/metrics")
+                "/v1/completions", "/health", "/livez", "/readyz", "/metrics")
 
 
 # --- API keys --------------------------------------------------------------------------------
@@ -94,13 +96,22 @@ def _route_of(path: str) -> str:
     return path if path in KNOWN_ROUTES else "other"  # bounded label values
 
 
-class Guard:
-    """ASGI middleware: API keys on ``/v1/*`` (when any are set), and request metrics."""
+def openai_refusal(refusal: Refusal) -> bytes:
+    """A ``hosts.Refusal`` as an OpenAI-style error body."""
+    return json.dumps(error_to_openai(f"{refusal.message} ({refusal.hint})",
+                                      "invalid_request_error", code=refusal.code)).encode()
 
-    def __init__(self, app: ASGIApp, *, keys: frozenset[str], metrics: Metrics) -> None:
+
+class Guard:
+    """ASGI middleware: the web checks (``web``), API keys on ``/v1/*`` (when any are set),
+    and request metrics."""
+
+    def __init__(self, app: ASGIApp, *, keys: frozenset[str], metrics: Metrics,
+                 web: WebPolicy | None = None) -> None:
         self.app = app
         self.keys = keys
         self.metrics = metrics
+        self.web = web or WebPolicy.for_bind()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,6 +127,11 @@ class Guard:
             await send(message)
 
         try:
+            refusal = self.web.check(scope)
+            if refusal is not None:
+                self.metrics.errors.inc(code=refusal.code)
+                await send_refusal(counting_send, refusal, openai_refusal(refusal))
+                return
             if self.keys and scope.get("path", "").startswith("/v1/") and not self._allowed(
                     scope):
                 await self._unauthorized(scope, counting_send)

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from whetstone.engine.backends.redact import split_address
+
 _PATH_KINDS = ("hf", "llamacpp", "vllm")  # specs whose argument is a file or folder
 
 
 def public_spec(spec: str) -> str:
     """``spec`` without the ``@<url>`` part (``openai:qwen@http://h:8000/v1`` ->
-    ``openai:qwen``)."""
-    head, at, tail = spec.rpartition("@")
-    return head if at and "://" in tail else spec
+    ``openai:qwen``). The URL starts at the first ``@`` before a scheme
+    (``redact.split_address``): a password holding ``@`` stays with the URL, never in the
+    name; an ``openai:`` spec's address goes even when it has no scheme."""
+    head, address = split_address(spec)
+    if address is not None and ("://" in address or spec.startswith("openai:")):
+        return head
+    return spec
 
 
 def upstream_model_name(spec: str) -> str:

@@ -16,7 +16,7 @@ model run here answers 501 saying so.
 # run time.
 import json
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from whetstone.engine.backends.openai_wire import error_to_openai
 from whetstone.engine.errors import BackendError, BackendRejected, ConfigError, WhetstoneError
 from whetstone.engine.server.guard import REQUEST_ID_HEADER
+from whetstone.engine.server.limits import check_ranges
 from whetstone.engine.server.responses import (
     error_reply,
     internal_error_reply,
@@ -32,22 +33,9 @@ from whetstone.engine.server.responses import (
     whetstone_error_reply,
 )
 from whetstone.engine.server.routes import EventStream, ServerState
-from whetstone.engine.server.service import OpenStream, check_ranges, client_message, error_status
+from whetstone.engine.server.service import OpenStream, Relay, client_message, error_status
 
 router = APIRouter()
-
-
-@runtime_checkable
-class Relay(Protocol):
-    """A backend that can post any OpenAI route to its upstream (``OpenAICompatBackend``)."""
-
-    model: str
-
-    async def apost(self, path: str, body: Mapping[str, Any], timeout: float | None = None
-                    ) -> Any: ...
-
-    async def apost_stream(self, path: str, body: Mapping[str, Any],
-                           timeout: float | None = None) -> AsyncIterator[bytes]: ...
 
 
 @router.post("/v1/embeddings", response_model=None)

@@ -86,10 +86,13 @@ class ChatPipeline:
         self.metrics.library.inc(applied="true")
         return adapted
 
-    def check_verify(self, switches: ChatSwitches, stream: bool) -> None:
+    def check_verify(self, switches: ChatSwitches, stream: bool, n: int = 1) -> None:
         """Refuse ``verify`` where it cannot be done (a 400 before any work)."""
         if not switches.verify:
             return
+        if n > 1:
+            raise ConfigError(f"'whetstone.verify' checks one reply; it cannot be combined "
+                              f"with n = {n}", hint="send n: 1 to verify the reply")
         if self.verifier is None:
             raise ConfigError("this server does not verify answers",
                               hint="serve with `whetstone serve` or Engine(...).app(), or "
@@ -111,9 +114,10 @@ class ChatPipeline:
             self.metrics.errors.inc(code="verify_failed")
             return {"error": verify_error(exc)}
 
-    def record(self, trace: Trace) -> None:
+    def record(self, trace_id: str, build: Callable[[], Trace]) -> None:
+        """Queue the trace ``build()`` makes, built off the loop (``TraceWriter.submit``)."""
         if self.traces is not None:
-            self.traces.put(trace)
+            self.traces.submit(trace_id, build)
 
     async def start(self) -> None:
         if self.traces is not None:

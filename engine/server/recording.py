@@ -1,7 +1,9 @@
-"""Traces of served exchanges, written off the response path.
+"""Traces of served exchanges, built and written off the response path and off the event loop.
 
 ``TraceWriter``: an asyncio queue drained by one background task that writes traces in
-batches in a worker thread; ``stop()`` drains it, so a shutdown loses no trace; ``label``
+batches in a worker thread; each trace is built and encoded (cut to the record cap) in a
+thread of its own as soon as it is queued, so neither a large request nor a slow disk holds
+the loop; ``stop()`` drains it, so a shutdown loses no trace; ``label``
 attaches feedback to a trace once its own write has landed, finding it through the store's
 index; on a server with API keys only the key an exchange was recorded for may label it.
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from whetstone.engine.errors import NotFound, WhetstoneError
 from whetstone.engine.server.guard import TRACE_HEADER
@@ -28,15 +32,20 @@ LABEL_WAIT_S = 10.0
 # cost (the store's file lock, its segment lookup, the index append) whatever the batch holds;
 # under load the writer thread spent ~0.5 ms of CPU a request writing batches of one or two.
 LINGER_S = 0.05
+# A queued trace: its id, its record being built (None if building failed), the event set
+# once its batch is written.
+_Queued = tuple[str, "asyncio.Future[Record | None]", asyncio.Event]
 
 
 class TraceWriter:
     """Stores traces from a queue with one background task, in batches, in a worker thread.
     A batch is what arrived within ``linger_s`` of its first trace (50 ms by default).
 
-    Memory stays bounded: a trace is queued as its stored record, already cut to the store's
-    record cap (``TraceStore.encode``), and nothing is cached after it is written; feedback
-    finds a trace through the store's index. ``stop()`` writes everything still queued.
+    ``submit(trace_id, build)`` queues a trace still to be built: one encoder thread builds
+    it and cuts it to the store's record cap (``TraceStore.encode``) at once, in the order
+    submitted, and the queue waits on that. Memory stays bounded: what waits for the disk is
+    the cut record, and nothing is cached after it is written; feedback finds a trace
+    through the store's index. ``stop()`` writes everything still queued.
     """
 
     def __init__(self, store: TraceStore, metrics: Metrics, linger_s: float = LINGER_S) -> None:
@@ -45,10 +54,11 @@ class TraceWriter:
         self.linger_s = linger_s
         # Each queued record with the event set once its batch is written; _unwritten maps an
         # id to the event of its latest queued copy, so feedback waits for that trace only.
-        self._queue: asyncio.Queue[tuple[Record, asyncio.Event] | None] | None = None
+        self._queue: asyncio.Queue[_Queued | None] | None = None
         self._unwritten: dict[str, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._encoder: ThreadPoolExecutor | None = None
 
     @property
     def pending(self) -> int:
@@ -59,21 +69,42 @@ class TraceWriter:
         if self._task is None:
             self._stopped = False
             self._queue = asyncio.Queue()
+            # One thread: records are built in the order they were submitted, and a burst of
+            # big requests costs one core, not all of them.
+            self._encoder = ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="whetstone-trace")
             self._task = asyncio.get_running_loop().create_task(self._run(),
                                                                 name="whetstone-trace-writer")
 
     def put(self, trace: Trace) -> None:
         """Queue ``trace`` for writing; returns at once (call it on the server's loop)."""
-        record = self.store.encode(trace)
+        self.submit(trace.id, lambda: trace)
+
+    def submit(self, trace_id: str, build: Callable[[], Trace]) -> None:
+        """Queue the trace ``build()`` makes (its id ``trace_id``) for writing; returns at
+        once (call it on the server's loop): the building, the encoding and the write all
+        happen in threads."""
         if self._stopped:
-            self._write([record])  # shutting down: write now rather than lose it
+            record = self._encode(trace_id, build)
+            if record is not None:
+                self._write([record])  # shutting down: write now rather than lose it
             return
         if self._task is None:
             self.start()
         assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        encoded = loop.run_in_executor(self._encoder, self._encode, trace_id, build)
         written = asyncio.Event()
-        self._unwritten[record.id] = written
-        self._queue.put_nowait((record, written))
+        self._unwritten[trace_id] = written
+        self._queue.put_nowait((trace_id, encoded, written))
+
+    def _encode(self, trace_id: str, build: Callable[[], Trace]) -> Record | None:
+        try:
+            return self.store.encode(build())
+        except Exception:  # a bug in building one trace must not stop the writer
+            self.metrics.trace_errors.inc()
+            log.exception("could not build trace %s", trace_id)
+            return None
 
     async def _run(self) -> None:
         assert self._queue is not None
@@ -85,18 +116,24 @@ class TraceWriter:
             while not queue.empty():
                 batch.append(queue.get_nowait())
             items = [item for item in batch if item is not None]
+            records: list[Record] = []
             try:
-                if items:
-                    await asyncio.to_thread(self._write, [r for r, _ in items])
+                records = [r for r in await asyncio.gather(*(f for _, f, _ in items)) if r]
+                if records:
+                    await asyncio.to_thread(self._write, records)
             finally:
-                for record, written in items:
-                    written.set()
-                    if self._unwritten.get(record.id) is written:
-                        del self._unwritten[record.id]
+                self._done(items)
                 for _ in batch:
                     queue.task_done()
             if len(items) < len(batch):
                 return  # the stop sentinel: everything before it is written
+
+    def _done(self, items: list[_Queued]) -> None:
+        """Wake whoever waits for these traces (``written``), written or not."""
+        for trace_id, _, written in items:
+            written.set()
+            if self._unwritten.get(trace_id) is written:
+                del self._unwritten[trace_id]
 
     def _write(self, records: list[Record]) -> None:
         try:
@@ -126,6 +163,9 @@ class TraceWriter:
             await self._task
         self._task = None
         self._stopped = True
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=False)
+            self._encoder = None
 
     async def written(self, trace_id: str, timeout: float | None = None) -> None:
         """Wait until the trace ``trace_id`` has left the queue (at once when it is not

@@ -4,7 +4,9 @@
 - ``POST /v1/chat/completions`` (JSON or SSE): admit (429 past the queue), adapt with the
   library, answer with the upstream, record the exchange after the reply is sent;
 - ``POST /v1/feedback``: label a recorded exchange;
-- ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics``.
+- ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /livez``
+  (liveness), ``GET /readyz`` (readiness: the upstream answers, ``probes.py``),
+  ``GET /metrics``.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
@@ -20,8 +22,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from whetstone.engine.backends.base import Backend
-from whetstone.engine.backends.openai_wire import ChatCall, completion_to_openai
-from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
+from whetstone.engine.backends.openai_wire import (
+    ChatCall,
+    completion_from_openai,
+    completion_to_openai,
+    request_to_openai,
+)
+from whetstone.engine.backends.redact import redact_spec
+from whetstone.engine.errors import BackendError, ConfigError, NotFound, WhetstoneError
 from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
 from whetstone.engine.server.exchange import chat_trace, check_feedback
 from whetstone.engine.server.guard import (
@@ -34,6 +42,7 @@ from whetstone.engine.server.guard import (
 from whetstone.engine.server.metrics import CONTENT_TYPE, Metrics
 from whetstone.engine.server.naming import public_spec, upstream_model_name
 from whetstone.engine.server.pipeline import ChatPipeline
+from whetstone.engine.server.probes import Readiness
 from whetstone.engine.server.recording import OWNER_KEY, TraceWriter
 from whetstone.engine.server.responses import (
     error_reply,
@@ -43,7 +52,13 @@ from whetstone.engine.server.responses import (
     request_id,
     whetstone_error_reply,
 )
-from whetstone.engine.server.service import ChatService, OpenStream, ServerSettings, error_message
+from whetstone.engine.server.service import (
+    ChatService,
+    OpenStream,
+    Relay,
+    ServerSettings,
+    error_message,
+)
 from whetstone.engine.types import Completion, Trace
 from whetstone.library_store.paths import shown
 from whetstone.library_store.trace_build import new_trace_id
@@ -68,6 +83,7 @@ class ServerState:
     adapter: ChatAdapter | None
     started_at: int
     api_keys: frozenset[str] = frozenset()
+    readiness: Readiness | None = None
 
 
 def _state(request: Request) -> ServerState:
@@ -116,7 +132,7 @@ async def chat_completions(request: Request) -> Response:
     try:
         call = state.service.parse(body)
         switches = ChatSwitches.from_body(body.get("whetstone"))
-        state.pipeline.check_verify(switches, call.stream)
+        state.pipeline.check_verify(switches, call.stream, call.request.n)
     except WhetstoneError as exc:
         return whetstone_error_reply(state.metrics, exc, headers)
     except Exception as exc:  # noqa: BLE001 - a validation bug: still a proper 500
@@ -133,6 +149,17 @@ async def chat_completions(request: Request) -> Response:
     finally:
         if not exchange.handed_off:  # a stream frees its queue place itself, when it ends
             state.service.release()
+
+
+def _first_choice(reply: Any, latency_s: float) -> Completion:
+    """The first choice of an upstream's ``chat.completion`` (what the trace keeps)."""
+    try:
+        if not isinstance(reply, dict) or not isinstance(reply.get("choices"), list):
+            raise TypeError("not a JSON object with a list of choices")
+        return completion_from_openai(reply, latency_s)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BackendError(f"the upstream's reply is not a chat completion ({exc})",
+                           hint="check that the upstream speaks the OpenAI chat API") from exc
 
 
 class _Exchange:
@@ -161,6 +188,8 @@ class _Exchange:
             self.headers[TRACE_HEADER] = self.trace_id
         if self.call.stream:
             return await self._stream()
+        if self.call.request.n > 1:
+            return await self._choices()
         try:
             completion = await state.service.complete(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
@@ -173,6 +202,25 @@ class _Exchange:
         return JSONResponse(body, headers=self.headers,
                             background=BackgroundTask(self._record_after, completion, None,
                                                       meta))
+
+    async def _choices(self) -> Response:
+        """``n`` > 1: the upstream decodes the choices (``parse`` allows it only for a
+        ``Relay``), its reply goes to the client under the served name, the trace keeps the
+        first choice."""
+        state, relay = self.state, self.state.backend
+        assert isinstance(relay, Relay)
+        body = request_to_openai(self.call.request, relay.model)
+        start = time.perf_counter()
+        try:
+            reply = await state.service.relay(
+                lambda left: relay.apost("/chat/completions", body, left), self.deadline)
+            completion = _first_choice(reply, time.perf_counter() - start)
+        except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
+            return self._failed(exc)
+        state.service.count_tokens(completion)
+        reply["model"] = self.model
+        return JSONResponse(reply, headers=self.headers, background=BackgroundTask(
+            self._record_after, completion, None, {"choices": len(reply["choices"])}))
 
     async def _stream(self) -> Response:
         state = self.state
@@ -194,14 +242,18 @@ class _Exchange:
 
     def _record(self, completion: Completion | None, failure: str | None, outcome: Any = None,
                 **meta: Any) -> None:
+        """Queue the exchange's trace; it is built, cut and written in the writer's threads
+        (a 16 MB request costs the loop nothing here)."""
         if self.trace_id is None or self.adapted is None:
             return
         if self.owner is not None:
             meta[OWNER_KEY] = self.owner
-        self.state.pipeline.record(chat_trace(
-            self.trace_id, self.adapted, model=self.state.backend.spec, started=self.started,
-            completion=completion, error=failure, outcome=outcome, request_id=self.request_id,
-            meta={"served_as": self.model, "stream": self.call.stream, **meta}))
+        adapted, ended = self.adapted, time.time()
+        info = {"served_as": self.model, "stream": self.call.stream, **meta}
+        self.state.pipeline.record(self.trace_id, lambda: chat_trace(
+            self.trace_id or "", adapted, model=self.state.backend.shown_spec,
+            started=self.started, ended=ended, completion=completion, error=failure,
+            outcome=outcome, request_id=self.request_id, meta=info))
 
     async def _record_after(self, completion: Completion | None, failure: str | None,
                             meta: dict[str, Any] | None = None) -> None:
@@ -304,7 +356,7 @@ async def health(request: Request) -> dict[str, Any]:
     state = _state(request)
     keyed = not state.api_keys or key_matches(request.headers.get("authorization"),
                                               state.api_keys)
-    spec = shown_spec(state.backend.spec, with_address=keyed and bool(state.api_keys))
+    spec = health_spec(state.backend.spec, with_address=keyed and bool(state.api_keys))
     out: dict[str, Any] = {"status": "ok", "model": state.settings.model_name, "backend": spec}
     if state.adapter is None and state.writer is None:
         return out
@@ -320,12 +372,12 @@ async def health(request: Request) -> dict[str, Any]:
     return out
 
 
-def shown_spec(spec: str, *, with_address: bool) -> str:
+def health_spec(spec: str, *, with_address: bool) -> str:
     """The upstream's spec as ``/health`` shows it: its kind and model name, a local model's
     folder or file by its name only (``hf:/srv/models/qwen`` -> ``hf:qwen``), and the
-    ``@<url>`` part only ``with_address``."""
+    ``@<url>`` part only ``with_address``, its credentials masked (``redact_spec``)."""
     public = public_spec(spec)
-    address = spec[len(public):] if with_address else ""
+    address = redact_spec(spec)[len(public):] if with_address else ""
     kind, sep, arg = public.partition(":")
     if sep and (arg.startswith(("/", "~", "./", "../", "\\")) or _DRIVE.match(arg)):
         public = f"{kind}:{upstream_model_name(spec)}"
@@ -338,6 +390,26 @@ def library_state(exc: WhetstoneError) -> str:
     if isinstance(exc, NotFound) or isinstance(exc.__cause__, FileNotFoundError):
         return "missing"
     return "unreadable"
+
+
+@router.get("/livez")
+async def livez() -> dict[str, str]:
+    """Liveness: the process answers HTTP. Nothing else is looked at (a probe's restart must
+    not follow a slow upstream)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=None)
+async def readyz(request: Request) -> Response:
+    """Readiness: 200 when a request would reach a model now, else 503 with the reason (the
+    upstream's state, never its address); checked at most every 2 s (``probes.py``)."""
+    state = _state(request)
+    readiness = state.readiness or Readiness(state.backend)
+    reason = await readiness.reason()
+    if reason is None:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503,
+                        headers={"Retry-After": "2"})
 
 
 @router.get("/metrics")

@@ -15,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from whetstone.engine.backends.base import Backend, StreamChunk
 from whetstone.engine.backends.openai_wire import (
@@ -41,6 +40,7 @@ from whetstone.engine.errors import (
     NotFound,
     WhetstoneError,
 )
+from whetstone.engine.server.limits import MAX_REQUEST_ITEMS, check_ranges, check_size
 from whetstone.engine.server.metrics import Metrics
 from whetstone.engine.types import Completion, Request
 from whetstone.library_store.paths import shown
@@ -54,8 +54,6 @@ _DEADLINE_GRACE_S = 1.0
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_DEADLINE_S = 300.0  # a whole request, queue wait included, unless configured
 DEFAULT_STREAM_IDLE_S = 120.0  # the longest silence within a stream
-MAX_TOKENS_LIMIT = 1_000_000  # more than any model's context; larger asks are typos or probes
-_SEED_LIMIT = 2 ** 63
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,7 @@ class ServerSettings:
     max_concurrency: int = 1  # backend calls in flight; the rest wait their turn
     max_queue: int | None = None  # requests waiting for a slot; past it: 429 (None: no limit)
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
+    max_request_items: int = MAX_REQUEST_ITEMS  # limits.check_size
 
     @property
     def served(self) -> tuple[str, ...]:
@@ -81,6 +80,23 @@ class ServerSettings:
     def deadline_s(self) -> float:
         """Seconds a request may take in all."""
         return self.request_timeout_s or DEFAULT_DEADLINE_S
+
+
+@runtime_checkable
+class Relay(Protocol):
+    """A backend that can post any OpenAI route to its upstream (``OpenAICompatBackend``):
+    the passed-through routes, and chat with ``n`` > 1 (the upstream decodes the choices)."""
+
+    model: str
+
+    async def apost(self, path: str, body: Mapping[str, Any], timeout: float | None = None
+                    ) -> Any: ...
+
+    async def apost_stream(self, path: str, body: Mapping[str, Any],
+                           timeout: float | None = None) -> AsyncIterator[bytes]: ...
+
+
+MAX_N = 128  # OpenAI's own bound on n (limits.INTEGER_FIELDS)
 
 
 class DeadlineExceeded(BackendTimeout):
@@ -110,93 +126,6 @@ def _as_upstream_error(exc: Exception) -> Exception:
         return exc
     return BackendError(f"the upstream sent a reply that could not be read: "
                         f"{type(exc).__name__}: {exc}", hint="check the upstream server")
-
-
-def _flag(body: Mapping[str, Any], key: str) -> None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"'{key}' must be true or false, got {shown(repr(value), 40)}")
-
-
-# Every integer field a client may send (chat, completions, embeddings), with its range. A
-# JSON float is refused even when it is whole (5.0, 1e300): it is not an integer on the wire,
-# and int(1e300) is a 301-digit token count.
-INTEGER_FIELDS: dict[str, tuple[int, int]] = {
-    "max_tokens": (1, MAX_TOKENS_LIMIT),
-    "max_completion_tokens": (1, MAX_TOKENS_LIMIT),
-    "n": (1, 128),  # OpenAI's own bound; chat here answers one choice (request_from_openai)
-    "best_of": (1, 128),  # /v1/completions
-    "top_logprobs": (0, 20),
-    "seed": (-_SEED_LIMIT, _SEED_LIMIT - 1),
-    "dimensions": (1, 65_536),  # /v1/embeddings
-}
-# Number fields (an integer or a float), with their ranges: the passed-through routes send
-# them upstream unread, so they are checked here for every route.
-NUMBER_FIELDS: dict[str, tuple[float, float]] = {
-    "temperature": (0.0, 2.0),
-    "top_p": (0.0, 1.0),
-    "frequency_penalty": (-2.0, 2.0),
-    "presence_penalty": (-2.0, 2.0),
-}
-
-
-def _shown_number(value: Any) -> str:
-    if isinstance(value, int) and abs(value) >= 10 ** 30:
-        return f"a {len(str(abs(value)))}-digit number"
-    return shown(repr(value), 40)
-
-
-def _check_integer(key: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi:
-        return
-    raise ConfigError(f"'{key}' must be an integer between {lo} and {hi}, got "
-                      f"{_shown_number(value)}",
-                      hint='send a JSON integer: 5, not 5.0, "5" or true')
-
-
-def _check_number(key: str, value: Any, lo: float, hi: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"'{key}' must be a number, got {_shown_number(value)}")
-    # json.loads takes NaN and Infinity, and NaN passes every comparison below.
-    if not math.isfinite(value):
-        raise ConfigError(f"'{key}' must be a finite number, got {value!r}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"'{key}' must be between {lo!r} and {hi!r}, got "
-                          f"{_shown_number(value)}")
-
-
-def check_ranges(body: Any, route: str = "/chat/completions") -> None:
-    """What the wire format leaves open: flags are booleans, every integer field
-    (``INTEGER_FIELDS``) is a JSON integer within its range, every number field
-    (``NUMBER_FIELDS``) a finite number within its range. A ``max_tokens`` of 10**100 or
-    1e300 is refused here, never forwarded. A field that is absent or null is left out.
-    ``logprobs`` depends on the ``route``: a flag for chat, but on the legacy
-    ``/completions`` the number of log probabilities per token (lm-eval sends 1), or false."""
-    if not isinstance(body, Mapping):
-        return  # request_from_openai says what is wrong
-    _flag(body, "stream")
-    logprobs = body.get("logprobs")
-    if route == "/completions" and logprobs is not None and logprobs is not False:
-        # 0..20: OpenAI's own limit is 5, vLLM's default max_logprobs 20; the upstream
-        # answers past its own.
-        _check_integer("logprobs", logprobs, 0, 20)
-    else:
-        _flag(body, "logprobs")
-    options = body.get("stream_options")
-    if isinstance(options, Mapping):
-        _flag(options, "include_usage")
-    for key, (lo, hi) in INTEGER_FIELDS.items():
-        if body.get(key) is not None:
-            _check_integer(key, body[key], lo, hi)
-    for key, (flo, fhi) in NUMBER_FIELDS.items():
-        if body.get(key) is not None:
-            _check_number(key, body[key], flo, fhi)
-    bias = body.get("logit_bias")
-    if bias is not None:
-        if not isinstance(bias, Mapping):
-            raise ConfigError("'logit_bias' must be an object of token id -> bias")
-        for token, value in bias.items():
-            _check_number(f"logit_bias[{shown(str(token), 20)}]", value, -100.0, 100.0)
 
 
 # Upstream refusals that are not the client's to fix: the upstream refused Whetstone's own key
@@ -401,10 +330,19 @@ class ChatService:
         self.admitted -= 1
 
     def parse(self, body: Any) -> ChatCall:
-        """Validate a request body; raises ``ConfigError`` (400) or ``NotFound`` (404)."""
+        """Validate a request body; raises ``ConfigError`` (400) or ``NotFound`` (404). ``n``
+        above 1 only where the upstream decodes it (a ``Relay``), never in a stream (the
+        events here carry one choice)."""
+        check_size(body, self.settings.max_request_items)
         check_ranges(body)
+        relays = isinstance(self.backend, Relay)
         call = request_from_openai(body, default_max_tokens=self.settings.default_max_tokens,
-                                   timeout=self.settings.request_timeout_s)
+                                   timeout=self.settings.request_timeout_s,
+                                   max_n=MAX_N if relays else 1)
+        if call.stream and call.request.n > 1:
+            raise ConfigError(f"'n' = {call.request.n} needs stream: false here (a stream "
+                              "from this server carries one choice)",
+                              hint="send stream: false to get the n choices in one reply")
         if call.model is not None and call.model not in self.settings.served:
             raise NotFound(f"the model {shown(call.model, 80)!r} is not served here",
                            hint="available: " + ", ".join(self.settings.served))
@@ -439,10 +377,10 @@ class ChatService:
         deadline = self.deadline() if deadline is None else deadline
         completion = await self.relay(
             lambda _left: self.backend.acomplete(self._timed(call.request, deadline)), deadline)
-        self._count_tokens(completion)
+        self.count_tokens(completion)
         return completion
 
-    def _count_tokens(self, completion: Completion) -> None:
+    def count_tokens(self, completion: Completion) -> None:
         self.metrics.tokens.inc(completion.prompt_tokens, kind="prompt")
         self.metrics.tokens.inc(completion.completion_tokens, kind="completion")
 
@@ -546,7 +484,7 @@ class ChatService:
                 if last is None:
                     raise BackendError("the backend's stream ended without a completion",
                                        hint="a backend's stream() must end with the Completion")
-                self._count_tokens(last)
+                self.count_tokens(last)
                 if last.tool_calls:
                     calls = [{"index": i, **c}
                              for i, c in enumerate(tool_calls_to_openai(last.tool_calls))]
