@@ -90,7 +90,7 @@ def direct_solver(backend: Backend, *, model: str | None = None,
         version = meta.pop("library_version", None) or library_version
         return make_trace("direct", task=task.prompt, steps=steps, answer=c.text,
                           outcome="answered", library_version=version,
-                          model=model or backend.spec, started=started, ended=time.time(),
+                          model=model or backend.shown_spec, started=started, ended=time.time(),
                           total_tokens=c.total_tokens, meta={"solver": "direct", **meta})
 
     return solve
