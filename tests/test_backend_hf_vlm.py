@@ -152,7 +152,7 @@ def test_an_easy_vqa_task_runs_end_to_end_through_the_agent(tmp_path: Path) -> N
     messages = [{"role": "user", "content": [{"type": "image", "image": image},
                                              {"type": "text", "text": question}]}]
     config = RunConfig(max_steps=3, max_tokens_per_call=24)  # noise: keep each call short
-    engine = Engine(model=f"hf:{folder}", library=tmp_path / "lib", checkpointing=False,
+    engine = Engine(model=f"hf:{folder}", library=tmp_path / "lib", create=True, checkpointing=False,
                     config=config)
     try:
         assert engine.backend.capabilities.vision

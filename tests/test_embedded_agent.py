@@ -30,7 +30,7 @@ def calculator_calls(trace: Trace) -> list[Any]:
 
 def test_embedded_agent_calls_the_calculator_and_answers_391(embedded_backend: Any,
                                                              tmp_path: Path) -> None:
-    engine = Engine(embedded_backend, library=tmp_path / "lib", checkpointing=False)
+    engine = Engine(embedded_backend, library=tmp_path / "lib", create=True, checkpointing=False)
     trace = engine.run(TASK)
     calls = calculator_calls(trace)
     assert calls, [s.to_dict() for s in trace.steps]
@@ -45,7 +45,7 @@ def test_full_agent_run_through_whetstone_serve_with_the_openai_backend(
     with Servers() as servers:
         url = servers.start(create_app(embedded_backend, model_name="embedded"))
         remote = get_backend(f"openai:embedded@{url}", BackendOptions(timeout_s=600))
-        engine = Engine(remote, library=tmp_path / "lib", checkpointing=False)
+        engine = Engine(remote, library=tmp_path / "lib", create=True, checkpointing=False)
         trace = engine.run(TASK)
     calls = calculator_calls(trace)
     assert calls and calls[0].output["observation"] == "391"  # tool calls passed through

@@ -148,7 +148,7 @@ def test_a_named_tool_call_passes_through(front: dict[str, Any], stream: bool) -
 
 
 def test_an_eval_through_the_server_scores_every_task(spec: str, tmp_path: Path) -> None:
-    engine = Engine(get_backend(spec), library=tmp_path / "lib", checkpointing=False,
+    engine = Engine(get_backend(spec), library=tmp_path / "lib", create=True, checkpointing=False,
                     solver="direct")
     try:
         report = evaluate(load_tasks("gsm8k@dev:0:3"), engine.solver(), store=engine.traces)
@@ -163,7 +163,7 @@ def test_the_agent_answers_through_the_calculator(spec: str, tmp_path: Path) -> 
     """Issue 27: through llama.cpp's server (no function-calling chat format) the model wrote
     its call as an object in a python fence; it ran as a program and the echoed object was
     the answer. ``whetstone run "Use the calculator: what is 17 * 23?"``, as the CLI runs it."""
-    engine = Engine(get_backend(spec), library=tmp_path / "lib", checkpointing=False)
+    engine = Engine(get_backend(spec), library=tmp_path / "lib", create=True, checkpointing=False)
     try:
         trace = engine.run("Use the calculator: what is 17 * 23?")
     finally:
