@@ -84,18 +84,25 @@ def _skeleton(data: dict[str, Any], limit: int) -> dict[str, Any]:
 
 
 def encode_trace(trace: Trace, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Record:
-    """``trace`` as one JSON line of at most ``max_bytes`` bytes of UTF-8.
+    """``trace`` as one JSON line of at most ``max_bytes`` bytes of UTF-8."""
+    return encode_dict(trace.to_dict(), max_bytes)
+
+
+def encode_dict(data: dict[str, Any], max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Record:
+    """A trace already as its dict (``Trace.to_dict``, perhaps with its images swapped for
+    references) as one JSON line of at most ``max_bytes`` bytes of UTF-8; ``data`` is not
+    changed.
 
     Strings are cut before anything is serialised, so a 15 MB message costs one hash and a
     slice, not a 15 MB dump."""
     max_bytes = max(MIN_MAX_RECORD_BYTES, int(max_bytes))
-    data = trace.to_dict()
+    trace_id, started = data["id"], data["started"]
     limit = max_bytes // 2  # characters; JSON escapes and UTF-8 may make each several bytes
     while True:
         capped, cut = _cap_record(data, limit)
         line = _dumps(capped)
         if _size(line) <= max_bytes:
-            return Record(trace.id, trace.started, line, cut)
+            return Record(trace_id, started, line, cut)
         if limit <= _SMALLEST_CUT:
             break
         limit = max(_SMALLEST_CUT, limit // 4)
@@ -107,4 +114,4 @@ def encode_trace(trace: Trace, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Rec
                                    "meta": {"record_truncated": "steps dropped to fit the "
                                                                 "record cap"}},
                                   _SMALLEST_CUT)[0])
-    return Record(trace.id, trace.started, line, True)
+    return Record(trace_id, started, line, True)

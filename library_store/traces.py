@@ -7,8 +7,9 @@ record is capped in size (``trace_records``), and retention (by age and by total
 whole files, oldest first, so nothing is ever rewritten in place. Lookups by id use an index
 (``trace_index``).
 
-``TraceStore.append`` is the one writer: every host (the agent's ``finish``, eval, chat, the
-server's batches through ``append_records``, MCP, ``Engine.verify``) stores a trace through it,
+``TraceStore.append`` is the one writer: every host (an agent run through its
+``TraceRecorder``, eval, chat, the server's batches through ``append_records``, MCP,
+``Engine.verify``) stores a trace through it,
 and only ``_write_segment`` opens a trace file for writing. Traces are built by
 ``trace_build.make_trace``, the one builder.
 """
@@ -35,7 +36,7 @@ from whetstone.library_store.images import ImageStore
 from whetstone.library_store.paths import shown
 from whetstone.library_store.trace_build import TRACE_KINDS, trace_kind
 from whetstone.library_store.trace_index import TraceIndex
-from whetstone.library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_trace
+from whetstone.library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_dict
 
 log = logging.getLogger("whetstone.traces")
 
@@ -211,12 +212,9 @@ class TraceStore:
 
     def encode(self, trace: Trace) -> Record:
         """``trace`` as the bounded line it is stored as (cheap to keep in a queue); inline
-        images go to the image store first and the line keeps their references."""
-        data = trace.to_dict()
-        external = self.images.externalize(data)
-        if external != data:
-            trace = Trace.from_dict(external)
-        return encode_trace(trace, self._record_cap())
+        images go to the image store first and the line keeps their references. The trace
+        becomes a dict once: the images are swapped on that dict, which is what is written."""
+        return encode_dict(self.images.externalize(trace.to_dict()), self._record_cap())
 
     def _record_cap(self) -> int:
         cap = self.max_record_bytes

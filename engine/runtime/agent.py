@@ -45,6 +45,37 @@ class RunFinished:
 AgentEvent = StepEvent | RunFinished
 
 
+@dataclass(frozen=True)
+class TraceRecorder:
+    """The one writer of a run's trace: its ``running`` record when it starts, then its final
+    record (built once from the graph's final state) or the record of a stop (interrupted, an
+    error). The graph's nodes write nothing; each record goes to ``store`` in one ``append``."""
+
+    store: TraceStore | None
+
+    def started(self, state: Mapping[str, Any], ctx: AgentContext) -> None:
+        """The ``running`` record: a killed run leaves it behind."""
+        if self.store is not None:
+            self.store.append(build_trace(state, ctx, outcome="running"))
+
+    def finished(self, values: Mapping[str, Any], ctx: AgentContext) -> Trace:
+        """The final trace of a run the finish node settled; stored, and returned as is."""
+        trace = build_trace(values, ctx)
+        if self.store is not None:
+            self.store.append(trace)
+        return trace
+
+    def stopped(self, values: Mapping[str, Any], ctx: AgentContext, outcome: str,
+                reason: str, *, error: str | None = None) -> None:
+        """The record of a run stopped before it finished (its last state, ended now)."""
+        if self.store is None or "trace_id" not in values:
+            return
+        meta = {**dict(values.get("meta") or {}), "reason": reason,
+                **({"error": error} if error else {})}
+        self.store.append(build_trace(values, ctx, outcome=outcome, meta=meta,
+                                      ended=time.time()))
+
+
 class Agent:
     """A ReAct agent over a frozen backend, with plugins contributing guidance and nodes."""
 
@@ -64,11 +95,12 @@ class Agent:
         self.config = config or RunConfig()
         self.plugins = tuple(plugins)
         self.trace_store = trace_store
+        self.recorder = TraceRecorder(trace_store)
         self.checkpoints = checkpoints
         toolbox, plugin_tools = self._toolbox()
         self.context = AgentContext(
             backend=backend, toolbox=toolbox, config=self.config, plugin_tools=plugin_tools,
-            plugins=self.plugins, trace_store=trace_store, library_version=library_version,
+            plugins=self.plugins, library_version=library_version,
         )
         call: ModelCall = backend.complete
         for p in self.plugins:
@@ -131,8 +163,7 @@ class Agent:
                      "budgets": {"max_steps": ctx.config.max_steps,
                                  "max_total_tokens": ctx.config.max_total_tokens}},
         }
-        if self.trace_store is not None:
-            self.trace_store.append(build_trace(state, ctx, outcome="running"))
+        self.recorder.started(state, ctx)
         if self.checkpoints is not None:
             self.checkpoints.prune(now)
             self.checkpoints.started(tid, now)
@@ -186,29 +217,26 @@ class Agent:
                     yield StepEvent(Step.from_dict(s))
                 seen = len(steps)
         except KeyboardInterrupt:
-            self._record_stop(last_values, ctx, "interrupted", "interrupted by the user")
+            self.recorder.stopped(last_values, ctx, "interrupted", "interrupted by the user")
             raise
         except GeneratorExit:
             # The consumer stopped reading (Ctrl-C landed in its code, or it broke out of the
             # loop) before the run finished: the run is interrupted, and resumable.
-            self._record_stop(last_values, ctx, "interrupted", "interrupted by the caller")
+            self.recorder.stopped(last_values, ctx, "interrupted", "interrupted by the caller")
             raise
         except WhetstoneError as exc:
-            self._record_stop(last_values, ctx, "error", exc.message, error=error_text(exc))
+            self.recorder.stopped(last_values, ctx, "error", exc.message, error=error_text(exc))
             raise
-        trace = Trace.from_dict(last_values["trace"])
+        if last_values.get("ended") is None:
+            raise WhetstoneError(f"run {tid} ended without its finish node",
+                                 hint="the graph must end in its finish node; report this "
+                                      "with the methods the run had")
+        # Written before the checkpoint is marked finished: a kill in between leaves a
+        # resumable run that writes this record when resumed.
+        trace = self.recorder.finished(last_values, ctx)
         if self.checkpoints is not None:
             self.checkpoints.finished(tid)
         yield RunFinished(trace)
-
-    def _record_stop(self, values: Mapping[str, Any], ctx: AgentContext, outcome: str,
-                     reason: str, *, error: str | None = None) -> None:
-        if self.trace_store is None or "trace_id" not in values:
-            return
-        meta = {**dict(values.get("meta") or {}), "reason": reason,
-                **({"error": error} if error else {})}
-        self.trace_store.append(build_trace(values, ctx, outcome=outcome, meta=meta,
-                                            ended=time.time()))
 
     def close(self) -> None:
         if self.checkpoints is not None:

@@ -376,7 +376,9 @@ def _earlier_results(state: AgentState) -> dict[str, tuple[str, bool]]:
 
 
 def finish(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
-    """Settle the outcome, collect plugin facts, build the trace and store it."""
+    """Settle the outcome, the reason and the meta (the plugins' facts, the error) and the
+    end time. It writes nothing: ``Agent`` builds the final trace from the state this leaves
+    (``build_trace``) and is the run's one writer."""
     outcome = state.get("outcome") or ("answered" if state.get("answer") is not None else "error")
     reason = state.get("reason") or ("answered" if outcome == "answered" else "no answer")
     meta = dict(state.get("meta") or {})
@@ -389,18 +391,20 @@ def finish(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             meta[plugin.name] = {**meta.get(plugin.name, {}), **dict(extra)}
     finish_step = _step("finish", "finish", output={"outcome": outcome, "reason": reason},
                         route="end")
-    with_finish = {**state, "steps": [*(state.get("steps") or []), finish_step]}
-    trace = build_trace(with_finish, ctx, outcome=outcome, meta=meta, ended=time.time())
-    if ctx.trace_store is not None:
-        ctx.trace_store.append(trace)
-    return {"outcome": outcome, "reason": reason, "trace": trace.to_dict(),
+    return {"outcome": outcome, "reason": reason, "meta": meta, "ended": time.time(),
             "steps": [finish_step]}
 
 
-def build_trace(state: Mapping[str, Any], ctx: AgentContext, *, outcome: str,
+def build_trace(state: Mapping[str, Any], ctx: AgentContext, *, outcome: str | None = None,
                 meta: Mapping[str, Any] | None = None, ended: float | None = None) -> Trace:
-    """The ``agent`` trace of the graph state (also for interrupted and running runs), built
-    by ``whetstone.library_store.trace_build.make_trace`` with the id the run was started with."""
+    """The ``agent`` trace of the graph state, built by
+    ``whetstone.library_store.trace_build.make_trace`` with the id the run was started with.
+
+    With no arguments it is the final trace of a finished run (the outcome, meta and end time
+    ``finish`` settled); a running or stopped run passes its own ``outcome`` (and ``meta``,
+    ``ended``)."""
+    if outcome is None:  # the finished run
+        outcome, ended = state["outcome"], state.get("ended")
     return make_trace(
         "agent",
         trace_id=state["trace_id"],

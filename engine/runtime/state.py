@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from whetstone.engine.backends.base import Backend
     from whetstone.engine.runtime.plugins import ModelCall, Plugin
     from whetstone.engine.types import Completion, Request
-    from whetstone.library_store.traces import TraceStore
     from whetstone.tools.base import Toolbox
 
 
@@ -56,7 +55,7 @@ class AgentState(TypedDict, total=False):
     tokens: int
     started: float
     meta: dict[str, Any]
-    trace: dict[str, Any]  # the final trace, written by the finish node
+    ended: float  # when ``finish`` settled the run (the final trace is built from the state)
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,6 @@ class AgentContext:
     toolbox: Toolbox
     config: RunConfig = field(default_factory=RunConfig)
     plugins: Sequence[Plugin] = ()
-    trace_store: TraceStore | None = None
     library_version: str | None = None
     # When this invocation's wall clock started; a resumed run gets a fresh clock.
     clock_start: float = field(default_factory=time.time)
