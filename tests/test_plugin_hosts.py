@@ -183,3 +183,12 @@ def test_a_method_that_needs_a_library_says_so() -> None:
     with pytest.raises(ConfigError, match="the memory method needs a library") as err:
         MethodEnv().require_library("memory")
     assert "Engine" in (err.value.hint or "")
+
+
+def test_a_plugin_written_for_the_old_hooks_is_refused_with_what_replaced_them() -> None:
+    with pytest.raises(TypeError, match=r"Old defines wrap_model.*declare wraps = \('model_call',\)"):
+        class Old(Plugin):
+            name = "old"
+
+            def wrap_model(self, call: Any, backend: Any) -> Any:
+                return call

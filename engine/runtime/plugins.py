@@ -199,6 +199,17 @@ def check_host(name: str, plugin_class: type[Plugin], host: str) -> None:
              "solver apply the methods that only add guidance to the system message")
 
 
+# Hooks of earlier releases, and what replaced them.
+_RETIRED = {
+    "before_think": "return [Node('decide', fn)] from nodes() and declare stages = ('decide',)",
+    "verify": "return [Node('answer', fn)] from nodes() and declare stages = ('answer',)",
+    "wrap_model": "implement wrap(point, call, backend) and declare wraps = ('model_call',)",
+    "wrap_solver": "implement wrap(point, solve, backend) and declare wraps = ('solve',)",
+    "run_tools": "return ToolOffer(names) from offer(shown)",
+    "required_tools": "return ToolOffer(names, required) from offer(shown)",
+}
+
+
 class Plugin:
     """Base for runtime methods. ``name`` keys its meta in the trace.
 
@@ -222,6 +233,13 @@ class Plugin:
     config: Any = None
     stages: ClassVar[tuple[str, ...]] = ()  # the STAGES ``nodes`` adds to
     wraps: ClassVar[tuple[str, ...]] = ()  # the WRAP_POINTS ``wrap`` wraps
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        old = sorted(set(vars(cls)) & set(_RETIRED))
+        if old:  # a method written for the old hooks would otherwise be silently ignored
+            raise TypeError(f"{cls.__name__} defines {', '.join(old)}, which are no longer "
+                            "Plugin hooks: " + "; ".join(_RETIRED[n] for n in old))
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> Plugin:
