@@ -34,10 +34,11 @@ class WhetstoneGroup(click.Group):
         # Once per invocation (the methods installed may change between two in one process).
         found = ctx.meta.get("whetstone.method_commands")
         if found is None:
+            from whetstone.engine.commands.kit import Kit
             from whetstone.engine.methods.registry import default_registry
 
             registry = ctx.meta.setdefault("whetstone.methods", default_registry())
-            found = {c.name: c for c in registry.commands()
+            found = {c.name: c for c in registry.commands(Kit())
                      if c.name and c.name not in self.commands}
             ctx.meta["whetstone.method_commands"] = found
         return found

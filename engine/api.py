@@ -30,7 +30,7 @@ from whetstone.engine.runtime.plugins import (
     Verification,
     VerifyEnv,
     check_host,
-    wrap_solvers,
+    wrap_calls,
 )
 from whetstone.engine.runtime.skills_plugin import SkillsPlugin
 from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
@@ -168,7 +168,7 @@ class Engine:
 
     def _host_plugins(self, host: str, snapshot: Snapshot | None = None
                       ) -> tuple[list[Plugin], list[Any]]:
-        """The runtime methods ``host`` (``HOST_HOOKS``: agent, direct, chat) runs, the
+        """The runtime methods ``host`` (``HOST_FEATURES``: agent, direct, chat) runs, the
         library's skills first, and the retrieval indexes that opened; ``ConfigError`` for a
         method with a hook the host cannot run (``check_host``), never a silent drop. The
         agent retrieves skills with ``read_skill`` (``SkillsPlugin``); the one-call hosts
@@ -254,17 +254,17 @@ class Engine:
         n, ordered = auto_concurrency(self.backend), self.backend.capabilities.ordered
         if check_solver(kind or self.solver_kind) == "agent":
             agent = self.build_agent(snapshot=snapshot, store_traces=False)
-            return with_concurrency(wrap_solvers(agent_solver(agent), agent.plugins), n,
-                                    ordered=ordered)
+            return with_concurrency(wrap_calls("solve", agent_solver(agent), agent.plugins,
+                                               self.backend), n, ordered=ordered)
         snap = snapshot or self.pinned_snapshot()
         plugins, resources = self._host_plugins("direct", snap)
         self._resources += resources
         version = snap.id if snap is not None else None
-        return with_concurrency(wrap_solvers(direct_solver(
+        return with_concurrency(wrap_calls("solve", direct_solver(
             self.backend, model=self.backend.shown_spec, library_version=version, plugins=plugins,
             guidance_budget_tokens=self.config.guidance_budget_tokens,
             max_tokens=self.config.max_tokens_per_call, temperature=self.config.temperature),
-            plugins), n, ordered=ordered)
+            plugins, self.backend), n, ordered=ordered)
 
     def run(self, task: str, **kwargs: Any) -> Trace:
         """Run the agent on ``task`` and return its (stored) trace."""

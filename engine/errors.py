@@ -1,8 +1,9 @@
 """The error hierarchy. Every message says what went wrong and what to do next.
 
 This module imports nothing of ours. The CLI maps each class to an exit code (``exit_code``);
-the codes that are not errors are the ``EXIT_*`` constants below. docs/cli.md has the table
-(tests/test_docs_cli.py holds it and this module to each other).
+the codes that are not errors are the ``EXIT_*`` constants below, and those a method's own
+commands exit with (``MethodSpec.exit_codes``). docs/cli.md has the table
+(tests/test_docs_cli.py holds it, this module and the methods to each other).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 # Exit codes of outcomes that are not a WhetstoneError.
 EXIT_OK = 0
 EXIT_NO_ANSWER = 8  # `run`: the agent stopped without an answer (horizon, budget, time)
-EXIT_FLAGGED = 9  # `verify`: the answer is flagged as a hallucination
 EXIT_PARTIAL = 11  # the command did its work, minus some items it reported (`library import`)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 

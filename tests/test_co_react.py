@@ -335,7 +335,8 @@ def test_cli_runs_co_react_with_a_rubric_model_and_records_it(tmp_path: Path) ->
 def test_rubric_model_without_co_react_is_a_usage_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["run", "x", "--model", "scripted:", "--rubric-model",
                                    "scripted:", "--library", str(tmp_path / "lib")])
-    assert res.exit_code == 2 and "no method --methods lists has one" in res.output
+    assert res.exit_code == 2 and "--rubric-model sets co_react.rubric_model, but " \
+        "--methods does not list co_react" in res.output
     assert "add --methods co_react" in res.output
 
 

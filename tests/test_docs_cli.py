@@ -67,12 +67,20 @@ def exit_constants() -> dict[str, int]:
     return {n: v for n, v in vars(errors).items() if n.startswith("EXIT_")}
 
 
+def method_exit_codes() -> dict[int, tuple[str, str]]:
+    """Code -> (method, when) for the codes the installed methods' commands exit with."""
+    from whetstone.engine.methods.registry import default_registry
+
+    return default_registry().exit_codes()
+
+
 def cli_exit_codes() -> set[int]:
     """Codes passed to sys.exit / SystemExit / ctx.exit in cli.py and engine/commands,
     evaluated in their module (both branches of an ``a if c else b``); ``exc.exit_code``
     style arguments (an error's own code) are covered by the class check."""
     out: set[int] = set()
-    files = [REPO / "cli.py", *sorted((REPO / "engine" / "commands").glob("*.py"))]
+    files = [REPO / "cli.py", *sorted((REPO / "engine" / "commands").glob("*.py")),
+             *sorted((REPO / "engine" / "methods").glob("*/commands.py"))]
     for path in files:
         module = importlib.import_module(
             ".".join(path.relative_to(REPO).with_suffix("").parts))
@@ -113,10 +121,16 @@ def test_every_exit_constant_and_every_code_a_command_exits_with_is_documented()
     for name, code in exit_constants().items():
         assert code in rows, f"{name} = {code} is missing from docs/cli.md"
         assert code == 0 or f"`{name}`" in rows[code], f"row {code} does not name {name}"
+    methods = method_exit_codes()
+    core = set(error_classes().values()) | set(exit_constants().values())
+    for code, (method, _) in methods.items():
+        assert code not in core, f"{method} claims exit code {code}, which the core uses"
+        assert code in rows and f"`{method}`" in rows[code], \
+            f"{method}'s exit code {code} is missing from docs/cli.md or does not name it"
     used = cli_exit_codes()
     assert {errors.EXIT_PARTIAL, errors.EXIT_NO_ANSWER, errors.LibraryError.exit_code} <= used
     assert used <= set(rows), f"undocumented exit codes: {sorted(used - set(rows))}"
-    known = set(error_classes().values()) | set(exit_constants().values()) | used
+    known = core | set(methods) | used
     assert set(rows) <= known, f"documented codes nothing exits with: {set(rows) - known}"
 
 

@@ -269,12 +269,16 @@ async def test_async_calls_and_streams_are_recorded(library: Library) -> None:
 
 
 @pytest.mark.parametrize(("method", "hooks"), [
-    ("co_react", "before_think, wrap_model"), ("march", "verify"),
-    ("horizon", "adjust_config"), ("self_consistency", "wrap_solver, adjust_config"),
+    ("co_react", ("a node before every model decision, a wrapper around one model call of "
+                  "the think node")),
+    ("march", "a node on the answer, before the run finishes"),
+    ("horizon", r"per-task budgets \(adjust_config\)"),
+    ("self_consistency", (r"a wrapper around solving one whole task in an evaluation, "
+                          r"per-task budgets \(adjust_config\)")),
 ])
 def test_a_method_that_needs_the_agent_loop_is_refused_not_dropped(
         library: Library, method: str, hooks: str) -> None:
-    with pytest.raises(ConfigError, match=f"its {hooks} act") as err:
+    with pytest.raises(ConfigError, match=f"chat mode.*: {hooks} act") as err:
         WhetstoneChatModel(inner=fake([], Seen()), library=library.root, methods=[method])
     assert "agent" in err.value.hint
     engine = Engine(LangChainBackend(fake([], Seen())), library=library.root,

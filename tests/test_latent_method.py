@@ -155,7 +155,7 @@ def test_calls_pass_through_and_failures_keep_the_answer(tiny: Callable[[], HFBa
     replies = iter([Completion(text="", tool_calls=(call,), finish_reason="tool_calls"),
                     Completion(text="```python\nprint(2*3)\n```", finish_reason="stop"),
                     Completion(text="w5 w6", finish_reason="stop")])
-    wrapped = plugin.wrap_model(lambda request: next(replies), backend)
+    wrapped = plugin.wrap("model_call", lambda request: next(replies), backend)
     request = Request(messages=(Message("user", TASK),), max_tokens=8,
                       stop=(CODE_OUTPUT_STOP,))
     first, second = wrapped(request), wrapped(request)

@@ -17,8 +17,9 @@ from click.testing import CliRunner
 from servers import Servers
 
 from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.kit import Kit
 from whetstone.engine.errors import EmptyCorpus, ParseError
-from whetstone.engine.methods.march.commands import EXIT_FLAGGED, verify
+from whetstone.engine.methods.march.commands import EXIT_FLAGGED, commands
 from whetstone.engine.methods.march.format import (
     CheckLine,
     answers_agree,
@@ -344,6 +345,7 @@ def run_verify(*args: str, replies: list[Any], tmp_path: Path) -> Any:
     script = tmp_path / "replies.json"
     script.write_text(json.dumps(replies))
     (tmp_path / "lib").mkdir(exist_ok=True)  # an empty folder: the library is made there
+    (verify,) = commands(Kit())
     return CliRunner().invoke(verify, [*args, "--model", f"scripted:{script}", "--library",
                                        str(tmp_path / "lib")], catch_exceptions=False)
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from whetstone.cli import cli
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.commands.kit import Kit
 from whetstone.engine.errors import ConfigError, ValidationError, WhetstoneError
 from whetstone.engine.methods.registry import (
     BUILTIN_METHODS,
@@ -113,7 +114,7 @@ def test_one_registry_line_adds_a_method_and_two_owners_of_a_folder_are_refused(
     spec = load_spec("whetstone_glossary")
     registry = MethodRegistry(specs=(spec,))  # the one line a built-in method adds
     assert registry.names("evolver") == ["glossary"]
-    assert [c.name for c in registry.commands()] == ["glossary"]
+    assert [c.name for c in registry.commands(Kit())] == ["glossary"]
     registry.add(MethodSpec("other", roots=(LibraryRoot("glossary", "also mine"),)))
     with pytest.raises(ConfigError, match="claimed by both glossary and other"):
         registry.roots()

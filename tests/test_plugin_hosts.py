@@ -14,14 +14,15 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.evaluation.tasks import TaskRecord
+from whetstone.engine.runtime.graph import build_graph
 from whetstone.engine.runtime.plugins import (
-    HOST_HOOKS,
+    HOST_FEATURES,
     Guidance,
     MethodEnv,
-    NodeFn,
+    Node,
     Plugin,
     check_host,
-    unhonoured_hooks,
+    unhonoured_features,
 )
 from whetstone.engine.runtime.state import AgentContext, AgentState
 from whetstone.engine.types import Request
@@ -40,15 +41,16 @@ class Nudge(Plugin):
     """A node before every decision (what Co-ReAct's rubric is), counting its visits."""
 
     name = "nudge"
+    stages = ("decide",)
 
     def __init__(self) -> None:
         self.visits = 0
 
-    def before_think(self) -> NodeFn:
+    def nodes(self) -> list[Node]:
         def node(state: AgentState, ctx: AgentContext) -> Mapping[str, Any]:
             self.visits += 1
             return {}
-        return node
+        return [Node("decide", node)]
 
 
 def reply(request: Request) -> str:
@@ -77,27 +79,28 @@ def system_text(request: Request) -> str:
     return request.messages[0].text if request.messages[0].role == "system" else ""
 
 
-def test_a_before_think_method_is_refused_by_the_direct_solver(nudge_engine: Any) -> None:
+def test_a_decide_node_method_is_refused_by_the_direct_solver(nudge_engine: Any) -> None:
     e, _ = nudge_engine
     with pytest.raises(ConfigError) as err:
         e.solver(kind="direct")
     assert "method 'nudge' cannot run in the direct solver" in err.value.message
-    assert "before_think" in err.value.message and "agent loop" in err.value.message
+    assert "a node before every model decision" in err.value.message
+    assert "agent loop" in err.value.message
     assert ".run(task)" in (err.value.hint or "")
     assert e.backend.requests == []  # refused before any call  # type: ignore[attr-defined]
 
 
-def test_a_before_think_method_is_refused_by_chat(nudge_engine: Any) -> None:
+def test_a_decide_node_method_is_refused_by_chat(nudge_engine: Any) -> None:
     e, _ = nudge_engine
     with pytest.raises(ConfigError) as err:
         e.chat("hello")
     assert "method 'nudge' cannot run in chat mode" in err.value.message
-    assert "before_think" in err.value.message
+    assert "a node before every model decision" in err.value.message
     with pytest.raises(ConfigError):
         e.chat_adapter()  # what the server and the client wrapper build on
 
 
-def test_a_before_think_method_runs_in_the_agent(nudge_engine: Any) -> None:
+def test_a_decide_node_method_runs_in_the_agent(nudge_engine: Any) -> None:
     e, nudge = nudge_engine
     trace = e.run("What is 2 + 2?")
     assert trace.answer == "done" and nudge.visits >= 1
@@ -148,16 +151,44 @@ def test_the_direct_solver_keeps_what_it_can_run(library: Path) -> None:
         e.close()
 
 
-def test_each_host_runs_a_subset_of_the_agents_hooks() -> None:
-    assert HOST_HOOKS["chat"] <= HOST_HOOKS["direct"] <= HOST_HOOKS["agent"]
-    assert unhonoured_hooks(Hint, "chat") == [] and unhonoured_hooks(Nudge, "agent") == []
-    assert unhonoured_hooks(Nudge, "direct") == ["before_think"]
+def test_each_host_runs_a_subset_of_the_agents_features() -> None:
+    assert HOST_FEATURES["chat"] <= HOST_FEATURES["direct"] <= HOST_FEATURES["agent"]
+    assert unhonoured_features(Hint, "chat") == [] and unhonoured_features(Nudge, "agent") == []
+    assert unhonoured_features(Nudge, "direct") == ["node:decide"]
     check_host("hint", Hint, "direct")  # nothing to refuse
     with pytest.raises(ValueError, match="unknown host 'batch'"):
-        unhonoured_hooks(Hint, "batch")
+        unhonoured_features(Hint, "batch")
+
+
+def test_a_node_at_a_stage_its_class_does_not_declare_is_refused() -> None:
+    class Sneaky(Nudge):
+        name = "sneaky"
+        stages = ()  # a host would not know to refuse it: the graph does
+
+    with pytest.raises(ConfigError, match="its class does not declare in `stages`"):
+        build_graph([Sneaky()])
+
+    class Elsewhere(Nudge):
+        name = "elsewhere"
+        stages = ("later",)
+
+        def nodes(self) -> list[Node]:
+            return [Node("later", super().nodes()[0].fn)]
+
+    with pytest.raises(ConfigError, match="the agent graph does not have"):
+        build_graph([Elsewhere()])
 
 
 def test_a_method_that_needs_a_library_says_so() -> None:
     with pytest.raises(ConfigError, match="the memory method needs a library") as err:
         MethodEnv().require_library("memory")
     assert "Engine" in (err.value.hint or "")
+
+
+def test_a_plugin_written_for_the_old_hooks_is_refused_with_what_replaced_them() -> None:
+    with pytest.raises(TypeError, match=r"Old defines wrap_model.*declare wraps = \('model_call',\)"):
+        class Old(Plugin):
+            name = "old"
+
+            def wrap_model(self, call: Any, backend: Any) -> Any:
+                return call

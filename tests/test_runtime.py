@@ -14,6 +14,7 @@ from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import BackendUnavailable
 from whetstone.engine.runtime import Agent, Guidance, Plugin, RunConfig, RunFinished, StepEvent
 from whetstone.engine.runtime.checkpoints import Checkpoints
+from whetstone.engine.runtime.plugins import Node
 from whetstone.engine.types import Completion, Request
 from whetstone.library_store.traces import TraceStore
 from whetstone.tools.builtin import builtin_tools, make_python
@@ -174,6 +175,7 @@ class _Recorder(Plugin):
     """A plugin with every hook, to check the graph wiring and the guidance budget."""
 
     name = "recorder"
+    stages = ("decide", "answer")
 
     def __init__(self) -> None:
         self.order: list[str] = []
@@ -181,17 +183,15 @@ class _Recorder(Plugin):
     def guidance(self, task: str, ctx: Any, budget_tokens: int) -> Guidance:
         return Guidance("Lessons", f"Budget {budget_tokens}: check units.", {"shown": ["units"]})
 
-    def before_think(self) -> Any:
+    def nodes(self) -> list[Node]:
         def rubric(state: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
             self.order.append("rubric")
             return {}
-        return rubric
 
-    def verify(self) -> Any:
         def check(state: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
             self.order.append(f"verify:{state.get('answer')}")
             return {}
-        return check
+        return [Node("decide", rubric), Node("answer", check)]
 
     def finish_meta(self, state: Mapping[str, Any]) -> dict[str, Any]:
         return {"calls": state.get("n_calls")}

@@ -5,7 +5,6 @@ Progress bars, colours and exit codes live here and in the commands, never in th
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -205,24 +204,53 @@ def solver_option(fn: F) -> F:
              "library's guidance (the baseline the agent is read against).")(fn)
 
 
-_RUBRIC_MODEL = "whetstone.rubric_model"
+_SHORTCUTS = "whetstone.method_shortcuts"  # ctx.meta: {(method, knob): (flag, value)}
 
 
-def _remember_rubric_model(ctx: click.Context, _: click.Parameter, value: str | None
-                           ) -> str | None:
-    if value:
-        ctx.meta[_RUBRIC_MODEL] = value
-    return value
+class _WithMethodShortcuts:
+    """A command with ``--methods`` also takes each installed runtime method's own
+    command-line shortcuts for its knobs (``MethodSpec.options``, e.g. a rubric generator's
+    ``--rubric-model``), read from the method registry when the command parses or shows its
+    help, never when the command line is imported."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        extra = ctx.meta.get("whetstone.shortcut_params")
+        if extra is None:
+            extra = ctx.meta["whetstone.shortcut_params"] = _shortcut_params()
+        return [*params[:-1], *extra, *params[-1:]]  # --help stays last
+
+
+class MethodCommand(_WithMethodShortcuts, click.Command):
+    """A ``click.Command`` that takes the runtime methods' shortcuts (see above)."""
+
+
+class MethodGroup(_WithMethodShortcuts, click.Group):
+    """A ``click.Group`` that takes the runtime methods' shortcuts (see above)."""
+
+
+def _shortcut_params() -> list[click.Parameter]:
+    from whetstone.engine.methods.registry import default_registry
+
+    params: list[click.Parameter] = []
+    for method, opt in default_registry().knob_options():
+        def remember(ctx: click.Context, _: click.Parameter, value: str | None,
+                     key: tuple[str, str] = (method, opt.knob), flag: str = opt.flag
+                     ) -> str | None:
+            if value is not None:
+                ctx.meta.setdefault(_SHORTCUTS, {})[key] = (flag, value)
+            return value
+        params.append(click.Option([opt.flag], default=None, metavar=opt.metavar,
+                                   expose_value=False, callback=remember,
+                                   help=f"{opt.help} Same as --method-config "
+                                        f"{method}.{opt.knob}=…"))
+    return params
 
 
 def methods_option(fn: F) -> F:
     """``--methods a,b`` and ``--method-config NAME.KEY=VALUE``: runtime methods for the run
-    (``whetstone methods`` lists them); ``--rubric-model SPEC`` names the rubric
-    generator of the listed methods that have a ``rubric_model`` knob."""
-    fn = click.option("--rubric-model", default=None, metavar="SPEC", expose_value=False,
-                      callback=_remember_rubric_model,
-                      help="Model spec of the rubric generator and checker "
-                           "(default: the agent's model).")(fn)
+    (``whetstone methods`` lists them). A command built with ``cls=MethodCommand`` also takes
+    the methods' own shortcuts for their knobs."""
     fn = click.option("--method-config", "method_config", multiple=True, metavar="NAME.KEY=V",
                       help="Set one knob of a runtime method; repeat for more.")(fn)
     return click.option("--methods", "methods", default="", metavar="A,B",
@@ -264,11 +292,6 @@ def concurrency_option(fn: F) -> F:
                              "that decode one sequence at a time).")(fn)
 
 
-def _knobs(registry: Any, name: str) -> set[str]:
-    config = getattr(registry.entry("runtime", name).load(), "config_class", None)
-    return {f.name for f in dataclasses.fields(config)} if config is not None else set()
-
-
 def parse_methods(methods: str, method_config: tuple[str, ...] = ()
                   ) -> list[tuple[str, dict[str, Any]]]:
     """``--methods`` and ``--method-config`` as ``Engine(methods=...)`` takes them; unknown
@@ -294,17 +317,13 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
                               hint=f"add it: --methods {','.join([*names, name])}")
         raw[name][key] = value
     ctx = click.get_current_context(silent=True)
-    rubric_model = ctx.meta.get(_RUBRIC_MODEL) if ctx is not None else None
+    shortcuts = ctx.meta.get(_SHORTCUTS, {}) if ctx is not None else {}
+    for (method, knob), (flag, value) in shortcuts.items():
+        if method not in raw:
+            raise ConfigError(f"{flag} sets {method}.{knob}, but --methods does not list "
+                              f"{method}", hint=f"add --methods {','.join([*names, method])}")
+        raw[method].setdefault(knob, value)  # --method-config, when also given, wins
     registry = default_registry()
-    if rubric_model:
-        # the listed methods with a rubric_model knob
-        takers = [n for n in names if "rubric_model" in _knobs(registry, n)]
-        if not takers:
-            able = [n for n in registry.names("runtime") if "rubric_model" in _knobs(registry, n)]
-            raise ConfigError("--rubric-model sets a method's rubric_model, but no method "
-                              "--methods lists has one", hint=f"add --methods {' or '.join(able)}")
-        for n in takers:
-            raw[n].setdefault("rubric_model", rubric_model)
     return [(n, options_from_text(registry.entry("runtime", n).load().config_class, raw[n],
                                   method=n)) for n in names]
 

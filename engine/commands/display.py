@@ -3,38 +3,21 @@ the result. Shared by ``whetstone run`` and ``whetstone traces show``.
 
 Traces come from several writers, each with its own step shapes: the agent loop (a ``think``
 output is a dict with ``thought``/``parsed``/``completion``), the direct solver (the output is
-the reply text), chat mode (``{"completion": {...}}``) and verifications (``verify`` steps holding a
-whole check). Stored traces may also predate a shape change, so every field is read defensively:
-a step this module does not understand prints a short line, never a crash.
+the reply text) and chat mode (``{"completion": {...}}``); the step kinds a method adds are
+printed by the printer it declares (``MethodSpec.step_kinds``). Stored traces may also predate
+a shape change, so every field is read defensively: a step this module does not understand
+prints a short line, never a crash.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-
-def short(value: Any, limit: int = 400) -> str:
-    """Model or tool text, cut to ``limit`` and escaped for rich markup: a reply that contains
-    ``[/b]`` or ``[red]`` is printed as written, not parsed (or crashed on) as a style."""
-    from rich.markup import escape
-
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
-                                                           default=str)
-    text = text.strip()
-    return escape(text if len(text) <= limit else text[:limit] + " …")
-
-
-def _get(value: Any, key: str) -> Any:
-    """``value[key]`` when ``value`` is a mapping, else None (outputs differ between writers)."""
-    return value.get(key) if isinstance(value, Mapping) else None
-
-
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else 0.0
+from whetstone.engine.printing import field as _get
+from whetstone.engine.printing import number as _number
+from whetstone.engine.printing import short
 
 
 def _calls(completion: Any) -> list[tuple[Any, Any]]:
@@ -107,39 +90,6 @@ def _observe(out: Any, step: Any) -> None:
               soft_wrap=True)
 
 
-_MARK = {True: "[green]supported[/]", False: "[red]contradicted[/]"}
-
-
-def _verify(out: Any, step: Any) -> None:
-    """A verification: each claim of the last round with its verdict, then the summary."""
-    if step.error:
-        out.print(f"[red]Verification failed:[/] {short(step.error, 2000)}", markup=True,
-                  soft_wrap=True)
-        return
-    rounds = _get(step.output, "rounds")
-    last = rounds[-1] if isinstance(rounds, list) and rounds else None
-    claims = [c for c in _get(last, "claims") or () if isinstance(c, Mapping)]
-    for c in claims:
-        mark = _MARK.get(c.get("supported"), "[yellow]not supported[/]")
-        checked = f"; evidence says {short(c.get('checked'), 200)}" if c.get("checked") else ""
-        out.print(f"  {mark}  {short(c.get('claim'), 400)} — claimed "
-                  f"{short(c.get('claimed'), 200)}{checked}", markup=True, soft_wrap=True)
-    flagged = sum(bool(c.get("flagged")) for c in claims)
-    verdict = "[red]hallucination flagged[/]" if _get(step.output, "flagged") else \
-        "[green]supported by the evidence[/]"
-    out.print(f"[cyan]Verify:[/] {verdict}: {flagged} of {len(claims)} claim(s) flagged"
-              + (" · answer revised" if _get(step.output, "revised") else ""), markup=True)
-
-
-def _rubric(out: Any, step: Any) -> None:
-    """A step rubric: the criteria the next decision is held to (or why it was dropped)."""
-    if step.error:
-        out.print(f"[yellow]{short(step.error, 1000)}[/]", markup=True, soft_wrap=True)
-        return
-    out.print(f"[cyan]Rubric:[/] {short(_get(step.output, 'rubric'), 800)}", markup=True,
-              soft_wrap=True)
-
-
 def _other(out: Any, step: Any) -> None:
     if step.kind in ("prepare", "finish"):
         return  # the task and the outcome are printed around the steps
@@ -149,13 +99,16 @@ def _other(out: Any, step: Any) -> None:
     out.print(line, markup=True, soft_wrap=True)
 
 
-_PRINTERS: dict[str, Callable[[Any, Any], None]] = {
-    "think": _think, "act": _act, "observe": _observe, "verify": _verify, "rubric": _rubric}
+StepPrinter = Callable[[Any, Any], None]  # (rich console, Step) -> None
+_PRINTERS: dict[str, StepPrinter] = {"think": _think, "act": _act, "observe": _observe}
 
 
-def print_step(out: Any, step: Any) -> None:
-    """One line (or a few) per step, in the ReAct vocabulary users know."""
-    _PRINTERS.get(step.kind, _other)(out, step)
+def print_step(out: Any, step: Any, printers: Mapping[str, StepPrinter] | None = None
+               ) -> None:
+    """One line (or a few) per step, in the ReAct vocabulary users know. ``printers`` are
+    the methods' own, for the step kinds they add (``MethodRegistry.step_printers``); a kind
+    no printer knows prints one short line."""
+    (_PRINTERS.get(step.kind) or (printers or {}).get(step.kind) or _other)(out, step)
 
 
 def print_result(out: Any, trace: Any) -> None:

@@ -25,6 +25,7 @@ from rich.progress import (
 from whetstone.engine.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
+    MethodGroup,
     RateColumn,
     concurrency_option,
     console,
@@ -190,7 +191,7 @@ Example, a HumanEval-style code task scored by running its tests
 """
 
 
-@click.group("eval", invoke_without_command=True, epilog=_SCORER_EPILOG)
+@click.group("eval", cls=MethodGroup, invoke_without_command=True, epilog=_SCORER_EPILOG)
 @click.option("--tasks", "-t", "tasks_spec", metavar="SET",
               help="Task set: " + ", ".join(BENCHMARKS) + "; bigbench:<task> (any BIG-bench "
                    "task folder, e.g. bigbench:logical_deduction/three_objects; `whetstone data "

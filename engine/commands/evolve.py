@@ -233,19 +233,16 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
 
 
 def _print(result: Any) -> None:
+    from whetstone.engine.methods.registry import default_registry
+
     out = console()
-    report = result.patch.details.get("report", {})
-    mp = report.get("map")
     out.print(f"[bold]{escape(result.patch.message)}[/]", markup=True, soft_wrap=True)
-    if mp is not None:
-        out.print(f"{result.traces} traces · {mp.get('calls', 0)} analyst calls · "
-                  f"{mp.get('retries', 0)} retried · {mp.get('dropped', 0)} dropped · "
-                  f"{report.get('folded', 0)} folded · "
-                  f"{report.get('conflicts_resolved', 0)} conflicts resolved", markup=False)
-    else:
-        calls = result.patch.costs.get("analyst_calls")
-        out.print(f"{result.traces} traces" + (f" · {calls} analyst calls" if calls is not None
-                                               else ""), markup=False)
+    calls = result.patch.costs.get("analyst_calls")
+    out.print(f"{result.traces} traces" + (f" · {calls} analyst calls" if calls is not None
+                                           else ""), markup=False)
+    summary = default_registry().summary_of(result.patch.method)  # what the method reports
+    for line in summary(result.patch.details) if summary is not None else ():
+        out.print(line, markup=False, soft_wrap=True)
     if result.diff:
         out.print(Syntax(result.diff, "diff", word_wrap=True))
     if result.note:

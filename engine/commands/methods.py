@@ -18,15 +18,16 @@ def methods_cmd(as_json: bool) -> None:
 
     from rich.table import Table
 
+    from whetstone.engine.commands.kit import Kit
     from whetstone.engine.methods.registry import default_registry
 
-    registry = default_registry()
+    registry, kit = default_registry(), Kit()
     specs = {spec.name: spec for spec in registry.specs()}
     # loaded once per method (a method with both kinds has two rows)
     commands: dict[str, list[str | None]] = {}
     for name, spec in specs.items():
         try:
-            commands[name] = [c.name for c in registry.commands_of(spec)]
+            commands[name] = [c.name for c in registry.commands_of(spec, kit)]
         except ConfigError as exc:
             registry.skip(name, exc.message)
     rows = []
@@ -46,9 +47,13 @@ def methods_cmd(as_json: bool) -> None:
                          # what its package owns: library folders, commands, prompts
                          "folders": [r.name for r in spec.roots] if spec else [],
                          "commands": commands.get(name, []),
+                         "step_kinds": sorted(spec.step_kinds) if spec else [],
+                         "exit_codes": sorted(spec.exit_codes) if spec else [],
+                         "flags": [o.flag for o in spec.options] if spec else [],
                          "prompts": spec.prompts.names() if spec and spec.prompts else []})
     rows += [{"name": name, "kind": "method", "summary": f"unusable: {why}", "options": [],
-              "from": "", "folders": [], "commands": [], "prompts": []}
+              "from": "", "folders": [], "commands": [], "step_kinds": [], "exit_codes": [],
+              "flags": [], "prompts": []}
              for name, why in registry.skipped.items() if name not in specs]
     if as_json:
         emit_json(rows)
@@ -56,6 +61,8 @@ def methods_cmd(as_json: bool) -> None:
     table = Table("name", "kind", "what", "options", "owns")
     for r in rows:
         owns = [f"{f}/" for f in r["folders"]] + [f"`whetstone {c}`" for c in r["commands"]]
+        owns += [f"{k} steps" for k in r["step_kinds"]] + list(r["flags"])
+        owns += [f"exit {c}" for c in r["exit_codes"]]
         owns += [f"{len(r['prompts'])} prompts"] if r["prompts"] else []
         table.add_row(r["name"], r["kind"], r["summary"], ", ".join(r["options"]),
                       ", ".join(owns))

@@ -10,6 +10,7 @@ import click
 
 from whetstone.engine.commands.common import (
     EXIT_NO_ANSWER,
+    MethodCommand,
     console,
     emit_json,
     handle_errors,
@@ -23,7 +24,7 @@ from whetstone.engine.commands.display import print_result, print_step
 from whetstone.engine.commands.traces import trace_store
 
 
-@click.command("run")
+@click.command("run", cls=MethodCommand)
 @click.argument("task", required=False)
 @model_option
 @library_option
@@ -95,12 +96,13 @@ def _stream(engine: Any, out: Any, task: str | None, resume_id: str | None, *,
     events = (engine.resume_stream(resume_id) if resume_id
               else engine.stream(task or "", trace_id=trace_id))
     trace = None
+    printers = engine.registry.step_printers() if show_steps else {}
     try:
         with out.status("model is thinking …", spinner="dots") as status:
             for event in events:
                 if isinstance(event, StepEvent):
                     if show_steps:
-                        print_step(out, event.step)
+                        print_step(out, event.step, printers)
                     status.update("tool is running …" if event.step.route == "act"
                                   else "model is thinking …")
                 elif isinstance(event, RunFinished):

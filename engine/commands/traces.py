@@ -141,8 +141,11 @@ def traces_show(trace_id: str, library_path: Path | None, as_json: bool) -> None
     out.print(f"[bold]{trace.id}[/] · {short(trace.model)} · library {trace.library_version or '-'}",
               markup=True)
     out.print(f"[bold]Task:[/] {short(trace.task, 100_000)}", markup=True, soft_wrap=True)
+    from whetstone.engine.methods.registry import default_registry
+
+    printers = default_registry().step_printers()
     for step in trace.steps:
-        print_step(out, step)
+        print_step(out, step, printers)
     print_result(out, trace)
 
 

@@ -140,6 +140,39 @@ class Evolver(Protocol):
             context: EvolveContext | None = None) -> LibraryPatch: ...
 
 
+class CommandKit(Protocol):
+    """What the command line hands a method's commands (``MethodSpec.commands`` is called
+    with one), so a method package never imports a face: the options every command shares,
+    the error handling that turns ``WhetstoneError`` into its exit code, output, and the
+    ``Engine`` and library the other commands would build."""
+
+    def json_option(self, fn: Any) -> Any:
+        """``--json``: the command's result as JSON on stdout (parameter ``as_json``)."""
+
+    def library_option(self, fn: Any) -> Any:
+        """``--library PATH`` (parameter ``library_path``: None for the default library)."""
+
+    def model_option(self, fn: Any) -> Any:
+        """``--model SPEC`` (parameter ``model``)."""
+
+    def handle_errors(self, fn: Any) -> Any:
+        """A ``WhetstoneError`` becomes its message, hint and exit code."""
+
+    def console(self, stderr: bool = False) -> Any:
+        """A rich console (stderr: for progress and notes, silent under ``--quiet``)."""
+
+    def emit_json(self, obj: Any) -> None:
+        """Print ``obj`` as the command's JSON result."""
+
+    def open_library(self, path: Any | None, *, create: bool | None = None) -> Library:
+        """The library at ``path`` (None: the default), opened as every face opens it
+        (``create=True`` makes a missing one; None: only the default library)."""
+
+    def engine(self, model: str, **options: Any) -> Any:
+        """An ``Engine`` over ``model`` (options as ``Engine`` takes them), as ``run`` would
+        build it; the caller closes it."""
+
+
 def knob(default: Any = dataclasses.MISSING, *, help: str = "", min: float | None = None,
          choices: Sequence[str] | None = None, cli: bool = True) -> Any:
     """A config field with what ``whetstone evolve`` / ``--method-config`` show for it:

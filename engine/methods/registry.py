@@ -23,7 +23,7 @@ import importlib
 import importlib.metadata
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from whetstone.engine.errors import ConfigError
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from whetstone.engine.errors import ValidationError
+    from whetstone.engine.methods.base import CommandKit
     from whetstone.engine.prompts import Prompts
     from whetstone.engine.runtime.plugins import MethodEnv, Plugin
     from whetstone.library_store.store import Library, Snapshot
@@ -71,19 +72,42 @@ class LibraryRoot:
 
 
 @dataclass(frozen=True)
+class KnobOption:
+    """A command-line shortcut a method declares for one of its runtime knobs: ``run`` and
+    ``eval`` take ``flag VALUE`` as ``--method-config <method>.<knob>=VALUE`` (the method must
+    be among ``--methods``)."""
+
+    flag: str  # e.g. "--rubric-model"
+    knob: str  # a field of the method's config_class
+    help: str
+    metavar: str = "VALUE"
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """What one method package owns. Targets are import paths (``"module:attr"``):
-    ``evolver`` and ``runtime`` name classes; ``commands`` names a function returning the
-    ``click`` commands to mount on the ``whetstone`` command line; ``prompts`` is its prompt
-    files (``Prompts(__name__)``: the ``prompts/`` folder of its package). ``verify`` names the
+    ``evolver`` and ``runtime`` name classes; ``commands`` names a function that takes the
+    faces' ``CommandKit`` (``whetstone.engine.methods.base``) and returns the ``click``
+    commands to mount on the ``whetstone`` command line; ``prompts`` is its prompt files
+    (``Prompts(__name__)``: the ``prompts/`` folder of its package). ``verify`` names the
     function ``Engine.verify`` calls to check an answer, ``f(env: VerifyEnv, question,
-    answer, *, evidence, analyst, options) -> Verification`` (MARCH provides it)."""
+    answer, *, evidence, analyst, options) -> Verification`` (MARCH provides it).
+
+    What the faces show of the method is its own too: ``step_kinds`` maps each step kind its
+    runtime records to the printer of such a step (``f(console, step)``; ``engine/printing.py``
+    has the helpers), ``summary`` names ``f(report) -> lines`` that says what an evolve did
+    (its ``LibraryPatch.details``), ``exit_codes`` the codes its commands exit with (code ->
+    when: docs/cli.md lists them), ``options`` its command-line shortcuts for runtime knobs."""
 
     name: str
     evolver: str | None = None
     runtime: str | None = None
     roots: tuple[LibraryRoot, ...] = ()
     commands: str | None = None
+    step_kinds: Mapping[str, str] = field(default_factory=dict)
+    summary: str | None = None
+    exit_codes: Mapping[int, str] = field(default_factory=dict)
+    options: tuple[KnobOption, ...] = ()
     prompts: Prompts | None = None
     verify: str | None = None
 
@@ -235,23 +259,59 @@ class MethodRegistry:
         kwargs.setdefault("validator", self.library_validator())
         return Library.open(path, roots=tuple(self.roots()), **kwargs)
 
-    def commands(self) -> list[Any]:
-        """The ``click`` commands the methods add to the command line (a method whose
-        commands cannot load is skipped with a warning)."""
+    def commands(self, kit: CommandKit) -> list[Any]:
+        """The ``click`` commands the methods add to the command line, built with the faces'
+        ``kit`` (a method whose commands cannot load is skipped with a warning)."""
         out = []
         for spec in self._specs.values():
             try:
-                out += self.commands_of(spec)
+                out += self.commands_of(spec, kit)
             except ConfigError as exc:
                 self.skip(spec.name, exc.message)
         return out
 
     @staticmethod
-    def commands_of(spec: MethodSpec) -> list[Any]:
+    def commands_of(spec: MethodSpec, kit: CommandKit) -> list[Any]:
         """The ``click`` commands one method adds (loaded now)."""
         if not spec.commands:
             return []
-        return list(load_target(spec.commands, f"the commands of {spec.name}")())
+        return list(load_target(spec.commands, f"the commands of {spec.name}")(kit))
+
+    def step_printers(self) -> dict[str, Any]:
+        """Step kind -> its printer, for the kinds the methods add (loaded now; a printer
+        that cannot load is left out: its steps print as one short line)."""
+        out: dict[str, Any] = {}
+        for spec in self._specs.values():
+            for kind, target in spec.step_kinds.items():
+                try:
+                    out[kind] = load_target(target, f"the {kind} printer of {spec.name}")
+                except ConfigError as exc:
+                    self.skip(spec.name, exc.message)
+        return out
+
+    def summary_of(self, method: str) -> Any | None:
+        """``f(report) -> lines`` saying what an evolve of ``method`` did, or None."""
+        spec = self._specs.get(method)
+        if spec is None or not spec.summary:
+            return None
+        return load_target(spec.summary, f"the evolve summary of {method}")
+
+    def exit_codes(self) -> dict[int, tuple[str, str]]:
+        """Exit code -> (method, when) for the codes the methods' commands exit with; a
+        code two methods claim is a ``ConfigError``."""
+        out: dict[int, tuple[str, str]] = {}
+        for spec in self._specs.values():
+            for code, when in spec.exit_codes.items():
+                if code in out and out[code][0] != spec.name:
+                    raise ConfigError(f"exit code {code} is claimed by both {out[code][0]} "
+                                      f"and {spec.name}", hint="uninstall one of the two")
+                out[code] = (spec.name, when)
+        return out
+
+    def knob_options(self) -> list[tuple[str, KnobOption]]:
+        """(method, shortcut) for every runtime method's command-line shortcuts."""
+        return [(spec.name, opt) for spec in self._specs.values() if spec.runtime
+                for opt in spec.options]
 
     def names(self, kind: Kind) -> list[str]:
         return list(self._entries[kind])

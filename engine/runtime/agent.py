@@ -19,7 +19,7 @@ from whetstone.engine.errors import WhetstoneError, error_text
 from whetstone.engine.runtime.checkpoints import Checkpoints
 from whetstone.engine.runtime.graph import build_graph
 from whetstone.engine.runtime.nodes import build_trace
-from whetstone.engine.runtime.plugins import ModelCall, Plugin
+from whetstone.engine.runtime.plugins import ModelCall, Plugin, wrap_calls
 from whetstone.engine.runtime.state import AgentContext, AgentState, RunConfig
 from whetstone.engine.types import Step, Trace
 from whetstone.library_store.trace_build import new_trace_id
@@ -102,9 +102,7 @@ class Agent:
             backend=backend, toolbox=toolbox, config=self.config, plugin_tools=plugin_tools,
             plugins=self.plugins, library_version=library_version,
         )
-        call: ModelCall = backend.complete
-        for p in self.plugins:
-            call = p.wrap_model(call, backend)
+        call: ModelCall = wrap_calls("model_call", backend.complete, self.plugins, backend)
         if call is not backend.complete:
             self.context.model_call = call
         saver = checkpoints.saver if checkpoints is not None else None

@@ -1,8 +1,10 @@
 """Build the agent's LangGraph ``StateGraph`` from the enabled plugins.
 
-    prepare -> [before-think nodes] -> think -> act -> [before-think nodes] -> think ...
-                                         |  \\-> (unparseable) -> [before-think] -> think
-                                         \\-> (answer / limit) -> [verify nodes] -> finish
+    prepare -> [decide nodes] -> think -> act -> [decide nodes] -> think ...
+                                    |  \\-> (unparseable) -> [decide nodes] -> think
+                                    \\-> (answer / limit) -> [answer nodes] -> finish
+
+The bracketed stages are ``plugins.STAGES``: the nodes methods add there (``Plugin.nodes``).
 
 A limit (horizon, token budget, wall clock) or a failed model call goes straight to finish.
 """
@@ -13,6 +15,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from whetstone.engine.errors import ConfigError
 from whetstone.engine.runtime.nodes import (
     act,
     finish,
@@ -21,7 +24,7 @@ from whetstone.engine.runtime.nodes import (
     route_after_think,
     think,
 )
-from whetstone.engine.runtime.plugins import NodeFn, Plugin
+from whetstone.engine.runtime.plugins import STAGES, NodeFn, Plugin
 from whetstone.engine.runtime.state import AgentContext, AgentState
 
 
@@ -36,6 +39,28 @@ def _adapt(fn: NodeFn) -> Callable[..., Mapping[str, Any]]:
     return node
 
 
+# The node each stage of ``STAGES`` hands over to.
+_STAGE_PRECEDES = {"decide": "think", "answer": "finish"}
+
+
+def stage_nodes(plugins: Sequence[Plugin]) -> dict[str, list[tuple[str, NodeFn]]]:
+    """``{stage: [(node name, fn), ...]}`` for every stage of ``STAGES``, in plugin order; a
+    node at a stage its class does not declare (or the graph does not have) is a
+    ``ConfigError``."""
+    out: dict[str, list[tuple[str, NodeFn]]] = {stage: [] for stage in STAGES}
+    for p in plugins:
+        for node in p.nodes():
+            if node.stage not in STAGES or node.stage not in p.stages:
+                raise ConfigError(
+                    f"method {p.name!r} adds a node at stage {node.stage!r}, which "
+                    + ("its class does not declare in `stages`" if node.stage in STAGES
+                       else "the agent graph does not have"),
+                    hint=f"stages: {', '.join(STAGES)}; declare them in the class's `stages`")
+            out[node.stage].append((f"{p.name}_{getattr(node.fn, '__name__', 'node')}",
+                                    node.fn))
+    return out
+
+
 def build_graph(plugins: Sequence[Plugin] = ()) -> Any:
     """The uncompiled ``StateGraph``; ``Agent`` compiles it with a checkpointer."""
     from langgraph.graph import END, START, StateGraph
@@ -47,24 +72,19 @@ def build_graph(plugins: Sequence[Plugin] = ()) -> Any:
     g.add_node("finish", _adapt(finish))
 
     # Node names are "<plugin>_<function>": policy notes are keyed by them, so they stay put.
-    before = [(f"{p.name}_{fn.__name__}", fn) for p in plugins
-              if (fn := p.before_think()) is not None]
-    verify = [(f"{p.name}_{fn.__name__}", fn) for p in plugins
-              if (fn := p.verify()) is not None]
-    for name, fn in [*before, *verify]:
+    chains = stage_nodes(plugins)
+    for name, fn in [n for chain in chains.values() for n in chain]:
         g.add_node(name, _adapt(fn))
-
-    # Chains: each list of nodes runs in order, then hands over to the next stage.
-    to_think = before[0][0] if before else "think"
-    for (a, _), (b, _) in itertools.pairwise(before):
-        g.add_edge(a, b)
-    if before:
-        g.add_edge(before[-1][0], "think")
-    to_finish = verify[0][0] if verify else "finish"
-    for (a, _), (b, _) in itertools.pairwise(verify):
-        g.add_edge(a, b)
-    if verify:
-        g.add_edge(verify[-1][0], "finish")
+    # Each stage's nodes run in order, then hand over to what the stage precedes.
+    heads: dict[str, str] = {}
+    for stage, then in _STAGE_PRECEDES.items():
+        chain = chains[stage]
+        heads[stage] = chain[0][0] if chain else then
+        for (a, _), (b, _) in itertools.pairwise(chain):
+            g.add_edge(a, b)
+        if chain:
+            g.add_edge(chain[-1][0], then)
+    to_think, to_finish = heads["decide"], heads["answer"]
 
     g.add_edge(START, "prepare")
     g.add_edge("prepare", to_think)

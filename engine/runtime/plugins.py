@@ -1,11 +1,10 @@
 """Runtime methods: how a method acts during a run without the runtime knowing it.
 
-A ``Plugin`` is a runtime method. It may add guidance to the system message (skills, policy
-notes), tools (``read_skill``, learned tools), a node before each decision (a step rubric), a
-node before finishing (a claim-by-claim verification), facts to the finished trace's ``meta``, a
-per-task change of the run's budgets (``adjust_config``: a step horizon that follows similar
-tasks) and a wrapper around the model call (``wrap_model``: refining a white-box model's decoding
-in its hidden states). Every hook has a default, so a method implements only what it needs.
+A ``Plugin`` is a runtime method. Its hooks are few and generic (``Plugin`` lists them with the
+reason each exists): guidance for the system message, tools, nodes at the graph's named
+``STAGES``, wrappers at named ``WRAP_POINTS``, a per-task change of the run's budgets, and facts
+for the trace. Every hook has a default, so a method implements only what it needs, and the
+runtime names no method: a node at a stage or a wrapper at a point needs no change here.
 
 A method registered by name (``whetstone run --methods NAME``, ``Engine(methods=["NAME"])``;
 see ``whetstone.engine.methods.registry``) declares ``config_class``, a frozen dataclass of its knobs, and
@@ -112,59 +111,135 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dict(config) if isinstance(config, Mapping) else {"value": repr(config)}
 
 
-# The hooks that act on a run (``guidance`` aside; ``describe`` and ``finish_meta`` only
-# report, so every host may leave them out).
-LOOP_HOOKS = ("before_think", "verify", "wrap_model", "wrap_solver", "adjust_config", "tools",
-              "required_tools")
-# What each host runs of a method. The agent graph: every hook. The direct solver (one call
+# Where a method's nodes run in the agent graph (``Plugin.nodes``). The graph is built from
+# this table: a method adds a node at a stage without the runtime knowing the method.
+STAGES: Mapping[str, str] = {
+    "decide": "before every model decision (e.g. a step rubric the decision is held to)",
+    "answer": "on the answer, before the run finishes (e.g. a claim-by-claim verification)",
+}
+# The calls a method may wrap (``Plugin.wrap``), and what each wraps.
+WRAP_POINTS: Mapping[str, str] = {
+    "model_call": "one model call of the think node: (request) -> completion",
+    "solve": "solving one whole task in an evaluation: (task record, seed) -> trace",
+}
+
+
+@dataclass(frozen=True)
+class Node:
+    """A graph node a method adds at one of the ``STAGES``; the graph names it
+    ``<method>_<function name>`` (policy notes are keyed by node names, so keep it stable)."""
+
+    stage: str
+    fn: NodeFn
+
+
+@dataclass(frozen=True)
+class ToolOffer:
+    """The plugin's tools a run offers (``names``), and those the run's first decision must
+    call one of (``required``: OpenAI's ``tool_choice`` "required", honoured by backends that
+    can prefill a reply; elsewhere the tools are just offered)."""
+
+    names: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+
+
+def features(plugin_class: type[Plugin]) -> list[str]:
+    """What ``plugin_class`` does to a run beyond guidance (which every host shows):
+    ``node:<stage>`` and ``wrap:<point>`` as it declares them, ``adjust_config`` and ``tools``
+    where it overrides them. A host runs a method only if it runs all of these."""
+    out = [f"node:{s}" for s in plugin_class.stages]
+    out += [f"wrap:{p}" for p in plugin_class.wraps]
+    for hook in ("adjust_config", "tools"):
+        if getattr(plugin_class, hook) is not getattr(Plugin, hook):
+            out.append(hook)
+    return out
+
+
+# What each host runs of a method. The agent graph: everything. The direct solver (one call
 # per task, ``whetstone.engine.evaluation.direct``): the guidance, the call's sampling and wrappers
 # around the whole solve. Chat mode (one completion per request, the caller's own loop): the
 # guidance alone.
-HOST_HOOKS: Mapping[str, frozenset[str]] = {
-    "agent": frozenset(LOOP_HOOKS),
-    "direct": frozenset({"adjust_config", "wrap_solver"}),
+HOST_FEATURES: Mapping[str, frozenset[str]] = {
+    "agent": frozenset({*(f"node:{s}" for s in STAGES), *(f"wrap:{p}" for p in WRAP_POINTS),
+                        "adjust_config", "tools"}),
+    "direct": frozenset({"adjust_config", "wrap:solve"}),
     "chat": frozenset(),
 }
 _HOST_WORDS = {"agent": "the agent loop", "direct": "the direct solver (one call per task)",
                "chat": "chat mode (one completion per request)"}
+_FEATURE_WORDS = {"adjust_config": "per-task budgets (adjust_config)", "tools": "tools",
+                  **{f"node:{s}": f"a node {w.split(' (')[0]}" for s, w in STAGES.items()},
+                  **{f"wrap:{p}": f"a wrapper around {w.split(':')[0]}"
+                     for p, w in WRAP_POINTS.items()}}
 
 
-def loop_hooks(plugin_class: type[Plugin]) -> list[str]:
-    """The hooks of ``LOOP_HOOKS`` that ``plugin_class`` overrides."""
-    return [h for h in LOOP_HOOKS if getattr(plugin_class, h, None) is not getattr(Plugin, h)]
-
-
-def unhonoured_hooks(plugin_class: type[Plugin], host: str) -> list[str]:
-    """The hooks ``plugin_class`` overrides that ``host`` (a key of ``HOST_HOOKS``) does not
+def unhonoured_features(plugin_class: type[Plugin], host: str) -> list[str]:
+    """The features of ``plugin_class`` that ``host`` (a key of ``HOST_FEATURES``) does not
     run."""
-    if host not in HOST_HOOKS:
-        raise ValueError(f"unknown host {host!r}; hosts: {', '.join(HOST_HOOKS)}")
-    return [h for h in loop_hooks(plugin_class) if h not in HOST_HOOKS[host]]
+    if host not in HOST_FEATURES:
+        raise ValueError(f"unknown host {host!r}; hosts: {', '.join(HOST_FEATURES)}")
+    return [f for f in features(plugin_class) if f not in HOST_FEATURES[host]]
 
 
 def check_host(name: str, plugin_class: type[Plugin], host: str) -> None:
-    """``ConfigError`` when ``host`` cannot run every hook of the method ``name`` (its class
-    ``plugin_class``), naming the hooks and where they do run: a host never drops a
-    method's hooks without a word."""
-    missing = unhonoured_hooks(plugin_class, host)
+    """``ConfigError`` when ``host`` cannot run all that the method ``name`` (its class
+    ``plugin_class``) does, naming what and where it does run: a host never drops part of a
+    method without a word."""
+    missing = unhonoured_features(plugin_class, host)
     if not missing:
         return
-    where = " or ".join(_HOST_WORDS[h] for h in HOST_HOOKS
-                        if h != host and not unhonoured_hooks(plugin_class, h))
+    where = " or ".join(_HOST_WORDS[h] for h in HOST_FEATURES
+                        if h != host and not unhonoured_features(plugin_class, h))
+    what = ", ".join(_FEATURE_WORDS.get(m, m) for m in missing)
     raise ConfigError(
-        f"method {name!r} cannot run in {_HOST_WORDS[host]}: its {', '.join(missing)} "
+        f"method {name!r} cannot run in {_HOST_WORDS[host]}: {what} "
         f"act{'s' if len(missing) == 1 else ''} only in {where or 'a host that runs them'}",
         hint=f"run {name} in the agent (Engine(methods=[{name!r}]).run(task), "
              "`whetstone eval --solver agent`) or leave it out; chat mode and the direct "
              "solver apply the methods that only add guidance to the system message")
 
 
+# Hooks of earlier releases, and what replaced them.
+_RETIRED = {
+    "before_think": "return [Node('decide', fn)] from nodes() and declare stages = ('decide',)",
+    "verify": "return [Node('answer', fn)] from nodes() and declare stages = ('answer',)",
+    "wrap_model": "implement wrap(point, call, backend) and declare wraps = ('model_call',)",
+    "wrap_solver": "implement wrap(point, solve, backend) and declare wraps = ('solve',)",
+    "run_tools": "return ToolOffer(names) from offer(shown)",
+    "required_tools": "return ToolOffer(names, required) from offer(shown)",
+}
+
+
 class Plugin:
-    """Base for runtime methods. ``name`` keys its meta in the trace."""
+    """Base for runtime methods. ``name`` keys its meta in the trace.
+
+    A method implements only the hooks it needs; each is generic, so a new method adds
+    nothing to the runtime:
+
+    - ``guidance``: text (and demonstration turns) for the system message, within a token
+      budget: how skills, policy notes and worked examples reach the model;
+    - ``tools`` and ``offer``: tools the method brings, and which of them a run offers (or
+      requires) for what its guidance showed;
+    - ``nodes``: graph nodes at the ``STAGES`` the class declares in ``stages`` (a rubric
+      before each decision, a check of the answer);
+    - ``wrap``: a wrapper around the call points the class declares in ``wraps`` (a model
+      call refined in its hidden states, a task solved several times and voted);
+    - ``adjust_config``: the budgets and sampling of one run of a task;
+    - ``finish_meta`` and ``describe``: what the trace records of the method.
+    """
 
     name: str = "plugin"
     config_class: ClassVar[type | None] = None  # a frozen dataclass; None: no knobs
     config: Any = None
+    stages: ClassVar[tuple[str, ...]] = ()  # the STAGES ``nodes`` adds to
+    wraps: ClassVar[tuple[str, ...]] = ()  # the WRAP_POINTS ``wrap`` wraps
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        old = sorted(set(vars(cls)) & set(_RETIRED))
+        if old:  # a method written for the old hooks would otherwise be silently ignored
+            raise TypeError(f"{cls.__name__} defines {', '.join(old)}, which are no longer "
+                            "Plugin hooks: " + "; ".join(_RETIRED[n] for n in old))
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> Plugin:
@@ -177,26 +252,22 @@ class Plugin:
         return {"name": self.name, "config": config_dict(self.config)}
 
     def tools(self) -> list[Tool]:
-        """Tools this plugin may add to a run (``run_tools`` says which, per run)."""
+        """Tools this plugin may add to a run (``offer`` says which, per run)."""
         return []
 
-    def run_tools(self, shown: Mapping[str, Any]) -> list[str]:
-        """Names of this plugin's tools to offer in a run whose guidance showed ``shown`` (this
-        plugin's guidance meta; empty when it gave none). Default: all of them."""
-        return [t.name for t in self.tools()]
+    def offer(self, shown: Mapping[str, Any]) -> ToolOffer:
+        """This plugin's tools to offer in a run whose guidance showed ``shown`` (this
+        plugin's guidance meta; empty when it gave none). Default: all, none required."""
+        return ToolOffer(tuple(t.name for t in self.tools()))
 
     def guidance(self, task: str, ctx: AgentContext, budget_tokens: int) -> Guidance | None:
         """Text to put in the system message for ``task`` (and demo turns to put before it),
         within ``budget_tokens``."""
         return None
 
-    def before_think(self) -> NodeFn | None:
-        """A node run before every model decision (a step rubric)."""
-        return None
-
-    def verify(self) -> NodeFn | None:
-        """A node run on the answer before the run finishes (a verification)."""
-        return None
+    def nodes(self) -> Sequence[Node]:
+        """Graph nodes, each at one of the ``stages`` the class declares."""
+        return ()
 
     def finish_meta(self, state: AgentState) -> Mapping[str, Any]:
         """Facts for the trace's ``meta[self.name]`` once the run ends."""
@@ -207,31 +278,23 @@ class Plugin:
         similar tasks); called once per run, in plugin order."""
         return config
 
-    def required_tools(self, shown: Mapping[str, Any]) -> list[str]:
-        """Tools the run's first decision must call one of (OpenAI's ``tool_choice``
-        "required", over these), for what this plugin's guidance showed (``shown``: its
-        ``Guidance.meta``). Honoured by backends that can prefill a reply (the
-        ``prefill`` capability); elsewhere the tools are offered as usual."""
-        return []
-
-    def wrap_model(self, call: ModelCall, backend: Backend) -> ModelCall:
-        """The model call the ``think`` node makes, wrapped (e.g. refining a white-box
-        ``backend``'s decoding in its hidden states); wrappers nest in plugin order."""
-        return call
-
-    def wrap_solver(self, solve: SolveFn) -> SolveFn:
-        """A wrapper around solving one whole task, for a method that runs a task more than
-        once (e.g. to sample several runs and vote). Evaluation solvers
-        (``Engine.solver``: eval, the gate, the scoreboard) apply it, in plugin order; a
-        single ``run`` does not."""
-        return solve
+    def wrap(self, point: str, inner: Callable[..., Any], backend: Backend | None
+             ) -> Callable[..., Any]:
+        """``inner`` wrapped, at each of the ``wraps`` the class declares (``WRAP_POINTS``
+        says what each call is; ``backend`` is the agent's model, None where the host has
+        none to give). Wrappers nest in plugin order, the first innermost."""
+        return inner
 
 
-def wrap_solvers(solve: SolveFn, plugins: Sequence[Plugin]) -> SolveFn:
-    """``solve`` wrapped by every plugin's ``wrap_solver`` (the first plugin innermost)."""
+def wrap_calls(point: str, inner: Callable[..., Any], plugins: Sequence[Plugin],
+               backend: Backend | None = None) -> Callable[..., Any]:
+    """``inner`` wrapped by every plugin that wraps ``point`` (the first plugin innermost)."""
+    if point not in WRAP_POINTS:
+        raise ValueError(f"unknown call point {point!r}; points: {', '.join(WRAP_POINTS)}")
     for p in plugins:
-        solve = p.wrap_solver(solve)
-    return solve
+        if point in p.wraps:
+            inner = p.wrap(point, inner, backend)
+    return inner
 
 
 def collect_guidance(plugins: Sequence[Plugin], ctx: AgentContext, task: str,
@@ -262,7 +325,7 @@ def collect_guidance(plugins: Sequence[Plugin], ctx: AgentContext, task: str,
 
 
 class DecisionRecords:
-    """What a ``wrap_model`` method did per decision, kept until the run's ``finish_meta``
+    """What a method wrapping ``model_call`` did per decision, kept until the run's ``finish_meta``
     collects it; bounded (oldest dropped first), so a run that never finishes keeps nothing
     forever. Thread-safe: one plugin serves concurrent runs."""
 

@@ -122,7 +122,7 @@ def choose_tools(ctx: AgentContext, meta: Mapping[str, Any], *, answer_tools: bo
     own = not answer_tools or ctx.config.own_tools_with_answer_tools
     names = [n for n in ctx.toolbox.names() if own and n not in ctx.plugin_tools]
     for plugin in ctx.plugins:
-        names += plugin.run_tools(meta.get(plugin.name) or {})
+        names += plugin.offer(meta.get(plugin.name) or {}).names
     return list(dict.fromkeys(names))
 
 
@@ -131,7 +131,7 @@ def required_tools(ctx: AgentContext, meta: Mapping[str, Any], offered: Sequence
     """The offered tools the plugins require the first decision to call one of."""
     names: list[str] = []
     for plugin in ctx.plugins:
-        names += [n for n in plugin.required_tools(meta.get(plugin.name) or {}) if n in offered]
+        names += [n for n in plugin.offer(meta.get(plugin.name) or {}).required if n in offered]
     return list(dict.fromkeys(names))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import NotFound
-from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
+from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin, ToolOffer
 from whetstone.engine.types import ToolSpec
 from whetstone.tools.base import Tool
 
@@ -185,24 +185,19 @@ class SkillsPlugin(Plugin):
         """The learned tools of the version this run reads and the problems of the others."""
         return self._learned()[1]
 
-    def run_tools(self, shown: Mapping[str, Any]) -> list[str]:
+    def offer(self, shown: Mapping[str, Any]) -> ToolOffer:
         """``read_skill`` and the learned tools of the skills listed, only when a skill was
         listed: offered with nothing to open, the embedded model called ``read_skill`` instead
         of answering (issue 19), and a learned tool comes with the skill that says when to
-        call it."""
+        call it. Required: the learned tools of the skills the task strongly matched
+        (``require_tool_at``)."""
         listed = set(shown.get("shown") or ())
         if not listed:
-            return []
-        learned = [d.name for d in self._learned()[1].definitions if d.skill in listed] \
-            if self.config.learned_tools else []
-        return [READ_SKILL_SPEC.name, *learned]
-
-    def required_tools(self, shown: Mapping[str, Any]) -> list[str]:
-        """The learned tools of the skills the task strongly matched (``require_tool_at``)."""
+            return ToolOffer()
+        defs = self._learned()[1].definitions if self.config.learned_tools else []
         strong = set(shown.get("strong") or ())
-        if not strong or not self.config.learned_tools:
-            return []
-        return [d.name for d in self._learned()[1].definitions if d.skill in strong]
+        return ToolOffer((READ_SKILL_SPEC.name, *(d.name for d in defs if d.skill in listed)),
+                         tuple(d.name for d in defs if d.skill in strong))
 
     def _read(self, args: Mapping[str, Any]) -> str:
         from whetstone.skills.retrieval import read_skill

@@ -39,7 +39,7 @@ class AgentState(TypedDict, total=False):
     demo_turns: list[dict[str, str]]
     answer_tools: list[dict[str, Any]]  # task-given tools whose call *is* the answer (BFCL)
     tools: list[str]  # the tools this run offers (prepare chooses them)
-    # The first decision must call one of these (Plugin.required_tools), where the backend
+    # The first decision must call one of these (Plugin.offer's required), where the backend
     # can prefill the reply.
     require_tools: list[str]
     answer: str | None
@@ -111,11 +111,11 @@ class AgentContext:
     clock_start: float = field(default_factory=time.time)
     # The backend's complete() as the plugins wrapped it (None: the backend's own).
     model_call: ModelCall | None = None
-    # Tools the plugins contributed: each plugin's run_tools() decides per run whether to offer.
+    # Tools the plugins contributed: each plugin's offer() decides per run whether to offer.
     plugin_tools: frozenset[str] = frozenset()
 
     def call_model(self, request: Request) -> Completion:
-        """One model call, through the plugins' ``wrap_model`` wrappers."""
+        """One model call, through the plugins' wrappers at ``model_call``."""
         call = self.model_call or self.backend.complete
         return call(request)
 

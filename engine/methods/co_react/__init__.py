@@ -1,9 +1,10 @@
 """Co-ReAct: a rubric before each decision, and optionally the decision checked against it.
 
     plugin.py   ``CoReAct`` (``--methods co_react``): the rubric node and the check
+    display.py  how a ``rubric`` step prints
 """
 
-from whetstone.engine.methods.registry import MethodSpec
+from whetstone.engine.methods.registry import KnobOption, MethodSpec
 from whetstone.engine.prompts import Prompts
 
 # Its prompts, in prompts/ beside this file.
@@ -13,4 +14,8 @@ METHOD = MethodSpec(
     name="co_react",
     runtime="whetstone.engine.methods.co_react.plugin:CoReAct",
     prompts=PROMPTS,
+    step_kinds={"rubric": "whetstone.engine.methods.co_react.display:print_rubric"},
+    options=(KnobOption("--rubric-model", "rubric_model", metavar="SPEC",
+                        help="Model spec of Co-ReAct's rubric generator and checker "
+                             "(default: the agent's model)."),),
 )

@@ -12,7 +12,7 @@ With ``rubric_verify`` the proposed step is scored against the rubric by the sam
 (JSON ``{scores, weighted_score, pass, feedback}``, pass at ``weighted_score >= 0.6``); a step
 that fails is sent back once with the feedback and the second proposal is taken as it is. With
 ``best_of_n > 1`` (test-time compute) N candidate steps are sampled and the one the rubric
-scores highest is kept. Both act in ``wrap_model``, around the ``think`` node's model call,
+scores highest is kept. Both act in its wrapper (``Plugin.wrap`` at ``model_call``), around the ``think`` node's model call,
 which reads the rubric back from the request; what they decided is kept per decision and
 written to ``trace.meta["co_react"]`` when the run finishes (a run resumed in another process
 loses the records of decisions made before the interruption; its rubric steps are in the trace).
@@ -49,7 +49,7 @@ from whetstone.engine.methods.rubric import (
     tried_queries,
 )
 from whetstone.engine.prompts import load_prompt
-from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, NodeFn, Plugin
+from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
 from whetstone.engine.types import Completion, Message, Request, Rubric, Step
 
 if TYPE_CHECKING:
@@ -147,6 +147,8 @@ class CoReAct(Plugin):
 
     name = "co_react"
     config_class = CoReActConfig
+    stages = ("decide",)  # the rubric node
+    wraps = ("model_call",)  # the decision checked against the rubric (when configured)
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> CoReAct:
@@ -170,8 +172,8 @@ class CoReAct(Plugin):
 
     # -- the rubric node ---------------------------------------------------------------------
 
-    def before_think(self) -> NodeFn:
-        return self.rubric
+    def nodes(self) -> list[Node]:
+        return [Node("decide", self.rubric)]
 
     def rubric(self, state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         """Write the rubric for the next decision and leave it in the step guidance."""
@@ -225,7 +227,7 @@ class CoReAct(Plugin):
 
     # -- checking the decision ---------------------------------------------------------------
 
-    def wrap_model(self, call: ModelCall, backend: Backend) -> ModelCall:
+    def wrap(self, point: str, call: ModelCall, backend: Backend | None) -> ModelCall:
         if not (self.config.rubric_verify or self.config.best_of_n > 1):
             return call
 

@@ -1,6 +1,6 @@
 """Latent test-time scaling on white-box models: refine the answer's hidden states.
 
-    plugin.py    ``LatentTTS`` (``--methods latent``): ``wrap_model`` around the think call
+    plugin.py    ``LatentTTS`` (``--methods latent``): a wrapper around the think call (``wrap`` at ``model_call``)
     tts.py       the search over latent vectors
     hooks.py     forward hooks that read and replace hidden states (torch, loaded lazily)
     rewards.py   the rewards the search climbs

@@ -1,6 +1,6 @@
 """Latent test-time scaling as a runtime method: ``--methods latent``, ``Engine(methods=["latent"])``.
 
-``wrap_model`` lets the model answer as usual; when the reply is the answer (no tool call in
+Its wrapper around the model call (``Plugin.wrap`` at ``model_call``) lets the model answer as usual; when the reply is the answer (no tool call in
 it), ``LatentRefiner`` (``whetstone.engine.methods.latent.tts``) refines it from that answer: the hidden
 states behind its first tokens take a few gradient steps on a reward (the model's own yes/no
 verdict by default; ``latent.scorer=module:function`` plugs in any scorer of the answer text),
@@ -124,6 +124,7 @@ class LatentTTS(Plugin):
     """Latent test-time scaling: refine a white-box model's answers in latent space."""
 
     name = "latent"
+    wraps = ("model_call",)  # the answer refined in the hidden states
     config_class = LatentTTSConfig
 
     @classmethod
@@ -152,8 +153,9 @@ class LatentTTS(Plugin):
             return [ScorerReward(load_scorer(cfg.scorer), name=cfg.scorer)]
         return [SelfReward(tokenizer, prompt=cfg.prompt, min_mass=cfg.min_verdict_mass)]
 
-    def wrap_model(self, call: ModelCall, backend: Backend) -> ModelCall:
+    def wrap(self, point: str, call: ModelCall, backend: Backend | None) -> ModelCall:
         check_white_box(backend)
+        assert backend is not None  # checked above
         rewards = self.rewards_for(backend.tokenizer)  # type: ignore[attr-defined]
         self._reward_names = [r.name for r in rewards]
         refiner = LatentRefiner.from_backend(backend, self.config.latent(), rewards)

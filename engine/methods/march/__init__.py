@@ -3,6 +3,7 @@
     verifier.py   ``MarchVerifier``, ``March`` (``--methods march``), the verification trace
     format.py     rendering a verification report
     commands.py   ``whetstone verify``
+    display.py    how a ``verify`` step prints
 """
 
 from whetstone.engine.methods.registry import MethodSpec
@@ -17,4 +18,6 @@ METHOD = MethodSpec(
     commands="whetstone.engine.methods.march.commands:commands",
     verify="whetstone.engine.methods.march.verifier:verify_answer",
     prompts=PROMPTS,
+    step_kinds={"verify": "whetstone.engine.methods.march.display:print_verify"},
+    exit_codes={9: "`verify`: the answer is flagged as a hallucination"},
 )

@@ -17,16 +17,10 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from whetstone.engine.commands.common import (
-    console,
-    emit_json,
-    handle_errors,
-    json_option,
-    library_option,
-    model_option,
-)
 from whetstone.engine.errors import ConfigError, LibraryError
+from whetstone.engine.methods.base import CommandKit
 
+# `verify` exits with it when the answer is flagged (MARCH's MethodSpec.exit_codes says so).
 EXIT_FLAGGED = 9
 _MARK = {True: "[green]supported[/]", False: "[red]contradicted[/]",
          None: "[yellow]not supported[/]"}
@@ -50,8 +44,7 @@ def _evidence(items: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _print(result: Any) -> None:
-    out = console()
+def _print(out: Any, result: Any) -> None:
     out.soft_wrap = True
     for i, r in enumerate(result.rounds):
         title = "answer" if i == 0 else f"revision {i}"
@@ -73,59 +66,59 @@ def _print(result: Any) -> None:
         out.print(f"[bold]revised answer:[/] {escape(result.answer)}")
 
 
-@click.command("verify")
-@click.option("--question", "-q", required=True, help="The question that was answered.")
-@click.option("--answer", "-a", default=None,
-              help="The answer to check (default: MARCH's solver answers from the evidence).")
-@click.option("--evidence", "-e", multiple=True, metavar="TEXT|@FILE",
-              help="Evidence to check against (repeat for more); default: the corpus.")
-@click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
-              show_default=True, help="The library corpus evidence is retrieved from.")
-@click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Passages retrieved from the corpus.")
-@click.option("--policy", type=click.Choice(["report", "revise"]), default="report",
-              show_default=True, help="Report hallucinations, or revise the answer.")
-@click.option("--rounds", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Most revisions under --policy revise.")
-@click.option("--samples", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Checker samples (majority vote).")
-@click.option("--analyst", default=None,
-              help="Model spec of the proposer and checker (default: --model).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@model_option
-@library_option
-@click.option("--api-key", envvar="OPENAI_API_KEY", default=None, help="For openai: specs.")
-@json_option
-@handle_errors
-def verify(question: str, answer: str | None, evidence: tuple[str, ...], corpus_name: str,
-           k: int, policy: str, rounds: int, samples: int, analyst: str | None, seed: int,
-           model: str, library_path: Path | None, api_key: str | None, as_json: bool) -> None:
-    """Check an answer claim by claim against evidence: a proposer turns it into questions, a
-    checker that never sees the answer answers them from the evidence, and claims whose
-    answers disagree (or that the evidence cannot settle) are flagged."""
-    from whetstone.engine.api import Engine
-    from whetstone.engine.backends.registry import BackendOptions
+def commands(kit: CommandKit) -> list[click.Command]:
+    """What MARCH adds to the ``whetstone`` command line (its ``MethodSpec.commands``), built
+    with the command line's kit."""
 
-    given = _evidence(evidence)
-    out = console(stderr=True)
-    with out.status(f"loading {model} …", spinner="dots"):
-        engine = Engine(model, library=library_path, skills=False, checkpointing=False,
-                        backend_options=BackendOptions(api_key=api_key), corpus=corpus_name)
-    try:
-        with out.status("checking claims …", spinner="dots"):
-            result = engine.verify(question, answer, evidence=given or None, analyst=analyst,
-                                   k=k, policy=policy, rounds=rounds, samples=samples,
-                                   seed=seed)
-    finally:
-        engine.close()
-    if as_json:
-        emit_json({**result.to_dict(), "report": result.report()})
-    else:
-        _print(result)
-    if result.flagged:
-        sys.exit(EXIT_FLAGGED)
+    @click.command("verify")
+    @click.option("--question", "-q", required=True, help="The question that was answered.")
+    @click.option("--answer", "-a", default=None,
+                  help="The answer to check (default: MARCH's solver answers from the evidence).")
+    @click.option("--evidence", "-e", multiple=True, metavar="TEXT|@FILE",
+                  help="Evidence to check against (repeat for more); default: the corpus.")
+    @click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
+                  show_default=True, help="The library corpus evidence is retrieved from.")
+    @click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
+                  help="Passages retrieved from the corpus.")
+    @click.option("--policy", type=click.Choice(["report", "revise"]), default="report",
+                  show_default=True, help="Report hallucinations, or revise the answer.")
+    @click.option("--rounds", type=click.IntRange(min=0), default=1, show_default=True,
+                  help="Most revisions under --policy revise.")
+    @click.option("--samples", type=click.IntRange(min=1), default=3, show_default=True,
+                  help="Checker samples (majority vote).")
+    @click.option("--analyst", default=None,
+                  help="Model spec of the proposer and checker (default: --model).")
+    @click.option("--seed", type=int, default=0, show_default=True)
+    @kit.model_option
+    @kit.library_option
+    @click.option("--api-key", envvar="OPENAI_API_KEY", default=None, help="For openai: specs.")
+    @kit.json_option
+    @kit.handle_errors
+    def verify(question: str, answer: str | None, evidence: tuple[str, ...], corpus_name: str,
+               k: int, policy: str, rounds: int, samples: int, analyst: str | None, seed: int,
+               model: str, library_path: Path | None, api_key: str | None, as_json: bool) -> None:
+        """Check an answer claim by claim against evidence: a proposer turns it into questions, a
+        checker that never sees the answer answers them from the evidence, and claims whose
+        answers disagree (or that the evidence cannot settle) are flagged."""
+        from whetstone.engine.backends.registry import BackendOptions
 
+        given = _evidence(evidence)
+        out = kit.console(stderr=True)
+        with out.status(f"loading {model} …", spinner="dots"):
+            engine = kit.engine(model, library=library_path, skills=False, checkpointing=False,
+                                backend_options=BackendOptions(api_key=api_key), corpus=corpus_name)
+        try:
+            with out.status("checking claims …", spinner="dots"):
+                result = engine.verify(question, answer, evidence=given or None, analyst=analyst,
+                                       k=k, policy=policy, rounds=rounds, samples=samples,
+                                       seed=seed)
+        finally:
+            engine.close()
+        if as_json:
+            kit.emit_json({**result.to_dict(), "report": result.report()})
+        else:
+            _print(kit.console(), result)
+        if result.flagged:
+            sys.exit(EXIT_FLAGGED)
 
-def commands() -> list[click.Command]:
-    """What MARCH adds to the ``whetstone`` command line (its ``MethodSpec.commands``)."""
     return [verify]

@@ -44,7 +44,7 @@ from whetstone.engine.methods.march.format import (
     parse_claims,
     verdict,
 )
-from whetstone.engine.runtime.plugins import MethodEnv, NodeFn, Plugin, VerifyEnv
+from whetstone.engine.runtime.plugins import MethodEnv, Node, Plugin, VerifyEnv
 from whetstone.engine.types import (
     CheckRequest,
     Claim,
@@ -427,6 +427,7 @@ class March(Plugin):
 
     name = "march"
     config_class = MarchConfig
+    stages = ("answer",)  # the answer checked before the run finishes
 
     def __init__(self, verifier: MarchVerifier) -> None:
         self.verifier = verifier
@@ -452,8 +453,8 @@ class March(Plugin):
         return cls(MarchVerifier(env.backend, proposer=analyst, retriever=retriever,
                                  config=cfg))
 
-    def verify(self) -> NodeFn:
-        return self._verify_node
+    def nodes(self) -> list[Node]:
+        return [Node("answer", self._verify_node)]
 
     def _verify_node(self, state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         """Check the run's answer; under policy=revise, replace it with the revision. A

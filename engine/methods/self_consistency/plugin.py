@@ -2,7 +2,7 @@
 
 The test-time baseline that spends tokens instead of a library (Wang et al., 2023). A runtime
 method (``--methods self_consistency --method-config self_consistency.n=5``) that acts through
-two hooks: ``wrap_solver`` runs the task's whole solver (the agent loop or one direct call)
+two hooks: its wrapper around solving a task (``Plugin.wrap`` at ``solve``) runs the task's whole solver (the agent loop or one direct call)
 ``n`` times with different seeds, and ``adjust_config`` samples those runs at ``temperature``
 (only inside the wrapper: a single ``whetstone run`` is left greedy). Each sample votes with
 its answer, read the way the scorers read it: the tool calls for a task that gives tools
@@ -31,6 +31,7 @@ from whetstone.engine.methods.base import knob
 from whetstone.engine.runtime.plugins import Plugin, SolveFn
 
 if TYPE_CHECKING:
+    from whetstone.engine.backends.base import Backend
     from whetstone.engine.evaluation.tasks import TaskRecord
     from whetstone.engine.runtime.state import RunConfig
     from whetstone.engine.types import Trace
@@ -80,6 +81,7 @@ class SelfConsistency(Plugin):
 
     name = "self_consistency"
     config_class = SelfConsistencyConfig
+    wraps = ("solve",)  # the task solved n times, then voted
 
     def __init__(self, config: SelfConsistencyConfig | None = None) -> None:
         self.config = config or SelfConsistencyConfig()
@@ -90,7 +92,7 @@ class SelfConsistency(Plugin):
             return replace(config, temperature=self.config.temperature)
         return config
 
-    def wrap_solver(self, solve: SolveFn) -> SolveFn:
+    def wrap(self, point: str, solve: SolveFn, backend: Backend | None) -> SolveFn:
         cfg = self.config
 
         def sampled(task: Any, seed: int) -> Trace:

@@ -2,6 +2,7 @@
 
     evolver.py    ``Trace2Skill`` (``whetstone evolve trace2skill``): map, merge, apply
     examples.py   worked examples kept from verified runs (``examples=True``)
+    report.py     what ``whetstone evolve trace2skill`` prints of the map and reduce
 """
 
 from whetstone.engine.methods.registry import MethodSpec
@@ -14,4 +15,5 @@ METHOD = MethodSpec(
     name="trace2skill",
     evolver="whetstone.engine.methods.trace2skill.evolver:Trace2Skill",
     prompts=PROMPTS,
+    summary="whetstone.engine.methods.trace2skill.report:summary",
 )
