@@ -5,6 +5,7 @@ exemptions listed there are held to what mypy still finds, so the level only ris
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -20,9 +21,11 @@ ERROR = re.compile(r"^(?P<path>\S+)\.py:\d+: error: .*\[(?P<code>[a-z-]+)\]$")
 CHECKED = re.compile(r"(\d+) source files?\)?$")
 
 
-def _mypy() -> str | None:
-    exe = Path(sys.executable).parent / "mypy"
-    return str(exe) if exe.exists() else shutil.which("mypy")
+def _mypy() -> list[str] | None:
+    if importlib.util.find_spec("mypy") is not None:
+        return [sys.executable, "-m", "mypy"]
+    exe = shutil.which("mypy")
+    return [exe] if exe else None
 
 
 def _exemptions(config: dict) -> dict[str, set[str]]:
@@ -63,7 +66,7 @@ def test_the_product_type_checks_from_the_checkout(tmp_path: Path) -> None:
     ini = tmp_path / "mypy.ini"
     ini.write_text(_ini_without_exemptions(config))
     # The checkout's own cache (.gitignore'd): a second run reads it and takes seconds.
-    res = subprocess.run([exe, "-p", "whetstone", "--config-file", str(ini),
+    res = subprocess.run([*exe, "-p", "whetstone", "--config-file", str(ini),
                           "--cache-dir", str(REPO / ".mypy_cache")], cwd=REPO,
                          capture_output=True, text=True, timeout=900, check=False)
     out = res.stdout + res.stderr
