@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import site
 import stat
 import subprocess
 import sys
@@ -74,8 +73,9 @@ def test_every_name_resolves_by_path_without_an_installed_finder(tmp_path: Path)
     """With ``-S`` no ``.pth`` runs, so no editable finder is installed: the checkout on
     ``sys.path`` is enough for every package, each found at its path under ``whetstone/``."""
     names = sorted(_packages_in_tree() | {"whetstone.cli", "whetstone.engine.api"})
-    env = {"PATH": "/usr/bin:/bin",
-           "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()])}
+    # This interpreter's folders, for the dependencies (a .pth may have added some).
+    deps = [p for p in sys.path if p and Path(p).is_dir()]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(REPO), *deps])}
     res = subprocess.run([sys.executable, "-S", "-c", NO_FINDER_CHECK, *names], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
