@@ -58,4 +58,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache build *.egg-info

@@ -15,15 +15,7 @@ loaded on first use: importing ``whetstone`` imports nothing heavy.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-# Run from a source checkout that was not installed (a worktree of another commit, a
-# benchmark's baseline): the checkout's top-level folders are the subpackages, so
-# ``whetstone.engine`` is that checkout's engine/ and not the installed one.
-_CHECKOUT = Path(__file__).resolve().parent.parent
-if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "engine" / "__init__.py").is_file():
-    __path__.append(str(_CHECKOUT))
 
 if TYPE_CHECKING:
     from whetstone.engine.api import Engine, open_library

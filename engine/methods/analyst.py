@@ -25,7 +25,8 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 20] + " …[cut]… " + text[-15:]
 
 
-def _line(kind: str, **values: Any) -> str:
+def _line(kind: str, /, **values: Any) -> str:
+    # Positional-only: the "checked" line fills a $kind of its own.
     return render_prompt(f"analyst_trace.yaml#{kind}", **values)
 
 
