@@ -45,7 +45,7 @@ from whetstone.tools.builtin import builtin_tools
 from whetstone.tools.search import make_search_tool
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from whetstone.engine.evaluation.tasks import TaskSet
     from whetstone.engine.methods.base import Evolver

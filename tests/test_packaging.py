@@ -12,11 +12,11 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 
 import whetstone
 

@@ -10,10 +10,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 FOLDERS = ("engine", "skills", "tools", "library_store")

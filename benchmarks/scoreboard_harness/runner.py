@@ -28,6 +28,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -234,19 +235,19 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
 
 
 def _code_changes(raw: Any) -> tuple[tuple[float, str, str, str | None, str | None], ...]:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     out = []
     for i, c in enumerate(raw or ()):
         if not isinstance(c, Mapping) or not c.get("at") or not c.get("what"):
             raise ConfigError(f"code_changes entry {i + 1}: needs `at` (ISO UTC time) and `what`")
         try:
-            when = datetime.fromisoformat(str(c["at"]).replace("Z", "+00:00"))
+            when = datetime.fromisoformat(str(c["at"]))
         except ValueError as exc:
             raise ConfigError(f"code_changes entry {i + 1}: {exc}",
                               hint="write `at` as 2026-12-01T03:05:00Z") from exc
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         solver = c.get("solver")
         if solver not in (None, "agent", "direct"):
             raise ConfigError(f"code_changes entry {i + 1}: solver is agent or direct, "
