@@ -297,8 +297,9 @@ class Engine:
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
-        scores on ``gate_tasks`` (default: the traces' own tasks). ``options`` configure the
-        method (its config's fields, as ``whetstone methods`` lists them).
+        scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
+        ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
+        fields, as ``whetstone methods`` lists them).
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:

@@ -259,3 +259,10 @@ def test_whetstone_evolve_prints_the_decision_with_its_reasons(tmp_path: Path) -
     assert "tokens" in out and "per task (" in out and "x)" in out
     assert "could have missed 0.000 (bound 0.1)" in out
     assert "- a clear gain: difference +1.000" in out
+
+
+def test_the_gate_page_example_runs() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "gate.md").read_text()
+    blocks = text.split("```python\n")[1:]
+    assert len(blocks) == 1 and "```" in blocks[0]
+    exec(compile(blocks[0].split("```")[0], "docs/gate.md", "exec"), {})  # noqa: S102 - our docs
