@@ -74,6 +74,8 @@ class Evidence:
         left out could have gone either way: the interval over all tasks counts it as a loss
         at its lower end and a win at its upper end, so failures never make a gain clear."""
         n, k = self.n, self.left_out
+        if n + k == 0:
+            return "tie"
         if (n * self.ci_low - k) / (n + k) > EPS:
             return "gain"
         return "loss" if (n * self.ci_high + k) / (n + k) < -EPS else "tie"
@@ -90,6 +92,7 @@ class Evidence:
         return self.could_miss < self.bound - EPS
 
     def interval(self) -> str:
+        """``difference +0.000 [-0.167, +0.167] on 30 tasks``: for reasons."""
         return (f"difference {self.difference:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] "
                 f"on {self.n} tasks")
 
@@ -102,9 +105,9 @@ class Evidence:
         if cand is None or cur is None:
             return None, f"{label} not recorded"
         fmt = "{:.0f}" if what == "tokens" else "{:.2f}"
-        ratio = f" ({cand / cur:.2f}x)" if cur > 0 else ""
+        times = f" ({cand / cur:.2f}x)" if cur > 0 else ""
         ok = cand <= cur * most + EPS
-        return ok, f"{label} {fmt.format(cand)} vs {fmt.format(cur)}{ratio}"
+        return ok, f"{label} {fmt.format(cand)} vs {fmt.format(cur)}{times}"
 
 
 def ratio(candidate: float | None, current: float | None) -> float | None:
@@ -127,6 +130,7 @@ class Condition:
 
     @property
     def x(self) -> float:
+        """The threshold in force: the one given, else the kind's default."""
         return (MARGIN if self.kind == "not_worse" else 0.0) if self.threshold is None \
             else self.threshold
 
@@ -139,8 +143,9 @@ class Condition:
             ok, figures = ev.cost(self.kind, self.x)
             if ev.verdict == "gain":
                 return True, (f"{figures}: a clear gain, its cost is not weighed",)
-            return ok, (f"{figures} ({'<=' if ok else '>'} {self.x:g}x on a tie)"
-                        if ok is not None else figures,)
+            if ok is None:
+                return None, (figures,)
+            return ok, (f"{figures}: {'at most' if ok else 'more than'} {self.x:g}x on a tie",)
         return _check_difference(self, ev)
 
 
@@ -179,7 +184,8 @@ def _cost_aware(ev: Evidence) -> tuple[bool | None, tuple[str, ...]]:
     if ev.verdict == "loss":
         return False, (f"a clear loss: {ev.interval()}, the interval below 0", tokens, latency)
     m = ev.could_miss
-    reasons = [f"a tie: {ev.interval()}, inside the noise (the interval holds 0)"]
+    either = f", counting the {ev.left_out} left out either way" if ev.left_out else ""
+    reasons = [f"a tie: {ev.interval()}, inside the noise (the interval holds 0{either})"]
     if ev.powered:
         reasons.append(f"the dev set could have missed a regression of {m:.3f} at most "
                        f"(< {ev.bound:g})")
@@ -243,8 +249,6 @@ def decide_again(saved: Mapping[str, Any], rule: str = DEFAULT_RULE, *,
     the gate weighed cost): rerun its gate. A tie the saved tasks could not tell is rejected
     here; ``run_gate`` would first widen its tasks where a larger slice exists."""
     return apply_rule(rule, Evidence.from_decision(saved, power_bound))
-
-
 
 
 def summary(d: Mapping[str, Any]) -> str:
