@@ -77,16 +77,19 @@ def test_continuous_scores_get_no_mcnemar_p() -> None:
 
 def test_gate_accepts_a_better_library_and_rejects_a_worse_one() -> None:
     v1, v2 = run(V1, "v1"), run(V2, "v2")
-    better = gate(candidate=v2, current=v1)
-    assert better.accepted and better.rule == "cost_aware"
+    better = gate(candidate=v2, current=v1, rule="mean_not_worse")
+    assert better.accepted and better.rule == "mean_not_worse"
     assert (better.candidate_score, better.current_score) == (0.65, 0.5)
     assert better.difference == pytest.approx(0.15)
     assert (better.wins, better.losses) == (4, 1)
-    worse = gate(candidate=v1, current=v2)
+    worse = gate(candidate=v1, current=v2, rule="mean_not_worse")
     assert not worse.accepted and worse.difference == pytest.approx(-0.15)
-    assert any("could not tell" in why for why in worse.reasons)
-    old = gate(candidate=v1, current=v2, rule="mean_not_worse")
-    assert not old.accepted and "difference -0.1500 < 0" in old.reasons[0]
+    assert "difference -0.1500 < 0" in worse.reasons[0]
+    # The default: +0.15 on 20 tasks is a tie 20 tasks cannot tell; a clear gain passes.
+    assert not gate(candidate=v2, current=v1).accepted
+    assert any("could not tell" in why for why in gate(candidate=v1, current=v2).reasons)
+    clear = gate(candidate=run(set(range(20)), "v3"), current=v1)
+    assert clear.accepted and clear.rule == "cost_aware" and clear.verdict == "gain"
 
 
 def test_the_old_rule_accepts_a_tie_by_name_and_the_default_says_it_could_not_tell() -> None:
@@ -138,7 +141,7 @@ def test_gate_refuses_partial_or_mismatched_runs() -> None:
 
 
 def test_decision_to_dict_is_what_the_manifest_stores() -> None:
-    d = gate(run(V2, "v2"), run(V1, "v1")).to_dict()
+    d = gate(run(set(range(20)), "v2"), run(V1, "v1")).to_dict()
     for key in ("accepted", "rule", "candidate_score", "current_score", "difference", "ci_low",
                 "ci_high", "mcnemar_p", "n_tasks", "task_set", "seed", "candidate", "current"):
         assert key in d
@@ -158,7 +161,7 @@ def test_run_gate_evaluates_both_on_the_same_tasks_with_the_same_seed(tmp_path: 
         return solve
 
     d = run_gate(TASKS, recording(V2, "v2", "cand"), recording(V1, "v1", "cur"), seed=5,
-                 results_dir=tmp_path)
+                 results_dir=tmp_path, rule="mean_not_worse")
     assert d.accepted and d.n_tasks == 20 and d.seed == 5
     assert seeds["cand"] == seeds["cur"]
     assert set(d.results) == {"candidate", "current"} and all(

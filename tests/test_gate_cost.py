@@ -26,7 +26,7 @@ from whetstone.engine.evaluation.gate import (
 )
 from whetstone.engine.evaluation.results import EvalResult, TaskResult
 from whetstone.engine.evaluation.runner import Solver
-from whetstone.engine.evaluation.stats import missed_regression
+from whetstone.engine.evaluation.stats import missed_regression, unseen_share
 from whetstone.engine.evaluation.tasks import TaskSet, read_jsonl
 from whetstone.engine.types import Request
 
@@ -122,15 +122,22 @@ def test_not_worse_is_non_inferiority_with_a_margin() -> None:
 
 
 def test_nothing_changed_on_a_few_tasks_is_not_proof() -> None:
-    # With no task changed, the bound is the exact share of tasks that could change unseen.
-    assert missed_regression(0.0, 30, changed=0) == pytest.approx(0.1157, abs=1e-4)
-    assert missed_regression(0.0, 100, changed=0) == pytest.approx(0.0362, abs=1e-4)
-    assert missed_regression(-0.05, 95, changed=6, left_out=5) == pytest.approx(0.0975)
+    # On a tie, n tasks leave open a regression on 1 - 0.025 ** (1 / n) of the tasks.
+    assert unseen_share(30) == pytest.approx(0.1157, abs=1e-4)
+    assert unseen_share(100) == pytest.approx(0.0362, abs=1e-4)
+    assert missed_regression(0.0, 30) == pytest.approx(0.1157, abs=1e-4)
+    assert missed_regression(-0.2, 30) == pytest.approx(0.2)  # the interval, when wider
+    assert missed_regression(0.1, 30, floor=False) == 0.0
+    assert missed_regression(-0.05, 95, left_out=5) == pytest.approx(0.0975)
     same = [1.0] * 10 + [0.0] * 20
     d = gate(result("cand", same, 800), result("cur", same, 230))  # deduction-5's figures
     assert not d.accepted and d.ci_low == d.ci_high == 0.0 and d.needs_more
-    with pytest.raises(EvalError, match="changed <= n"):
-        missed_regression(0.0, 3, changed=4)
+    # One task better and none worse: the bootstrap says [0, +0.1], which rules out nothing.
+    d = gate(result("cand", [1.0] * 11 + [0.0] * 19, 230), result("cur", same, 230))
+    assert d.ci_low == 0.0 and d.could_miss == pytest.approx(0.1157, abs=1e-4)
+    assert not d.accepted and d.needs_more
+    with pytest.raises(EvalError, match="at least one task"):
+        unseen_share(0)
 
 
 def failing(r: EvalResult, which: range) -> EvalResult:
@@ -146,7 +153,7 @@ def test_failed_tasks_count_as_possible_losses_in_what_the_dev_set_could_miss() 
     d = gate(failing(result("cand", candidate, 230), range(100, 110)),
              result("cur", current, 230), allow_errors=True)
     assert d.n_tasks == 190 and len(d.left_out) == 10 and d.difference == ok.difference
-    assert d.could_miss == pytest.approx((10 - 190 * d.ci_low) / 200)
+    assert d.could_miss == pytest.approx((10 - 190 * min(d.ci_low, -unseen_share(190))) / 200)
     assert d.could_miss > ok.could_miss + 0.04
     assert "10 task(s) failed and are left out, neither a win nor a loss" in d.reasons[-1]
     # Failures on the very tasks it lost leave a gain on the rest, but never a clear one.

@@ -199,7 +199,7 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
                  "task's error)")
     ev = Evidence(
         difference=c.difference, ci_low=c.ci_low, ci_high=c.ci_high, n=c.n,
-        changed=len(c.wins) + len(c.losses), p_value=c.p_value, left_out=len(left_out),
+        p_value=c.p_value, left_out=len(left_out),
         confidence=confidence, bound=power_bound,
         candidate_tokens=_per_task(candidate, c.task_ids, "tokens"),
         current_tokens=_per_task(current, c.task_ids, "tokens"),

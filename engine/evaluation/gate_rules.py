@@ -42,7 +42,6 @@ class Evidence:
     ci_low: float
     ci_high: float
     n: int
-    changed: int  # paired tasks scored differently (wins + losses)
     p_value: float | None = None
     left_out: int = 0  # tasks failed in either run, not paired
     confidence: float = 0.95
@@ -61,7 +60,6 @@ class Evidence:
 
         return cls(difference=float(d["difference"]), ci_low=float(d["ci_low"]),
                    ci_high=float(d["ci_high"]), n=int(d["n_tasks"]),
-                   changed=int(d.get("wins", 0)) + int(d.get("losses", 0)),
                    p_value=num("mcnemar_p"), left_out=len(d.get("left_out") or ()),
                    confidence=float(d.get("confidence", 0.95)),
                    candidate_tokens=num("candidate_tokens"), current_tokens=num("current_tokens"),
@@ -82,9 +80,10 @@ class Evidence:
 
     @property
     def could_miss(self) -> float:
-        """The largest regression the gate's tasks could have missed (``missed_regression``)."""
-        return missed_regression(self.ci_low, self.n, changed=self.changed,
-                                 left_out=self.left_out, confidence=self.confidence)
+        """The largest regression the gate's tasks could have missed (``missed_regression``);
+        on a tie at least the share of tasks that could change unseen (``unseen_share``)."""
+        return missed_regression(self.ci_low, self.n, left_out=self.left_out,
+                                 confidence=self.confidence, floor=self.verdict == "tie")
 
     @property
     def powered(self) -> bool:
