@@ -240,8 +240,10 @@ def test_a_saved_decision_is_decided_again_from_its_figures() -> None:
                "losses": 10, "difference": 0.03}
     ok, reasons = decide_again(powered)
     assert ok is None and any("cannot weigh the cost" in why for why in reasons)
-    ok, _ = decide_again({**powered, "candidate_tokens": 952.0, "current_tokens": 597.0})
-    assert ok is False
+    costly = {**powered, "candidate_tokens": 952.0, "current_tokens": 597.0}
+    assert decide_again(costly)[0] is False
+    assert summary(costly) == ("a tie, more expensive: +0.03 [-0.06, +0.13] on 100 tasks, "
+                               "tokens 1.59x, could have missed 0.06")
     assert decide_again(TRACKING_3, "mean_not_worse")[0] is True
 
 

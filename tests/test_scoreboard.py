@@ -112,8 +112,8 @@ def test_the_page_pairs_rows_with_the_baseline(tmp_path: Path) -> None:
     evolved_line = next(line for line in page.splitlines() if line.startswith("| toy-evolved"))
     assert "1.000 (4/4)" in evolved_line and "+0.500" in evolved_line
     # Landed by the row's own rule, the old one: today's default could not tell on 4 tasks.
-    assert "accepted: a tie it could not tell: +0.50 [+0.00, +1.00] on 4 tasks, tokens " \
-        in evolved_line and "could have missed 0.60" in evolved_line
+    assert "accepted: a tie it could not tell, more expensive: +0.50 [+0.00, +1.00] on 4 " \
+        "tasks, tokens " in evolved_line and "could have missed 0.60" in evolved_line
     assert "4 train runs" in evolved_line  # what the evolver learnt from is part of its cost
     saved = json.loads((results / "toy" / "toy-evolved.json").read_text())
     assert saved["evolve"]["method"] == "toy"

@@ -252,16 +252,20 @@ def decide_again(saved: Mapping[str, Any], rule: str = DEFAULT_RULE, *,
 
 def summary(d: Mapping[str, Any]) -> str:
     """One line for a table, from a saved decision (``Decision.to_dict()``): the verdict and
-    the figures behind it (the token ratio only where the decision recorded tokens)."""
+    the figures behind it (the token ratio only where the decision recorded tokens; what the
+    dev set could have missed only on a tie, where it decides)."""
     ev = Evidence.from_decision(d, float(d.get("power_bound") or MARGIN))
     kind = {"gain": "a clear gain", "loss": "a clear loss", "tie": "a tie"}[ev.verdict]
-    if ev.verdict == "tie" and not ev.powered:
-        kind += " it could not tell"
+    costlier, _ = ev.cost("tokens", MAX_TOKEN_RATIO)
+    if ev.verdict == "tie":
+        kind += ("" if ev.powered else " it could not tell") + (
+            ", more expensive" if costlier is False else "")
     parts = [f"{ev.difference:+.2f} [{ev.ci_low:+.2f}, {ev.ci_high:+.2f}] on {ev.n} tasks"]
     r = ratio(ev.candidate_tokens, ev.current_tokens)
     if r is not None:
         parts.append(f"tokens {r:.2f}x")
-    parts.append(f"could have missed {ev.could_miss:.2f}")
+    if ev.verdict == "tie":
+        parts.append(f"could have missed {ev.could_miss:.2f}")
     widened = d.get("widened_from")
     if widened:
         parts.append(f"widened from {widened.get('n_tasks')} tasks")
