@@ -275,3 +275,16 @@ def test_the_gate_page_example_runs() -> None:
     blocks = text.split("```python\n")[1:]
     assert len(blocks) == 1 and "```" in blocks[0]
     exec(compile(blocks[0].split("```")[0], "docs/gate.md", "exec"), {})  # noqa: S102 - our docs
+
+
+def test_the_gate_page_shows_what_evolve_prints_for_the_saved_tracking_decision() -> None:
+    from whetstone.engine.commands.evolve import decision_lines
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "docs" / "gate.md").read_text()
+    shown = text.split("```text\n")[1].split("```")[0].rstrip("\n").split("\n")
+    saved = json.loads((repo / "benchmarks" / "results" / "bb-tracking-3" /
+                        "trace2skill-examples.json").read_text())["evolve"]["decision"]
+    head, *rest = decision_lines(saved)
+    assert shown == [head, *(f"  {line}" for line in rest)]
+    assert not saved["accepted"] and saved["widened_from"]["n_tasks"] == 30

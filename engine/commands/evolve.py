@@ -256,10 +256,9 @@ def _print(result: Any) -> None:
         out.print(f"[yellow]{escape(result.note)}[/]", markup=True)
     d = result.decision
     if d is not None:
-        verdict = "[green]accepted[/]" if d.accepted else "[red]rejected[/]"
-        out.print(f"gate {verdict} ({escape(d.rule)}) on {escape(d.task_set)}: candidate "
-                  f"{d.candidate_score:.3f} vs current {d.current_score:.3f}", markup=True)
-        for line in decision_lines(d.to_dict()):
+        head, *rest = decision_lines(d.to_dict())
+        out.print(head, style="green" if d.accepted else "red", markup=False, soft_wrap=True)
+        for line in rest:
             out.print(f"  {line}", markup=False, soft_wrap=True)
     if result.version is not None:
         out.print(f"new library version [bold]{result.version.id}[/]", markup=True)
@@ -269,9 +268,12 @@ def _print(result: Any) -> None:
 
 
 def decision_lines(d: dict[str, Any]) -> list[str]:
-    """What ``whetstone evolve`` prints under the gate's verdict: the figures (difference with
+    """What ``whetstone evolve`` prints for the gate: the verdict, the figures (difference with
     its interval, tokens per task and their ratio, the regression the dev set could have
     missed), then each reason. ``d`` is a decision's ``to_dict()``."""
+    head = (f"gate {'accepted' if d['accepted'] else 'rejected'} ({d['rule']}) on "
+            f"{d['task_set']}: candidate {d['candidate_score']:.3f} vs current "
+            f"{d['current_score']:.3f}")
     ratio = d.get("token_ratio")
     tokens = (f"tokens {d.get('candidate_tokens', 0):.0f} vs {d.get('current_tokens', 0):.0f} "
               "per task" + (f" ({ratio:.2f}x)" if ratio is not None else ""))
@@ -279,4 +281,4 @@ def decision_lines(d: dict[str, Any]) -> list[str]:
                f"{d['n_tasks']} tasks ({d['wins']} better, {d['losses']} worse) · {tokens} · "
                f"could have missed {d.get('could_miss', 0):.3f} (bound "
                f"{d.get('power_bound', 0):g})")
-    return [figures] + [f"- {why}" for why in d.get("reasons") or ()]
+    return [head, figures] + [f"- {why}" for why in d.get("reasons") or ()]
