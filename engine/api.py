@@ -20,6 +20,7 @@ from whetstone.engine.backends.registry import BackendOptions, get_backend
 from whetstone.engine.errors import ConfigError, NotFound
 from whetstone.engine.evaluation.agent_solver import agent_solver
 from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.runner import Solver
 from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, default_registry
@@ -289,7 +290,7 @@ class Engine:
                trace_filter: str | Mapping[str, Any] | None = None, limit: int | None = None,
                labels: Mapping[str, str] | None = None, gate_tasks: Any = None,
                analyst: Backend | str | None = None, dry_run: bool = False,
-               rule: str = "not_worse", seed: int = 0, concurrency: int | None = None,
+               rule: str = DEFAULT_RULE, seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
@@ -302,8 +303,9 @@ class Engine:
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
-        scores on ``gate_tasks`` (default: the traces' own tasks). ``options`` configure the
-        method (its config's fields, as ``whetstone methods`` lists them).
+        scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
+        ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
+        fields, as ``whetstone methods`` lists them).
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:

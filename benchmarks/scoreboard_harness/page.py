@@ -12,6 +12,7 @@ from typing import Any
 
 from scoreboard_harness.runner import Plan, PoolPlan, RowOutcome, SectionPlan, SetPlan
 from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.gate import DEFAULT_RULE, decide_again, summary
 from whetstone.engine.evaluation.results import EvalResult
 
 
@@ -28,15 +29,25 @@ def _cost(evolve: Mapping[str, Any] | None) -> str:
 
 
 def _gate(evolve: Mapping[str, Any] | None, default_dev: str = "") -> str:
+    """The gate column: the verdict with its figures (difference and interval, token ratio,
+    what the dev set could have missed). A decision saved before the gate weighed cost and
+    power is shown as made, then decided again under today's default from its figures."""
     if not evolve:
         return "–"
     d = evolve.get("decision")
     if not d:
         return evolve.get("note") or "no gate"
     verdict = "accepted" if evolve.get("accepted") else "rejected"
-    text = f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
     # a row gated on its own dev slice says which (the set's header names the usual one)
-    return text + (f" on `{d['task_set']}`" if d.get("task_set") != default_dev else "")
+    where = f" on `{d['task_set']}`" if d.get("task_set") != default_dev else ""
+    if "verdict" in d:
+        return f"{verdict}{where}: {summary(d)}"
+    old = (f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
+           f"{where} under the old rule")
+    again, _ = decide_again(d)
+    now = {True: "accepted", False: "rejected",
+           None: "undecided (its dev tokens were not saved: rerun its gate)"}[again]
+    return f"{old}; now {now}: {summary(d)}"
 
 
 _HEADER = ("| row | solver | methods | accuracy (n) | Δ vs baseline [95% CI] | McNemar p "
@@ -47,7 +58,12 @@ _EXPLAIN = ("Evolved on `train`, gated on `dev`, reported on `test` (never tuned
             "prompt + completion tokens over every model call of a task; evolve cost: the "
             "analyst's calls, the agent's train runs it learnt from, and the minutes from those "
             "runs to the gate's decision (running them is not counted: every row on the same "
-            "train slice shares them).")
+            "train slice shares them); gate (dev): the decision with its difference and "
+            "interval on the dev tasks, the candidate's tokens per task over the current's and "
+            "the largest regression the dev set could have missed (docs/gate.md). A decision "
+            "made before the default rule weighed cost and power is shown as made, then as "
+            f"`{DEFAULT_RULE}` decides it now from its saved figures; the row still reports "
+            "the library accepted then.")
 
 
 def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:

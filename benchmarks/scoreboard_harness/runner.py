@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.results import EvalResult
 from whetstone.engine.evaluation.runner import Solver, evaluate
 from whetstone.engine.evaluation.tasks import TaskSet
@@ -48,7 +49,7 @@ class EvolvePlan:
     method: str
     options: Mapping[str, Any] = field(default_factory=dict)
     analyst: str | None = None  # None: the plan's analyst
-    rule: str = "not_worse"
+    rule: str | None = None  # None: the gate's default (DEFAULT_RULE)
     max_agent_runs: int | None = None
     train: str | None = None  # None: the set's slices; a row may evolve on more train runs
     dev: str | None = None    # or gate on a larger dev slice (the test slice is the set's)
@@ -188,7 +189,7 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
             _only(e, {"method", "options", "analyst", "rule", "max_agent_runs", "train", "dev"},
                   where + " evolve")
             evolve = EvolvePlan(method=e["method"], options=dict(e.get("options") or {}),
-                                analyst=e.get("analyst"), rule=e.get("rule", "not_worse"),
+                                analyst=e.get("analyst"), rule=e.get("rule"),
                                 max_agent_runs=e.get("max_agent_runs"), train=e.get("train"),
                                 dev=e.get("dev"))
         if r.get("library_of") and r.get("evolve"):
@@ -285,6 +286,11 @@ def row_key(plan: Plan, row: RowPlan) -> str:
         for k in ("train", "dev"):
             if data["row"]["evolve"][k] is None:
                 del data["row"]["evolve"][k]
+        # The gate's default hashes as the name it had when these keys were made, so a change
+        # of default does not rerun every evolved row: the page decides a row saved under the
+        # old rule again from its figures and says so (page._gate).
+        if data["row"]["evolve"]["rule"] is None:
+            data["row"]["evolve"]["rule"] = "not_worse"
     if data["row"]["library_of"] is None:
         del data["row"]["library_of"]
     else:
@@ -463,7 +469,8 @@ class Runner:
         t0 = time.time()
         res = engine.evolve(
             row.evolve.method, traces=traces, tasks=self.tasks(train),
-            gate_tasks=self.tasks(dev), analyst=self.analyst_for(row), rule=row.evolve.rule,
+            gate_tasks=self.tasks(dev), analyst=self.analyst_for(row),
+            rule=row.evolve.rule or DEFAULT_RULE,
             seed=self.plan.seed, concurrency=self.concurrency,
             max_agent_runs=row.evolve.max_agent_runs, solver=row.solver,
             on_progress=lambda phase, d, n: self.on_progress(f"{row.id} {phase}", d, n),

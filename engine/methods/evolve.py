@@ -22,7 +22,7 @@ from typing import Any
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError, TasksFailed
-from whetstone.engine.evaluation.gate import Decision, run_gate
+from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, run_gate
 from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
 from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
@@ -117,7 +117,7 @@ def gate_and_apply(
     *,
     make_solver: Callable[[Snapshot], Solver],
     gate_tasks: TaskSet | Sequence[TaskRecord] | str,
-    rule: str = "not_worse",
+    rule: str = DEFAULT_RULE,
     seed: int = 0,
     concurrency: int = 1,
     candidate_name: str | None = None,
@@ -200,7 +200,7 @@ def evolve(
     tasks: TaskSet | None = None,
     labels: Mapping[str, str] | None = None,
     gate_tasks: TaskSet | Sequence[TaskRecord] | str | None = None,
-    rule: str = "not_worse",
+    rule: str = DEFAULT_RULE,
     seed: int = 0,
     concurrency: int = 1,
     candidate_name: str | None = None,
