@@ -256,6 +256,7 @@ def test_whetstone_evolve_prints_the_decision_with_its_reasons(tmp_path: Path) -
         [f"Final Answer: {2 * i}" for i in range(1, 5)]
     (tmp_path / "agent.json").write_text(json.dumps(agent))
     (tmp_path / "analyst.json").write_text(json.dumps([analyst_reply(None)] * 4))  # type: ignore[arg-type]
+    (tmp_path / "lib").mkdir()  # an empty folder may become a library; a missing one may not
     res = CliRunner().invoke(cli, [
         "evolve", "trace2skill", "--tasks", str(tasks), "--skill", "adding", "--create", "-j", "1",
         "--model", f"scripted:{tmp_path / 'agent.json'}",

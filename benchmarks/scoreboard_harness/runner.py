@@ -387,7 +387,8 @@ class Runner:
         return Engine(self.backend, library=library, version=version,
                       methods=row.methods if row else (),
                       tools=row.tools if row else ("calculator", "python"),
-                      checkpointing=False, registry=self.registry, home=self.work_dir)
+                      checkpointing=False, registry=self.registry, home=self.work_dir,
+                      create=True)  # the harness's own scratch libraries
 
     def solver(self, engine: Any, row: RowPlan) -> Solver:
         """``Engine.solver``: the agent loop, or one direct call with the library's guidance."""
