@@ -42,6 +42,7 @@ from whetstone.engine.commands.common import (
 )
 from whetstone.engine.errors import ConfigError, EvalError
 from whetstone.engine.evaluation.benchmarks import BENCHMARKS, load_tasks
+from whetstone.engine.evaluation.bigbench import EXAMPLE_TASK
 from whetstone.engine.evaluation.compare import Comparison, compare
 from whetstone.engine.evaluation.gate import check_no_errors
 from whetstone.engine.evaluation.report import write_report
@@ -194,7 +195,7 @@ Example, a HumanEval-style code task scored by running its tests
 @click.group("eval", cls=MethodGroup, invoke_without_command=True, epilog=_SCORER_EPILOG)
 @click.option("--tasks", "-t", "tasks_spec", metavar="SET",
               help="Task set: " + ", ".join(BENCHMARKS) + "; bigbench:<task> (any BIG-bench "
-                   "task folder, e.g. bigbench:logical_deduction/three_objects; `whetstone data "
+                   f"task folder, e.g. bigbench:{EXAMPLE_TASK}; `whetstone data "
                    "fetch bigbench` first); or a .jsonl file. SET@train|dev|test picks a "
                    "split, SET:START:END a slice.")
 @model_option
