@@ -73,9 +73,10 @@ class ToolSet:
                     if not mcp_done and self.sessions is not None:
                         out += self.sessions.tools()
                         for name, why in self.sessions.refused:
-                            log.warning("MCP tool %s is not offered: %s (allow it with "
-                                        "--allow-tool %s, or McpServer(allow=...))", name,
-                                        why, name)
+                            # Left out by an allow-list: what was asked for, said quietly.
+                            level = logging.INFO if "allow-list" in why else logging.WARNING
+                            log.log(level, "MCP tool %s is not offered: %s (allow it with "
+                                    "--allow-tool %s, or McpServer(allow=...))", name, why, name)
                         mcp_done = True
                 else:
                     out += self._resolve(item)
