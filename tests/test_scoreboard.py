@@ -253,3 +253,57 @@ def test_a_decision_saved_under_the_old_rule_is_decided_again_on_the_page(tmp_pa
     data["rows"][2]["evolve"]["rule"] = "not_worse"
     named = parse_plan(data)
     assert row_key(default, default.rows[2]) == row_key(named, named.rows[2])
+
+
+def test_a_row_with_mcp_servers_runs_with_their_tools_and_counts_the_calls(tmp_path: Path
+                                                                            ) -> None:
+    from mcp_support import TEST_SERVER, starts, wait_gone
+
+    log = tmp_path / "starts.log"
+    servers = tmp_path / "servers.json"
+    servers.write_text(json.dumps({"mcpServers": {"shop": {
+        "command": sys.executable, "args": [str(TEST_SERVER), "stdio", "--log", str(log)]}}}))
+    tasks = [TaskRecord(id=f"p{i}", question=f"What does a {item} cost?", expected=str(price),
+                        scorer="numeric")
+             for i, (item, price) in enumerate([("kettle", 24.5), ("lamp", 12.25)] * 3)]
+    path = str(write_jsonl(tasks, tmp_path / "prices.jsonl"))
+
+    def shopper(request: Request) -> str:
+        last = request.messages[-1].text
+        if last.startswith("Observation:"):
+            return f"Final Answer: {json.loads(last.split(':', 1)[1])['price']}"
+        if "shop_lookup" not in request.messages[0].text:
+            return "Final Answer: 10"
+        item = "kettle" if "kettle" in last else "lamp"
+        return f'Action: shop_lookup[{{"item": "{item}"}}]'
+
+    data = {"model": "scripted", "seed": 0, "concurrency": 1,
+            "sets": {"shop": {"train": f"{path}:0:2", "dev": f"{path}:2:4",
+                              "test": f"{path}:4:6"}},
+            "rows": [{"set": "shop", "name": "agent", "tools": [], "mcp": str(servers)},
+                     {"set": "shop", "name": "no-server", "tools": []},
+                     {"set": "shop", "name": "toy", "tools": [], "mcp": str(servers),
+                      "evolve": {"method": "toy", "options": {"note": "x"}}}]}
+    plan = parse_plan(data)
+    runner = _runner(plan, tmp_path)
+    runner.backend = runner.analyst = ScriptedBackend(responder=shopper)
+    results = tmp_path / "results"
+    outcomes = run_plan(runner, results, say=lambda s: None)
+    agent, bare = outcomes["shop/agent"], outcomes["shop/no-server"]
+    assert agent.result.accuracy == 1.0 and bare.result.accuracy == 0.0
+    assert agent.tool_calls == {"result": {"rate": 1.0, "per_task": 1.0, "tasks": 2}}
+    assert bare.tool_calls is None
+    # The training runs are collected as the baseline row runs: with the server's tools.
+    collected = (tmp_path / "work" / "shop" / "collect").rglob("*.jsonl")
+    assert "shop_lookup" in "".join(p.read_text() for p in collected)
+    assert len(starts(log)) == 2  # once per row that has the servers, not once per engine
+    assert all(wait_gone(pid) for pid in starts(log))
+    page = render(plan, outcomes, tmp_path, command="x")
+    assert "| MCP tool calls (tasks) | tokens/task |" in page
+    assert "| 100% (1.0/task) |" in next(x for x in page.splitlines()
+                                         if x.startswith("| agent"))
+    assert "| – |" in next(x for x in page.splitlines() if x.startswith("| no-server"))
+    # The servers' file is part of the row: editing it makes the row stale.
+    before = row_key(plan, plan.row("shop/agent"))
+    servers.write_text(servers.read_text().replace("stdio", "stdio "))
+    assert row_key(plan, plan.row("shop/agent")) != before

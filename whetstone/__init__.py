@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from whetstone.engine.methods.evolve import EvolveResult
     from whetstone.engine.runtime.state import RunConfig
     from whetstone.engine.types import Completion, Message, Request, Skill, Trace
+    from whetstone.tools.mcp_config import McpServer, load_mcp_config
+    from whetstone.tools.toolset import ToolSet
 
 # name -> the module that defines it (imported when the name is first read)
 _EXPORTS: dict[str, str] = {
@@ -36,10 +38,14 @@ _EXPORTS: dict[str, str] = {
     "Completion": "whetstone.engine.types",
     "Trace": "whetstone.engine.types",
     "Skill": "whetstone.engine.types",
+    "McpServer": "whetstone.tools.mcp_config",
+    "load_mcp_config": "whetstone.tools.mcp_config",
+    "ToolSet": "whetstone.tools.toolset",
 }
 
-__all__ = ["Completion", "Engine", "EvolveResult", "Message", "Request", "RunConfig", "Skill",
-           "Trace", "WhetstoneError", "__version__", "open_library"]
+__all__ = ["Completion", "Engine", "EvolveResult", "McpServer", "Message", "Request",
+           "RunConfig", "Skill", "ToolSet", "Trace", "WhetstoneError", "__version__",
+           "load_mcp_config", "open_library"]
 
 
 def __getattr__(name: str) -> Any:

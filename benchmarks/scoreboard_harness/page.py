@@ -66,20 +66,33 @@ _EXPLAIN = ("Evolved on `train`, gated on `dev`, reported on `test` (never tuned
             "the library accepted then.")
 
 
+def _calls(counted: Mapping[str, Any] | None) -> str:
+    """A row's use of the MCP servers' tools on test: share of tasks, and calls per task."""
+    if not counted:
+        return "–"
+    return f"{counted['rate']:.0%} ({counted['per_task']:.1f}/task)"
+
+
 def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:
     rows = [r for r in plan.rows if r.set == s.name]
     base = outcomes.get(f"{s.name}/{s.baseline}")
+    # A set whose rows use MCP servers gets a column of how often their tools were called.
+    mcp = any(r.mcp for r in rows)
+    header = _HEADER.replace(" | tokens/task |", " | MCP tool calls (tasks) | tokens/task |") \
+        if mcp else _HEADER
     lines = [f"### {s.title or s.name}", "",
              f"train `{s.train}` · dev `{s.dev}` · test `{s.test}` · baseline: `{s.baseline}`",
-             "", _HEADER,
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", header, "|---" * header.count(" | ") + "|---|"]
     stale: set[int] = set()
     for r in rows:
         o = outcomes.get(r.id)
         methods = ", ".join(m for m, _ in r.methods) or "–"
         if o is None:
-            lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
+            lines.append(f"| {r.name} | {r.solver} | {methods} | not run |"
+                         + " |" * (header.count(" | ") - 3))
             continue
+        calls = o.tool_calls or {}
+        used = f" {_calls(calls.get('result'))} |" if mcp else ""
         res = o.result
         before = [i for i, (ts, _, _, solver, method) in enumerate(plan.code_changes)
                   if res.started < ts and solver in (None, r.solver) and method in (
@@ -93,7 +106,7 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
         gate = _gate(o.evolve, s.dev) if r.library_of is None else f"library of `{r.library_of}`"
         lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
-                     f"({res.tally()}) | {delta} | {p} | "
+                     f"({res.tally()}) | {delta} | {p} |{used} "
                      f"{res.mean_tokens:.0f} | "
                      f"{_cost(o.evolve)} | {gate} |")
         if o.candidate_result is not None and base is not None:
@@ -102,8 +115,9 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             lines.append(f"| {r.name} (rejected candidate) | {r.solver} | {methods} | "
                          f"{cr.accuracy:.3f} ({cr.tally()}) | "
                          f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | "
-                         f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} | "
-                         f"{cr.mean_tokens:.0f} | | not committed |")
+                         f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} |"
+                         + (f" {_calls(calls.get('candidate'))} |" if mcp else "")
+                         + f" {cr.mean_tokens:.0f} | | not committed |")
     notes = [f"- **{r.name}**: {r.note}" for r in rows if r.note]
     notes += [f"- †{i + 1}: run before {plan.code_changes[i][1]}: {plan.code_changes[i][2]}"
               for i in sorted(stale)]

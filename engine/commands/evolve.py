@@ -39,6 +39,7 @@ from whetstone.engine.commands.common import (
     model_option,
     solver_option,
 )
+from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 
@@ -73,6 +74,7 @@ def _shared_options() -> list[click.Option]:
         click.option("--dry-run", is_flag=True,
                      help="Print the merged patch as a diff; write nothing."),
         solver_option,
+        *reversed(tool_click_options()),
         library_option,
         json_option,
     ]
@@ -149,7 +151,7 @@ def evolver_command(name: str, evolver_class: Any) -> click.Command:
     def callback(**params: Any) -> None:
         options = {k[len(_CONFIG):]: v for k, v in params.items() if k.startswith(_CONFIG)}
         shared_values = {k: v for k, v in params.items() if not k.startswith(_CONFIG)}
-        _run(name, options, **shared_values)
+        _run(name, options, **pop_tools(shared_values))
 
     return click.Command(name, params=[*config_options(evolver_class.config_class, taken),
                                        *shared], callback=callback, help=summary,
@@ -205,14 +207,15 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          gate_tasks: str | None, gate_rule: str, allow_errors: bool,
          concurrency: int | None, seed: int,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
-         solver: str, as_json: bool) -> None:
+         solver: str, as_json: bool, agent_tools: list[Any]) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
     from whetstone.engine.api import Engine
     from whetstone.engine.evaluation.benchmarks import load_tasks
 
     err = console(stderr=True)
     with err.status(f"loading {model} …"):
-        engine = Engine(model, library=library_path, checkpointing=False, solver=solver)
+        engine = Engine(model, library=library_path, checkpointing=False, solver=solver,
+                        tools=agent_tools)
     try:
         with _bar(err) as bar:
             bars: dict[str, Any] = {}
