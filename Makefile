@@ -4,9 +4,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox demo test test-fast test-real bench lint clean
+.PHONY: install sandbox mcp-servers demo test test-fast test-real bench lint clean
 
-install: $(STAMP) sandbox
+install: $(STAMP) sandbox mcp-servers
 
 # The tool sandbox runs code under bubblewrap. Best effort: installed where we are root and apt
 # exists; elsewhere a note says how. Without it tools run in a weaker mode that every tool
@@ -20,6 +20,27 @@ sandbox:
 	    echo "bubblewrap (bwrap) is missing: install it (sudo apt-get install bubblewrap)" \
 	      "or tool code runs unisolated"; \
 	  fi; }
+
+# Real MCP servers from the package registries, for the MCP client's tests and the MCP stage of
+# the scoreboard (pinned in tests/fixtures/mcp_servers/): mcp-server-sqlite from PyPI in a venv
+# of its own (it is written for mcp 1.x; Whetstone runs mcp 2.x) and, where npm is installed,
+# @modelcontextprotocol/server-filesystem from npm. Best effort: a test whose server is missing
+# is skipped with the reason.
+MCP_SERVERS := .cache/mcp-servers
+MCP_PINS := tests/fixtures/mcp_servers
+mcp-servers: $(MCP_SERVERS)/.installed
+
+$(MCP_SERVERS)/.installed: $(MCP_PINS)/requirements.txt $(MCP_PINS)/package.json $(MCP_PINS)/package-lock.json
+	@mkdir -p $(MCP_SERVERS)/npm
+	@{ python3 -m venv $(MCP_SERVERS)/sqlite-venv && \
+	  $(MCP_SERVERS)/sqlite-venv/bin/python -m pip install -q -r $(MCP_PINS)/requirements.txt; } \
+	  || echo "mcp-server-sqlite could not be installed: its tests are skipped"
+	@if command -v npm >/dev/null 2>&1; then \
+	  cp $(MCP_PINS)/package.json $(MCP_PINS)/package-lock.json $(MCP_SERVERS)/npm/ && \
+	  npm ci --prefix $(MCP_SERVERS)/npm --no-audit --no-fund --loglevel=error \
+	  || echo "the npm MCP server could not be installed: its tests are skipped"; \
+	else echo "npm is missing: the tests of npm MCP servers are skipped"; fi
+	@touch $@
 
 # torch first and pinned: it takes the CPU build from this machine's disk instead of a CUDA build.
 $(STAMP): pyproject.toml requirements-nodeps.txt
@@ -37,11 +58,11 @@ $(STAMP): pyproject.toml requirements-nodeps.txt
 demo: $(STAMP) sandbox
 	$(VENV)/bin/whetstone run "Use the calculator: what is 17 * 23?"
 
-test: $(STAMP) sandbox
+test: $(STAMP) sandbox mcp-servers
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Unit tests only: no real model weights.
-test-fast: $(STAMP) sandbox
+test-fast: $(STAMP) sandbox mcp-servers
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # Against real model servers: llama.cpp's when one answers on 127.0.0.1:$$LLAMACPP_PORT (8081;
@@ -58,4 +79,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache build *.egg-info

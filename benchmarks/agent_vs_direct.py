@@ -98,7 +98,7 @@ def run_one(model: str, backend: Any, task_set: str, variant: Variant, seed: int
 
     folder = work / _slug(task_set) / variant.name
     shutil.rmtree(folder, ignore_errors=True)
-    engine = Engine(backend, library=folder / "library", checkpointing=False,
+    engine = Engine(backend, library=folder / "library", checkpointing=False, create=True,
                     config=RunConfig(**variant.config), solver=variant.solver)
     store = TraceStore(folder / "traces")
     tasks = load_tasks(task_set)

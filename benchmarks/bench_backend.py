@@ -213,7 +213,8 @@ def join_windows(windows: list[float], tasks: str, concurrency: int) -> None:
     for window in windows:
         backend = get_backend("embedded", BackendOptions(extra={"join_window_s": window}))
         with tempfile.TemporaryDirectory(prefix="whetstone-bench-join-") as home:
-            solver = Engine(backend, library=Path(home) / "lib", checkpointing=False).solver()
+            solver = Engine(backend, library=Path(home) / "lib", checkpointing=False,
+                            create=True).solver()
             _, wall = timed(evaluate, load_tasks(tasks), solver, None, concurrency=concurrency)
         stats = backend.stats
         backend.close()

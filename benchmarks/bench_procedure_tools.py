@@ -67,7 +67,7 @@ def run_row(spec: str, row: str, tool: str, work: Path) -> dict[str, Any]:
 
     model, solver, with_tools = ROWS[row]
     lib = work / f"{row}-lib"
-    engine = Engine(model, library=lib, checkpointing=False, solver=solver)
+    engine = Engine(model, library=lib, checkpointing=False, solver=solver, create=True)
     if with_tools and not engine.library.snapshot().has("skills/"):
         import_skills(engine.library, FIXTURE)
     tasks = load_tasks(spec)

@@ -20,6 +20,7 @@ from whetstone.engine.backends.registry import BackendOptions, get_backend
 from whetstone.engine.errors import ConfigError, NotFound
 from whetstone.engine.evaluation.agent_solver import agent_solver
 from whetstone.engine.evaluation.direct import direct_solver
+from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.runner import Solver
 from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, Verification, default_registry
@@ -35,11 +36,10 @@ from whetstone.library_store.corpus import Corpus
 from whetstone.library_store.store import Library, Snapshot
 from whetstone.library_store.traces import TraceStore
 from whetstone.tools.base import Tool
-from whetstone.tools.builtin import builtin_tools
-from whetstone.tools.search import make_search_tool
+from whetstone.tools.toolset import ToolSet
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from whetstone.engine.evaluation.tasks import TaskSet
     from whetstone.engine.evolution.pipeline import EvolveResult
@@ -71,9 +71,10 @@ class Engine:
     mistyped path is an error, never a new empty library); ``version`` pins a library version or ``candidate:NAME`` (default: follow the current
     one); ``skills`` retrieves the library's skills into each run; ``methods`` are the runtime
     methods to use besides: registered names (``"memory"``), ``(name, options)`` pairs, or
-    ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools`` names built-in
-    tools, and ``"search"`` searches the library's evidence corpus ``corpus`` (``whetstone
-    corpus``). ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate)
+    ``Plugin`` objects (see ``whetstone.engine.methods.registry``). ``tools``: built-in tools by
+    name (``"search"`` searches the library's evidence corpus ``corpus``), typed functions,
+    LangChain tools and ``McpServer``s (``whetstone.tools.toolset``; servers start on first
+    use and stop at ``close``). ``solver`` is how ``solver()`` (so ``whetstone eval`` and the evolve gate)
     answers a task: ``agent`` (the loop) or ``direct`` (one call, the library's guidance in
     the system message).
     """
@@ -86,7 +87,7 @@ class Engine:
         version: str | None = None,
         skills: bool = True,
         methods: Sequence[MethodSpec] = (),
-        tools: Sequence[str] | Sequence[Tool] = ("calculator", "python"),
+        tools: Sequence[Any] = ("calculator", "python"),
         config: RunConfig | None = None,
         home: str | Path | None = None,
         backend_options: BackendOptions | None = None,
@@ -114,7 +115,10 @@ class Engine:
             model, backend_options or BackendOptions())
         self.config = config or RunConfig()
         self.skills = skills
-        self._tools = tools
+        # Functions are checked now; MCP servers start on first use (the face injects the
+        # search tool's retriever: no tool opens one).
+        self._toolset = ToolSet(tools, corpus=self.corpus,
+                                images_dir=self.library.scratch("tool-images"))
         self._checkpointing = checkpointing
         self.corpus_name = corpus
         self._corpora: dict[str, Corpus] = {}
@@ -215,14 +219,7 @@ class Engine:
         return self._corpora[name]
 
     def _tool_list(self) -> list[Tool]:
-        tools = self._tools
-        if tools and isinstance(next(iter(tools)), str):
-            names = tuple(tools)
-            out = builtin_tools(tuple(n for n in names if n != "search"))  # type: ignore
-            if "search" in names:  # the face injects the retriever; the tool never opens one
-                out.append(make_search_tool(self.corpus()))
-            return out
-        return list(tools)  # type: ignore[arg-type]
+        return self._toolset.tools()
 
     def build_agent(self, *, snapshot: Snapshot | None = None, store_traces: bool = True,
                     checkpoints: Checkpoints | None = None) -> Agent:
@@ -289,7 +286,7 @@ class Engine:
                trace_filter: str | Mapping[str, Any] | None = None, limit: int | None = None,
                labels: Mapping[str, str] | None = None, gate_tasks: Any = None,
                analyst: Backend | str | None = None, dry_run: bool = False,
-               rule: str = "not_worse", seed: int = 0, concurrency: int | None = None,
+               rule: str = DEFAULT_RULE, seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
@@ -302,8 +299,9 @@ class Engine:
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
-        scores on ``gate_tasks`` (default: the traces' own tasks). ``options`` configure the
-        method (its config's fields, as ``whetstone methods`` lists them).
+        scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
+        ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
+        fields, as ``whetstone methods`` lists them).
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
@@ -343,7 +341,7 @@ class Engine:
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
                 max_agent_runs=max_agent_runs, on_progress=on_progress,
-                allow_errors=allow_errors)
+                allow_errors=allow_errors, agent_tools=runner._tool_list)
         finally:
             if own:
                 analyst_backend.close()
@@ -477,6 +475,7 @@ class Engine:
     def close(self) -> None:
         if self._agent is not None:
             self._agent.close()
+        self._toolset.close()
         for resource in self._resources:
             resource.close()
         self._resources.clear()
@@ -523,15 +522,18 @@ def open_library(path: str | Path | None = None, *, create: bool | None = None,
 
 
 def solver_factory(*, methods: Sequence[MethodSpec] = (),
-                   tools: Sequence[str] = ("calculator", "python"),
+                   tools: Sequence[Any] = ("calculator", "python"),
                    config: RunConfig | None = None, corpus: str = "default",
                    solver: str = "agent"
                    ) -> Callable[[str, Path | None, str | None], Solver]:
     """``(model, library_path, version) -> solver`` for ``whetstone eval``: ``Engine.solver``
     over that library version, the agent loop or (``solver="direct"``) one direct call. One
-    backend per model spec, so comparing two library versions loads the model once."""
+    backend per model spec, so comparing two library versions loads the model once, and one
+    ``ToolSet`` of ``tools`` for all, so MCP servers start once (``factory.close`` stops them)."""
     check_solver(solver)
     backends: dict[str, Backend] = {}
+    shared = ToolSet([t for t in tools if t != "search"])
+    tools = [shared, *(["search"] if "search" in tools else [])]  # each library's own corpus
 
     def factory(model: str, library_path: Path | None, version: str | None) -> Solver:
         if model not in backends:
@@ -541,6 +543,7 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
                         corpus=corpus, solver=solver)
         return engine.solver()
 
+    factory.close = shared.close  # type: ignore[attr-defined]
     return factory
 
 

@@ -8,6 +8,7 @@ when a file it touches changed since the base (unless forced).
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import time
@@ -120,7 +121,8 @@ class Candidates:
         return self.library._preview(dict(cand.changes), {}, label=f"candidate-{name}",
                                      method=cand.method)
 
-    def conflicts(self, name: str, now: Snapshot | None = None) -> list[str]:
+    # builtins.list: in the class body ``list`` is the method above.
+    def conflicts(self, name: str, now: Snapshot | None = None) -> builtins.list[str]:
         """Paths the candidate changes that also changed between its base and ``now`` (by
         default the current version)."""
         lib = self.library

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,7 @@ def _filter_term(key: str, op: str, value: str) -> dict[str, Any]:
             return {"min_score": x + (1e-9 if op == ">" else 0)}
         return {"min_score": x, "max_score": x}
     if key in ("since", "until"):
-        return {key: datetime.fromisoformat(value).replace(tzinfo=timezone.utc).timestamp()}
+        return {key: datetime.fromisoformat(value).replace(tzinfo=UTC).timestamp()}
     if key == "source" and op == "=":
         if value not in TRACE_KINDS:
             raise ValueError(f"no trace kind {value!r}; kinds: {', '.join(TRACE_KINDS)}")
@@ -191,7 +191,7 @@ class TraceStore:
         return min(MAX_SEGMENT_BYTES, max(MIN_SEGMENT_BYTES, self.max_bytes // 8))
 
     def _day(self, when: float) -> str:
-        return datetime.fromtimestamp(when, tz=timezone.utc).strftime("%Y-%m-%d")
+        return datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d")
 
     def _segment(self, day: str) -> Path:
         """The file the next record of ``day`` goes to: its last segment, or a new one when
@@ -456,7 +456,7 @@ class TraceStore:
             cutoff = now - keep_days * 86400
             for path in list(sizes):
                 day = datetime.strptime(_day_of(path) or "", "%Y-%m-%d").replace(
-                    tzinfo=timezone.utc)
+                    tzinfo=UTC)
                 if day.timestamp() + 86400 < cutoff:
                     removed.append(path)
                     del sizes[path]

@@ -15,8 +15,9 @@ from whetstone.engine.errors import ValidationError
 if TYPE_CHECKING:
     from whetstone.library_store.store import Snapshot
 
-# A validator sees the new version and the paths the change touched; it returns the problems.
-Validator = Callable[["Snapshot", Sequence[str]], Sequence[ValidationError]]
+# A validator sees the new version and the paths the change touched (None: check every file,
+# as `whetstone library validate` does); it returns the problems.
+Validator = Callable[["Snapshot", Sequence[str] | None], Sequence[ValidationError]]
 # What a write takes as ``validate``: True, the library's own validator (the default); False,
 # none (only for a caller that has just validated the same change itself); or a validator.
 Validate = Validator | bool

@@ -118,7 +118,8 @@ class View:
         is left as it was, so the next repair tries them again.
         """
         if old_root is None or not self.blobs.has(old_root):
-            changes = {p: (None, h) for p, h in self.trees.files(new_root).items()}
+            changes: dict[str, tuple[str | None, str | None]] = {
+                p: (None, h) for p, h in self.trees.files(new_root).items()}
         else:
             changes = self.trees.diff(old_root, new_root)
         stash_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]

@@ -99,7 +99,8 @@ def test_the_server_leaves_the_tool_lines_out(library: Library) -> None:
     backend = ScriptedBackend(responder=lambda r: "The total is 6.75.")
     # What `whetstone serve` builds (engine/commands/serve.py).
     with Engine(backend, library=library.root, checkpointing=False) as engine, \
-            TestClient(create_app(backend, model_name="m", adapter=engine.chat_adapter())
+            TestClient(create_app(backend, model_name="m", adapter=engine.chat_adapter()),
+                       base_url="http://127.0.0.1"
                        ) as client:
         res = client.post("/v1/chat/completions", json={
             "model": "m", "messages": [{"role": "user", "content": PENS}]})

@@ -129,9 +129,12 @@ def test_the_gate_refuses_runs_with_failed_tasks_unless_allowed() -> None:
     with pytest.raises(TasksFailed, match=r"candidate: 1 task\(s\) failed: t2") as info:
         gate(candidate, current)
     assert "--allow-errors" in (info.value.hint or "") and info.value.exit_code == 7
-    d = gate(candidate, current, allow_errors=True)
+    with pytest.raises(TasksFailed, match=r"1 of 3 tasks failed \(33%, more than 10%\)"):
+        gate(candidate, current, allow_errors=True)  # too many to decide on the rest
+    d = gate(candidate, current, "mean_not_worse", allow_errors=True, max_failed=0.5)
     assert d.accepted and d.n_tasks == 2 and d.left_out == ("t2",)
     assert d.to_dict()["left_out"] == ["t2"]
+    assert "1 task(s) failed and are left out, neither a win nor a loss" in d.reasons[-1]
 
 
 def test_run_gate_saves_both_runs_then_refuses(tmp_path: Path) -> None:
@@ -142,7 +145,7 @@ def test_run_gate_saves_both_runs_then_refuses(tmp_path: Path) -> None:
     saved, _ = load_results(tmp_path)
     assert sorted((r.library_version, r.n_errors) for r in saved) == [("new", 1), ("old", 0)]
     d = run_gate(tasks, right_solver(frozenset({"add-02"})), right_solver(),
-                 allow_errors=True)
+                 rule="mean_not_worse", allow_errors=True, max_failed=0.2)
     assert d.accepted and d.n_tasks == 5 and d.left_out == ("add-02",)
 
 
@@ -222,7 +225,10 @@ def test_evolve_keeps_the_patch_as_a_candidate_when_gate_tasks_fail(tmp_path: Pa
     assert "add-01" in out.note and "--allow-errors" in out.note
     assert lib.snapshot().id == current_id  # nothing landed
     out = gate_and_apply(patch, lib, make_solver=make_solver, gate_tasks=tasks,
-                         allow_errors=True)
+                         allow_errors=True)  # 1 of 4 failed: too many to decide on the rest
+    assert out.decision is None and out.version is None and "1 of 4 tasks failed" in out.note
+    out = gate_and_apply(patch, lib, make_solver=make_solver, gate_tasks=read_jsonl(ARITH),
+                         rule="mean_not_worse", allow_errors=True)  # 1 of 20: decided
     assert out.decision is not None and out.decision.left_out == ("add-01",)
     assert out.version is not None
 

@@ -77,20 +77,28 @@ def test_continuous_scores_get_no_mcnemar_p() -> None:
 
 def test_gate_accepts_a_better_library_and_rejects_a_worse_one() -> None:
     v1, v2 = run(V1, "v1"), run(V2, "v2")
-    better = gate(candidate=v2, current=v1)
-    assert better.accepted and better.rule == "not_worse"
+    better = gate(candidate=v2, current=v1, rule="mean_not_worse")
+    assert better.accepted and better.rule == "mean_not_worse"
     assert (better.candidate_score, better.current_score) == (0.65, 0.5)
     assert better.difference == pytest.approx(0.15)
     assert (better.wins, better.losses) == (4, 1)
-    worse = gate(candidate=v1, current=v2)
+    worse = gate(candidate=v1, current=v2, rule="mean_not_worse")
     assert not worse.accepted and worse.difference == pytest.approx(-0.15)
     assert "difference -0.1500 < 0" in worse.reasons[0]
+    # The default: +0.15 on 20 tasks is a tie 20 tasks cannot tell; a clear gain passes.
+    assert not gate(candidate=v2, current=v1).accepted
+    assert any("could not tell" in why for why in gate(candidate=v1, current=v2).reasons)
+    clear = gate(candidate=run(set(range(20)), "v3"), current=v1)
+    assert clear.accepted and clear.rule == "cost_aware" and clear.verdict == "gain"
 
 
-def test_gate_accepts_a_tie_under_the_default_rule() -> None:
+def test_the_old_rule_accepts_a_tie_by_name_and_the_default_says_it_could_not_tell() -> None:
     same = run(V1, "v1")
-    d = gate(candidate=run(V1, "v1b"), current=same)
+    d = gate(candidate=run(V1, "v1b"), current=same, rule="mean_not_worse")
     assert d.accepted and d.difference == 0.0
+    # Nothing changed on 20 tasks: up to 16.8% of tasks could change unseen (exact bound).
+    d = gate(candidate=run(V1, "v1b"), current=same)
+    assert not d.accepted and d.verdict == "tie" and d.could_miss == pytest.approx(0.168, abs=1e-3)
 
 
 def test_stricter_rules() -> None:
@@ -109,7 +117,9 @@ def test_stricter_rules() -> None:
 
 
 @pytest.mark.parametrize("rule", ["", "better", "min_delta", "ci_lower=0", "min_delta>0.1",
-                                  "not_worse=1", "min_delta=abc", "mcnemar<"])
+                                  "not_worse>0.1", "not_worse=1.5", "not_worse=-0.1",
+                                  "min_delta=abc", "mcnemar<", "tokens", "tokens<1.1",
+                                  "tokens<=0", "latency=2", "cost_aware=0.1"])
 def test_bad_rules_are_refused(rule: str) -> None:
     with pytest.raises(EvalError, match="gate rule"):
         parse_rule(rule)
@@ -131,7 +141,7 @@ def test_gate_refuses_partial_or_mismatched_runs() -> None:
 
 
 def test_decision_to_dict_is_what_the_manifest_stores() -> None:
-    d = gate(run(V2, "v2"), run(V1, "v1")).to_dict()
+    d = gate(run(set(range(20)), "v2"), run(V1, "v1")).to_dict()
     for key in ("accepted", "rule", "candidate_score", "current_score", "difference", "ci_low",
                 "ci_high", "mcnemar_p", "n_tasks", "task_set", "seed", "candidate", "current"):
         assert key in d
@@ -151,7 +161,7 @@ def test_run_gate_evaluates_both_on_the_same_tasks_with_the_same_seed(tmp_path: 
         return solve
 
     d = run_gate(TASKS, recording(V2, "v2", "cand"), recording(V1, "v1", "cur"), seed=5,
-                 results_dir=tmp_path)
+                 results_dir=tmp_path, rule="mean_not_worse")
     assert d.accepted and d.n_tasks == 20 and d.seed == 5
     assert seeds["cand"] == seeds["cur"]
     assert set(d.results) == {"candidate", "current"} and all(

@@ -47,7 +47,7 @@ def layer_of(rel: str) -> tuple[str, int] | None:
 
 def module_to_path(module: str) -> str | None:
     """``whetstone.engine.api`` -> ``engine/api.py``: the installed namespace maps onto the
-    repository's top-level folders (pyproject.toml's package-dir); anything else is not ours."""
+    repository's top-level folders (whetstone/engine links to engine/); anything else is not ours."""
     if module == "whetstone.cli":
         return "cli.py"
     if not module.startswith("whetstone."):

@@ -91,7 +91,10 @@ def test_whetstone_evolve_help_lists_every_registered_evolver(toy_installed: Non
 def test_the_toy_evolver_runs_through_the_cli_and_the_api(toy_installed: None,
                                                          tmp_path: Path) -> None:
     engine = collected(tmp_path / "lib")
-    result = engine.evolve("toy", note="count twice", rerun=True, max_agent_runs=3)
+    # 4 gate tasks cannot rule out a regression (the default would not tell): the old rule,
+    # by name, lands the change so that the path is what is tested here.
+    result = engine.evolve("toy", note="count twice", rerun=True, max_agent_runs=3,
+                           rule="mean_not_worse")
     assert result.version is not None and result.traces == 4
     assert "- count twice" in engine.library.snapshot().read_text("skills/toy/SKILL.md")
     # It ran the agent itself through its context, within the budget it was given.

@@ -42,8 +42,11 @@ def _plan(path: str, **extra: Any) -> dict[str, Any]:
                              "test": f"{path}:8:12"}},
             "rows": [{"set": "toy", "name": "agent"},
                      {"set": "toy", "name": "direct", "solver": "direct"},
+                     # 4 dev tasks cannot tell a tie (2 better of 4 is not a clear gain):
+                     # the old rule lands the change, which these tests of the harness need.
                      {"set": "toy", "name": "toy-evolved",
-                      "evolve": {"method": "toy", "options": {"note": "add twice"}}},
+                      "evolve": {"method": "toy", "options": {"note": "add twice"},
+                                 "rule": "mean_not_worse"}},
                      *extra.get("rows", [])]}
 
 
@@ -108,7 +111,9 @@ def test_the_page_pairs_rows_with_the_baseline(tmp_path: Path) -> None:
     assert "python benchmarks/scoreboard.py" in page
     evolved_line = next(line for line in page.splitlines() if line.startswith("| toy-evolved"))
     assert "1.000 (4/4)" in evolved_line and "+0.500" in evolved_line
-    assert "accepted (1.00 vs 0.50)" in evolved_line
+    # Landed by the row's own rule, the old one: today's default could not tell on 4 tasks.
+    assert "accepted: a tie it could not tell, more expensive: +0.50 [+0.00, +1.00] on 4 " \
+        "tasks, tokens " in evolved_line and "could have missed 0.60" in evolved_line
     assert "4 train runs" in evolved_line  # what the evolver learnt from is part of its cost
     saved = json.loads((results / "toy" / "toy-evolved.json").read_text())
     assert saved["evolve"]["method"] == "toy"
@@ -117,7 +122,7 @@ def test_the_page_pairs_rows_with_the_baseline(tmp_path: Path) -> None:
 def test_a_row_may_evolve_on_its_own_train_and_dev_slices(tmp_path: Path) -> None:
     path = _tasks(tmp_path)
     own = {"set": "toy", "name": "toy-wide",
-           "evolve": {"method": "toy", "options": {"note": "add twice"},
+           "evolve": {"method": "toy", "options": {"note": "add twice"}, "rule": "mean_not_worse",
                       "train": f"{path}:0:6", "dev": f"{path}:6:8"}}
     plan = parse_plan(_plan(path, rows=[own]))
     # the fields are hashed only when set: rows that do not name them keep their saved keys
@@ -220,3 +225,85 @@ def test_a_row_may_score_another_rows_library_on_more_tasks(tmp_path: Path) -> N
         if r.get("name") == "toy-evolved" else r for r in data["rows"]]})
     assert row_key(changed, changed.row("more/toy-again")) != row_key(plan, plan.row(
         "more/toy-again"))
+
+
+def test_a_decision_saved_under_the_old_rule_is_decided_again_on_the_page(tmp_path: Path) -> None:
+    path = _tasks(tmp_path)
+    plan = parse_plan(_plan(path))
+    results = tmp_path / "results"
+    run_plan(_runner(plan, tmp_path), results, say=lambda s: None)
+    outcomes = {r.id: load_outcome(results, r) for r in plan.rows}
+    evolved = outcomes["toy/toy-evolved"]
+    assert evolved is not None and evolved.evolve is not None
+    # What bb-tracking-3's Trace2Skill row saved before the gate weighed cost and power.
+    evolved.evolve["decision"] = {
+        "accepted": True, "rule": "not_worse", "candidate_score": 0.4, "current_score": 0.4,
+        "difference": 0.0, "ci_low": -1 / 6, "ci_high": 1 / 6, "confidence": 0.95,
+        "mcnemar_p": 1.0, "n_tasks": 30, "wins": 3, "losses": 3, "left_out": [],
+        "task_set": f"{path}:4:8"}
+    page = render(plan, outcomes, tmp_path, command="x")
+    line = next(x for x in page.splitlines() if x.startswith("| toy-evolved"))
+    assert ("accepted (0.40 vs 0.40) under the old rule; now rejected: a tie it could not "
+            "tell: +0.00 [-0.17, +0.17] on 30 tasks, could have missed 0.17 |") in line
+    # The default rule hashes as the name it had, so saved rows are not all rerun for it.
+    data = _plan(path)
+    data["rows"][2]["evolve"].pop("rule")
+    default = parse_plan(data)
+    assert default.rows[2].evolve is not None and default.rows[2].evolve.rule is None
+    data["rows"][2]["evolve"]["rule"] = "not_worse"
+    named = parse_plan(data)
+    assert row_key(default, default.rows[2]) == row_key(named, named.rows[2])
+
+
+def test_a_row_with_mcp_servers_runs_with_their_tools_and_counts_the_calls(tmp_path: Path
+                                                                            ) -> None:
+    from mcp_support import TEST_SERVER, starts, wait_gone
+
+    log = tmp_path / "starts.log"
+    servers = tmp_path / "servers.json"
+    servers.write_text(json.dumps({"mcpServers": {"shop": {
+        "command": sys.executable, "args": [str(TEST_SERVER), "stdio", "--log", str(log)]}}}))
+    tasks = [TaskRecord(id=f"p{i}", question=f"What does a {item} cost?", expected=str(price),
+                        scorer="numeric")
+             for i, (item, price) in enumerate([("kettle", 24.5), ("lamp", 12.25)] * 3)]
+    path = str(write_jsonl(tasks, tmp_path / "prices.jsonl"))
+
+    def shopper(request: Request) -> str:
+        last = request.messages[-1].text
+        if last.startswith("Observation:"):
+            return f"Final Answer: {json.loads(last.split(':', 1)[1])['price']}"
+        if "shop_lookup" not in request.messages[0].text:
+            return "Final Answer: 10"
+        item = "kettle" if "kettle" in last else "lamp"
+        return f'Action: shop_lookup[{{"item": "{item}"}}]'
+
+    data = {"model": "scripted", "seed": 0, "concurrency": 1,
+            "sets": {"shop": {"train": f"{path}:0:2", "dev": f"{path}:2:4",
+                              "test": f"{path}:4:6"}},
+            "rows": [{"set": "shop", "name": "agent", "tools": [], "mcp": str(servers)},
+                     {"set": "shop", "name": "no-server", "tools": []},
+                     {"set": "shop", "name": "toy", "tools": [], "mcp": str(servers),
+                      "evolve": {"method": "toy", "options": {"note": "x"}}}]}
+    plan = parse_plan(data)
+    runner = _runner(plan, tmp_path)
+    runner.backend = runner.analyst = ScriptedBackend(responder=shopper)
+    results = tmp_path / "results"
+    outcomes = run_plan(runner, results, say=lambda s: None)
+    agent, bare = outcomes["shop/agent"], outcomes["shop/no-server"]
+    assert agent.result.accuracy == 1.0 and bare.result.accuracy == 0.0
+    assert agent.tool_calls == {"result": {"rate": 1.0, "per_task": 1.0, "tasks": 2}}
+    assert bare.tool_calls is None
+    # The training runs are collected as the baseline row runs: with the server's tools.
+    collected = (tmp_path / "work" / "shop" / "collect").rglob("*.jsonl")
+    assert "shop_lookup" in "".join(p.read_text() for p in collected)
+    assert len(starts(log)) == 2  # once per row that has the servers, not once per engine
+    assert all(wait_gone(pid) for pid in starts(log))
+    page = render(plan, outcomes, tmp_path, command="x")
+    assert "| MCP tool calls (tasks) | tokens/task |" in page
+    assert "| 100% (1.0/task) |" in next(x for x in page.splitlines()
+                                         if x.startswith("| agent"))
+    assert "| – |" in next(x for x in page.splitlines() if x.startswith("| no-server"))
+    # The servers' file is part of the row: editing it makes the row stale.
+    before = row_key(plan, plan.row("shop/agent"))
+    servers.write_text(servers.read_text().replace("stdio", "stdio "))
+    assert row_key(plan, plan.row("shop/agent")) != before

@@ -383,18 +383,24 @@ def answer_text(output: str) -> str:
 def check_arguments(definition: ToolDefinition, args: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments, coerced where the model wrote a number as text; ``ValueError`` names
     what is missing, unknown or of the wrong type."""
-    props: Mapping[str, Any] = definition.spec.parameters.get("properties", {})
-    injected = {k: v for k, v in args.items() if k in definition.spec.inject}
+    return check_spec_arguments(definition.spec, args)
+
+
+def check_spec_arguments(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
+    """``check_arguments`` for any tool whose spec was read from a typed signature (a learned
+    tool's, or a Python function's: ``whetstone.tools.functions``)."""
+    props: Mapping[str, Any] = spec.parameters.get("properties", {})
+    injected = {k: v for k, v in args.items() if k in spec.inject}
     args = {k: v for k, v in args.items() if k not in injected}
-    missing_injected = sorted(set(definition.spec.inject) - set(injected))
+    missing_injected = sorted(set(spec.inject) - set(injected))
     if missing_injected:
-        raise ValueError(f"{definition.name} reads the task text ({', '.join(missing_injected)})"
+        raise ValueError(f"{spec.name} reads the task text ({', '.join(missing_injected)})"
                          "; it runs inside an agent run, which passes it")
     unknown = sorted(set(args) - set(props))
     if unknown:
-        raise ValueError(f"unknown argument(s) {', '.join(unknown)}; {definition.name} takes "
+        raise ValueError(f"unknown argument(s) {', '.join(unknown)}; {spec.name} takes "
                          f"{', '.join(props) or 'no arguments'}")
-    missing = [p for p in definition.spec.parameters.get("required", []) if p not in args]
+    missing = [p for p in spec.parameters.get("required", []) if p not in args]
     if missing:
         raise ValueError(f"missing argument(s) {', '.join(missing)}")
     return {**{k: _coerce(k, v, props[k]) for k, v in args.items()},

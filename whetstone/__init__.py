@@ -15,15 +15,7 @@ loaded on first use: importing ``whetstone`` imports nothing heavy.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-# Run from a source checkout that was not installed (a worktree of another commit, a
-# benchmark's baseline): the checkout's top-level folders are the subpackages, so
-# ``whetstone.engine`` is that checkout's engine/ and not the installed one.
-_CHECKOUT = Path(__file__).resolve().parent.parent
-if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "engine" / "__init__.py").is_file():
-    __path__.append(str(_CHECKOUT))
 
 if TYPE_CHECKING:
     from whetstone.engine.api import Engine, open_library
@@ -31,6 +23,8 @@ if TYPE_CHECKING:
     from whetstone.engine.evolution.pipeline import EvolveResult
     from whetstone.engine.runtime.state import RunConfig
     from whetstone.engine.types import Completion, Message, Request, Skill, Trace
+    from whetstone.tools.mcp_config import McpServer, load_mcp_config
+    from whetstone.tools.toolset import ToolSet
 
 # name -> the module that defines it (imported when the name is first read)
 _EXPORTS: dict[str, str] = {
@@ -44,10 +38,14 @@ _EXPORTS: dict[str, str] = {
     "Completion": "whetstone.engine.types",
     "Trace": "whetstone.engine.types",
     "Skill": "whetstone.engine.types",
+    "McpServer": "whetstone.tools.mcp_config",
+    "load_mcp_config": "whetstone.tools.mcp_config",
+    "ToolSet": "whetstone.tools.toolset",
 }
 
-__all__ = ["Completion", "Engine", "EvolveResult", "Message", "Request", "RunConfig", "Skill",
-           "Trace", "WhetstoneError", "__version__", "open_library"]
+__all__ = ["Completion", "Engine", "EvolveResult", "McpServer", "Message", "Request",
+           "RunConfig", "Skill", "ToolSet", "Trace", "WhetstoneError", "__version__",
+           "load_mcp_config", "open_library"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 from scoreboard_harness.runner import Plan, PoolPlan, RowOutcome, SectionPlan, SetPlan
 from whetstone.engine.evaluation.compare import compare
+from whetstone.engine.evaluation.gate import DEFAULT_RULE, decide_again, summary
 from whetstone.engine.evaluation.results import EvalResult
 
 
@@ -28,15 +29,25 @@ def _cost(evolve: Mapping[str, Any] | None) -> str:
 
 
 def _gate(evolve: Mapping[str, Any] | None, default_dev: str = "") -> str:
+    """The gate column: the verdict with its figures (difference and interval, token ratio,
+    what the dev set could have missed). A decision saved before the gate weighed cost and
+    power is shown as made, then decided again under today's default from its figures."""
     if not evolve:
         return "–"
     d = evolve.get("decision")
     if not d:
         return evolve.get("note") or "no gate"
     verdict = "accepted" if evolve.get("accepted") else "rejected"
-    text = f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
     # a row gated on its own dev slice says which (the set's header names the usual one)
-    return text + (f" on `{d['task_set']}`" if d.get("task_set") != default_dev else "")
+    where = f" on `{d['task_set']}`" if d.get("task_set") != default_dev else ""
+    if "verdict" in d:
+        return f"{verdict}{where}: {summary(d)}"
+    old = (f"{verdict} ({d.get('candidate_score', 0):.2f} vs {d.get('current_score', 0):.2f})"
+           f"{where} under the old rule")
+    again, _ = decide_again(d)
+    now = {True: "accepted", False: "rejected",
+           None: "undecided (its dev tokens were not saved: rerun its gate)"}[again]
+    return f"{old}; now {now}: {summary(d)}"
 
 
 _HEADER = ("| row | solver | methods | accuracy (n) | Δ vs baseline [95% CI] | McNemar p "
@@ -47,23 +58,41 @@ _EXPLAIN = ("Evolved on `train`, gated on `dev`, reported on `test` (never tuned
             "prompt + completion tokens over every model call of a task; evolve cost: the "
             "analyst's calls, the agent's train runs it learnt from, and the minutes from those "
             "runs to the gate's decision (running them is not counted: every row on the same "
-            "train slice shares them).")
+            "train slice shares them); gate (dev): the decision with its difference and "
+            "interval on the dev tasks, the candidate's tokens per task over the current's and "
+            "the largest regression the dev set could have missed (docs/gate.md). A decision "
+            "made before the default rule weighed cost and power is shown as made, then as "
+            f"`{DEFAULT_RULE}` decides it now from its saved figures; the row still reports "
+            "the library accepted then.")
+
+
+def _calls(counted: Mapping[str, Any] | None) -> str:
+    """A row's use of the MCP servers' tools on test: share of tasks, and calls per task."""
+    if not counted:
+        return "–"
+    return f"{counted['rate']:.0%} ({counted['per_task']:.1f}/task)"
 
 
 def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:
     rows = [r for r in plan.rows if r.set == s.name]
     base = outcomes.get(f"{s.name}/{s.baseline}")
+    # A set whose rows use MCP servers gets a column of how often their tools were called.
+    mcp = any(r.mcp for r in rows)
+    header = _HEADER.replace(" | tokens/task |", " | MCP tool calls (tasks) | tokens/task |") \
+        if mcp else _HEADER
     lines = [f"### {s.title or s.name}", "",
              f"train `{s.train}` · dev `{s.dev}` · test `{s.test}` · baseline: `{s.baseline}`",
-             "", _HEADER,
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", header, "|---" * header.count(" | ") + "|---|"]
     stale: set[int] = set()
     for r in rows:
         o = outcomes.get(r.id)
         methods = ", ".join(m for m, _ in r.methods) or "–"
         if o is None:
-            lines.append(f"| {r.name} | {r.solver} | {methods} | not run | | | | | |")
+            lines.append(f"| {r.name} | {r.solver} | {methods} | not run |"
+                         + " |" * (header.count(" | ") - 3))
             continue
+        calls = o.tool_calls or {}
+        used = f" {_calls(calls.get('result'))} |" if mcp else ""
         res = o.result
         before = [i for i, (ts, _, _, solver, method) in enumerate(plan.code_changes)
                   if res.started < ts and solver in (None, r.solver) and method in (
@@ -77,7 +106,7 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
         gate = _gate(o.evolve, s.dev) if r.library_of is None else f"library of `{r.library_of}`"
         lines.append(f"| {name} | {r.solver} | {methods} | {res.accuracy:.3f} "
-                     f"({res.tally()}) | {delta} | {p} | "
+                     f"({res.tally()}) | {delta} | {p} |{used} "
                      f"{res.mean_tokens:.0f} | "
                      f"{_cost(o.evolve)} | {gate} |")
         if o.candidate_result is not None and base is not None:
@@ -86,8 +115,9 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
             lines.append(f"| {r.name} (rejected candidate) | {r.solver} | {methods} | "
                          f"{cr.accuracy:.3f} ({cr.tally()}) | "
                          f"{c.difference:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] | "
-                         f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} | "
-                         f"{cr.mean_tokens:.0f} | | not committed |")
+                         f"{'n/a' if c.p_value is None else f'{c.p_value:.3g}'} |"
+                         + (f" {_calls(calls.get('candidate'))} |" if mcp else "")
+                         + f" {cr.mean_tokens:.0f} | | not committed |")
     notes = [f"- **{r.name}**: {r.note}" for r in rows if r.note]
     notes += [f"- †{i + 1}: run before {plan.code_changes[i][1]}: {plan.code_changes[i][2]}"
               for i in sorted(stale)]

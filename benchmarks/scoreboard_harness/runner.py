@@ -28,16 +28,19 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.results import EvalResult
 from whetstone.engine.evaluation.runner import Solver, evaluate
 from whetstone.engine.evaluation.tasks import TaskSet
 from whetstone.engine.types import Trace
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class EvolvePlan:
     method: str
     options: Mapping[str, Any] = field(default_factory=dict)
     analyst: str | None = None  # None: the plan's analyst
-    rule: str = "not_worse"
+    rule: str | None = None  # None: the gate's default (DEFAULT_RULE)
     max_agent_runs: int | None = None
     train: str | None = None  # None: the set's slices; a row may evolve on more train runs
     dev: str | None = None    # or gate on a larger dev slice (the test slice is the set's)
@@ -68,6 +71,9 @@ class RowPlan:
     # Score the library another row evolved ("set/row") instead of an empty one: the same
     # library on another set's test slice (more held-out tasks), without evolving it again.
     library_of: str | None = None
+    # MCP servers (an mcpServers file, relative to the repository) whose tools the row's
+    # agent gets beside ``tools``; its outcome then counts how often runs called them.
+    mcp: str | None = None
 
     @property
     def id(self) -> str:
@@ -177,7 +183,7 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
     for i, r in enumerate(data.get("rows") or ()):
         where = f"row {i + 1} ({r.get('set')}/{r.get('name')})"
         _only(r, {"set", "name", "solver", "methods", "evolve", "tools", "candidate_on_test",
-                  "note", "library_of"}, where)
+                  "note", "library_of", "mcp"}, where)
         if r.get("set") not in known_sets or not r.get("name"):
             raise ConfigError(f"{where}: needs a known `set` and a `name`",
                               hint="sets: " + ", ".join(sorted(known_sets)))
@@ -187,13 +193,14 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
             _only(e, {"method", "options", "analyst", "rule", "max_agent_runs", "train", "dev"},
                   where + " evolve")
             evolve = EvolvePlan(method=e["method"], options=dict(e.get("options") or {}),
-                                analyst=e.get("analyst"), rule=e.get("rule", "not_worse"),
+                                analyst=e.get("analyst"), rule=e.get("rule"),
                                 max_agent_runs=e.get("max_agent_runs"), train=e.get("train"),
                                 dev=e.get("dev"))
         if r.get("library_of") and r.get("evolve"):
             raise ConfigError(f"{where}: give `evolve` or `library_of`, not both",
                               hint="library_of scores the library another row evolved")
-        kw = {k: r[k] for k in ("solver", "candidate_on_test", "note", "library_of") if k in r}
+        kw = {k: r[k] for k in ("solver", "candidate_on_test", "note", "library_of", "mcp")
+              if k in r}
         if "tools" in r:
             kw["tools"] = tuple(r["tools"] or ())
         rows.append(RowPlan(set=r["set"], name=str(r["name"]), evolve=evolve,
@@ -234,19 +241,19 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
 
 
 def _code_changes(raw: Any) -> tuple[tuple[float, str, str, str | None, str | None], ...]:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     out = []
     for i, c in enumerate(raw or ()):
         if not isinstance(c, Mapping) or not c.get("at") or not c.get("what"):
             raise ConfigError(f"code_changes entry {i + 1}: needs `at` (ISO UTC time) and `what`")
         try:
-            when = datetime.fromisoformat(str(c["at"]).replace("Z", "+00:00"))
+            when = datetime.fromisoformat(str(c["at"]))
         except ValueError as exc:
             raise ConfigError(f"code_changes entry {i + 1}: {exc}",
                               hint="write `at` as 2026-12-01T03:05:00Z") from exc
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         solver = c.get("solver")
         if solver not in (None, "agent", "direct"):
             raise ConfigError(f"code_changes entry {i + 1}: solver is agent or direct, "
@@ -284,10 +291,19 @@ def row_key(plan: Plan, row: RowPlan) -> str:
         for k in ("train", "dev"):
             if data["row"]["evolve"][k] is None:
                 del data["row"]["evolve"][k]
+        # The gate's default hashes as the name it had when these keys were made, so a change
+        # of default does not rerun every evolved row: the page decides a row saved under the
+        # old rule again from its figures and says so (page._gate).
+        if data["row"]["evolve"]["rule"] is None:
+            data["row"]["evolve"]["rule"] = "not_worse"
     if data["row"]["library_of"] is None:
         del data["row"]["library_of"]
     else:
         data["library_of_key"] = row_key(plan, plan.row(row.library_of))
+    if data["row"]["mcp"] is None:
+        del data["row"]["mcp"]
+    else:  # the servers' file is part of the row
+        data["mcp_file"] = hashlib.sha256((REPO / row.mcp).read_bytes()).hexdigest()
     if row.evolve is not None:
         data.update(train=row.evolve.train or s.train, dev=row.evolve.dev or s.dev,
                     analyst=row.evolve.analyst or plan.analyst)
@@ -305,19 +321,24 @@ class RowOutcome:
     evolve: dict[str, Any] | None = None
     candidate_result: EvalResult | None = None
     seconds: float = 0.0
+    # Rows with MCP servers: the share of test tasks whose run called a server's tool, and
+    # the calls per task (``tool_calls``), for the result and the candidate.
+    tool_calls: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"row": self.row, "key": self.key, "result": self.result.to_dict(),
                 "evolve": self.evolve, "seconds": self.seconds,
                 "candidate_result": self.candidate_result.to_dict()
-                if self.candidate_result else None}
+                if self.candidate_result else None,
+                **({"tool_calls": self.tool_calls} if self.tool_calls is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RowOutcome:
         cand = d.get("candidate_result")
         return cls(row=d["row"], key=d["key"], result=EvalResult.from_dict(d["result"]),
                    evolve=d.get("evolve"), seconds=float(d.get("seconds") or 0.0),
-                   candidate_result=EvalResult.from_dict(cand) if cand else None)
+                   candidate_result=EvalResult.from_dict(cand) if cand else None,
+                   tool_calls=d.get("tool_calls"))
 
 
 def result_path(results_dir: Path, row: RowPlan) -> Path:
@@ -359,6 +380,7 @@ class Runner:
     on_progress: Progress = lambda what, done, total: None
     _train_traces: dict[str, list[Trace]] = field(default_factory=dict)
     _analysts: dict[str, Any] = field(default_factory=dict)
+    _toolsets: dict[str, Any] = field(default_factory=dict)  # MCP servers by their file
 
     def analyst_for(self, row: RowPlan) -> Any:
         """The row's own analyst (``evolve.analyst``, loaded once per spec), else the plan's."""
@@ -377,10 +399,30 @@ class Runner:
                ) -> Any:
         from whetstone.engine.api import Engine
 
+        tools = [*(row.tools if row else ("calculator", "python")),
+                 *([self.mcp_tools(row)] if row and row.mcp else [])]
+        # create: each row's library is made here, in the work folder (a missing path is
+        # otherwise refused as a mistyped --library).
         return Engine(self.backend, library=library, version=version,
-                      methods=row.methods if row else (),
-                      tools=row.tools if row else ("calculator", "python"),
+                      methods=row.methods if row else (), tools=tools, create=True,
                       checkpointing=False, registry=self.registry, home=self.work_dir)
+
+    def mcp_tools(self, row: RowPlan) -> Any:
+        """The row's MCP servers as one ``ToolSet``: every engine of the row (its training
+        runs' too) shares it, so each server starts once per row (``close_tools`` stops
+        them)."""
+        from whetstone.tools.mcp_config import load_mcp_config
+        from whetstone.tools.toolset import ToolSet
+
+        key = str(row.mcp)
+        if key not in self._toolsets:
+            self._toolsets[key] = ToolSet(load_mcp_config(REPO / key))
+        return self._toolsets[key]
+
+    def close_tools(self) -> None:
+        for tools in self._toolsets.values():
+            tools.close()
+        self._toolsets.clear()
 
     def solver(self, engine: Any, row: RowPlan) -> Solver:
         """``Engine.solver``: the agent loop, or one direct call with the library's guidance."""
@@ -404,12 +446,14 @@ class Runner:
 
             sub = "collect" if spec == s.train else f"collect-{slug(spec)}"
             folder = self.work_dir / slug(s.name) / sub
-            engine = self.engine(folder)
+            # As the set's baseline row runs: the agent with its tools, an empty library.
+            base = self.plan.row(f"{s.name}/{s.baseline}")
+            engine = self.engine(folder, base)
             tasks = self.tasks(spec)
             stored = [t for t in engine.traces.query() if t.meta.get("task_set") == tasks.name]
             if len({t.meta.get("task_id") for t in stored}) < len(tasks):
                 shutil.rmtree(folder, ignore_errors=True)
-                engine = self.engine(folder)
+                engine = self.engine(folder, base)
                 evaluate(tasks, engine.solver(), concurrency=self.concurrency,
                          seed=self.plan.seed, store=engine.traces, model=self.backend.spec,
                          on_progress=lambda d, n, r: self.on_progress(f"{spec}", d, n))
@@ -425,6 +469,12 @@ class Runner:
                         on_progress=lambda d, n, r: self.on_progress(label, d, n))
 
     def run(self, row: RowPlan) -> RowOutcome:
+        try:
+            return self._run(row)
+        finally:
+            self.close_tools()
+
+    def _run(self, row: RowPlan) -> RowOutcome:
         start = time.time()
         s = self.plan.set(row.set)
         folder = self.work_dir / slug(row.set) / slug(row.name)
@@ -436,13 +486,16 @@ class Runner:
             self._copy_library(row.library_of, folder)
         engine = self.engine(folder, row)
         result = self.evaluate(engine, row, s.test, row.id)
+        calls = {"result": tool_calls(engine, result)} if row.mcp else None
         cand_result = None
         if candidate and row.candidate_on_test:
             cand_engine = self.engine(folder, row, version=f"candidate:{candidate}")
             cand_result = self.evaluate(cand_engine, row, s.test, f"{row.id} (candidate)")
+            if calls is not None:
+                calls["candidate"] = tool_calls(cand_engine, cand_result)
         return RowOutcome(row=row.id, key=row_key(self.plan, row), result=result,
                           evolve=evolve_info, candidate_result=cand_result,
-                          seconds=round(time.time() - start, 1))
+                          seconds=round(time.time() - start, 1), tool_calls=calls)
 
     def _copy_library(self, row_id: str, folder: Path) -> None:
         src = self.plan.row(row_id)
@@ -462,7 +515,8 @@ class Runner:
         t0 = time.time()
         res = engine.evolve(
             row.evolve.method, traces=traces, tasks=self.tasks(train),
-            gate_tasks=self.tasks(dev), analyst=self.analyst_for(row), rule=row.evolve.rule,
+            gate_tasks=self.tasks(dev), analyst=self.analyst_for(row),
+            rule=row.evolve.rule or DEFAULT_RULE,
             seed=self.plan.seed, concurrency=self.concurrency,
             max_agent_runs=row.evolve.max_agent_runs, solver=row.solver,
             on_progress=lambda phase, d, n: self.on_progress(f"{row.id} {phase}", d, n),
@@ -477,6 +531,20 @@ class Runner:
             "details": _jsonable(dict(res.patch.details)),
         }
         return info, res.candidate
+
+
+def tool_calls(engine: Any, result: EvalResult) -> dict[str, Any]:
+    """How the runs of ``result`` used MCP tools: the share of tasks whose run called one
+    (an act step with ``meta.tool.mcp``) and the calls per task."""
+    counts = []
+    for r in result.results:
+        trace = engine.traces.get(r.trace_id) if r.trace_id else None
+        steps = trace.steps if trace is not None else ()
+        counts.append(sum(1 for st in steps if st.kind == "act"
+                          and "mcp" in ((st.meta or {}).get("tool") or {})))
+    n = max(1, len(counts))
+    return {"rate": sum(c > 0 for c in counts) / n, "per_task": sum(counts) / n,
+            "tasks": len(counts)}
 
 
 def _jsonable(value: Any) -> Any:

@@ -18,7 +18,7 @@ from whetstone.engine.errors import ConfigError
 from whetstone.engine.types import Completion, Request
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 
 @dataclass(frozen=True)

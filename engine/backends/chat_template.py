@@ -86,7 +86,7 @@ def _content_parts(message: Message) -> list[dict[str, Any]]:
 
 def template_supports_tools(template: str | None) -> bool:
     """Whether a chat template renders a ``tools`` list (so native tool calls are offered)."""
-    return bool(template) and "tools" in template
+    return template is not None and "tools" in template
 
 
 def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],

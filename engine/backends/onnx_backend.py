@@ -21,7 +21,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,7 @@ class OnnxBackend(Backend):
 
     # -- tokens <-> text ------------------------------------------------------------------
 
-    def _decode_ids(self, ids: list[int]) -> str:
+    def _decode_ids(self, ids: Sequence[int]) -> str:
         with self._tok_lock:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -140,7 +140,7 @@ def run_builder(source: Path, out: Path, scratch: Path, progress: ProgressFn | N
     cmd = builder_command(source, out, scratch, recipe)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONUNBUFFERED": "1"}
-    layers, quantized, tail = _num_layers(source), 0, deque(maxlen=30)
+    layers, quantized, tail = _num_layers(source), 0, deque[str](maxlen=30)
     name = name or source.name
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                           cwd=str(scratch)) as proc:

@@ -288,7 +288,7 @@ class JsonPoster:
                     raw = await self._read_capped(r)
                     status, retry_after = r.status, r.headers.get("retry-after")
                     retry_hint = should_retry(r.headers)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc
@@ -314,7 +314,7 @@ class JsonPoster:
                 async with session.get(self.base_url + path,
                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     return int(r.status)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc
@@ -346,7 +346,7 @@ class JsonPoster:
                                   retry_after=response.headers.get("retry-after"),
                                   should_retry=should_retry(response.headers),
                                   error=error_object(decoded))
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise HttpFailure("timeout", f"no answer within {timeout:g} s", cause=exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise HttpFailure("connection", str(exc) or type(exc).__name__, cause=exc) from exc

@@ -40,8 +40,10 @@ from whetstone.engine.commands.common import (
     parse_methods,
     solver_option,
 )
+from whetstone.engine.commands.tool_options import tool_options
 from whetstone.engine.errors import ConfigError, EvalError
 from whetstone.engine.evaluation.benchmarks import BENCHMARKS, load_tasks
+from whetstone.engine.evaluation.bigbench import EXAMPLE_TASK
 from whetstone.engine.evaluation.compare import Comparison, compare
 from whetstone.engine.evaluation.gate import check_no_errors
 from whetstone.engine.evaluation.report import write_report
@@ -59,17 +61,21 @@ from whetstone.library_store.traces import TraceStore
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
 
 
-def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], solver: str
-             ) -> SolverFactory:
+def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], solver: str,
+             tools: list[Any] | None = None) -> SolverFactory:
     """The injected factory (tests), else ``whetstone.engine.api``'s: the agent loop with
-    ``--methods``, or one direct call (``--solver direct``)."""
+    ``--methods`` and ``--tools``/``--mcp`` (its MCP servers stop when the command ends), or
+    one direct call (``--solver direct``)."""
     obj = ctx.obj if isinstance(ctx.obj, dict) else {}
     factory = obj.get("solver_factory")
     if factory is not None:
         return factory
     from whetstone.engine.api import solver_factory
 
-    return solver_factory(methods=parse_methods(methods, method_config), solver=solver)
+    made = solver_factory(methods=parse_methods(methods, method_config), solver=solver,
+                          **({"tools": tools} if tools is not None else {}))
+    ctx.call_on_close(made.close)  # type: ignore[attr-defined]
+    return made
 
 
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
@@ -194,7 +200,7 @@ Example, a HumanEval-style code task scored by running its tests
 @click.group("eval", cls=MethodGroup, invoke_without_command=True, epilog=_SCORER_EPILOG)
 @click.option("--tasks", "-t", "tasks_spec", metavar="SET",
               help="Task set: " + ", ".join(BENCHMARKS) + "; bigbench:<task> (any BIG-bench "
-                   "task folder, e.g. bigbench:logical_deduction/three_objects; `whetstone data "
+                   f"task folder, e.g. bigbench:{EXAMPLE_TASK}; `whetstone data "
                    "fetch bigbench` first); or a .jsonl file. SET@train|dev|test picks a "
                    "split, SET:START:END a slice.")
 @model_option
@@ -222,10 +228,12 @@ Example, a HumanEval-style code task scored by running its tests
 @json_option
 @click.pass_context
 @handle_errors
+@tool_options()
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
              version: str | None, concurrency: int | None, seed: int, scorer: str | None,
              trust_task_scorers: bool, limit: int | None, compare_versions: tuple[str, str] | None, allow_errors: bool,
-             solver: str, methods: str, method_config: tuple[str, ...], as_json: bool) -> None:
+             solver: str, methods: str, method_config: tuple[str, ...], as_json: bool,
+             agent_tools: list[Any]) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task.
 
     A task whose solver or scorer raises, or whose run failed (a model call that could not
@@ -238,7 +246,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     if compare_versions and version:
         raise ConfigError("--version and --compare cannot be combined",
                           hint="--compare V1 V2 names both versions")
-    factory = _factory(ctx, methods, method_config, solver)
+    factory = _factory(ctx, methods, method_config, solver, agent_tools)
     # With --scorer the tasks' own scorer names are never resolved, so none of them can run.
     tasks = load_tasks(tasks_spec, limit=limit,
                        trust_scorers=trust_task_scorers or scorer is not None)

@@ -39,7 +39,9 @@ from whetstone.engine.commands.common import (
     model_option,
     solver_option,
 )
+from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 
 _CONFIG = "config__"  # prefix of the parameters that come from the evolver's config
 
@@ -58,7 +60,10 @@ def _shared_options() -> list[click.Option]:
                                                      "--model)."),
         click.option("--gate-tasks", default=None, metavar="SET",
                      help="Held-out tasks for the gate (default: the traces' own tasks)."),
-        click.option("--gate-rule", default="not_worse", show_default=True),
+        click.option("--gate-rule", default=DEFAULT_RULE, show_default=True,
+                     help="cost_aware: a clear gain passes; a tie passes only when the dev set "
+                          "rules out a 10-point regression and the change costs no more "
+                          "tokens; mean_not_worse: the old rule (docs/gate.md)."),
         click.option("--allow-errors", is_flag=True,
                      help="Let the gate decide even when some of its tasks failed (their "
                           "errors are listed; by default the change is kept as a candidate)."),
@@ -69,6 +74,7 @@ def _shared_options() -> list[click.Option]:
         click.option("--dry-run", is_flag=True,
                      help="Print the merged patch as a diff; write nothing."),
         solver_option,
+        *reversed(tool_click_options()),
         library_option,
         json_option,
     ]
@@ -145,7 +151,7 @@ def evolver_command(name: str, evolver_class: Any) -> click.Command:
     def callback(**params: Any) -> None:
         options = {k[len(_CONFIG):]: v for k, v in params.items() if k.startswith(_CONFIG)}
         shared_values = {k: v for k, v in params.items() if not k.startswith(_CONFIG)}
-        _run(name, options, **shared_values)
+        _run(name, options, **pop_tools(shared_values))
 
     return click.Command(name, params=[*config_options(evolver_class.config_class, taken),
                                        *shared], callback=callback, help=summary,
@@ -201,14 +207,15 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          gate_tasks: str | None, gate_rule: str, allow_errors: bool,
          concurrency: int | None, seed: int,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
-         solver: str, as_json: bool) -> None:
+         solver: str, as_json: bool, agent_tools: list[Any]) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
     from whetstone.engine.api import Engine
     from whetstone.engine.evaluation.benchmarks import load_tasks
 
     err = console(stderr=True)
     with err.status(f"loading {model} …"):
-        engine = Engine(model, library=library_path, checkpointing=False, solver=solver)
+        engine = Engine(model, library=library_path, checkpointing=False, solver=solver,
+                        tools=agent_tools)
     try:
         with _bar(err) as bar:
             bars: dict[str, Any] = {}
@@ -249,12 +256,29 @@ def _print(result: Any) -> None:
         out.print(f"[yellow]{escape(result.note)}[/]", markup=True)
     d = result.decision
     if d is not None:
-        verdict = "[green]accepted[/]" if d.accepted else "[red]rejected[/]"
-        out.print(f"gate {verdict} ({d.rule}): candidate {d.candidate_score:.3f} vs current "
-                  f"{d.current_score:.3f}, difference {d.difference:+.3f} "
-                  f"[{d.ci_low:+.3f}, {d.ci_high:+.3f}] on {d.n_tasks} tasks", markup=True)
+        head, *rest = decision_lines(d.to_dict())
+        out.print(head, style="green" if d.accepted else "red", markup=False, soft_wrap=True)
+        for line in rest:
+            out.print(f"  {line}", markup=False, soft_wrap=True)
     if result.version is not None:
         out.print(f"new library version [bold]{result.version.id}[/]", markup=True)
     if result.candidate:
         out.print(f"kept as candidate [bold]{result.candidate}[/]: "
                   f"`whetstone library candidates show {result.candidate}`", markup=True)
+
+
+def decision_lines(d: dict[str, Any]) -> list[str]:
+    """What ``whetstone evolve`` prints for the gate: the verdict, the figures (difference with
+    its interval, tokens per task and their ratio, the regression the dev set could have
+    missed), then each reason. ``d`` is a decision's ``to_dict()``."""
+    head = (f"gate {'accepted' if d['accepted'] else 'rejected'} ({d['rule']}) on "
+            f"{d['task_set']}: candidate {d['candidate_score']:.3f} vs current "
+            f"{d['current_score']:.3f}")
+    ratio = d.get("token_ratio")
+    tokens = (f"tokens {d.get('candidate_tokens', 0):.0f} vs {d.get('current_tokens', 0):.0f} "
+              "per task" + (f" ({ratio:.2f}x)" if ratio is not None else ""))
+    figures = (f"difference {d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] on "
+               f"{d['n_tasks']} tasks ({d['wins']} better, {d['losses']} worse) · {tokens} · "
+               f"could have missed {d.get('could_miss', 0):.3f} (bound "
+               f"{d.get('power_bound', 0):g})")
+    return [head, figures] + [f"- {why}" for why in d.get("reasons") or ()]

@@ -7,6 +7,7 @@ rich, ``--json`` for machines; errors become a message, a hint and the exit code
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def _problem_dict(e: ValidationError) -> dict[str, Any]:
     return {"path": e.path, "line": e.line, "rule": e.rule, "detail": e.detail, "hint": e.hint}
 
 
-def _print_problems(problems: list[ValidationError], *, title: str) -> None:
+def _print_problems(problems: Sequence[ValidationError], *, title: str) -> None:
     out = console()
     out.print(f"[bold red]{title}[/] ({len(problems)})", markup=True)
     for e in problems:
@@ -303,7 +304,7 @@ def validate_cmd(version: str | None, library_path: Path | None, as_json: bool) 
     admission check, and every file against its hash."""
     lib = _open(library_path)
     snap = lib.snapshot(version)
-    problems = lib.validator(snap) if lib.validator else validate_library(snap)
+    problems = lib.validator(snap, None) if lib.validator else validate_library(snap)
     integrity = lib.verify(snap.id)
     if as_json:
         emit_json({"version": snap.id, "ok": not problems and not integrity,

@@ -21,6 +21,7 @@ from whetstone.engine.commands.common import (
     parse_methods,
 )
 from whetstone.engine.commands.display import print_result, print_step
+from whetstone.engine.commands.tool_options import tool_options
 from whetstone.engine.commands.traces import trace_store
 
 
@@ -39,7 +40,8 @@ from whetstone.engine.commands.traces import trace_store
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--tools", default="calculator,python", show_default=True,
-              help="Comma-separated built-in tools ('' for none); 'search' reads --corpus.")
+              help="Comma-separated built-in tools ('' for none; 'search' reads --corpus) "
+                   "and your functions (module:function or file.py:function).")
 @click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
               show_default=True, help="The evidence corpus 'search' reads (whetstone corpus).")
 @click.option("--resume", "resume_id", default=None, help="Continue an interrupted run by id.")
@@ -51,12 +53,13 @@ from whetstone.engine.commands.traces import trace_store
 @json_option
 @click.pass_context
 @handle_errors
+@tool_options(with_tools=False)
 def run(ctx: click.Context, task: str | None, model: str, library_path: Path | None, max_steps: int,
         max_tokens: int, token_budget: int, timeout: float, temperature: float, seed: int,
         tools: str, corpus_name: str, resume_id: str | None, library_version: str | None,
         no_skills: bool,
         api_key: str | None, methods: str, method_config: tuple[str, ...],
-        as_json: bool) -> None:
+        as_json: bool, agent_tools: list[Any]) -> None:
     """Run an agent on TASK and stream its steps; the trace is stored."""
     from whetstone.engine.api import Engine
     from whetstone.engine.backends.registry import BackendOptions
@@ -74,9 +77,9 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
     out = console(stderr=as_json)
     with out.status(f"loading {model} …", spinner="dots"):
         engine = Engine(model, library=library_path, config=config, version=library_version,
-                        skills=not no_skills, methods=chosen,
-                        tools=tuple(t.strip() for t in tools.split(",") if t.strip()),
+                        skills=not no_skills, methods=chosen, tools=agent_tools,
                         backend_options=BackendOptions(api_key=api_key), corpus=corpus_name)
+        ctx.call_on_close(engine.close)  # stops the MCP servers it started
         engine.agent  # noqa: B018 - build it (and open its checkpoints) under the spinner
     trace = _stream(engine, out, task, resume_id, show_steps=not as_json)
     if as_json:

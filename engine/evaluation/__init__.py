@@ -11,7 +11,14 @@ A solver is ``(task, seed) -> Trace``; the CLI/API build one around the agent ru
 from whetstone.engine.evaluation.benchmarks import BENCHMARKS, load_benchmark, load_tasks
 from whetstone.engine.evaluation.compare import Comparison, compare
 from whetstone.engine.evaluation.direct import direct_solver
-from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, gate, parse_rule, run_gate
+from whetstone.engine.evaluation.gate import (
+    DEFAULT_RULE,
+    Decision,
+    decide_again,
+    gate,
+    parse_rule,
+    run_gate,
+)
 from whetstone.engine.evaluation.report import render_report, write_report
 from whetstone.engine.evaluation.results import (
     EvalResult,
@@ -45,6 +52,7 @@ __all__ = [
     "TaskResult",
     "TaskSet",
     "compare",
+    "decide_again",
     "default_evals_dir",
     "direct_solver",
     "evaluate",

@@ -286,13 +286,17 @@ def describe(cache: Path | None = None) -> dict[str, Any]:
 
 # --- loading -------------------------------------------------------------------------------
 
+# A task folder with subtasks, as help texts show one.
+EXAMPLE_TASK = "logical_deduction/three_objects"
+
+
 def load_bigbench(name: str, cache: Path | None = None) -> TaskSet:
     """The tasks of ``bigbench:<name>``, in the file's order (subtasks one after another)."""
     name = name.strip().strip("/")
     if not _TASK_NAME.match(name) or ".." in name.split("/"):
         raise EvalError(f"bad BIG-bench task name {name!r}",
                         hint="name a task folder, e.g. bigbench:word_sorting or "
-                             "bigbench:logical_deduction/three_objects")
+                             f"bigbench:{EXAMPLE_TASK}")
     root = data_dir(cache) / "benchmark_tasks"
     if not root.is_dir():
         raise EvalError(f"task set 'bigbench:{name}' needs the BIG-bench task files, "

@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +194,7 @@ class EvalResult:
         """Write ``<folder>/<UTC timestamp>-<set>.json`` (a new file; never overwrites)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.fromtimestamp(self.started, tz=timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.fromtimestamp(self.started, tz=UTC).strftime("%Y%m%dT%H%M%S")
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.task_set).name).strip("_") or "tasks"
         base = f"{stamp}-{slug}"
         if self.label:

@@ -5,6 +5,8 @@
 - ``paired_bootstrap``: the mean paired difference b - a with a percentile bootstrap interval
   that resamples tasks, so both versions are always judged on the same draw (seeded).
 - ``mcnemar_exact``: McNemar's exact test (two-sided binomial on the discordant pairs).
+- ``missed_regression``: how large a drop a paired comparison of n tasks could have missed
+  (``unseen_share``: the least any n tasks leave open).
 """
 
 from __future__ import annotations
@@ -165,3 +167,30 @@ def mcnemar_exact(a: Sequence[float], b: Sequence[float]) -> McNemar:
     # Exact integer arithmetic: 2 * P(X <= k), X ~ Binomial(n, 1/2); int / int rounds correctly.
     tail = sum(math.comb(n, i) for i in range(k + 1))
     return McNemar(a_only, b_only, min(1.0, 2 * tail / 2**n))
+
+
+def unseen_share(n: int, confidence: float = 0.95) -> float:
+    """The largest share of tasks that could change for the worse with none of ``n`` showing
+    it: (1 - f) ** n = (1 - confidence) / 2 (11.6% for 30 tasks, 6.0% for 60, 3.6% for 100)."""
+    if n < 1:
+        raise EvalError(f"need at least one task, got {n}", hint="pass the comparison's n")
+    _z(confidence)
+    return 1.0 - ((1.0 - confidence) / 2) ** (1.0 / n)
+
+
+def missed_regression(ci_low: float, n: int, *, left_out: int = 0, confidence: float = 0.95,
+                      floor: bool = True) -> float:
+    """How large a regression (a drop in mean score) a paired comparison could have missed.
+
+    ``ci_low``: the lower end of the paired interval of b - a over ``n`` paired tasks. The
+    answer is ``-ci_low``, and with ``floor`` never less than ``unseen_share(n)``: a change
+    for the worse on that share of tasks could hide behind "nothing changed" (where the
+    bootstrap reports [0, 0]) or behind one task better and none worse. ``left_out`` tasks
+    (failed in either run, not paired) were not measured and each could hide a loss: over all
+    ``n + left_out`` tasks the lower end is ``(n * low - left_out) / (n + left_out)``."""
+    if left_out < 0:
+        raise EvalError(f"need left_out >= 0, got {left_out}", hint="pass the comparison's counts")
+    if n == 0:
+        return 1.0
+    low = min(ci_low, -unseen_share(n, confidence)) if floor else ci_low
+    return max(0.0, (left_out - n * low) / (n + left_out))

@@ -22,7 +22,7 @@ from typing import Any
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError, TasksFailed
-from whetstone.engine.evaluation.gate import Decision, run_gate
+from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, run_gate
 from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
 from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
@@ -30,6 +30,7 @@ from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.engine.types import LibraryVersion, Trace
 from whetstone.library_store.store import Library, Snapshot
 from whetstone.library_store.traces import TraceQuery
+from whetstone.tools.base import Tool
 
 
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:
@@ -117,7 +118,7 @@ def gate_and_apply(
     *,
     make_solver: Callable[[Snapshot], Solver],
     gate_tasks: TaskSet | Sequence[TaskRecord] | str,
-    rule: str = "not_worse",
+    rule: str = DEFAULT_RULE,
     seed: int = 0,
     concurrency: int = 1,
     candidate_name: str | None = None,
@@ -200,7 +201,7 @@ def evolve(
     tasks: TaskSet | None = None,
     labels: Mapping[str, str] | None = None,
     gate_tasks: TaskSet | Sequence[TaskRecord] | str | None = None,
-    rule: str = "not_worse",
+    rule: str = DEFAULT_RULE,
     seed: int = 0,
     concurrency: int = 1,
     candidate_name: str | None = None,
@@ -210,6 +211,7 @@ def evolve(
     on_progress: Progress | None = None,
     on_phase: Callable[[str], None] | None = None,
     allow_errors: bool = False,
+    agent_tools: Callable[[], Sequence[Tool]] | None = None,
 ) -> EvolveResult:
     """Learn from traces with ``evolver`` and land the patch through the gate.
 
@@ -217,7 +219,8 @@ def evolve(
     selects them from the library's store, newest ``limit``, only ``tasks``' own when given
     (running ``tasks`` first when none are stored). The gate scores on ``gate_tasks``
     (default: the traces' own tasks); a gate run with failed tasks decides nothing unless
-    ``allow_errors`` (see ``gate_and_apply``).
+    ``allow_errors`` (see ``gate_and_apply``). ``agent_tools()``: the tools the agent runs
+    with (``EvolveContext.agent_tools``).
     """
     report = on_progress or (lambda phase, done, total: None)
     say = on_phase or (lambda phase: None)
@@ -228,7 +231,7 @@ def evolve(
         library=library, make_solver=make_solver, tasks=tasks, store=library.traces,
         model=model, seed=seed, concurrency=concurrency, max_agent_runs=max_agent_runs,
         on_progress=lambda phase, done, total: report(f"{evolver.name} {phase}", done, total),
-        on_phase=say)
+        on_phase=say, **({"agent_tools": agent_tools} if agent_tools else {}))
     say("fit")
     start = time.perf_counter()
     patch = evolver.fit(chosen, library.snapshot(), analyst, labels, context=context)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from whetstone.engine.types import Trace
     from whetstone.library_store.store import Library, Snapshot
     from whetstone.library_store.traces import TraceStore
+    from whetstone.tools.base import Tool
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -75,6 +76,10 @@ def _quiet(*_: Any) -> None:
     return None
 
 
+def _no_tools() -> Sequence[Tool]:
+    return ()
+
+
 @dataclass
 class EvolveContext:
     """What ``fit`` may use beyond traces and the analyst (all optional).
@@ -83,7 +88,9 @@ class EvolveContext:
     ``library`` lets an evolver preview a candidate (``library.preview(changes)``) and run the
     agent on it; ``tasks`` are the labelled tasks the evolve was asked to learn from;
     ``on_progress(phase, done, total)`` and ``on_phase(name)`` report progress;
-    ``max_agent_runs`` caps the tasks ``run_agent`` may run (None: no cap).
+    ``max_agent_runs`` caps the tasks ``run_agent`` may run (None: no cap);
+    ``agent_tools()`` are the tools the agent runs with (built-in, the user's functions and
+    MCP servers' tools), for an evolver that learns when to call given tools.
     """
 
     library: Library | None = None
@@ -97,6 +104,7 @@ class EvolveContext:
     on_progress: Progress = _quiet
     on_phase: Callable[[str], None] = _quiet
     agent_runs: int = 0  # tasks run so far through ``run_agent``
+    agent_tools: Callable[[], Sequence[Tool]] = _no_tools
 
     def run_agent(self, tasks: Sequence[TaskRecord], *, snapshot: Snapshot | None = None,
                   phase: str = "rollouts", trace_meta: Mapping[str, Any] | None = None

@@ -174,10 +174,10 @@ def load_library_tools(snapshot: Snapshot) -> LibraryTools:
             skills.append(load_skill(snapshot, name))
         except ValidationError as exc:
             out.loaded.problems.extend(getattr(exc, "problems", [exc]))
-    found = load_learned_tools(skills, reserved=reserved_tool_names())
-    out.loaded.tools += found.tools
-    out.loaded.problems += found.problems
-    out.loaded.skipped += found.skipped
+    learned = load_learned_tools(skills, reserved=reserved_tool_names())
+    out.loaded.tools += learned.tools
+    out.loaded.problems += learned.problems
+    out.loaded.skipped += learned.skipped
     return out
 
 

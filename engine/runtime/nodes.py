@@ -32,6 +32,7 @@ from whetstone.engine.runtime.prompting import (
     required_tools,
     results_message,
     tool_format,
+    with_images,
 )
 from whetstone.engine.runtime.state import AgentContext, AgentState
 from whetstone.engine.types import Completion, Request, Step, Trace
@@ -277,6 +278,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     program_answer: str | None = None
     repeated = False
     outcomes: list[str] = []
+    images: list[str] = []  # image files the tools returned for the model to look at
     earlier = _earlier_results(state)
     for call in state.get("pending") or []:
         name = call["name"]
@@ -297,6 +299,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                 call, args, offered, earlier, ctx, str(state.get("task") or ""))
         repeated = repeated or outcome == "repeated"
         outcomes.append(outcome)
+        images += [str(p) for p in tool_meta.get("image_inputs") or ()]
         if call.get("final_program") and outcome == "ran" \
                 and ctx.config.answer_with_program_output and output_is_answer(obs, offered):
             program_answer = obs.strip()
@@ -317,8 +320,11 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     failed_rounds = 0
     if outcomes and set(outcomes) == {"failed"}:
         failed_rounds = 2 if _previous_round_failed(state) else 1
-    return _after_act(state, ctx, messages, steps, text_results, answer_calls, program_answer,
-                      repeated or failed_rounds == 2, failed_rounds)
+    update = _after_act(state, ctx, messages, steps, text_results, answer_calls,
+                        program_answer, repeated or failed_rounds == 2, failed_rounds)
+    if images and ctx.backend.capabilities.vision and "answer" not in update:
+        update["messages"] = with_images(update["messages"], images)
+    return update
 
 
 def _previous_round_failed(state: AgentState) -> bool:

@@ -253,3 +253,17 @@ def results_message(results: Sequence[tuple[str, str]], ctx: AgentContext, *,
     if nudge:
         pieces.append(load_prompt(after).strip())
     return {"role": "user", "content": "\n".join(pieces)}
+
+
+def with_images(messages: list[dict[str, Any]], images: Sequence[str]) -> list[dict[str, Any]]:
+    """``messages`` with the images tools returned shown to a model that reads images: as
+    image parts of the last user message (the results), else of a new one."""
+    parts = [{"type": "image", "image": path} for path in images]
+    last = messages[-1] if messages else None
+    if last is not None and last.get("role") == "user":
+        content = last.get("content")
+        text = [{"type": "text", "text": content}] if isinstance(content, str) else \
+            list(content or [])
+        return [*messages[:-1], {**last, "content": [*text, *parts]}]
+    intro = {"type": "text", "text": load_prompt("agent_tool_images").strip()}
+    return [*messages, {"role": "user", "content": [intro, *parts]}]

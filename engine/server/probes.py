@@ -53,7 +53,7 @@ class Readiness:
             try:
                 reason = await asyncio.wait_for(self.backend.aready(self.timeout_s),
                                                 self.timeout_s + 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 reason = "the upstream did not answer in time"
             except Exception as exc:  # noqa: BLE001 - a probe reports, it never fails
                 log.warning("the readiness check failed: %r", exc)

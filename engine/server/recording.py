@@ -178,7 +178,7 @@ class TraceWriter:
         timeout = LABEL_WAIT_S if timeout is None else timeout
         try:
             await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise WhetstoneError(
                 f"the trace {trace_id!r} is still waiting to be written after {timeout:g} s",
                 hint="the trace store is slow or backed up; retry the feedback shortly") from None

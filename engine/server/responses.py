@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +43,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 def error_reply(metrics: Metrics, status: int, message: str, kind: str,
                 code: str | None = None, param: str | None = None,
-                headers: dict[str, str] | None = None, metric: str | None = None
+                headers: Mapping[str, str] | None = None, metric: str | None = None
                 ) -> JSONResponse:
     """An OpenAI-style error body with ``status``, counted by ``metric`` (default: its code;
     an upstream's own codes are not label values, there is no bound on them)."""

@@ -273,7 +273,7 @@ class OpenStream:
         wait = left if idle is None else min(left, idle)
         try:
             chunk = await asyncio.wait_for(anext(self._chunks, None), wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if idle is not None and idle < left:
                 raise DeadlineExceeded(f"the model sent nothing for {idle:g} s",
                                        hint="retry later; the upstream may be stuck") from None
@@ -361,7 +361,7 @@ class ChatService:
         """Wait for an upstream slot, no longer than the request's deadline."""
         try:
             await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self._expired(f"the request waited for a free slot for all of its "
                                 f"{self.settings.deadline_s:g} s") from None
 
@@ -415,7 +415,7 @@ class ChatService:
         try:
             left = max(0.001, deadline - time.monotonic())
             return await asyncio.wait_for(call(left), left + _DEADLINE_GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self._expired() from None
         except Exception as exc:  # re-raised: a 502 when it is the upstream's doing
             raise _as_upstream_error(exc) from exc

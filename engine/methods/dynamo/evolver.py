@@ -527,7 +527,7 @@ class _Run:
         proposal.kept = not proposal.reason
 
     def _given_tools(self) -> dict[str, Tool]:
-        """The ``toolset`` tools by name: built-in, visual, or the library's learned ones."""
+        """The ``toolset`` tools by name: built-in, visual, learned, or the agent's own."""
         if self._given is None:
             from whetstone.engine.runtime.library_tools import library_tools
             from whetstone.tools.builtin import builtin_tools
@@ -539,6 +539,8 @@ class _Run:
                 known.update({t.name: t for t in library_tools(
                     self.library, images=self.images, sandbox=self.method.sandbox)[0]})
             names = [n.strip() for n in self.cfg.toolset.split(",") if n.strip()]
+            if any(n not in known for n in names):  # the user's functions, MCP servers' tools
+                known.update({t.name: t for t in self.context.agent_tools()})
             unknown = [n for n in names if n not in known]
             if unknown:
                 raise ConfigError(f"unknown tool(s) in toolset: {', '.join(unknown)}",
@@ -573,19 +575,19 @@ class _Run:
             p.skill = next(n for n in [base, *(f"{base}-{k}" for k in range(2, 99))]
                            if n not in taken)
             taken.add(p.skill)
-            params = None
+            params, source = None, None  # a given tool's schema, and where it comes from
             if p.kind == "task_tool":
                 from whetstone.engine.methods.dynamo.maker import task_tool_files
 
                 p.files = task_tool_files(p, round_no=round_no, questions={
                     i: t.prompt for i, t in self.tasks.items()})
             elif p.tool:
-                given = self._given_tools() if p.kind == "when" else {}
-                params = given[p.tool].spec.parameters if p.tool in given else \
-                    source_parameters(p)
+                given = self._given_tools().get(p.tool) if p.kind == "when" else None
+                params = given.spec.parameters if given else source_parameters(p)
+                source = given.spec.source if given else None
             if p.kind != "task_tool":
                 p.files = skill_files(p, round_no=round_no, attempts=self.state.attempts,
-                                      parameters=params)
+                                      parameters=params, tool_source=source)
             prefix = f"skills/{p.skill}/"
             problems = check_skill_files(p.skill, {k[len(prefix):]: v.encode() for k, v in
                                                    p.files.items()}, base=prefix.rstrip("/"))[1]

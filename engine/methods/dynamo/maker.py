@@ -467,7 +467,7 @@ class ToolMaker:
         p.tool, p.source, p.tests = best.tool, best.source, best.tests
         p.accuracy, p.checked, p.kept = best.accuracy, best.checked, True
         p.analyst = self.analyst.spec
-        p.date = dt.datetime.now(dt.timezone.utc).date().isoformat()
+        p.date = dt.datetime.now(dt.UTC).date().isoformat()
 
 
 def _renamed(old: str, source: str, new: str, taken: set[str]) -> tuple[str, str]:

@@ -108,9 +108,12 @@ def _examples(p: Proposal, attempts: Mapping[str, Attempt]) -> str:
 
 
 def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
-                parameters: Mapping[str, Any] | None = None) -> dict[str, str]:
+                parameters: Mapping[str, Any] | None = None, tool_source: str | None = None
+                ) -> dict[str, str]:
     """The library files of a kept proposal: SKILL.md (+ the tool's script), and its
-    provenance in ``assets/provenance.json`` (kept in the version with the files it explains)."""
+    provenance in ``assets/provenance.json`` (kept in the version with the files it explains).
+    ``tool_source``: where a given tool comes from (``mcp:<server>/<tool>``,
+    ``python:module:function``), named in the skill's metadata."""
     if p.kind == "reasoning":
         body = PROMPTS.render("parts.yaml#reasoning_body", title=_title(p.skill),
                               diagnosis=p.cluster.diagnosis, steps="\n".join(
@@ -125,6 +128,8 @@ def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
             "from-failures": " ".join(p.cluster.failures)[:400]}
     if p.tool:
         meta["tool"] = p.tool
+        if tool_source:
+            meta["tool-source"] = tool_source
         meta["sandbox-test"] = (f"{ran}/{len(p.tests)} ran, "
                                 f"{sum(t.matched for t in p.tests)} held the expected answer")
     base = f"skills/{p.skill}"
@@ -134,6 +139,7 @@ def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
         files[f"{base}/scripts/{p.tool}.py"] = p.source
     provenance = {"method": "dynamo", "round": round_no, "kind": p.kind,
                   "cluster": asdict(p.cluster), "tool": p.tool or None,
+                  **({"tool_source": tool_source} if tool_source else {}),
                   "failures": [{"task_id": t, "trace_id": attempts[t].trace_id,
                                 "expected": attempts[t].expected, "answer": attempts[t].answer}
                                for t in p.cluster.failures if t in attempts],

@@ -8,7 +8,7 @@ from typing import Any
 
 from whetstone.engine.printing import field, short
 
-_MARK = {True: "[green]supported[/]", False: "[red]contradicted[/]"}
+_MARK: dict[Any, str] = {True: "[green]supported[/]", False: "[red]contradicted[/]"}
 
 
 def print_verify(out: Any, step: Any) -> None:

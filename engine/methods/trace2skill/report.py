@@ -10,9 +10,9 @@ from typing import Any
 def summary(details: Mapping[str, Any]) -> list[str]:
     """One line for the map and reduce phases; none when the patch has no report."""
     report = details.get("report")
-    mp = report.get("map") if isinstance(report, Mapping) else None
-    if not isinstance(mp, Mapping):
+    if not isinstance(report, Mapping) or not isinstance(report.get("map"), Mapping):
         return []
+    mp: Mapping[str, Any] = report["map"]
     line = (f"map: {mp.get('calls', 0)} analyst calls · {mp.get('retries', 0)} retried · "
             f"{mp.get('dropped', 0)} dropped · reduce: {report.get('folded', 0)} folded · "
             f"{report.get('conflicts_resolved', 0)} conflicts resolved")
