@@ -23,16 +23,10 @@ from whetstone.engine.evaluation.direct import direct_solver
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.runner import Solver
 from whetstone.engine.methods.base import make_config
-from whetstone.engine.methods.registry import MethodRegistry, default_registry
+from whetstone.engine.methods.registry import MethodRegistry, Verification, default_registry
 from whetstone.engine.paths import whetstone_home
 from whetstone.engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from whetstone.engine.runtime.plugins import (
-    MethodEnv,
-    Verification,
-    VerifyEnv,
-    check_host,
-    wrap_calls,
-)
+from whetstone.engine.runtime.plugins import MethodEnv, check_host, wrap_calls
 from whetstone.engine.runtime.skills_plugin import SkillsPlugin
 from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
 from whetstone.engine.server.client import WrappedClient, wrap_client
@@ -48,8 +42,8 @@ if TYPE_CHECKING:
     from typing import Self
 
     from whetstone.engine.evaluation.tasks import TaskSet
+    from whetstone.engine.evolution.pipeline import EvolveResult
     from whetstone.engine.methods.base import Evolver
-    from whetstone.engine.methods.evolve import EvolveResult
 
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
@@ -153,11 +147,17 @@ class Engine:
                         skip: frozenset[str] = frozenset()) -> list[Plugin]:
         """``methods`` built for one agent reading ``snapshot`` (default: the pinned one);
         named methods in ``skip`` are left out."""
-        env = MethodEnv(library=self.library, snapshot=snapshot or self.pinned_snapshot(),
-                        backend=self.backend)
+        env = self.method_env(snapshot)
         return [m if isinstance(m, Plugin) else
                 self.registry.runtime_method(m[0], m[1], env)
                 for m in self.methods if isinstance(m, Plugin) or m[0] not in skip]
+
+    def method_env(self, snapshot: Snapshot | None = None) -> MethodEnv:
+        """What this engine gives the methods it builds: the library and ``snapshot``
+        (default: the pinned one), the model, second models by spec, the corpora."""
+        return MethodEnv(library=self.library, snapshot=snapshot or self.pinned_snapshot(),
+                         backend=self.backend, corpora=self.corpus,
+                         corpus_name=self.corpus_name)
 
     def _named(self, name: str) -> Mapping[str, Any] | None:
         """The options of the method named ``name`` in ``methods`` (None: not named)."""
@@ -310,7 +310,7 @@ class Engine:
         """
         from whetstone.engine.backends import auto_concurrency
         from whetstone.engine.evaluation.benchmarks import load_tasks
-        from whetstone.engine.methods.evolve import evolve
+        from whetstone.engine.evolution.pipeline import evolve
         from whetstone.library_store.traces import TraceQuery, parse_trace_filter
 
         if concurrency is None:
@@ -362,12 +362,8 @@ class Engine:
 
     def _analyst(self, analyst: Backend | str | None) -> tuple[Backend, bool]:
         """The analyst backend, and whether this call built it (and so closes it): the
-        agent's own model unless another is named."""
-        if isinstance(analyst, Backend):
-            return analyst, False
-        if not analyst or analyst == self.backend.spec:
-            return self.backend, False
-        return get_backend(analyst), True
+        agent's own model unless another is named (``MethodEnv.model``)."""
+        return MethodEnv(backend=self.backend).model(analyst)
 
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)
@@ -384,8 +380,7 @@ class Engine:
         fields: ``policy="revise"``, ``rounds=2``, ``k=4`` ... for the built-in one). The
         check is stored as a trace (``meta.source == "verify"``) unless ``record=False``."""
         name, check = self.registry.verifier()
-        env = VerifyEnv(self.backend, self._analyst, self.corpus, self.corpus_name)
-        result = check(env, question, answer, evidence=evidence, analyst=analyst,
+        result = check(self.method_env(), question, answer, evidence=evidence, analyst=analyst,
                        options={**dict(self._named(name) or {}), **options})
         if record:
             self.traces.append(result.trace(model=self.backend.shown_spec))

@@ -16,7 +16,11 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
-StepKind = Literal["think", "act", "observe", "rubric", "verify", "prepare", "finish"]
+# A step kind is open: the runtime writes the kinds below, and a method may record steps of its
+# own kinds (it declares them, with their printers, in its ``MethodSpec.step_kinds``). A trace
+# with a kind nobody knows still loads and prints (one short line).
+StepKind = str
+RUNTIME_STEP_KINDS: tuple[str, ...] = ("prepare", "think", "act", "observe", "finish")
 
 # How a run ended. "running" is written when a run starts so a killed run is still listed.
 Outcome = Literal[
@@ -319,8 +323,9 @@ class Trace:
         return replace(self, **changes)
 
 
-class _Simple:
-    """``to_dict``/``from_dict`` for records whose fields are JSON values or tuples of them."""
+class JsonRecord:
+    """``to_dict``/``from_dict`` for a frozen dataclass whose fields are JSON values or tuples
+    of them: the base of the core's records and of those a method keeps in its own package."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -342,7 +347,7 @@ class _Simple:
 
 
 @dataclass(frozen=True)
-class Skill(_Simple):
+class Skill(JsonRecord):
     """An Agent Skills skill: ``SKILL.md`` front matter plus body, and its bundled files.
 
     ``files`` maps paths relative to the skill folder (``scripts/x.py``,
@@ -360,7 +365,7 @@ class Skill(_Simple):
 
 
 @dataclass(frozen=True)
-class ToolSpec(_Simple):
+class ToolSpec(JsonRecord):
     """A tool the agent can call: an OpenAI function schema plus where its code lives.
 
     ``source`` is ``builtin:<name>`` for built-in tools or a path to a script in a skill.
@@ -394,37 +399,7 @@ class ToolSpec(_Simple):
 
 
 @dataclass(frozen=True)
-class PolicyNote(_Simple):
-    """A policy note for one module: ``[id] route=… helpful=N harmful=N :: text``."""
-
-    id: str
-    module: str
-    text: str
-    route: str = "*"
-    helpful: int = 0
-    harmful: int = 0
-
-
-@dataclass(frozen=True)
-class Rubric(_Simple):
-    """A step rubric: weighted conditions for the next decision whose weights sum to 1."""
-
-    lines: tuple[tuple[float, str], ...]
-    phase: Literal["early", "mid", "late"] = "early"
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Rubric:
-        return cls(
-            lines=tuple((float(w), str(c)) for w, c in d["lines"]),
-            phase=d.get("phase", "early"),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"lines": [[w, c] for w, c in self.lines], "phase": self.phase}
-
-
-@dataclass(frozen=True)
-class Passage(_Simple):
+class Passage(JsonRecord):
     """A piece of evidence: a chunk of a corpus document (or text given by hand).
 
     ``source`` says where it came from (a file, ``file#line``, ``halueval:<id>``); ``score`` is
@@ -439,59 +414,7 @@ class Passage(_Simple):
 
 
 @dataclass(frozen=True)
-class Claim(_Simple):
-    """An atomic claim of an answer, phrased as a checkable question with the answer's
-    version.
-
-    ``answer_claimed`` is what the checked answer implies; ``checked_answers`` are the
-    checker's answers to ``question`` (one per sample; "" when it could not answer).
-    """
-
-    question: str
-    answer_claimed: str
-    checked_answers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class CheckRequest(_Simple):
-    """Everything a claim checker may see: the evidence and the claims' questions.
-
-    There is deliberately no field for the answer being checked nor for any claimed answer:
-    the checker's prompt is built from this record alone, so the answer cannot leak into it
-    (information asymmetry).
-    """
-
-    questions: tuple[str, ...]
-    evidence: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Verdict(_Simple):
-    """The outcome of checking one claim.
-
-    ``claim`` is the claim's question; ``supported`` True when the checker's majority answer
-    agrees with ``claimed``, False when it disagrees, None when the evidence could not settle
-    it (the majority could not answer, or the votes split). ``votes`` holds each sample's
-    vote (agree | disagree | cannot | missing), ``checked`` the majority's answer and
-    ``evidence`` the evidence the checker quoted for it.
-    """
-
-    claim: str
-    supported: bool | None  # None: the checker could not tell from the evidence
-    votes: tuple[str, ...] = ()
-    note: str = ""
-    claimed: str = ""
-    checked: str = ""
-    evidence: str = ""
-
-    @property
-    def flagged(self) -> bool:
-        """A claim is flagged unless the evidence supports it."""
-        return self.supported is not True
-
-
-@dataclass(frozen=True)
-class LibraryVersion(_Simple):
+class LibraryVersion(JsonRecord):
     """One version of the library: what it holds (content hashes) and how it came to be."""
 
     id: str

@@ -21,8 +21,8 @@ expanded, nested at most ``MAX_YAML_DEPTH`` deep (a YAML alias bomb is refused, 
 a skill folder at most ``MAX_SKILL_FILES`` files of at most ``MAX_FILE_BYTES`` each and
 ``MAX_SKILL_BYTES`` in all, each path one the library can keep (``whetstone.library_store.paths``).
 
-This module is the one home of these rules: the loader, imports, and evolved skills
-(``whetstone.skills.limits``) all check through it.
+This module is the one home of these rules: the loader, imports, and the evolvers that keep an
+evolved skill inside them all check through it.
 
 Hand-written files round-trip byte for byte: rendering a skill with its original text keeps
 that text, and when only some fields change, only their lines are rewritten.

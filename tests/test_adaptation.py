@@ -15,10 +15,14 @@ import pytest
 
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.evaluation.examples import (
+    ExampleStats,
+    example_from_trace,
+    examples_from_traces,
+)
 from whetstone.engine.evaluation.runner import evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
-from whetstone.engine.methods.evolve import gate_and_apply
-from whetstone.engine.methods.examples import ExampleStats, example_from_trace, examples_from_traces
+from whetstone.engine.evolution.pipeline import gate_and_apply
 from whetstone.engine.methods.memory.method import Memory, MemoryConfig
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.methods.self_consistency.plugin import (

@@ -9,8 +9,8 @@ from typing import Any
 
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import BackendError, ParseError
-from whetstone.engine.methods import rubric
 from whetstone.engine.methods.analyst import AnalystReply, AskAgain, ask_parsed, ask_parsed_sync
+from whetstone.engine.methods.co_react import rubric
 from whetstone.engine.types import Completion, Request
 
 

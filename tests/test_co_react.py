@@ -16,10 +16,10 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ParseError
 from whetstone.engine.methods.co_react.plugin import CoReAct, CoReActConfig
-from whetstone.engine.methods.rubric import parse_check, parse_rubric, phase_of
+from whetstone.engine.methods.co_react.rubric import Rubric, parse_check, parse_rubric, phase_of
 from whetstone.engine.runtime import Agent, RunConfig
 from whetstone.engine.runtime.checkpoints import Checkpoints
-from whetstone.engine.types import Request, Rubric
+from whetstone.engine.types import Request
 from whetstone.library_store.traces import TraceStore
 
 HEADING = "Rubric for your next step"
@@ -300,6 +300,11 @@ def test_checks_are_read_leniently(reply: str, score: float, passed: bool,
     got = parse_check(reply, rubric, 0.6)
     assert got.score == pytest.approx(score) and got.passed is passed
     assert list(got.repairs) == repairs
+
+
+def test_a_rubric_round_trips_through_json() -> None:
+    rubric = Rubric(((0.5, "uses a tool"), (0.5, "states units")), "mid")
+    assert Rubric.from_dict(json.loads(json.dumps(rubric.to_dict()))) == rubric
 
 
 def test_a_check_without_any_score_is_a_parse_error() -> None:

@@ -147,7 +147,7 @@ def _trace(outcome: str, score: float | None = None, **meta: Any) -> Trace:
 
 
 def test_evolvers_learn_nothing_from_a_failed_run() -> None:
-    from whetstone.engine.methods.evolve import training_traces
+    from whetstone.engine.evolution.pipeline import training_traces
     from whetstone.engine.methods.horizon.controller import record_from_trace
     from whetstone.engine.methods.nlpg.evolver import _score
 

@@ -205,8 +205,8 @@ def test_token_boxes_tell_two_runs_of_one_version_and_file_apart() -> None:
 
 def test_evolve_keeps_the_patch_as_a_candidate_when_gate_tasks_fail(tmp_path: Path) -> None:
     """The fit's work is not lost when the gate cannot decide; --allow-errors decides."""
+    from whetstone.engine.evolution.pipeline import gate_and_apply
     from whetstone.engine.methods.base import LibraryPatch
-    from whetstone.engine.methods.evolve import gate_and_apply
     from whetstone.library_store.store import Library
 
     lib = Library.init(tmp_path / "lib")

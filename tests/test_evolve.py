@@ -13,7 +13,7 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.runner import evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
-from whetstone.engine.methods.evolve import gate_and_apply
+from whetstone.engine.evolution.pipeline import gate_and_apply
 from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig
 from whetstone.engine.types import Request
 

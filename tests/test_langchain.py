@@ -217,7 +217,7 @@ def test_the_model_calls_of_one_graph_run_are_one_trace(library: Library) -> Non
     assert len(run.meta["langchain"]["run_ids"]) == 2
     model.feedback(run_id, 1.0)  # labels the run
     # What an evolver reads: the whole run, in the agent's vocabulary.
-    from whetstone.engine.methods.evolve import training_traces
+    from whetstone.engine.evolution.pipeline import training_traces
 
     assert [t.id for t in training_traces(library.traces.query())] == [run_id]
     shown = CliRunner(env={"COLUMNS": "200"}).invoke(

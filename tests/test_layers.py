@@ -24,22 +24,21 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/runtime", 3),
     ("engine/evaluation", 4),
     ("engine/methods", 5),
-    ("engine/server", 6),
-    ("engine/integrations", 6),
-    ("engine/api.py", 6),
-    ("engine/commands", 6),
-    ("engine/__init__.py", 6),
-    ("cli.py", 6),
-    ("whetstone/__init__.py", 6),
-    ("whetstone/__main__.py", 6),
+    ("engine/evolution", 6),
+    ("engine/server", 7),
+    ("engine/integrations", 7),
+    ("engine/api.py", 7),
+    ("engine/commands", 7),
+    ("engine/__init__.py", 7),
+    ("cli.py", 7),
+    ("whetstone/__init__.py", 7),
+    ("whetstone/__main__.py", 7),
 ]
 # Siblings of the same rank that must not import each other.
 SIBLINGS = [("engine/backends", "library_store"), ("skills", "tools")]
 
 
 def layer_of(rel: str) -> tuple[str, int] | None:
-    # A method's commands are built with the kit the command line hands them
-    # (MethodSpec.commands): they import no face, so they sit in their method's layer.
     for prefix, rank in LAYERS:
         if rel == prefix or rel.startswith(prefix + "/"):
             return prefix, rank
@@ -189,6 +188,82 @@ def violations() -> list[str]:
 
 def test_no_lower_layer_imports_a_higher_one() -> None:
     assert violations() == []
+
+
+# --- a method package is removable ------------------------------------------------------------
+
+METHODS = "engine/methods"
+# The framework beside the method packages, which every method may import.
+FRAMEWORK = {f"{METHODS}/{name}.py" for name in ("base", "registry", "analyst", "__init__")}
+
+
+def method_of(rel: str) -> str | None:
+    """``engine/methods/<name>/...`` -> ``<name>``; None for a file outside every method
+    package (the framework files beside them included)."""
+    parts = rel.split("/")
+    if rel.startswith(METHODS + "/") and len(parts) > 3:
+        return parts[2]
+    return None
+
+
+def method_import_problem(rel: str, target: str) -> str | None:
+    """Why the method file ``rel`` may not import ``target`` (None: it may). A method imports
+    the core (every layer below engine/methods), the framework (``FRAMEWORK``) and its own
+    package: never a face or the evolve path above it, nor another method."""
+    mine = method_of(rel)
+    if mine is None:
+        return None
+    theirs = method_of(target)
+    if theirs is not None:
+        return None if theirs == mine else f"another method's package ({theirs})"
+    if target.startswith(METHODS + "/"):
+        return None if target in FRAMEWORK else "a framework file that is not base, " \
+            "registry or analyst"
+    layer = layer_of(target)
+    if layer is not None and layer[1] > dict(LAYERS)[METHODS]:
+        return f"a layer above the methods ({layer[0]})"
+    return None
+
+
+def method_violations(sources: dict[str, str]) -> list[str]:
+    """Every import (type-only ones too: a deleted package must not break a type checker
+    either) of a method file that ``method_import_problem`` refuses."""
+    bad: dict[tuple[str, int, str], str] = {}
+    for rel, src in sources.items():
+        for lineno, module in imports_of_src(src):  # a module, then each name from it
+            target = module_to_path(module)
+            why = target and method_import_problem(rel, target)
+            if why:
+                bad.setdefault((rel, lineno, why), module)
+    return [f"{rel}:{lineno} imports {module}: {why}"
+            for (rel, lineno, why), module in sorted(bad.items())]
+
+
+def test_a_method_imports_only_the_core_the_framework_and_itself() -> None:
+    sources = {str(p.relative_to(REPO)): p.read_text() for p in our_files()
+               if method_of(str(p.relative_to(REPO)))}
+    assert sources  # the walk found the method packages
+    assert method_violations(sources) == []
+
+
+def test_the_method_import_rule_can_fail() -> None:
+    rel = "engine/methods/march/verifier.py"
+    bad = {rel: "from whetstone.engine.methods.nlpg.notes import PolicyNote\n"
+                "from whetstone.engine.commands.common import handle_errors\n"
+                "def f() -> None:\n    from whetstone.engine.api import Engine\n"
+                "from whetstone.engine.evolution.pipeline import evolve\n"}
+    found = method_violations(bad)
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "another method's package (nlpg)", "a layer above the methods (engine/commands)",
+        "a layer above the methods (engine/api.py)",
+        "a layer above the methods (engine/evolution)"]
+    ok = {rel: "from whetstone.engine.methods.march.format import verdict\n"
+               "from whetstone.engine.methods.analyst import ask_parsed\n"
+               "from whetstone.engine.runtime.plugins import Plugin\n"
+               "from whetstone.library_store.corpus import Corpus\n"}
+    assert method_violations(ok) == []
+    # the framework is the three files: anything else beside the packages is refused
+    assert method_import_problem(rel, "engine/methods/evolve.py")
 
 
 def test_there_is_no_import_cycle() -> None:

@@ -27,6 +27,7 @@ from whetstone.engine.methods.march.format import (
     parse_claims,
     verdict,
 )
+from whetstone.engine.methods.march.records import CheckRequest, Claim, Verdict
 from whetstone.engine.methods.march.verifier import (
     March,
     MarchConfig,
@@ -34,7 +35,7 @@ from whetstone.engine.methods.march.verifier import (
     checker_messages,
     result_trace,
 )
-from whetstone.engine.types import CheckRequest, Claim, Request
+from whetstone.engine.types import Request
 
 QUESTION = "The Oberoi family is part of a hotel company that has a head office in what city?"
 EVIDENCE = ["The Oberoi Group is a hotel company with its head office in Delhi.",
@@ -90,6 +91,12 @@ def test_the_isolation_is_structural() -> None:
 # --- majority vote -----------------------------------------------------------------------------
 
 CLAIM = Claim("Where is the head office?", "Delhi")
+
+
+def test_the_records_round_trip_through_json() -> None:
+    for record in (Claim("Who?", "Ann", ("Ann", "Bob")), Verdict("Ann wrote it", None, ("Ann",)),
+                   CheckRequest(("Q1?",), ("E1",))):
+        assert type(record).from_dict(json.loads(json.dumps(record.to_dict()))) == record
 
 
 @pytest.mark.parametrize("answers, supported, votes", [

@@ -122,7 +122,7 @@ def test_one_registry_line_adds_a_method_and_two_owners_of_a_folder_are_refused(
 
 # --- core names no method ---------------------------------------------------------------
 
-CORE = ["library_store", "skills", "tools", "engine/runtime", "engine/evaluation",
+CORE = ["library_store", "skills", "tools", "engine/runtime", "engine/evaluation", "engine/evolution",
         "engine/server", "engine/commands", "engine/integrations", "engine/backends",
         "engine/api.py", "engine/types.py", "engine/errors.py", "engine/paths.py",
         "engine/replies.py", "engine/answer_text.py", "cli.py", "whetstone/__init__.py"]

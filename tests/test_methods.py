@@ -206,7 +206,7 @@ def test_cli_and_api_evolve_give_the_same_patch_on_the_same_traces(tmp_path: Pat
 
 def test_runs_an_evolver_makes_on_a_preview_never_become_training_traces(
         tmp_path: Path) -> None:
-    from whetstone.engine.methods.evolve import training_traces
+    from whetstone.engine.evolution.pipeline import training_traces
 
     engine = collected(tmp_path / "lib")
     preview = engine.library.preview({"skills/adding/SKILL.md": (

@@ -4,6 +4,7 @@ update, retirement, repairs of malformed analyst output, and the runtime method.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -30,11 +31,10 @@ from whetstone.engine.methods.nlpg.memory import (
     retire_ops,
     rules_curator,
 )
-from whetstone.engine.methods.nlpg.notes import parse_policy, read_policy, render_policy
+from whetstone.engine.methods.nlpg.notes import PolicyNote, parse_policy, read_policy, render_policy
 from whetstone.engine.methods.nlpg.plugin import NLPGPlugin, policy_notes
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.state import AgentContext
-from whetstone.engine.types import PolicyNote
 from whetstone.tools.base import Toolbox
 
 # -- the file format ---------------------------------------------------------------------------
@@ -55,6 +55,11 @@ def test_a_policy_file_reads_and_writes_back() -> None:
     text = render_policy("think", notes)
     assert "[n2] route=* helpful=0 harmful=0 :: Keep the units" in text
     assert parse_policy(text, "think") == notes
+
+
+def test_a_policy_note_round_trips_through_json() -> None:
+    note = PolicyNote("n1", "think", "Check units", "act", 2, 1)
+    assert PolicyNote.from_dict(json.loads(json.dumps(note.to_dict()))) == note
 
 
 @pytest.mark.parametrize(("line", "rule", "advice"), [

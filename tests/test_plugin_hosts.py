@@ -185,6 +185,30 @@ def test_a_method_that_needs_a_library_says_so() -> None:
     assert "Engine" in (err.value.hint or "")
 
 
+def test_the_method_env_gives_a_second_model_and_the_corpora_or_says_why_not(
+        tmp_path: Path) -> None:
+    """What a verifier's environment held (a second model, the evidence corpora) is every
+    method's ``MethodEnv``: the agent's own model unless another is named, and a model built
+    here is the caller's to close."""
+    own = ScriptedBackend(["x"])
+    env = MethodEnv(backend=own)
+    assert env.model() == (own, False) and env.model(own.spec) == (own, False)
+    other = ScriptedBackend(["y"])
+    assert env.model(other) == (other, False)
+    script = tmp_path / "analyst.json"
+    script.write_text('{"replies": ["z"]}')
+    built, close = env.model(f"scripted:{script}")
+    assert close and built is not own and built.spec == f"scripted:{script}"
+    with pytest.raises(ConfigError, match="no model was named"):
+        MethodEnv().model()
+    with pytest.raises(ConfigError, match="no evidence corpus is open here"):
+        env.corpus("wiki")
+    opened: list[str | None] = []
+    env = MethodEnv(corpora=lambda name: opened.append(name) or name, corpus_name="halueval")
+    assert env.corpus() == "halueval" and env.corpus("wiki") == "wiki"
+    assert opened == ["halueval", "wiki"]
+
+
 def test_a_plugin_written_for_the_old_hooks_is_refused_with_what_replaced_them() -> None:
     with pytest.raises(TypeError, match=r"Old defines wrap_model.*declare wraps = \('model_call',\)"):
         class Old(Plugin):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from whetstone.engine.errors import ParseError
-from whetstone.engine.replies import extract_json_object
-from whetstone.skills.edits import (
+from whetstone.engine.methods.trace2skill.edits import (
     Edit,
     EditError,
     SkillPatch,
@@ -15,6 +14,7 @@ from whetstone.skills.edits import (
     patch_from_json_text,
     sections,
 )
+from whetstone.engine.replies import extract_json_object
 
 SKILL = """---
 name: units

@@ -9,6 +9,7 @@ import pytest
 
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.trace2skill.edits import Edit, SkillPatch, apply_patch
 from whetstone.engine.methods.trace2skill.evolver import (
     Trace2Skill,
     Trace2SkillConfig,
@@ -18,7 +19,6 @@ from whetstone.engine.methods.trace2skill.evolver import (
     reduce_patches,
 )
 from whetstone.engine.types import Request, Trace
-from whetstone.skills.edits import Edit, SkillPatch, apply_patch
 
 BASE = draft_skill("word-math", "Solve arithmetic word problems.")
 LIB = {f"skills/word-math/{k}": v for k, v in BASE.items()}

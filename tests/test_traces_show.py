@@ -119,11 +119,34 @@ def test_a_step_of_an_unknown_shape_prints_a_line_not_a_crash(whetstone_home: Pa
         Step(kind="act", module="act", input="calculator 2*3", output="6"),
         Step(kind="verify", module="march_verify", output={"rounds": "?"}),
         Step(kind="rubric", module="co_react", output=None, error="rubric dropped: empty"),
-        Step(kind="other", module="plugin", error="boom")))  # type: ignore[arg-type]
+        Step(kind="other", module="plugin", error="boom")))
     TraceStore(whetstone_home / "library" / "traces").append(trace)
     out = show("odd1")
     assert "rubric dropped: empty" in out and "other (plugin) boom" in out
     assert "Answer: x" in out
+
+
+def test_a_step_kind_no_method_declares_round_trips_and_prints_one_line(
+        whetstone_home: Path) -> None:
+    """A step kind is open: a method records its own (``MethodSpec.step_kinds`` names their
+    printers), and a trace holding a kind nobody installed declares, from a method since
+    removed, is stored, read back unchanged, shown in one short line and told to an analyst."""
+    from whetstone.engine.methods.analyst import render_trace
+    from whetstone.engine.types import Step, Trace
+    from whetstone.library_store.traces import TraceStore
+
+    tally = Step(kind="tally", module="counter_tally", input={"n": 2}, output={"sum": 5},
+                 route="think")
+    trace = Trace(id="kinds1", task="Add them up", outcome="answered", answer="5",
+                  steps=(Step(kind="think", module="think"), tally))
+    store = TraceStore(whetstone_home / "library" / "traces")
+    store.append(trace)
+    assert store.get("kinds1").steps[1] == tally
+    res = CliRunner().invoke(cli, ["traces", "show", "kinds1", "--json"])
+    assert Trace.from_dict(json.loads(res.stdout)).steps[1] == tally
+    lines = show("kinds1").splitlines()
+    assert [line for line in lines if "tally" in line] == ["tally (counter_tally)"]
+    assert '[tally] {"sum": 5}' in render_trace(trace)
 
 
 def test_the_runtimes_reminder_is_not_printed_as_the_models_reply(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from whetstone.engine.api import Engine, open_library
     from whetstone.engine.errors import WhetstoneError
-    from whetstone.engine.methods.evolve import EvolveResult
+    from whetstone.engine.evolution.pipeline import EvolveResult
     from whetstone.engine.runtime.state import RunConfig
     from whetstone.engine.types import Completion, Message, Request, Skill, Trace
     from whetstone.tools.mcp_config import McpServer, load_mcp_config
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "Engine": "whetstone.engine.api",
     "open_library": "whetstone.engine.api",
-    "EvolveResult": "whetstone.engine.methods.evolve",
+    "EvolveResult": "whetstone.engine.evolution.pipeline",
     "RunConfig": "whetstone.engine.runtime.state",
     "WhetstoneError": "whetstone.engine.errors",
     "Message": "whetstone.engine.types",

@@ -442,7 +442,7 @@ class Runner:
         ``work_dir/<set>/collect``, or ``collect-<slice>`` for a row's own slice)."""
         spec = spec or s.train
         if spec not in self._train_traces:
-            from whetstone.engine.methods.evolve import training_traces
+            from whetstone.engine.evolution.pipeline import training_traces
 
             sub = "collect" if spec == s.train else f"collect-{slug(spec)}"
             folder = self.work_dir / slug(s.name) / sub

@@ -1,5 +1,5 @@
 """Methods that adapt the frozen model. Evolvers return a ``LibraryPatch`` that the caller
-gates and applies (``evolve.py``); runtime methods are ``whetstone.engine.runtime.Plugin`` subclasses.
+gates and applies (``whetstone.engine.evolution``); runtime methods are ``whetstone.engine.runtime.Plugin`` subclasses.
 Both are found by name through ``registry.py``; the contracts are in ``base.py`` (see
 docs/architecture.md, "Methods and where they live")."""
 

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import BackendError, WhetstoneError
 from whetstone.engine.prompts import render_prompt
-from whetstone.engine.types import Completion, Request, Trace
+from whetstone.engine.types import RUNTIME_STEP_KINDS, Completion, Request, Trace
 
 T = TypeVar("T")
 
@@ -53,7 +53,7 @@ def render_trace(trace: Trace, *, max_chars: int = 6000, step_chars: int = 700) 
                                    observation=_clip(str(obs), 300)))
         elif step.kind == "observe":
             lines.append(_line("unparseable", error=step.error))
-        elif step.kind in ("rubric", "verify") and step.output:
+        elif step.kind not in RUNTIME_STEP_KINDS and step.output:  # a method's own step
             lines.append(_line("checked", kind=step.kind,
                                output=_clip(json.dumps(step.output), 300)))
     answer = trace.answer if trace.answer is not None else _line("no_answer")

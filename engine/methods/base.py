@@ -10,8 +10,8 @@ evolve NAME`` options or ``Engine.evolve(NAME, **options)``), and::
 ``{path: text}``), ``analyst`` the model that reads the traces, ``labels`` expected answers by
 trace id, and ``context`` (an ``EvolveContext``) what an evolver that must *run* the agent
 needs: an agent over any library version, the labelled tasks, progress callbacks and a budget.
-The caller (``whetstone.engine.methods.evolve``) gates the patch and commits it as a new version, or
-keeps it as a named candidate.
+The caller (``whetstone.engine.evolution.pipeline``) gates the patch and commits it as a new
+version, or keeps it as a named candidate.
 
 A **runtime method** acts during a run: an ``whetstone.engine.runtime.Plugin`` (guidance, tools, nodes,
 a per-task config, a model-call wrapper), registered by name like evolvers

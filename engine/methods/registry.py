@@ -24,7 +24,7 @@ import importlib.metadata
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import Evolver, make_config
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from whetstone.engine.methods.base import CommandKit
     from whetstone.engine.prompts import Prompts
     from whetstone.engine.runtime.plugins import MethodEnv, Plugin
+    from whetstone.engine.types import Trace
     from whetstone.library_store.store import Library, Snapshot
     from whetstone.library_store.validation import Validator
 
@@ -59,6 +60,18 @@ BUILTIN_METHODS: tuple[str, ...] = (
     "whetstone.engine.methods.self_consistency",
     "whetstone.engine.methods.latent",
 )
+
+
+class Verification(Protocol):
+    """What the function a ``MethodSpec.verify`` names returns: the report the faces show
+    (``whetstone verify``, the server's verification switch), and the check as a trace
+    (``make_trace("verify", ...)``) that ``Engine.verify`` stores."""
+
+    def report(self) -> dict[str, Any]: ...
+
+    def trace(self, *, model: str = "") -> Trace: ...
+
+
 @dataclass(frozen=True)
 class LibraryRoot:
     """A top-level library folder a method owns (beside ``skills/``): versioned, exported and
@@ -90,8 +103,9 @@ class MethodSpec:
     faces' ``CommandKit`` (``whetstone.engine.methods.base``) and returns the ``click``
     commands to mount on the ``whetstone`` command line; ``prompts`` is its prompt files
     (``Prompts(__name__)``: the ``prompts/`` folder of its package). ``verify`` names the
-    function ``Engine.verify`` calls to check an answer, ``f(env: VerifyEnv, question,
-    answer, *, evidence, analyst, options) -> Verification`` (MARCH provides it).
+    function ``Engine.verify`` calls to check an answer, ``f(env: MethodEnv, question,
+    answer, *, evidence, analyst, options) -> Verification`` (``env`` gives the engine's
+    model, second models and evidence corpora; ``options`` are the method's knobs).
 
     What the faces show of the method is its own too: ``step_kinds`` maps each step kind its
     runtime records to the printer of such a step (``f(console, step)``; ``engine/printing.py``
@@ -226,7 +240,8 @@ class MethodRegistry:
         found = [s for s in self._specs.values() if s.verify]
         if not found:
             raise ConfigError("no installed method verifies answers",
-                              hint="reinstall whetstone: its MARCH method provides Engine.verify")
+                              hint="install a method whose MethodSpec names a verify function "
+                                   "(`whetstone methods` lists those installed)")
         spec = found[-1]
         return spec.name, load_target(spec.verify or "", f"the verifier of {spec.name}")
 

@@ -41,7 +41,7 @@ from whetstone.tools.learned import answer_text
 
 
 def _step(kind: str, module: str, **kw: Any) -> dict[str, Any]:
-    return Step(kind=kind, module=module, **kw).to_dict()  # type: ignore[arg-type]
+    return Step(kind=kind, module=module, **kw).to_dict()
 
 
 def prepare(state: AgentState, ctx: AgentContext) -> dict[str, Any]:

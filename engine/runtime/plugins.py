@@ -19,12 +19,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from whetstone.engine.backends.base import Backend
+from whetstone.engine.backends.registry import get_backend
 from whetstone.engine.errors import ConfigError
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
     from whetstone.engine.runtime.state import AgentContext, AgentState, RunConfig
     from whetstone.engine.types import Completion, Request, Trace
     from whetstone.library_store.store import Library, Snapshot
@@ -64,14 +65,23 @@ class Collected(NamedTuple):
     turns: list[dict[str, str]]
 
 
+# An evidence corpus by name (None: the engine's default) -> an object with ``search(query, k)``.
+CorpusFactory = Callable[[str | None], Any]
+
+
 @dataclass(frozen=True)
 class MethodEnv:
-    """What a runtime method built by name may use: the library, the version the run reads
-    (``snapshot``; None: follow the current one) and the agent's model."""
+    """What a method built by the faces may use (a runtime method's ``build``, the function a
+    ``MethodSpec`` names): the library, the version the run reads (``snapshot``; None: follow
+    the current one), the agent's model, a second model by spec (``model``) and the library's
+    evidence corpora (``corpora``, by name; ``corpus_name`` is the default one). Each is None
+    where the host has none to give."""
 
     library: Library | None = None
     snapshot: Snapshot | None = None
     backend: Backend | None = None
+    corpora: CorpusFactory | None = None
+    corpus_name: str | None = None
 
     def require_library(self, method: str) -> Library:
         """The library, for a method that cannot run without one; ``ConfigError`` naming
@@ -81,25 +91,33 @@ class MethodEnv:
                               hint="build it through Engine, which opens the library")
         return self.library
 
+    def require_backend(self, method: str) -> Backend:
+        """The agent's model; ``ConfigError`` naming ``method`` when there is none."""
+        if self.backend is None:
+            raise ConfigError(f"the {method} method needs the agent's model",
+                              hint="build it through Engine, which passes the backend")
+        return self.backend
 
-@dataclass(frozen=True)
-class VerifyEnv:
-    """What a method that verifies answers (``MethodSpec.verify``) is given by ``Engine.verify``:
-    the engine's model, ``analyst(spec_or_backend)`` -> ``(backend, close_it)`` for a second
-    model, and ``corpus(name)`` for evidence (``corpus_name`` is the engine's default)."""
+    def model(self, spec: Backend | str | None = None) -> tuple[Backend, bool]:
+        """A second model (an analyst, a rubric writer) and whether the caller closes it:
+        ``spec`` as given when it is a backend, the agent's own model when it is empty or the
+        agent's spec, else a new backend built from it (the caller's to close)."""
+        if isinstance(spec, Backend):
+            return spec, False
+        if self.backend is not None and (not spec or spec == self.backend.spec):
+            return self.backend, False
+        if not spec:
+            raise ConfigError("no model was named and there is no agent's model to use",
+                              hint="name a model spec, or build the method through Engine")
+        return get_backend(spec), True
 
-    backend: Backend
-    analyst: Callable[[Any], tuple[Backend, bool]]
-    corpus: Callable[[str | None], Any]
-    corpus_name: str
-
-
-class Verification(Protocol):
-    """What a verifier returns: the report the server and CLI show, and its trace."""
-
-    def report(self) -> dict[str, Any]: ...
-
-    def trace(self, *, model: str = "") -> Any: ...
+    def corpus(self, name: str | None = None) -> Any:
+        """The library's evidence corpus ``name`` (default: ``corpus_name``)."""
+        if self.corpora is None:
+            raise ConfigError("no evidence corpus is open here",
+                              hint="build the method through Engine, which opens the "
+                                   "library's corpora, or give the evidence by hand")
+        return self.corpora(name or self.corpus_name)
 
 
 def config_dict(config: Any) -> dict[str, Any]:

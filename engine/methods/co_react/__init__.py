@@ -1,6 +1,7 @@
 """Co-ReAct: a rubric before each decision, and optionally the decision checked against it.
 
     plugin.py   ``CoReAct`` (``--methods co_react``): the rubric node and the check
+    rubric.py   the ``Rubric`` record: reading, rendering and checking a step rubric
     display.py  how a ``rubric`` step prints
 """
 

@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 from whetstone.engine.errors import BackendError, ConfigError
 from whetstone.engine.methods.base import knob
 from whetstone.engine.methods.co_react import PROMPTS
-from whetstone.engine.methods.rubric import (
+from whetstone.engine.methods.co_react.rubric import (
     STOP_AFTER_LINES,
     ActionCheck,
     ParsedRubric,
+    Rubric,
     ask,
     parse_check,
     parse_rubric,
@@ -48,9 +49,8 @@ from whetstone.engine.methods.rubric import (
     rubric_in_request,
     tried_queries,
 )
-from whetstone.engine.prompts import load_prompt
 from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
-from whetstone.engine.types import Completion, Message, Request, Rubric, Step
+from whetstone.engine.types import Completion, Message, Request, Step
 
 if TYPE_CHECKING:
     from whetstone.engine.backends.base import Backend
@@ -154,9 +154,7 @@ class CoReAct(Plugin):
     def build(cls, config: Any, env: MethodEnv) -> CoReAct:
         cfg = config or CoReActConfig()
         if cfg.rubric_model and (env.backend is None or cfg.rubric_model != env.backend.spec):
-            from whetstone.engine.backends.registry import get_backend
-
-            return cls(cfg, generator=get_backend(cfg.rubric_model))
+            return cls(cfg, generator=env.model(cfg.rubric_model)[0])
         if env.backend is None:
             raise ConfigError("co_react needs a model to write its rubrics",
                               hint="set co_react.rubric_model=SPEC, or build it through Engine")
@@ -358,7 +356,7 @@ class CoReAct(Plugin):
 
 def _without_rubric(text: str) -> str:
     """A message's text without the rubric the step guidance added to it."""
-    return text.split(load_prompt("rubric.yaml#guidance_heading"), 1)[0].rstrip()
+    return text.split(PROMPTS.load("parts.yaml#guidance_heading"), 1)[0].rstrip()
 
 
 def _task_of(request: Request) -> str:

@@ -23,8 +23,8 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
 
 Rounds repeat until ``rounds``, no failures left, no gain, or the budget (``max_analyst_calls``,
 ``--max-agent-runs``). The patch holds every kept skill (+ tool, + ``assets/provenance.json``: the
-failures they came from and the sandbox test results); ``whetstone.engine.methods.evolve`` gates it on
-the held-out tasks. Given-toolset mode (``toolset``): with tools supplied in advance, the
+failures they came from and the sandbox test results); ``whetstone.engine.evolution.pipeline``
+gates it on the held-out tasks. Given-toolset mode (``toolset``): with tools supplied in advance, the
 analyst only writes when to call each. Progress is saved after every phase under
 ``<library>/state/dynamo/`` (``Library.state``): an interrupted evolve resumes where it stopped.
 """

@@ -1,7 +1,8 @@
 """MARCH: a solver, a proposer and a checker with information asymmetry against hallucination.
 
     verifier.py   ``MarchVerifier``, ``March`` (``--methods march``), the verification trace
-    format.py     rendering a verification report
+    records.py    ``Claim``, ``CheckRequest``, ``Verdict``
+    format.py     the proposer's and checker's line formats, agreement and the vote
     commands.py   ``whetstone verify``
     display.py    how a ``verify`` step prints
 """

@@ -15,7 +15,7 @@ evidence cannot settle it. Policy ``report`` returns the answer with the halluci
 and checks again, at most ``rounds`` times.
 
 The asymmetry is structural: the checker's prompt is built by ``checker_messages`` from a
-``CheckRequest`` (``engine/types.py``), a record with no field for an answer; no code path
+``CheckRequest`` (``records.py``), a record with no field for an answer; no code path
 hands the checker anything else (tests/test_march.py asserts the answer never reaches it).
 Claim agreement is a normalised match, documented in ``march_format``.
 
@@ -44,17 +44,9 @@ from whetstone.engine.methods.march.format import (
     parse_claims,
     verdict,
 )
-from whetstone.engine.runtime.plugins import MethodEnv, Node, Plugin, VerifyEnv
-from whetstone.engine.types import (
-    CheckRequest,
-    Claim,
-    Completion,
-    Passage,
-    Request,
-    Step,
-    Trace,
-    Verdict,
-)
+from whetstone.engine.methods.march.records import CheckRequest, Claim, Verdict
+from whetstone.engine.runtime.plugins import MethodEnv, Node, Plugin
+from whetstone.engine.types import Completion, Passage, Request, Step, Trace
 from whetstone.library_store.trace_build import make_trace
 
 if TYPE_CHECKING:
@@ -399,18 +391,20 @@ def result_trace(result: MarchResult, trace_id: str | None = None, *, model: str
                       total_tokens=result.usage.total_tokens, meta={"march": report})
 
 
-def verify_answer(env: VerifyEnv, question: str, answer: str | None, *,
+def verify_answer(env: MethodEnv, question: str, answer: str | None, *,
                   evidence: Sequence[str] | None, analyst: Any,
                   options: Mapping[str, Any]) -> MarchResult:
     """``Engine.verify`` through MARCH (``MethodSpec.verify``): check ``answer`` against
     ``evidence`` (default: the top passages of the corpus ``options["corpus"]``); with no
     ``answer`` the solver answers from the evidence first."""
     options = dict(options)
-    options.setdefault("corpus", env.corpus_name)
+    if env.corpus_name:
+        options.setdefault("corpus", env.corpus_name)
     config = make_config(MarchConfig, options, method="march")
-    analyst_backend, own = env.analyst(analyst or config.analyst)
-    verifier = MarchVerifier(env.backend, proposer=analyst_backend, config=config,
-                             retriever=None if evidence else env.corpus(config.corpus))
+    analyst_backend, own = env.model(analyst or config.analyst)
+    retriever = None if evidence else env.corpus(config.corpus)
+    verifier = MarchVerifier(env.require_backend("march"), proposer=analyst_backend,
+                             config=config, retriever=retriever)
     try:
         return verifier.verify(question, answer, evidence) if answer is not None \
             else verifier.solve(question, evidence)
@@ -436,22 +430,11 @@ class March(Plugin):
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> March:
         cfg = config or MarchConfig()
-        if env.backend is None:
-            raise ConfigError("the march method needs the agent's model",
-                              hint="build it through Engine, which passes the backend")
-        retriever = None
-        if cfg.evidence == "corpus" and env.library is not None:
-            from whetstone.library_store.corpus import Corpus
-            from whetstone.library_store.embeddings import query_embedder
-
-            retriever = Corpus.of_library(env.library.root, cfg.corpus, query_embedder(1))
-        analyst = None
-        if cfg.analyst:
-            from whetstone.engine.backends.registry import get_backend
-
-            analyst = get_backend(cfg.analyst)
-        return cls(MarchVerifier(env.backend, proposer=analyst, retriever=retriever,
-                                 config=cfg))
+        backend = env.require_backend("march")
+        retriever = env.corpus(cfg.corpus) if cfg.evidence == "corpus" and env.library \
+            is not None else None
+        analyst = env.model(cfg.analyst)[0] if cfg.analyst else None
+        return cls(MarchVerifier(backend, proposer=analyst, retriever=retriever, config=cfg))
 
     def nodes(self) -> list[Node]:
         return [Node("answer", self._verify_node)]

@@ -4,7 +4,7 @@ No analyst, no advice: the way ExpeL's insight-free memory and DSPy's bootstrapp
 adapt a frozen model. Two halves under one name, like NLPG:
 
 - the **evolver** ``memory``: ``fit`` keeps every training run the scorer verifies
-  (``whetstone.engine.methods.examples``) as a worked example in ``memory/<name>.md`` (the examples
+  (``whetstone.engine.evaluation.examples``) as a worked example in ``memory/<name>.md`` (the examples
   format of ``whetstone.skills.format``, each example under the id of the trace it came from), merged
   with the examples already there (one per task, the cheaper solution kept), at most
   ``max_examples``;
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.examples import ExampleStats, examples_from_traces
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.examples import ExampleStats, examples_from_traces
 from whetstone.engine.methods.memory.files import MEMORY_DIR
 from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
 from whetstone.engine.types import Trace

@@ -1,9 +1,10 @@
 """NLPG's backward pass: outcome feedback walked from the last module of a trace to the first.
 
-A trace's steps are module visits. The visits that came from a model call (``think``, a
-plugin's rubric or verify node) are the *learnable* ones: their module has a prompt that
-policy notes can change. The others (``act`` running a tool, ``prepare``) are code; what they
-did is shown to the analyst as what happened after the visit before them.
+A trace's steps are module visits. The visits that came from a model call (``think``, and the
+steps a method's node records, of a kind of its own: a step rubric, a check of the answer)
+are the *learnable* ones: their module has a prompt that policy notes can change. The others
+(the runtime's ``act`` running a tool, ``prepare``) are code; what they did is shown to the
+analyst as what happened after the visit before them.
 
 For a scored trace the walk starts at the last learnable visit with the outcome feedback
 (score, expected answer, answer, how the run ended) and a weight (1 - score). Each visit asks
@@ -28,10 +29,10 @@ from whetstone.engine.errors import ParseError
 from whetstone.engine.methods.analyst import AnalystStats, ask_parsed
 from whetstone.engine.methods.nlpg import PROMPTS
 from whetstone.engine.methods.nlpg.memory import DUPLICATE_SIMILARITY, clean_text, similarity
+from whetstone.engine.methods.nlpg.notes import PolicyNote
 from whetstone.engine.replies import extract_json_object
-from whetstone.engine.types import PolicyNote, Step, Trace
+from whetstone.engine.types import RUNTIME_STEP_KINDS, Step, Trace
 
-MODEL_KINDS = frozenset({"think", "rubric", "verify"})
 CORRECTION_CHARS = 300
 UPSTREAM_CHARS = 800
 _BLAME_WORDS = {"none": 0.0, "no": 0.0, "low": 0.25, "little": 0.25, "some": 0.5,
@@ -76,8 +77,14 @@ def shown_notes(trace: Trace) -> dict[str, list[str]]:
     return {str(m): [str(i) for i in ids] for m, ids in shown.items() if isinstance(ids, list)}
 
 
+def from_model(step: Step) -> bool:
+    """Whether ``step`` came from a model call: ``think``, or a step of a kind the runtime
+    does not write (a method's node, which asks the model)."""
+    return step.kind == "think" or step.kind not in RUNTIME_STEP_KINDS
+
+
 def _learnable(step: Step, modules: Collection[str] | None) -> bool:
-    if step.kind not in MODEL_KINDS or step.error or step.output is None:
+    if not from_model(step) or step.error or step.output is None:
         return False
     return modules is None or step.module in modules
 
@@ -115,7 +122,7 @@ def _line_after(step: Step) -> str | None:
         return _piece("tool", tool=tool, observation=_clip(str(obs), 300))
     if step.kind == "observe":
         return _piece("unparseable", error=_clip(step.error or "", 200))
-    if step.kind in MODEL_KINDS:
+    if from_model(step):
         return _piece("checked", module=step.module, output=_clip(json.dumps(
             step.output, default=str), 300))
     return None

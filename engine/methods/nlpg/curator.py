@@ -28,9 +28,8 @@ from whetstone.engine.methods.nlpg.memory import (
     note_tokens,
     rules_curator,
 )
-from whetstone.engine.methods.nlpg.notes import MAX_NOTE_CHARS, ROUTE_RE
+from whetstone.engine.methods.nlpg.notes import MAX_NOTE_CHARS, ROUTE_RE, PolicyNote
 from whetstone.engine.replies import extract_json_object
-from whetstone.engine.types import PolicyNote
 
 
 @dataclass(frozen=True)

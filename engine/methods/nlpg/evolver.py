@@ -58,7 +58,8 @@ from whetstone.engine.methods.nlpg.memory import (
     note_tokens,
     retire_ops,
 )
-from whetstone.engine.types import PolicyNote, Trace
+from whetstone.engine.methods.nlpg.notes import PolicyNote
+from whetstone.engine.types import Trace
 from whetstone.library_store.traces import TraceQuery
 
 if TYPE_CHECKING:

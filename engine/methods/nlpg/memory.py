@@ -24,8 +24,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from whetstone.engine.methods.nlpg.notes import MAX_NOTE_CHARS, ROUTE_RE, read_policy, render_policy
-from whetstone.engine.types import PolicyNote
+from whetstone.engine.methods.nlpg.notes import (
+    MAX_NOTE_CHARS,
+    ROUTE_RE,
+    PolicyNote,
+    module_of,
+    policy_path,
+    read_policy,
+    render_policy,
+)
 
 OpKind = Literal["ADD", "EDIT", "AGREE", "REMOVE"]
 OP_KINDS: tuple[OpKind, ...] = ("ADD", "EDIT", "AGREE", "REMOVE")
@@ -281,8 +288,6 @@ def count_uses(memory: Mapping[str, Sequence[PolicyNote]], helpful: Counter[tupl
 def memory_from_files(files: Mapping[str, str]) -> tuple[Memory, int]:
     """The memory held by ``{policies/<module>.md: text}``, and how many malformed lines
     were skipped (a commit validates them, but a library may come from elsewhere)."""
-    from whetstone.engine.methods.nlpg.notes import module_of
-
     memory: Memory = {}
     malformed = 0
     for path, text in sorted(files.items()):
@@ -300,8 +305,6 @@ def memory_changes(before: Mapping[str, Sequence[PolicyNote]],
                    after: Mapping[str, Sequence[PolicyNote]]) -> dict[str, str | None]:
     """The library changes that turn ``before`` into ``after``: a module whose notes changed
     is rewritten, one left without notes is deleted."""
-    from whetstone.engine.methods.nlpg.notes import policy_path
-
     changes: dict[str, str | None] = {}
     for module in sorted(set(before) | set(after)):
         old, new = list(before.get(module, ())), list(after.get(module, ()))

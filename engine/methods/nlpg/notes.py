@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from whetstone.engine.errors import ValidationError
-from whetstone.engine.types import PolicyNote
+from whetstone.engine.types import JsonRecord
 
 if TYPE_CHECKING:
     from whetstone.library_store.store import Snapshot
@@ -37,6 +37,18 @@ ROUTE_RE = re.compile(r"^(\*|[a-z][a-z0-9_-]{0,39})$")
 _NOTE_RE = re.compile(r"^\[(?P<id>[^\]]*)\](?P<fields>[^:]*(?::(?!:)[^:]*)*)::(?P<text>.*)$")
 _FIELDS = ("route", "helpful", "harmful")
 _EXAMPLE = "[n1] route=finish helpful=0 harmful=0 :: <one short rule>"
+
+
+@dataclass(frozen=True)
+class PolicyNote(JsonRecord):
+    """A policy note for one module: ``[id] route=… helpful=N harmful=N :: text``."""
+
+    id: str
+    module: str
+    text: str
+    route: str = "*"
+    helpful: int = 0
+    harmful: int = 0
 
 
 def policy_path(module: str) -> str:

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.base import knob
 from whetstone.engine.methods.nlpg import PROMPTS
-from whetstone.engine.methods.nlpg.notes import load_policies
+from whetstone.engine.methods.nlpg.notes import PolicyNote, load_policies
 from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
-from whetstone.engine.types import PolicyNote
 
 if TYPE_CHECKING:
     from whetstone.engine.runtime.state import AgentContext, AgentState

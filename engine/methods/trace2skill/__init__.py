@@ -1,6 +1,9 @@
 """Trace2Skill: evolve one skill directory from many traces in parallel.
 
     evolver.py    ``Trace2Skill`` (``whetstone evolve trace2skill``): map, merge, apply
+    edits.py      the section-anchored patch format its analysts write, and applying it
+    limits.py     keeping an evolved skill inside the Agent Skills rules
+    ray_map.py    the map on a Ray cluster (``--executor ray``)
     examples.py   worked examples kept from verified runs (``examples=True``)
     report.py     what ``whetstone evolve trace2skill`` prints of the map and reduce
 """

@@ -2,7 +2,7 @@
 
     MAP     one analyst call per trace (or per small batch), ``workers`` at a time; failure
             analysts name the root cause and the fix, success analysts extract what worked;
-            each returns a JSON patch (see ``whetstone.skills.edits``), checked against the skill and
+            each returns a JSON patch (see ``edits.py``), checked against the skill and
             retried once with the error shown, then dropped and counted.
     REDUCE  merge patches in groups of ``group_size``, level by level (at most ``max_levels``),
             into one patch whose edits never touch the same lines: duplicates fold (keeping
@@ -25,25 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.examples import example_from_trace
 from whetstone.engine.methods.analyst import AnalystStats, ask_parsed, render_trace
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.examples import example_from_trace
 from whetstone.engine.methods.trace2skill import PROMPTS
-from whetstone.engine.methods.trace2skill.examples import (
-    ExampleAction,
-    ExampleReport,
-    actions_from_reply,
-    apply_examples,
-    default_adds,
-    listing,
-)
-from whetstone.engine.replies import extract_json_object
-from whetstone.engine.types import Trace
-from whetstone.skills.format import EXAMPLES_FILE, Example
-
-if TYPE_CHECKING:
-    from whetstone.library_store.store import Snapshot
-from whetstone.skills.edits import (
+from whetstone.engine.methods.trace2skill.edits import (
     Edit,
     EditError,
     SkillPatch,
@@ -53,7 +39,22 @@ from whetstone.skills.edits import (
     region_of,
     render_files,
 )
-from whetstone.skills.limits import enforce_limits
+from whetstone.engine.methods.trace2skill.examples import (
+    ExampleAction,
+    ExampleReport,
+    actions_from_reply,
+    apply_examples,
+    default_adds,
+    listing,
+)
+from whetstone.engine.methods.trace2skill.limits import enforce_limits
+from whetstone.engine.methods.trace2skill.ray_map import map_on_ray
+from whetstone.engine.replies import extract_json_object
+from whetstone.engine.types import Trace
+from whetstone.skills.format import EXAMPLES_FILE, Example, parse_examples
+
+if TYPE_CHECKING:
+    from whetstone.library_store.store import Snapshot
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -79,7 +80,7 @@ class Trace2SkillConfig:
     examples: bool = knob(False, help="Keep worked examples (references/examples.md) taken "
                                       "from verified runs; analysts add, replace, retire them.")
     example_form: str = knob("all", help="What of a verified run an example keeps: all or "
-                             "program (see engine/methods/examples.py).",
+                             "program (see engine/evaluation/examples.py).",
                              choices=("all", "program"))
     max_examples: int = knob(6, help="Most worked examples the skill keeps.", min=1)
 
@@ -231,8 +232,6 @@ def _strip_prefix(files: Mapping[str, str], prefix: str) -> dict[str, str]:
 
 def parse_examples_of(files: Mapping[str, str]) -> list[Example]:
     """The worked examples a skill's files hold."""
-    from whetstone.skills.format import parse_examples
-
     return parse_examples(files.get(EXAMPLES_FILE, ""))[0]
 
 
@@ -401,8 +400,6 @@ class Trace2Skill:
         """One analyst per batch, ``workers`` in flight; failed replies are dropped."""
         batches = self._batches(traces)
         if self.config.executor == "ray":
-            from whetstone.engine.methods.ray_executor import map_on_ray
-
             results = map_on_ray(self, batches, base, analyst, labels)
         else:
             sem = asyncio.Semaphore(self.config.workers)

@@ -3,23 +3,36 @@
 Each worker is an actor holding its own analyst backend: built from the spec inside the worker
 when the backend cannot travel (a loaded local model), or shipped as is when it can (remote
 APIs, the scripted double). Batches keep their index, so seeds — and results — match the
-local asyncio executor.
+local asyncio executor. The evolver reaches this module, never the other way: what the map
+needs of it is ``BatchAnalyst``, and its class travels to the workers by reference (Ray
+pickles a class by its import path).
 """
 
 from __future__ import annotations
 
 import asyncio
 import pickle
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from whetstone.engine.backends.base import Backend
+from whetstone.engine.backends.registry import get_backend
 from whetstone.engine.errors import ModelNotInstalled
+from whetstone.engine.methods.trace2skill.edits import SkillPatch
 from whetstone.engine.types import Trace
 
-if TYPE_CHECKING:
-    from whetstone.engine.methods.trace2skill.evolver import Trace2Skill
-    from whetstone.skills.edits import SkillPatch
+
+class BatchAnalyst(Protocol):
+    """What the Ray map needs of the evolver: its config (``workers``, ``seed``), its report
+    (``map``: the analysts' costs), its progress callback, and the analysis of one batch."""
+
+    config: Any
+    report: Any
+    on_progress: Callable[[str, int, int], None]
+
+    async def _analyse(self, batch: Sequence[Trace], files: Mapping[str, str],
+                       analyst: Backend, labels: Mapping[str, str] | None,
+                       seed: int) -> SkillPatch | None: ...
 
 
 def _portable(analyst: Backend) -> Backend | str:
@@ -34,17 +47,13 @@ def _portable(analyst: Backend) -> Backend | str:
 class _Worker:
     """One analyst per actor; built lazily inside the worker process."""
 
-    def __init__(self, evolver_class: type[Trace2Skill], config: Any,
+    def __init__(self, evolver_class: Callable[[Any], BatchAnalyst], config: Any,
                  analyst: Backend | str) -> None:
-        # The class travels by reference (Ray pickles it by import path), so this module never
-        # imports trace2skill, which imports it.
         self.t2s = evolver_class(config)
         self._analyst = analyst
 
     def _backend(self) -> Backend:
         if isinstance(self._analyst, str):
-            from whetstone.engine.backends.registry import get_backend
-
             self._analyst = get_backend(self._analyst)
         return self._analyst
 
@@ -56,7 +65,7 @@ class _Worker:
         return index, patch, self.t2s.report.map
 
 
-def map_on_ray(t2s: Trace2Skill, batches: Sequence[list[Trace]], base: Mapping[str, str],
+def map_on_ray(t2s: BatchAnalyst, batches: Sequence[list[Trace]], base: Mapping[str, str],
                analyst: Backend, labels: Mapping[str, str] | None) -> list[SkillPatch | None]:
     """Analyse every batch on Ray with ``t2s.config.workers`` actors; results in batch order."""
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from whetstone.skills.edits import SkillPatch, apply_patch
+from whetstone.engine.methods.trace2skill.edits import SkillPatch, apply_patch
 from whetstone.skills.format import MAX_BODY_LINES, MAX_REFERENCE_LINES, parse_skill_md
 
 # Counted over the whole file (front matter included), so an evolved skill stays a little

@@ -1,4 +1,5 @@
-"""Edits on a skill directory: the patch format evolvers emit, and how it is applied.
+"""Edits on a skill directory: the patch format Trace2Skill's analysts write, and how it is
+applied.
 
 A patch is ``{reasoning, edits: [{file, op, target_section, target_text, content}], changelog}``.
 Ops work on markdown sections (a heading and the lines under it, up to the next heading of the

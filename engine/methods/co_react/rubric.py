@@ -1,4 +1,5 @@
-"""Step rubrics (Co-ReAct): read a generator's rubric, render it for the agent, read a check.
+"""Step rubrics: the ``Rubric`` record, reading a generator's rubric, rendering it for the agent
+and reading a check of a proposed step against it.
 
 A rubric is 3-5 lines ``N. [weight] concrete verifiable condition``; weights are normalised to
 sum to 1. Small models slip (no weights, percentages, bullets, six lines, a line that asks for a
@@ -19,9 +20,9 @@ from typing import Any, Literal, TypeVar
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ParseError
 from whetstone.engine.methods.analyst import AnalystStats, ask_parsed_sync
-from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.methods.co_react import PROMPTS
 from whetstone.engine.replies import extract_json_object
-from whetstone.engine.types import Request, Rubric
+from whetstone.engine.types import JsonRecord, Request
 
 T = TypeVar("T")
 Phase = Literal["early", "mid", "late"]
@@ -39,6 +40,24 @@ _QUOTED = re.compile(r"[\"\u201c`]([^\"\u201c\u201d`]{3,})[\"\u201d`]")
 _RUBRIC_HINT = "write 3 to 5 lines like '1. [0.4] <condition>', weights summing to 1"
 _CHECK_HINT = ('reply with one JSON object: {"scores": [1, 0, ...], "weighted_score": 0.5, '
                '"pass": false, "feedback": "..."}')
+
+
+@dataclass(frozen=True)
+class Rubric(JsonRecord):
+    """A step rubric: weighted conditions for the next decision whose weights sum to 1."""
+
+    lines: tuple[tuple[float, str], ...]
+    phase: Phase = "early"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Rubric:
+        return cls(
+            lines=tuple((float(w), str(c)) for w, c in d["lines"]),
+            phase=d.get("phase", "early"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lines": [[w, c] for w, c in self.lines], "phase": self.phase}
 
 
 def phase_of(steps_used: int, horizon: int) -> Phase:
@@ -129,10 +148,10 @@ def _weighted(items: list[tuple[float | None, str]], phase: Phase, repairs: list
 def render_rubric(rubric: Rubric) -> str:
     """The rubric as the agent reads it before its next decision."""
     lines = "\n".join(
-        render_prompt("rubric.yaml#rubric_line", number=i, weight=f"{w:.2f}", condition=c)
+        PROMPTS.render("parts.yaml#rubric_line", number=i, weight=f"{w:.2f}", condition=c)
         for i, (w, c) in enumerate(rubric.lines, 1))
-    return render_prompt("rubric.yaml#guidance", heading=load_prompt(
-        "rubric.yaml#guidance_heading"), phase=rubric.phase, lines=lines)
+    return PROMPTS.render("parts.yaml#guidance", heading=PROMPTS.load(
+        "parts.yaml#guidance_heading"), phase=rubric.phase, lines=lines)
 
 
 def rubric_in_request(request: Request) -> Rubric | None:
@@ -141,7 +160,7 @@ def rubric_in_request(request: Request) -> Rubric | None:
     if not request.messages:
         return None
     text = request.messages[-1].text
-    at = text.rfind(load_prompt("rubric.yaml#guidance_heading"))
+    at = text.rfind(PROMPTS.load("parts.yaml#guidance_heading"))
     if at < 0:
         return None
     head, _, rest = text[at:].partition("\n")

@@ -1,12 +1,13 @@
 """Worked examples from the model's own runs: taken only from runs the scorer verifies.
 
-Shared by the evolvers that keep examples (Trace2Skill with ``examples=true``, the ``memory``
-baseline). An example is a run's task and the model's own output, step by step as it wrote it
-(its reply, a program's output as the runtime gave it back, a tool call and its result; the
-wording is ``engine/prompts/examples.yaml``), keyed by the trace id it came from. A run
-becomes an example only when it answered, its stored score passes, and, where the scorer can
-be rebuilt from the trace (its name and label), scoring the trace again passes too; a run with
-an unparseable reply or a failed tool call, or one too long to teach from, is not taken.
+Shared by the methods that keep examples (a skill's ``references/examples.md``, a library's
+memory of demonstrations); it sits with the scorers because the scorer's verdict is what makes
+a run an example. An example is a run's task and the model's own output, step by step as it
+wrote it (its reply, a program's output as the runtime gave it back, a tool call and its
+result; the wording is ``engine/prompts/examples.yaml``), keyed by the trace id it came from.
+A run becomes an example only when it answered, its stored score passes, and, where the scorer
+can be rebuilt from the trace (its name and label), scoring the trace again passes too; a run
+with an unparseable reply or a failed tool call, or one too long to teach from, is not taken.
 
 Two forms of solution (``form``): ``all`` keeps the run's output as the model wrote it;
 ``program`` keeps only the part the scorer's verdict vouches for, the program whose printed
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from whetstone.engine.errors import WhetstoneError
+from whetstone.engine.evaluation.scorers import get_scorer
+from whetstone.engine.evaluation.tasks import TaskRecord, is_user_scorer
 from whetstone.engine.prompts import render_prompt
 from whetstone.engine.types import Trace
 from whetstone.skills.format import MAX_EXAMPLE_LINES, Example
@@ -61,9 +64,6 @@ def rescore(trace: Trace) -> float | None:
     label; None when that cannot be done (no scorer or label recorded, the scorer needs more
     of the task than the trace keeps, or it names code: a stored trace never chooses code to
     run, so the stored score stands)."""
-    from whetstone.engine.evaluation.scorers import get_scorer
-    from whetstone.engine.evaluation.tasks import TaskRecord, is_user_scorer
-
     name = trace.meta.get("scorer")
     if not isinstance(name, str) or not name or trace.label is None or is_user_scorer(name):
         return None
