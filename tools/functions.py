@@ -115,7 +115,7 @@ def _marked(tp: Any) -> tuple[Any, str | None]:
 def function_spec(fn: Callable[..., Any], *, name: str | None = None) -> ToolSpec:
     """The ``ToolSpec`` of a typed, documented function; ``ConfigError`` saying what to add
     when it is not one."""
-    name = name or getattr(fn, "__name__", "")
+    name = str(name or getattr(fn, "__name__", ""))
     if not FUNCTION_NAME.match(name or ""):
         raise _refuse(fn, f"{name!r} is not a tool name (letters, digits, _ and -; a lambda "
                           "needs a def)")

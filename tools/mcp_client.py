@@ -30,17 +30,14 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 from whetstone.engine.errors import ToolError
 from whetstone.engine.types import ToolSpec
 from whetstone.tools.base import Tool, ToolResult
 from whetstone.tools.mcp_config import McpServer, allowed, tool_name
 
-if TYPE_CHECKING:
-    from typing_extensions import Self
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("whetstone.mcp")
 
 STDERR_TAIL = 1200  # characters of a server's stderr shown when it fails
 _IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
@@ -135,7 +132,7 @@ class McpSessions:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> McpSessions:
+    def start(self) -> Self:
         """Connect to every server at once and list its tools; a server that cannot start is
         a ``ToolError`` naming it, with its stderr (the others are stopped)."""
         if self._loop is not None:
@@ -150,7 +147,7 @@ class McpSessions:
         for live, fut in pending:
             try:
                 fut.result(timeout=live.server.start_timeout_s + 5)
-            except (ToolError, concurrent.futures.TimeoutError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, ToolError, concurrent.futures.TimeoutError) as exc:
                 why = exc.message if isinstance(exc, ToolError) else \
                     f"no answer in {live.server.start_timeout_s:g} s"
                 problems.append(live.failure(f"MCP server {live.server.name} "
@@ -170,7 +167,7 @@ class McpSessions:
         live.task = loop.create_task(self._serve(live, ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), live.server.start_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             ready.cancel()  # nobody waits for it any more
             live.task.cancel()
             raise
@@ -294,7 +291,7 @@ class McpSessions:
             live.client.call_tool(tool, dict(args), read_timeout_seconds=timeout), loop)
         try:
             result = fut.result(timeout=timeout + 5)
-        except (concurrent.futures.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, concurrent.futures.TimeoutError):
             fut.cancel()
             return self._timed_out(live, timeout, start, meta)
         except Exception as exc:  # noqa: BLE001 - every failure is the model's observation

@@ -34,9 +34,9 @@ from whetstone.tools.mcp_client import McpSessions
 from whetstone.tools.mcp_config import McpServer
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("whetstone.tools")
 
 BUILTIN_NAMES = ("calculator", "python", "search")
 

@@ -72,8 +72,9 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], s
         return factory
     from whetstone.engine.api import solver_factory
 
-    made = solver_factory(methods=parse_methods(methods, method_config), solver=solver,
-                          **({"tools": tools} if tools is not None else {}))
+    chosen = parse_methods(methods, method_config)
+    made = (solver_factory(methods=chosen, solver=solver, tools=tools) if tools is not None
+            else solver_factory(methods=chosen, solver=solver))
     ctx.call_on_close(made.close)  # type: ignore[attr-defined]
     return made
 

@@ -98,7 +98,7 @@ def agent_tools(tools: str, *, mcp: Sequence[str] = (), mcp_url: Sequence[str] =
     ``module:function`` references), then every MCP server with its allow-list."""
     from whetstone.tools.mcp_config import McpServer, load_mcp_config, with_allowed
 
-    timing = {"timeout_s": mcp_timeout} if mcp_timeout is not None else {}
+    timing: dict[str, Any] = {"timeout_s": mcp_timeout} if mcp_timeout is not None else {}
     headers = _headers(mcp_header)
     servers = [McpServer.stdio(c, **timing) for c in mcp]
     servers += [McpServer.http(u, headers=headers, **timing) for u in mcp_url]

@@ -231,7 +231,9 @@ def evolve(
         library=library, make_solver=make_solver, tasks=tasks, store=library.traces,
         model=model, seed=seed, concurrency=concurrency, max_agent_runs=max_agent_runs,
         on_progress=lambda phase, done, total: report(f"{evolver.name} {phase}", done, total),
-        on_phase=say, **({"agent_tools": agent_tools} if agent_tools else {}))
+        on_phase=say)
+    if agent_tools:
+        context.agent_tools = agent_tools
     say("fit")
     start = time.perf_counter()
     patch = evolver.fit(chosen, library.snapshot(), analyst, labels, context=context)

@@ -6,7 +6,7 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
     ATTEMPT    run the agent (round 1 reuses the stored runs of the current library), split
                correct from incorrect attempts;
     MAKE       when the agent fails most tasks (``maker_share``), the tool maker
-               (``whetstone.engine.methods.dynamo.maker``) writes tools that read the task and answer it,
+               (``maker.py``) writes tools that read the task and answer it,
                admitted only if they answer held-in training tasks (labels) well enough; an
                admitted one is the round's proposal (no diagnosis), else the round goes on;
     DIAGNOSE   the analyst reads failures beside similar correct attempts and groups them by
@@ -21,12 +21,11 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
     CHECK      the agent runs again over a preview of the library with the round's files; the
                round is kept only if training accuracy rose (``min_gain``).
 
-Rounds repeat until ``rounds``, no failures left, no gain, or the budget (``max_analyst_calls``,
-``--max-agent-runs``). The patch holds every kept skill (+ tool, + ``assets/provenance.json``: the
-failures they came from and the sandbox test results); ``whetstone.engine.evolution.pipeline``
-gates it on the held-out tasks. Given-toolset mode (``toolset``): with tools supplied in advance, the
-analyst only writes when to call each. Progress is saved after every phase under
-``<library>/state/dynamo/`` (``Library.state``): an interrupted evolve resumes where it stopped.
+Rounds repeat until ``rounds``, no failures left, no gain, or the budget. The patch holds every
+kept skill (+ tool, + ``assets/provenance.json``: the failures and the sandbox test results);
+the evolve pipeline gates it. Given-toolset mode (``toolset``): with tools supplied in advance,
+the analyst only writes when to call each. Progress is saved after every phase under
+``<library>/state/dynamo/``: an interrupted evolve resumes where it stopped.
 """
 
 from __future__ import annotations
