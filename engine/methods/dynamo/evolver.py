@@ -5,10 +5,9 @@ Each round, on a small labelled training subset (``train`` tasks of ``--tasks``)
 
     ATTEMPT    run the agent (round 1 reuses the stored runs of the current library), split
                correct from incorrect attempts;
-    MAKE       when the agent fails most tasks (``maker_share``), the tool maker
-               (``maker.py``) writes tools that read the task and answer it,
-               admitted only if they answer held-in training tasks (labels) well enough; an
-               admitted one is the round's proposal (no diagnosis), else the round goes on;
+    MAKE       when the agent fails most tasks (``maker_share``), the tool maker (``maker.py``)
+               writes tools that read the task and answer it, admitted only if they answer
+               held-in training tasks (labels) well enough: the round's proposal if admitted;
     DIAGNOSE   the analyst reads failures beside similar correct attempts and groups them by
                cause: cognitive (-> a reasoning skill) or computational / perceptual (-> a tool
                plus the skill that says when to call it);
