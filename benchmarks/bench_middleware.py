@@ -375,6 +375,7 @@ def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
           flush=True)
     common = ["--upstream", f"openai:tiny@{upstream}", "--max-concurrency", "1024", "--queue",
               "4096", "--log-level", "warning"]
+    (tmp / "plain").mkdir()  # its traces' home: an empty folder becomes a library
     procs.append(start([sys.executable, str(REPO / "cli.py"), "serve", *common, "--port",
                         str(plain), "--no-library", "--library", str(tmp / "plain")], env,
                        f"http://127.0.0.1:{plain}/health", "whetstone serve --no-library",

@@ -56,7 +56,7 @@ def test_full_agent_run_through_whetstone_serve_with_the_openai_backend(
 def _evolved_library(path: Path) -> Path:
     """A skill distilled (scripted analyst) from traces of a scripted 'model A'."""
     model_a = ScriptedBackend(["Final Answer: 400"])
-    engine = Engine(model_a, library=path, checkpointing=False)
+    engine = Engine(model_a, library=path, create=True, checkpointing=False)
     trace = engine.run(TASK, label="391")
     analyst = ScriptedBackend([json.dumps({
         "reasoning": "multiplied in the head", "changelog": "use the calculator",

@@ -125,7 +125,10 @@ def test_memory_keeps_verified_runs_that_called_the_server(tmp_path: Path,
         return f'Action: shop_lookup[{{"item": "{item.group(1) if item else "x"}"}}]'
 
     with engine_at(tmp_path / "lib", shop, caller) as engine:
-        result = engine.evolve("memory", tasks=TRAIN, gate_tasks=DEV, name="prices")
+        # What memory writes is under test, not the gate: the runs already call the tool and
+        # tie on dev, which the default (cost-aware) rule rejects for the added tokens.
+        result = engine.evolve("memory", tasks=TRAIN, gate_tasks=DEV, name="prices",
+                               rule="mean_not_worse")
         assert result.version is not None, result.note
         text = engine.library.snapshot().read_text("memory/prices.md")
     assert text.count("shop_lookup") >= 3 and '"price": 31.0' in text
