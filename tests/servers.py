@@ -61,3 +61,21 @@ class Servers(contextlib.ExitStack):
 
     def start(self, app: Any) -> str:
         return self.enter_context(running_server(app))
+
+
+def wait_healthy(base: str, proc: Any, log: Any, timeout_s: float = 240.0) -> None:
+    """Wait until a server process at ``base`` answers ``/health`` with 200; fail the test
+    with the end of its ``log`` (a Path) when it exits or ``timeout_s`` passes first."""
+    import httpx
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the server at {base} did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)

@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from servers import free_port, running_server
+from servers import free_port, running_server, wait_healthy
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
@@ -87,16 +86,7 @@ class Served:
 
 
 def _wait_until_up(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"whetstone serve did not start:\n{log.read_text()}")
-        time.sleep(0.2)
+    wait_healthy(base, proc, log, START_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

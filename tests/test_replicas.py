@@ -24,7 +24,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from middleware_support import SKILLS
-from servers import free_port, running_server
+from servers import free_port, running_server, wait_healthy
 
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore
@@ -64,19 +64,6 @@ def start_replica(upstream: str, library: Path, port: int, log: Path) -> subproc
              "--log-level", "warning"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 240
-    while True:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"replica {base} did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.25)
-
-
 def chat(client: httpx.Client, base: str, text: str) -> tuple[str, str]:
     """(trace id, library version) of one answered chat."""
     res = client.post(base + "/v1/chat/completions", timeout=60,
@@ -107,7 +94,7 @@ def test_three_replicas_share_one_library_and_one_trace_store(tmp_path: Path) ->
             logs = [tmp_path / f"replica-{i}.log" for i in range(REPLICAS)]
             procs = [start_replica(upstream, lib.root, p, log) for p, log in zip(ports, logs)]
             for base, proc, log in zip(bases, procs, logs):
-                wait_ready(base, proc, log)
+                wait_healthy(base, proc, log)
 
             served: list[tuple[int, str, str, float]] = []  # (replica, trace id, version, t)
             served_lock = threading.Lock()
