@@ -31,6 +31,7 @@ TRACE_KINDS: dict[str, str] = {
     "chat": "one chat exchange (Engine.chat, the server, Engine.wrap, LangChain)",
     "verify": "a verification (whetstone verify, Engine.verify)",
     "mcp": "an outside agent's run logged over MCP (log_run)",
+    "import": "a run recorded elsewhere, read by whetstone traces import",
 }
 SOURCE_KEY = "source"
 

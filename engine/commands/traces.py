@@ -1,4 +1,5 @@
-"""``whetstone traces ls | show | prune``: the recorded runs every evolver learns from."""
+"""``whetstone traces ls | show | prune | import``: the recorded runs every evolver learns
+from."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def trace_store(library_path: Path | None) -> TraceStore:
 @click.option("--outcome", default=None, help="answered | horizon | budget | timeout | "
                                                "interrupted | error | running")
 @click.option("--task", "task_filter", default=None, help="Substring of the task.")
-@click.option("--kind", default=None, help="agent | direct | chat | verify | mcp (what made "
-                                           "the trace).")
+@click.option("--kind", default=None, help="agent | direct | chat | verify | mcp | import "
+                                           "(what made the trace).")
 @click.option("--limit", type=int, default=20, show_default=True)
 @json_option
 @handle_errors
@@ -181,3 +182,25 @@ def traces_prune(library_path: Path | None, max_bytes: int | None, keep_days: fl
         return
     console().print(f"removed {len(removed)} file(s); the store holds {_size_text(after)} "
                     f"(was {_size_text(before)})", markup=False)
+
+
+@traces_group.command("import")
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", "otlp-json", "openai", "langsmith"]),
+              help="The files' format (auto: read from their content).")
+@click.option("--phoenix", default=None, metavar="URL",
+              help="Also read a Phoenix server's spans (with --project).")
+@click.option("--project", default=None, help="The Phoenix project (name or id).")
+@library_option
+@json_option
+@handle_errors
+def traces_import(files: tuple[Path, ...], fmt: str, phoenix: str | None, project: str | None,
+                  library_path: Path | None, as_json: bool) -> None:
+    """Read traces recorded elsewhere (OTLP JSON, OpenAI chat logs as JSONL, LangSmith
+    exports, a Phoenix project) into the store, for `evolve` to learn from; malformed
+    records are listed and skipped (exit 11), re-imports are recognised
+    (docs/observability.md)."""
+    from whetstone.engine.commands.trace_import import run_import
+
+    run_import(trace_store(library_path), files, fmt, phoenix, project, as_json)

@@ -1,0 +1,50 @@
+"""``whetstone traces import``: what it prints. The command itself is in ``traces.py``; the
+readers are ``whetstone.library_store.trace_import`` (docs/observability.md)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from whetstone.engine.commands.common import EXIT_PARTIAL, console, emit_json
+from whetstone.engine.commands.display import short
+from whetstone.library_store.trace_import import ImportReport, import_traces
+from whetstone.library_store.traces import TraceStore
+
+SHOWN_SKIPS = 20  # skipped records listed one per line; the rest are counted
+
+
+def run_import(store: TraceStore, files: Sequence[Path], fmt: str, phoenix: str | None,
+               project: str | None, as_json: bool) -> None:
+    """Import, print the report, and exit 11 (``EXIT_PARTIAL``) when records were skipped."""
+    report = import_traces(store, files, fmt=fmt, phoenix=phoenix, project=project)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        print_report(report)
+    if report.skipped:
+        sys.exit(EXIT_PARTIAL)
+
+
+def print_report(report: ImportReport) -> None:
+    """One line of counts, then each skipped record with why, and what the caps did."""
+    out = console()
+    err = console(stderr=True)
+    sources = ", ".join(f"{s} ({f})" for s, f in report.sources.items())
+    out.print(f"imported {len(report.imported)} trace(s) from {sources}; "
+              f"{report.duplicates} already there; {len(report.skipped)} skipped",
+              markup=False, soft_wrap=True)
+    for line in report.skipped[:SHOWN_SKIPS]:
+        err.print(f"skipped: {short(line, 300)}", markup=False, soft_wrap=True)
+    if len(report.skipped) > SHOWN_SKIPS:
+        err.print(f"... and {len(report.skipped) - SHOWN_SKIPS} more (--json lists them all)",
+                  markup=False)
+    if report.truncated:
+        out.print(f"{report.truncated} record(s) were cut to the store's record-size cap "
+                  "(library.json trace_max_record_bytes)", markup=False)
+    if report.dropped_files:
+        out.print(f"the store's size cap (trace_max_bytes) dropped {len(report.dropped_files)} "
+                  "of its oldest file(s)", markup=False)
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
