@@ -33,8 +33,9 @@ from whetstone.engine.server.client import WrappedClient, wrap_client
 from whetstone.engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from whetstone.engine.types import Message, Trace
 from whetstone.library_store.corpus import Corpus
+from whetstone.library_store.otel_export import OtelSettings, otel_sinks
 from whetstone.library_store.store import Library, Snapshot
-from whetstone.library_store.traces import TraceStore
+from whetstone.library_store.traces import TraceSink, TraceStore
 from whetstone.tools.base import Tool
 from whetstone.tools.toolset import ToolSet
 
@@ -96,6 +97,8 @@ class Engine:
         corpus: str = "default",
         solver: str = "agent",
         create: bool | None = None,
+        trace_sinks: Sequence[TraceSink] = (),
+        otel: bool | OtelSettings | None = None,
     ) -> None:
         self.solver_kind = check_solver(solver)
         self.home = Path(home).expanduser() if home is not None else whetstone_home()
@@ -125,6 +128,8 @@ class Engine:
         self._agent: Agent | None = None
         self._resources: list[Any] = []  # retrieval indexes the direct solvers opened
         self.traces: TraceStore = self.library.traces
+        self._own_sinks = otel_sinks(otel)  # an OTLP exporter when asked (issue 39)
+        self.library.trace_sinks.extend([*trace_sinks, *self._own_sinks])
 
     def _check_methods(self, methods: Sequence[MethodSpec]
                        ) -> tuple[Plugin | tuple[str, Mapping[str, Any]], ...]:
@@ -486,6 +491,10 @@ class Engine:
         for corpus in self._corpora.values():
             corpus.close()
         self.backend.close()
+        for sink in self._own_sinks:  # after the last trace: flushed, then shut down
+            sink.close()
+            self.library.trace_sinks.remove(sink)
+        self._own_sinks = []
 
     def __enter__(self) -> Self:
         return self
@@ -540,7 +549,7 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
             backends[model] = get_backend(model)
         engine = Engine(backends[model], library=library_path, version=version,
                         methods=methods, tools=tools, config=config, checkpointing=False,
-                        corpus=corpus, solver=solver)
+                        corpus=corpus, solver=solver, otel=False)  # eval's store exports
         return engine.solver()
 
     factory.close = shared.close  # type: ignore[attr-defined]

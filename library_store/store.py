@@ -43,7 +43,7 @@ from whetstone.library_store.manifest import Manifest, version_number
 from whetstone.library_store.paths import CORE_ROOTS, Content, check_path, to_bytes
 from whetstone.library_store.snapshot import Snapshot
 from whetstone.library_store.state import MethodState, method_state
-from whetstone.library_store.traces import TraceStore, trace_store
+from whetstone.library_store.traces import TraceSink, TraceStore, trace_store
 from whetstone.library_store.transfer import write_folder
 from whetstone.library_store.tree import Trees, group_of
 from whetstone.library_store.validation import Validate, Validator, rejection
@@ -83,6 +83,9 @@ class Library:
         self._thread_lock = threading.RLock()
         self._traces: tuple[dict[str, Any], TraceStore] | None = None
         self._traces_lock = threading.Lock()  # not _thread_lock: a commit may hold that long
+        # Told of every trace recorded here (an OpenTelemetry exporter the face added): one
+        # list, shared by each store ``traces`` builds, so a sink added now reaches them all.
+        self.trace_sinks: list[TraceSink] = []
         # Set when the view (skills/, policies/) could not be brought up to the current
         # version: the versions are intact and every command still works; see ``repair_view``.
         self.view_problem: ViewError | None = None
@@ -235,6 +238,7 @@ class Library:
         with self._traces_lock:
             if self._traces is None or self._traces[0] != settings:
                 self._traces = (settings, trace_store(self.root / "traces", settings))
+                self._traces[1].sinks = self.trace_sinks
             return self._traces[1]
 
     def state(self, method: str, *, legacy: Sequence[str] = ()) -> MethodState:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from filelock import FileLock
 
@@ -39,6 +39,17 @@ from whetstone.library_store.trace_index import TraceIndex
 from whetstone.library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_dict
 
 log = logging.getLogger("whetstone.traces")
+
+
+class TraceSink(Protocol):
+    """Something told of every trace the store records (an OpenTelemetry exporter,
+    ``otel_export.OtelSink``): ``recorded`` for each record written through ``encode``
+    (``running`` ones included: a sink skips what it does not want), ``feedback`` for a
+    label. A sink must return quickly (queue, not send) and its failures are only logged."""
+
+    def recorded(self, trace: Trace) -> None: ...
+
+    def feedback(self, trace: Trace, score: float, comment: str | None) -> None: ...
 
 
 @dataclass
@@ -166,6 +177,8 @@ class TraceStore:
     keep_days: float | None = None  # retention used by ``prune()`` when no argument is given
     max_bytes: int = DEFAULT_MAX_BYTES
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    # Told of every record (issue 39's export); the Library shares its list with each store.
+    sinks: list[TraceSink] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -213,8 +226,20 @@ class TraceStore:
     def encode(self, trace: Trace) -> Record:
         """``trace`` as the bounded line it is stored as (cheap to keep in a queue); inline
         images go to the image store first and the line keeps their references. The trace
-        becomes a dict once: the images are swapped on that dict, which is what is written."""
-        return encode_dict(self.images.externalize(trace.to_dict()), self._record_cap())
+        becomes a dict once: the images are swapped on that dict, which is what is written.
+        Every writer encodes here (the server in its encoder thread), so here the sinks
+        hear of each record."""
+        record = encode_dict(self.images.externalize(trace.to_dict()), self._record_cap())
+        self._notify("recorded", trace)
+        return record
+
+    def _notify(self, what: str, trace: Trace, *args: Any) -> None:
+        for sink in self.sinks:
+            try:
+                getattr(sink, what)(trace, *args)
+            except Exception:  # an exporter's bug must never lose the trace itself
+                log.exception("trace sink %s failed on trace %s", type(sink).__name__,
+                              trace.id)
 
     def _record_cap(self) -> int:
         cap = self.max_record_bytes
@@ -432,8 +457,15 @@ class TraceStore:
         if comment is not None:
             meta["feedback"] = comment
         updated = t.with_(score=score, meta=meta)
-        self.append(updated)
+        self.append_feedback(updated, score, comment)
         return updated
+
+    def append_feedback(self, updated: Trace, score: float, comment: str | None) -> None:
+        """Write ``updated`` (a trace with its new score) and tell the sinks of the label
+        alone, not of a second whole trace."""
+        record = encode_dict(self.images.externalize(updated.to_dict()), self._record_cap())
+        self.append_records([record])
+        self._notify("feedback", updated, score, comment)
 
     def prune(self, keep_days: float | None = None, now: float | None = None, *,
               max_bytes: int | None = None) -> list[Path]:

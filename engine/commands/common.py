@@ -402,3 +402,32 @@ def check_exposed_bind(host: str, keys: frozenset[str], insecure: bool, command:
         hint="require a key with --api-key KEY (or --api-keys-file FILE; clients send "
              "'Authorization: Bearer KEY'), listen on 127.0.0.1, or pass --insecure to serve "
              "without one anyway")
+
+
+def otel_options(fn: F) -> F:
+    """``--otel``, ``--otel-content`` and ``--otel-file`` (issue 39), handed to the command as
+    one ``otel`` parameter: the ``OtelSettings`` to export with, or False when export is off
+    (the default: no span is made and OpenTelemetry is not imported)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, otel: bool, otel_content: bool, otel_file: Path | None,
+                **kwargs: Any) -> Any:
+        from whetstone.library_store.otel_export import otel_settings
+
+        settings = (otel_settings(content=True if otel_content else None, file=otel_file,
+                                  otlp=otel) if otel or otel_file is not None else False)
+        return fn(*args, otel=settings, **kwargs)
+
+    out: Any = click.option(
+        "--otel-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+        help="Also append each trace's spans to this file as OTLP/JSON lines (stays local).",
+    )(wrapper)
+    out = click.option(
+        "--otel-content", is_flag=True, default=False,
+        help="Put the task, answer, messages and tool data in the spans (default: only "
+             "names, models, token counts, timings; also "
+             "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true).")(out)
+    return click.option(
+        "--otel/--no-otel", envvar="WHETSTONE_OTEL", default=False, show_default=True,
+        help="Send each recorded trace as OpenTelemetry spans over OTLP to "
+             "OTEL_EXPORTER_OTLP_ENDPOINT (env WHETSTONE_OTEL=1).")(out)

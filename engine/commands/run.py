@@ -18,6 +18,7 @@ from whetstone.engine.commands.common import (
     library_option,
     methods_option,
     model_option,
+    otel_options,
     parse_methods,
 )
 from whetstone.engine.commands.display import print_result, print_step
@@ -54,12 +55,13 @@ from whetstone.engine.commands.traces import trace_store
 @click.pass_context
 @handle_errors
 @tool_options(with_tools=False)
+@otel_options
 def run(ctx: click.Context, task: str | None, model: str, library_path: Path | None, max_steps: int,
         max_tokens: int, token_budget: int, timeout: float, temperature: float, seed: int,
         tools: str, corpus_name: str, resume_id: str | None, library_version: str | None,
         no_skills: bool,
         api_key: str | None, methods: str, method_config: tuple[str, ...],
-        as_json: bool, agent_tools: list[Any]) -> None:
+        as_json: bool, agent_tools: list[Any], otel: Any) -> None:
     """Run an agent on TASK and stream its steps; the trace is stored."""
     from whetstone.engine.api import Engine
     from whetstone.engine.backends.registry import BackendOptions
@@ -78,7 +80,8 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
     with out.status(f"loading {model} …", spinner="dots"):
         engine = Engine(model, library=library_path, config=config, version=library_version,
                         skills=not no_skills, methods=chosen, tools=agent_tools,
-                        backend_options=BackendOptions(api_key=api_key), corpus=corpus_name)
+                        backend_options=BackendOptions(api_key=api_key), corpus=corpus_name,
+                        otel=otel)
         ctx.call_on_close(engine.close)  # stops the MCP servers it started
         engine.agent  # noqa: B018 - build it (and open its checkpoints) under the spinner
     trace = _stream(engine, out, task, resume_id, show_steps=not as_json)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -11,6 +12,7 @@ from whetstone.engine.commands.common import (
     console,
     handle_errors,
     library_option,
+    otel_options,
     skills_config,
     skills_options,
     web_options,
@@ -82,6 +84,7 @@ from whetstone.engine.commands.common import (
               default="info", show_default=True,
               help="uvicorn's log level ('warning' drops the per-request access log).")
 @handle_errors
+@otel_options
 def serve(upstream: str, library_path: Path | None, library_version: str | None,
           no_library: bool, no_record: bool, corpus_name: str, skills_k: int,
           skills_min_score: float | None, host: str, port: int,
@@ -92,7 +95,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
           retrieval_workers: int, max_queue: int,
           upstream_timeout: float | None, stream_idle_timeout: float,
           header_timeout: float, max_connections: int | None, max_connections_per_ip: int,
-          traces_max_bytes: int | None, log_level: str) -> None:
+          traces_max_bytes: int | None, log_level: str, otel: Any) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
     /v1/completions pass through to an openai: upstream as sent."""
@@ -120,7 +123,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
             engine = Engine(get_backend(upstream, options), library=library_path,
                             version=library_version, skills=not no_library,
                             checkpointing=False, corpus=corpus_name,
-                            methods=() if no_library else [("skills", skills)])
+                            methods=() if no_library else [("skills", skills)], otel=otel)
             adapter = None if no_library else engine.chat_adapter()
             if adapter is not None:
                 adapter.warm_up()  # load the embedder and sync the index before a request

@@ -202,6 +202,7 @@ class TraceWriter:
         if comment is not None:
             meta["feedback"] = comment
         updated = trace.with_(score=score, meta=meta)
-        await asyncio.to_thread(self.store.append, updated)
+        # append_feedback: an exporter hears of the label, not of a second whole trace
+        await asyncio.to_thread(self.store.append_feedback, updated, score, comment)
         self.metrics.feedback.inc()
         return updated
