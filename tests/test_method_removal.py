@@ -113,8 +113,7 @@ def run_in(copy: Path, *args: str, timeout: float = 120) -> subprocess.Completed
                WHETSTONE_TEST_CACHE=os.environ.get(
                    "WHETSTONE_TEST_CACHE", str(REPO / ".cache" / "whetstone")))
     return subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True,
-                          check=False,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def check_cli(copy: Path, method: str, tmp: Path) -> None:
