@@ -374,3 +374,43 @@ def test_span_attributes_of_skills_errors_and_content() -> None:
     assert root.attributes["whetstone.label"] == "L"
     assert call.attributes["llm.input_messages.0.message.content"] == "look\n[image]"
     assert (root.start_ns, root.end_ns) == (10_000_000_000, 12_000_000_000)
+
+
+def test_eval_exports_each_scored_task(grpc_receiver: tuple[Receiver, str],
+                                       tmp_path: Path) -> None:
+    receiver, endpoint = grpc_receiver
+    spec = _script(tmp_path, ["Final Answer: 3", "Final Answer: 12"])
+    res = subprocess.run(
+        [sys.executable, "-m", "whetstone", "eval", "--tasks",
+         str(REPO / "tests" / "fixtures" / "tasks" / "arith.jsonl"), "--limit", "2", "-j", "1",
+         "--model", spec, "--json", "--otel"], check=False, cwd=REPO, capture_output=True,
+        text=True, timeout=120, env=_env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+                                         OTEL_EXPORTER_OTLP_PROTOCOL="grpc"))
+    assert res.returncode == 0, res.stderr
+    roots = sorted((s for s in receiver.spans() if not s.parent),
+                   key=lambda s: s.attrs["whetstone.score"], reverse=True)
+    assert [r.name for r in roots] == ["whetstone.run", "whetstone.run"]
+    assert [r.attrs["whetstone.score"] for r in roots] == [1.0, 0.0]  # 4 + 9 is not 12
+    assert all(r.attrs["whetstone.task_set"].endswith("arith.jsonl") for r in roots)
+    assert len({r.trace_id for r in roots}) == 2
+
+
+async def test_mcp_log_run_and_feedback_join_one_trace(tmp_path: Path) -> None:
+    from whetstone.engine.integrations.mcp_server import LibraryServer
+    from whetstone.library_store.otel_export import OtelSettings
+
+    (tmp_path / "lib").mkdir()
+    out = tmp_path / "spans.jsonl"
+    server = LibraryServer.open(tmp_path / "lib", allow_writes=True,
+                                otel=OtelSettings(otlp=False, file=out))
+    try:
+        logged = server.log_run("2+2?", "4")
+        await server.record_feedback(logged["trace_id"], 0.5)
+    finally:
+        server.close()  # flushes the file
+    spans = [sp for line in out.read_text().splitlines()
+             for rs in json.loads(line)["resourceSpans"]
+             for ss in rs["scopeSpans"] for sp in ss["spans"]]
+    root = next(s for s in spans if s["name"] == "whetstone.log_run")
+    fb = next(s for s in spans if s["name"] == "whetstone.feedback")
+    assert (fb["traceId"], fb["parentSpanId"]) == (root["traceId"], root["spanId"])

@@ -37,6 +37,7 @@ from whetstone.engine.commands.common import (
     library_option,
     methods_option,
     model_option,
+    otel_options,
     parse_methods,
     solver_option,
 )
@@ -230,11 +231,12 @@ Example, a HumanEval-style code task scored by running its tests
 @click.pass_context
 @handle_errors
 @tool_options()
+@otel_options
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
              version: str | None, concurrency: int | None, seed: int, scorer: str | None,
              trust_task_scorers: bool, limit: int | None, compare_versions: tuple[str, str] | None, allow_errors: bool,
              solver: str, methods: str, method_config: tuple[str, ...], as_json: bool,
-             agent_tools: list[Any]) -> None:
+             agent_tools: list[Any], otel: Any) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task.
 
     A task whose solver or scorer raises, or whose run failed (a model call that could not
@@ -261,6 +263,11 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     from whetstone.library_store.store import Library
 
     store = Library(library).traces  # bounded as its library.json says, as every writer is
+    from whetstone.library_store.otel_export import otel_sinks
+
+    for sink in otel_sinks(otel):  # each scored task as spans (issue 39); flushed at the end
+        store.sinks.append(sink)
+        ctx.call_on_close(sink.close)
     common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,
                               "store": store, "model": model, "quiet": as_json,
                               "run_meta": {"solver": solver, "methods": methods}}

@@ -4,6 +4,7 @@ stdio or streamable HTTP (see docs/mcp.md)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,6 +13,7 @@ from whetstone.engine.commands.common import (
     console,
     handle_errors,
     library_option,
+    otel_options,
     skills_config,
     skills_options,
     web_options,
@@ -46,11 +48,12 @@ from whetstone.engine.commands.common import (
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="HTTP: uvicorn's log level.")
 @handle_errors
+@otel_options
 def mcp(library_path: Path | None, library_version: str | None, transport: str, host: str,
         port: int, allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
         insecure: bool, api_keys: tuple[str, ...], api_keys_file: Path | None,
         max_body_bytes: int, allow_writes: bool, skills_k: int,
-        skills_min_score: float | None, log_level: str) -> None:
+        skills_min_score: float | None, log_level: str, otel: Any) -> None:
     """Serve the library over MCP: skills as resources (by version), search_skills, the
     guidance prompt, the learned tools (run in the sandbox) and, with --allow-writes,
     record_feedback and log_run. No model is loaded: the client's model answers."""
@@ -78,7 +81,7 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
 
         sock = bind(host, port)  # a port in use fails now
     library = LibraryServer.open(library_path, allow_writes=allow_writes, skills=skills,
-                                 version=library_version)
+                                 version=library_version, otel=otel)
     try:
         library.adapter.warm_up()  # the embedder and the index, before the first client
         where = f"http://{host}:{port}/mcp" if transport == "http" else "stdio"

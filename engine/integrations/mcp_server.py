@@ -175,14 +175,15 @@ class LibraryServer:
 
     @classmethod
     def open(cls, library: Path | None, *, allow_writes: bool = False,
-             skills: Mapping[str, Any] | None = None, version: str | None = None
-             ) -> LibraryServer:
+             skills: Mapping[str, Any] | None = None, version: str | None = None,
+             otel: Any = None) -> LibraryServer:
         """The server for the library at ``library`` (default: ``$WHETSTONE_HOME/library``);
-        ``skills``: the skills method's options (``SkillsConfig``); ``version``: pin one."""
+        ``skills``: the skills method's options (``SkillsConfig``); ``version``: pin one;
+        ``otel``: ``Engine``'s (the runs it logs and their feedback as spans)."""
         from whetstone.engine.api import Engine
 
         engine = Engine(LibraryOnly(), library=library, version=version, checkpointing=False,
-                        methods=[("skills", dict(skills or {}))], tools=())
+                        methods=[("skills", dict(skills or {}))], tools=(), otel=otel)
         return cls(engine, allow_writes=allow_writes)
 
     def close(self) -> None:
