@@ -9,7 +9,8 @@ OpenTelemetry GenAI conventions (``gen_ai.operation.name``, ``gen_ai.request.mod
 ``gen_ai.usage.input_tokens``/``output_tokens``, ``gen_ai.input.messages``/``output.messages``,
 the older ``gen_ai.prompt``/``gen_ai.completion``, ``gen_ai.tool.name``,
 ``gen_ai.tool.call.arguments``/``result``) write them, and Whetstone's own ``whetstone.*``
-attributes (task, answer, label, score, outcome) win over both.
+attributes (task, answer, label, score, outcome, and the score of a later
+``whetstone.feedback`` span) win over both.
 """
 
 from __future__ import annotations
@@ -293,13 +294,22 @@ def trace_of_spans(spans: Sequence[Span], fmt: str, source: str) -> Imported:
                      and not st.output["completion"]["tool_calls"]), None)
         answer = last.output["completion"]["text"] if last is not None else None
     label = a.get("whetstone.label")
-    score, meta = feedback(a.get("whetstone.score"), a.get("whetstone.verdict"),
-                           a.get("whetstone.feedback"))
+    score, verdict = a.get("whetstone.score"), a.get("whetstone.verdict")
+    comment = a.get("whetstone.feedback.comment", a.get("whetstone.feedback"))
+    # Feedback given after the run is a span of its own (``whetstone.feedback``): the latest
+    # one says what the trace's score is now, as ``TraceStore.set_score`` would have.
+    later = [s for s in spans if s.attrs.get("whetstone.feedback.score") is not None]
+    if later:
+        newest = max(later, key=lambda s: s.start).attrs
+        score, verdict = newest["whetstone.feedback.score"], None
+        comment = newest.get("whetstone.feedback.comment", comment)
+    score, meta = feedback(score, verdict, comment)
     for key in ("task_id", "scorer", "task_set"):
         if isinstance(a.get(f"whetstone.{key}"), str):
             meta[key] = a[f"whetstone.{key}"]
     origin = {"trace_id": root.trace_id, "root_span": root.name}
     for key, out in (("whetstone.trace.id", "whetstone_trace_id"),
+                     ("whetstone.trace.kind", "kind"),
                      ("whetstone.library.version", "library_version"),
                      ("service.name", "service")):
         if a.get(key) is not None:
