@@ -398,3 +398,67 @@ def test_the_record_size_cap_applies_to_imported_traces(tmp_path: Path) -> None:
     assert len(report.imported) == 1 and report.truncated == 1
     line = next((tmp_path / "lib" / "traces").glob("*.jsonl")).read_text()
     assert len(line.encode()) <= 8 * 1024 + 1 and "truncated by whetstone" in line
+
+
+# --- docs/observability.md ----------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "observability.md"
+
+
+def doc_blocks() -> list[tuple[str, str, str | None]]:
+    """The page's code blocks as (language, text, the file a "Save as `NAME`:" line before
+    it names)."""
+    import re
+
+    text = DOC.read_text(encoding="utf-8")
+    out = []
+    for m in re.finditer(r"^```(\w+)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
+        before = text[:m.start()].rstrip().splitlines()[-1]
+        named = re.search(r"Save as `([^`]+)`:$", before)
+        out.append((m.group(1), m.group(2), named.group(1) if named else None))
+    return out
+
+
+def test_every_block_of_the_import_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             phoenix: tuple[str, list[str]]) -> None:
+    """The examples are saved under their names and every command runs as written, in a fresh
+    home, with two stand-ins: the model of ``evolve`` is a ``scripted:`` double answering the
+    gate's runs, and the Phoenix URL is a local stand-in's."""
+    import shlex
+
+    monkeypatch.setenv("WHETSTONE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    blocks = doc_blocks()
+    assert {lang for lang, _, _ in blocks} == {"jsonl", "json", "bash"}
+    replies = tmp_path / "replies.json"
+    # the gate's tasks in start order: the logged response's time, then the two the import
+    # timed (lines without a time start when they are imported)
+    replies.write_text(json.dumps({"replies": ["Final Answer: 81", "Final Answer: 391",
+                                               "Final Answer: 42"] * 2}))
+    ran: list[str] = []
+    for lang, text, name in blocks:
+        if name is not None:
+            assert lang in ("json", "jsonl")
+            (tmp_path / name).write_text(text)
+            json.loads(text) if lang == "json" else [json.loads(x) for x in text.splitlines()]
+            continue
+        assert lang == "bash", f"a {lang} block names no file to save it as"
+        for line in text.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            args = shlex.split(line.replace("http://127.0.0.1:6006", phoenix[0]))
+            assert args[0] == "whetstone"
+            if args[1] == "evolve":
+                args += ["--model", f"scripted:{replies}", "--tools", "", "-j", "1"]
+            if "--phoenix" in args:
+                args[args.index("--project") + 1] = "demo"
+            code, out, output = run(*args[1:])
+            # the Phoenix stand-in serves one malformed span: that import is partial (11)
+            assert code == (11 if "--phoenix" in args else 0), f"{line}\n{output}"
+            ran.append(" ".join(args[1:3]))
+            if args[1:3] == ["traces", "import"] and args[3] == "chat-log.jsonl":
+                assert out.strip() == ("imported 3 trace(s) from chat-log.jsonl (openai); "
+                                       "0 already there; 0 skipped")
+    assert ran.count("traces import") == 4 and "evolve memory" in ran
+    traces = imported(tmp_path / "home" / "library")
+    assert len(traces) == 3 + 1 + 1 + 2  # the log, the OTLP file, the LangSmith run, Phoenix
