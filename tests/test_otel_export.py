@@ -414,3 +414,22 @@ async def test_mcp_log_run_and_feedback_join_one_trace(tmp_path: Path) -> None:
     root = next(s for s in spans if s["name"] == "whetstone.log_run")
     fb = next(s for s in spans if s["name"] == "whetstone.feedback")
     assert (fb["traceId"], fb["parentSpanId"]) == (root["traceId"], root["spanId"])
+
+
+def test_an_exported_file_imports_back_as_the_same_run(tmp_path: Path) -> None:
+    out = tmp_path / "spans.jsonl"
+    res = _run(tmp_path, "--otel-file", str(out), "--otel-content")
+    assert res.returncode == 0, res.stderr
+    trace = json.loads(res.stdout)
+    other = tmp_path / "other"
+    imported = subprocess.run([sys.executable, "-m", "whetstone", "traces", "import", str(out),
+                               "--json"], check=False, cwd=REPO, capture_output=True,
+                              text=True, timeout=120, env=_env(other))
+    assert imported.returncode == 0, imported.stderr
+    (trace_id,) = json.loads(imported.stdout)["ids"]
+    shown = subprocess.run([sys.executable, "-m", "whetstone", "traces", "show", trace_id,
+                            "--json"], check=False, cwd=REPO, capture_output=True, text=True,
+                           timeout=120, env=_env(other))
+    back = json.loads(shown.stdout)
+    assert (back["task"], back["answer"], back["total_tokens"]) == (
+        TASK, "391", trace["total_tokens"])
