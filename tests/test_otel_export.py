@@ -13,19 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from otel_support import Receiver, grpc_receiving, http_receiving
 from servers import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,99 +29,16 @@ CONTENT_KEYS = {"input.value", "output.value", "gen_ai.input.messages", "gen_ai.
 TASK = "What is 17 * 23?"
 
 
-def _value(v: AnyValue) -> Any:
-    which = v.WhichOneof("value")
-    if which == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return None if which is None else getattr(v, which)
-
-
-@dataclass
-class Got:
-    """A span as the receiver decoded it."""
-
-    name: str
-    trace_id: str
-    span_id: str
-    parent: str
-    kind: int
-    attrs: dict[str, Any]
-    events: list[str]
-    resource: dict[str, Any]
-    status_code: int
-
-
-class Receiver:
-    """Keeps every ExportTraceServiceRequest it is sent (over gRPC or OTLP/HTTP)."""
-
-    def __init__(self) -> None:
-        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
-        self.lock = threading.Lock()
-
-    def keep(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
-        with self.lock:
-            self.requests.append(request)
-
-    def spans(self) -> list[Got]:
-        out = []
-        with self.lock:
-            requests = list(self.requests)
-        for request in requests:
-            for rs in request.resource_spans:
-                resource = {a.key: _value(a.value) for a in rs.resource.attributes}
-                for ss in rs.scope_spans:
-                    out += [Got(s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
-                                s.kind, {a.key: _value(a.value) for a in s.attributes},
-                                [e.name for e in s.events], resource, s.status.code)
-                            for s in ss.spans]
-        return out
-
-
-class _Service(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, receiver: Receiver) -> None:
-        self.receiver = receiver
-
-    def Export(self, request: Any, context: Any) -> Any:
-        self.receiver.keep(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
 @pytest.fixture
 def grpc_receiver() -> Iterator[tuple[Receiver, str]]:
-    receiver = Receiver()
-    server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Service(receiver), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield receiver, f"http://127.0.0.1:{port}"
-    server.stop(None)
+    with grpc_receiving() as got:
+        yield got
 
 
 @pytest.fixture
 def http_receiver() -> Iterator[tuple[Receiver, str]]:
-    receiver = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path == "/v1/traces":
-                receiver.keep(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
-            reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200 if self.path == "/v1/traces" else 404)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield receiver, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with http_receiving() as got:
+        yield got
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

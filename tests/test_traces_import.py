@@ -419,14 +419,33 @@ def doc_blocks() -> list[tuple[str, str, str | None]]:
     return out
 
 
-def test_every_block_of_the_import_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             phoenix: tuple[str, list[str]]) -> None:
+def test_every_block_of_the_observability_page_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phoenix: tuple[str, list[str]]) -> None:
     """The examples are saved under their names and every command runs as written, in a fresh
-    home, with two stand-ins: the model of ``evolve`` is a ``scripted:`` double answering the
-    gate's runs, and the Phoenix URL is a local stand-in's."""
+    home, with stand-ins: the models of ``run`` and ``evolve`` are ``scripted:`` doubles, the
+    collector of the export block is an OTLP/HTTP receiver on 127.0.0.1 (it must receive the
+    run's spans), and the Phoenix URL is a local stand-in's."""
+    from otel_support import http_receiving
+
+    with http_receiving() as (receiver, endpoint):
+        ran = run_the_page(tmp_path, monkeypatch, phoenix[0], endpoint)
+    assert ran.count("traces import") == 4 and "evolve memory" in ran
+    assert sum(r.startswith("run ") for r in ran) == 2
+    roots = [g for g in receiver.spans() if g.name == "whetstone.run"]
+    assert len(roots) == 1 and roots[0].attrs["whetstone.outcome"] == "answered"
+    assert (tmp_path / "spans.jsonl").read_text().count("whetstone.run") == 1
+    traces = imported(tmp_path / "home" / "library")
+    assert len(traces) == 3 + 1 + 1 + 2  # the log, the OTLP file, the LangSmith run, Phoenix
+
+
+def run_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phoenix_url: str,
+                 collector: str) -> list[str]:
+    """Run every block of the page in order; the commands run, as ``a b`` of ``whetstone a b``."""
     import shlex
 
     monkeypatch.setenv("WHETSTONE_HOME", str(tmp_path / "home"))
+    answers = tmp_path / "run.json"
+    answers.write_text(json.dumps({"replies": ["Final Answer: 391"] * 2}))
     monkeypatch.chdir(tmp_path)
     blocks = doc_blocks()
     assert {lang for lang, _, _ in blocks} == {"jsonl", "json", "bash"}
@@ -446,8 +465,15 @@ def test_every_block_of_the_import_page_runs(tmp_path: Path, monkeypatch: pytest
         for line in text.splitlines():
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            args = shlex.split(line.replace("http://127.0.0.1:6006", phoenix[0]))
+            if line.startswith("export "):  # the collector's variables, as a shell sets them
+                name, value = shlex.split(line, comments=True)[1].split("=", 1)
+                monkeypatch.setenv(name, value.replace("http://localhost:4318", collector))
+                continue
+            args = shlex.split(line.replace("http://127.0.0.1:6006", phoenix_url),
+                               comments=True)
             assert args[0] == "whetstone"
+            if args[1] == "run":
+                args += ["--model", f"scripted:{answers}"]
             if args[1] == "evolve":
                 args += ["--model", f"scripted:{replies}", "--tools", "", "-j", "1"]
             if "--phoenix" in args:
@@ -459,9 +485,7 @@ def test_every_block_of_the_import_page_runs(tmp_path: Path, monkeypatch: pytest
             if args[1:3] == ["traces", "import"] and args[3] == "chat-log.jsonl":
                 assert out.strip() == ("imported 3 trace(s) from chat-log.jsonl (openai); "
                                        "0 already there; 0 skipped")
-    assert ran.count("traces import") == 4 and "evolve memory" in ran
-    traces = imported(tmp_path / "home" / "library")
-    assert len(traces) == 3 + 1 + 1 + 2  # the log, the OTLP file, the LangSmith run, Phoenix
+    return ran
 
 
 def test_round_trip_traces_exported_from_a_run_import_back_and_evolve(tmp_path: Path) -> None:
