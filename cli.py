@@ -24,6 +24,7 @@ from whetstone.engine.commands.run import run
 from whetstone.engine.commands.serve import serve
 from whetstone.engine.commands.tools import tools_group
 from whetstone.engine.commands.traces import traces_group
+from whetstone.engine.methods.registry import default_registry
 
 
 class WhetstoneGroup(click.Group):
@@ -34,8 +35,8 @@ class WhetstoneGroup(click.Group):
         # Once per invocation (the methods installed may change between two in one process).
         found = ctx.meta.get("whetstone.method_commands")
         if found is None:
+            # lazy: `whetstone --help` imports every command module
             from whetstone.engine.commands.kit import Kit
-            from whetstone.engine.methods.registry import default_registry
 
             registry = ctx.meta.setdefault("whetstone.methods", default_registry())
             found = {c.name: c for c in registry.commands(Kit())

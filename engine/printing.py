@@ -12,12 +12,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from rich.markup import escape
+
 
 def short(value: Any, limit: int = 400) -> str:
     """Model or tool text, cut to ``limit`` and escaped for rich markup: a reply that contains
     ``[/b]`` or ``[red]`` is printed as written, not parsed (or crashed on) as a style."""
-    from rich.markup import escape
-
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
                                                            default=str)
     text = text.strip()

@@ -86,8 +86,8 @@ class SharedChroma:
         return col
 
     def _connect(self) -> Any:
-        import chromadb
-        from chromadb.config import Settings
+        import chromadb  # heavy: chromadb
+        from chromadb.config import Settings  # heavy: chromadb
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -101,7 +101,7 @@ class SharedChroma:
             raise
 
     def _forget_system(self) -> None:
-        from chromadb.api.shared_system_client import SharedSystemClient
+        from chromadb.api.shared_system_client import SharedSystemClient  # heavy: chromadb
 
         SharedSystemClient._identifier_to_system.pop(str(self.path), None)
         SharedSystemClient._identifier_to_refcount.pop(str(self.path), None)

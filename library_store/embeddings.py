@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import tempfile
 import threading
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from whetstone.engine.errors import ModelLoadError, ModelNotInstalled
+from whetstone.engine.paths import cache_dir as default_cache
 
 if TYPE_CHECKING:
     from chromadb.api.types import EmbeddingFunction
@@ -95,7 +99,7 @@ class TextEmbedder:
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
             if self._model is None:
-                from transformers import AutoModel, AutoTokenizer
+                from transformers import AutoModel, AutoTokenizer  # heavy: transformers
 
                 folder = self._folder()
                 try:
@@ -109,7 +113,7 @@ class TextEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts`` in batches; rows follow the input order."""
-        import torch
+        import torch  # heavy: torch
 
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -125,7 +129,7 @@ class TextEmbedder:
                 torch.set_num_threads(before)
 
     def _embed(self, texts: Sequence[str], tokenizer: Any, model: Any) -> np.ndarray:
-        import torch
+        import torch  # heavy: torch
 
         # Batches of similar length waste less padding; results are put back in input order.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -183,8 +187,6 @@ class OnnxTextEmbedder:
         return self._torch.dim
 
     def _onnx_path(self) -> Path:
-        from whetstone.engine.paths import cache_dir as default_cache
-
         folder = self._torch._folder()
         weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
         stamp = "-".join(f"{p.stat().st_size}" for p in weights) or "none"
@@ -195,12 +197,8 @@ class OnnxTextEmbedder:
         return root / "embeddings" / f"{MINILM_NAME}-{stamp}-eager.onnx"
 
     def _export(self, path: Path) -> None:
-        import os
-        import tempfile
-        import warnings
-
-        import torch
-        from transformers import AutoModel, AutoTokenizer
+        import torch  # heavy: torch
+        from transformers import AutoModel, AutoTokenizer  # heavy: transformers
 
         folder = self._torch._folder()
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -240,13 +238,10 @@ class OnnxTextEmbedder:
     @staticmethod
     def _quantized(path: Path) -> Path:
         """The int8 copy of the graph at ``path``, made once (written aside, then renamed)."""
-        import os
-        import tempfile
-
         target = path.with_name(path.stem + "-int8.onnx")
         if target.exists():
             return target
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy: onnxruntime
 
         fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
         os.close(fd)
@@ -262,7 +257,7 @@ class OnnxTextEmbedder:
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
             if self._session is None:
-                import onnxruntime as ort
+                import onnxruntime as ort  # heavy: onnxruntime
 
                 path = self._onnx_path()
                 if not path.exists():
@@ -283,7 +278,7 @@ class OnnxTextEmbedder:
         wrapper spends on a one-text call, and without loading the torch model beside it.
         Truncation is set once here; padding is done in ``embed``, so no call changes shared
         state (``encode_batch`` is safe from many threads)."""
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # heavy: tokenizers
 
         tokenizer = Tokenizer.from_file(str(self._torch._folder() / "tokenizer.json"))
         tokenizer.enable_truncation(self.max_length)
@@ -342,8 +337,8 @@ def _chroma_function_class() -> type:
 
     Built inside a function so chromadb is imported only when an index is used.
     """
-    from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
-    from chromadb.utils.embedding_functions import register_embedding_function
+    from chromadb.api.types import Documents, EmbeddingFunction, Embeddings  # heavy: chromadb
+    from chromadb.utils.embedding_functions import register_embedding_function  # heavy: chromadb
 
     class MiniLMEmbeddingFunction(EmbeddingFunction[Documents]):
         """chromadb's embedding-function protocol over a ``TextEmbedder`` (packaged weights)."""

@@ -7,6 +7,7 @@ collected and the rest of the library loads.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -74,8 +75,6 @@ def load_skill(snapshot: Snapshot, name: str) -> Skill:
 
 
 def _suggest(name: str, known: Sequence[str]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     listing = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")
     if close:

@@ -214,6 +214,7 @@ def langchain_tool(tool: Any) -> Tool:
     """A LangChain ``BaseTool`` as a ``Tool``: its name, description and argument schema
     (the arguments the model fills; injected ones stay LangChain's), called with
     ``invoke``. ``return_direct`` makes its output the answer, as in LangChain."""
+    # heavy: langchain-core
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
     fn = convert_to_openai_tool(tool)["function"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from whetstone.engine.errors import ToolError
+from whetstone.engine.errors import ConfigError, ToolError
 from whetstone.engine.types import ToolSpec
 from whetstone.tools.base import Tool, ToolResult
 from whetstone.tools.mcp_config import McpServer, allowed, tool_name
@@ -79,8 +79,8 @@ def _transport(live: _Live) -> Any:
     """The SDK transport for a server: its process over stdio, or streamable HTTP."""
     server = live.server
     if server.command is not None:
-        from mcp import StdioServerParameters
-        from mcp.client.stdio import stdio_client
+        from mcp import StdioServerParameters  # heavy: the mcp SDK (~0.4 s)
+        from mcp.client.stdio import stdio_client  # heavy: the mcp SDK (~0.4 s)
 
         live.errlog = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by McpSessions.close
             "w+", prefix=f"whetstone-mcp-{server.name}-", suffix=".log", encoding="utf-8")
@@ -92,8 +92,8 @@ def _transport(live: _Live) -> Any:
 
 @contextlib.asynccontextmanager
 async def _http_transport(server: McpServer) -> AsyncIterator[Any]:
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
+    from mcp.client.streamable_http import streamable_http_client  # heavy: the mcp SDK (~0.4 s)
+    from mcp.shared._httpx_utils import create_mcp_http_client  # heavy: the mcp SDK (~0.4 s)
 
     async with create_mcp_http_client(headers=dict(server.headers)) as http, \
             streamable_http_client(str(server.url), http_client=http) as streams:
@@ -117,8 +117,6 @@ class McpSessions:
         names = [s.name for s in servers]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            from whetstone.engine.errors import ConfigError
-
             raise ConfigError(f"two MCP servers are named {', '.join(dup)}",
                               hint="name them apart: --mcp 'NAME=COMMAND ARGS', "
                                    "--mcp-url NAME=URL, or their keys in --mcp-config")
@@ -175,8 +173,8 @@ class McpSessions:
     async def _serve(self, live: _Live, ready: asyncio.Future[None]) -> None:
         """The session's whole life in one task (the SDK's contexts must end where they
         began): connect, list, wait for ``close``."""
-        from mcp import Client
-        from mcp_types import Implementation
+        from mcp import Client  # heavy: the mcp SDK (~0.4 s)
+        from mcp_types import Implementation  # heavy: the mcp SDK
 
         assert live.stop is not None
         try:

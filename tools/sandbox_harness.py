@@ -40,7 +40,7 @@ def _to_json(value: Any, budget: _Budget) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if "PIL.Image" in sys.modules:  # an image can only come back if the tool used PIL
-        from PIL import Image
+        from PIL import Image  # heavy: Pillow, only for images
 
         if isinstance(value, Image.Image):
             name = f"out/image-{budget.images}.png"
@@ -48,7 +48,7 @@ def _to_json(value: Any, budget: _Budget) -> Any:
             value.save(name, format="PNG")
             return {"$image": name}
     if "numpy" in sys.modules:
-        import numpy as np
+        import numpy as np  # heavy: numpy
 
         if isinstance(value, np.generic):
             return value.item()
@@ -76,7 +76,7 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any]:
     args = dict(call["arguments"])
     images: dict[str, str] = call.get("images") or {}
     if images:
-        from PIL import Image
+        from PIL import Image  # heavy: Pillow, only for images
 
         Image.MAX_IMAGE_PIXELS = int(call.get("max_pixels") or Image.MAX_IMAGE_PIXELS or 0)
         for name, path in images.items():

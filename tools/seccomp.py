@@ -70,7 +70,7 @@ class Filter:
 def build_filter() -> Filter:
     """The filter for this machine's architecture; ``problem`` says why there is none."""
     try:
-        import pyseccomp as sc  # ctypes over libseccomp.so.2: loads the library on import
+        import pyseccomp as sc  # optional: ctypes over libseccomp.so.2, loaded on import
     except (ImportError, RuntimeError, OSError) as exc:
         return Filter(None, 0, f"no seccomp filter: libseccomp is unavailable ({exc}); "
                                "install libseccomp2 and the pyseccomp package")

@@ -32,6 +32,7 @@ from whetstone.tools.functions import (
 )
 from whetstone.tools.mcp_client import McpSessions
 from whetstone.tools.mcp_config import McpServer
+from whetstone.tools.search import make_search_tool
 
 if TYPE_CHECKING:
     from typing import Self
@@ -108,7 +109,6 @@ class ToolSet:
             if self._corpus is None:
                 raise ConfigError("the search tool needs a corpus, and none was given",
                                   hint="use it through Engine(tools=['search'], corpus=NAME)")
-            from whetstone.tools.search import make_search_tool
 
             return [make_search_tool(self._corpus())]
         if name not in BUILTIN_NAMES:

@@ -47,7 +47,7 @@ _NUM = {"type": "number"}
 def open_image(path_arg: Any, images: ImageFiles) -> Any:
     """Decode an allowed image file with a narrowed set of decoders and a size check made
     from the header, before any pixel is decoded."""
-    from PIL import Image
+    from PIL import Image  # heavy: Pillow, only for images
 
     path = images.resolve_input(path_arg)
     try:

@@ -42,7 +42,7 @@ def crop(img: Any, left: int, top: int, right: int, bottom: int) -> Any:
 def zoom(img: Any, factor: float, center: tuple[int, int] | None = None) -> Any:
     """Enlarge by ``factor`` (nearest neighbour: colours stay exact for color_at); around
     ``center``, enlarge that part and keep the size."""
-    from PIL import Image
+    from PIL import Image  # heavy: Pillow, only for images
 
     if not 1.0 <= factor <= MAX_ZOOM:
         raise ToolError(f"factor must be between 1 and {MAX_ZOOM:g}, not {factor:g}",
@@ -64,7 +64,7 @@ def zoom(img: Any, factor: float, center: tuple[int, int] | None = None) -> Any:
 
 def rotate(img: Any, degrees: float) -> Any:
     """Counter-clockwise; the canvas grows so nothing is cut, new corners are white."""
-    from PIL import Image
+    from PIL import Image  # heavy: Pillow, only for images
 
     if not math.isfinite(degrees):
         raise ToolError("degrees must be a finite number")
@@ -75,7 +75,7 @@ def rotate(img: Any, degrees: float) -> Any:
 
 
 def adjust(img: Any, contrast: float, brightness: float) -> Any:
-    from PIL import ImageEnhance
+    from PIL import ImageEnhance  # heavy: Pillow, only for images
 
     for name, value in (("contrast", contrast), ("brightness", brightness)):
         if not 0.0 <= value <= MAX_ENHANCE:
@@ -94,7 +94,7 @@ def _nice_step(side: int) -> int:
 def grid(img: Any, step: int | None) -> tuple[Any, dict[str, Any]]:
     """Grid lines every ``step`` pixels, labelled with the original image's coordinates in a
     margin (so the labels cover nothing); small images are enlarged to be readable."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw, ImageFont  # heavy: Pillow, only for images
 
     step = step or _nice_step(max(img.width, img.height))
     if step < MIN_GRID_STEP:
@@ -126,7 +126,7 @@ def grid(img: Any, step: int | None) -> tuple[Any, dict[str, Any]]:
 
 def parse_color(text: str) -> tuple[int, int, int]:
     """A colour name (CSS), ``#rgb``/``#rrggbb`` or ``r,g,b``."""
-    from PIL import ImageColor
+    from PIL import ImageColor  # heavy: Pillow, only for images
 
     value = text.strip().lower()
     parts = value.split(",")
@@ -160,7 +160,7 @@ def color_at(img: Any, x: int, y: int) -> dict[str, Any]:
 
 def _runs(row: Any) -> list[tuple[int, int]]:
     """[start, end) of each run of True in a boolean row."""
-    import numpy as np
+    import numpy as np  # heavy: numpy
 
     padded = np.concatenate(([False], row, [False]))
     edges = np.flatnonzero(padded[1:] != padded[:-1])
@@ -204,7 +204,7 @@ def _label(mask: Any) -> dict[int, list[int]]:
 def count_regions(img: Any, rgb: tuple[int, int, int], tolerance: int,
                   min_pixels: int) -> dict[str, Any]:
     """How many separate blobs of a colour, their sizes and boxes (largest first)."""
-    import numpy as np
+    import numpy as np  # heavy: numpy
 
     if not 0 <= tolerance <= 442:
         raise ToolError("tolerance must be between 0 and 441 (the RGB cube's diagonal)")

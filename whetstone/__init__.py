@@ -50,7 +50,9 @@ __all__ = ["Completion", "Engine", "EvolveResult", "McpServer", "Message", "Requ
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
+        # lazy: `import whetstone` loads nothing until a name is used
         from importlib.metadata import PackageNotFoundError, version
+
         try:
             return version("whetstone-engine")
         except PackageNotFoundError:  # a source tree that was never installed

@@ -94,6 +94,7 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
                          *, bos_token: str = "", eos_token: str = "",
                          add_generation_prompt: bool = True) -> str:
     """Render a Hugging Face-style Jinja chat template (same environment as transformers)."""
+    # heavy: jinja2, only for chat templates
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment

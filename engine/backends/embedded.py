@@ -21,6 +21,7 @@ from pathlib import Path
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.hf import HFBackend
 from whetstone.engine.backends.model_cache import dequantized_packaged
+from whetstone.engine.backends.onnx_backend import load_converted
 from whetstone.engine.backends.packaged import PACKAGED_MODELS, PackagedModel, installed
 from whetstone.engine.backends.registry import BackendOptions, ProgressFn, engine_suffix
 from whetstone.engine.errors import ConfigError
@@ -61,8 +62,6 @@ def load_embedded(arg: str, cache_dir: Path, device: str | None = None,
 def load_embedded_onnx(arg: str, options: BackendOptions,
                        search_path: Sequence[Path] | None = None) -> Backend:
     """Build (once) the transformers copy and its ONNX int4 conversion, then load the latter."""
-    from whetstone.engine.backends.onnx_backend import load_converted
-
     model = embedded_variant(arg)
     folder = dequantized_packaged(model, options.cache_dir, search_path,
                                   progress=options.progress)

@@ -36,6 +36,7 @@ from whetstone.engine.backends.local_text import (
     prompt_text,
 )
 from whetstone.engine.backends.model_cache import cached_folder, dequantize_gguf
+from whetstone.engine.backends.onnx_backend import load_converted
 from whetstone.engine.backends.registry import (
     LOCAL_ENGINES,
     BackendOptions,
@@ -49,7 +50,7 @@ from whetstone.engine.types import Completion, Request
 
 def pick_device(requested: str | None) -> str:
     """``requested`` if usable, else cuda when present, else cpu."""
-    import torch
+    import torch  # heavy: torch
 
     if requested:
         if requested.startswith("cuda") and not torch.cuda.is_available():
@@ -102,8 +103,8 @@ class HFBackend(Backend):
     def from_folder(cls, folder: Path, *, name: str = "", device: str | None = None
                     ) -> HFBackend:
         """Load a transformers folder (fp32 on CPU, bf16 on a GPU)."""
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import torch  # heavy: torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers
 
         dev = pick_device(device)
         dtype = torch.float32 if dev == "cpu" else torch.bfloat16
@@ -159,6 +160,7 @@ class HFBackend(Backend):
 
     def _stopping(self, stops: tuple[str, ...], cancel: threading.Event | None) -> Any:
         """Stopping criteria: the request's stop strings (cached) and stream cancellation."""
+        # heavy: torch, transformers
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
         from transformers.generation.stopping_criteria import StopStringCriteria
@@ -187,7 +189,7 @@ class HFBackend(Backend):
 
     def _generate(self, request: Request, streamer: Any = None,
                   cancel: threading.Event | None = None) -> Completion:
-        import torch
+        import torch  # heavy: torch
 
         start = time.perf_counter()
         with self._lock:
@@ -227,7 +229,7 @@ class HFBackend(Backend):
 
     def stream(self, request: Request) -> Iterator[StreamChunk]:
         """Text as it is decoded (a worker thread runs ``generate``), then the ``Completion``."""
-        from transformers import TextIteratorStreamer
+        from transformers import TextIteratorStreamer  # heavy: transformers
 
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True,
                                         skip_special_tokens=True)
@@ -289,8 +291,8 @@ def resolve_local_model(arg: str) -> Path:
     if path.exists():
         return path
     if arg.count("/") == 1 and not arg.startswith(("/", ".", "~")):
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
+        from huggingface_hub import snapshot_download  # heavy: huggingface_hub
+        from huggingface_hub.errors import LocalEntryNotFoundError  # heavy: huggingface_hub
 
         try:
             return Path(snapshot_download(arg, local_files_only=True))
@@ -356,7 +358,6 @@ def make_hf(arg: str, options: BackendOptions) -> Backend:
         return HFBackend.from_vision_folder(folder, name=arg.strip(), device=options.device)
     if engine == "transformers":
         return HFBackend.from_folder(folder, name=arg.strip(), device=options.device)
-    from whetstone.engine.backends.onnx_backend import load_converted
 
     stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in path.stem)[:40] or "model"
     return load_converted(folder, sha or folder_fingerprint(folder), arg.strip(), options,

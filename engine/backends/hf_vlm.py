@@ -46,7 +46,7 @@ def load_image(payload: Any) -> Any:
 
     ``payload``: a PIL image, a ``data:image/...;base64,`` URL, or a local file path.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # heavy: Pillow, only for images
 
     if isinstance(payload, Image.Image):
         return payload.convert("RGB")
@@ -113,8 +113,8 @@ def encode_vision_request(processor: Any, request: Request, native_tools: bool,
 def load_vlm(folder: Path, device: str) -> tuple[Any, Any]:
     """The model (fp32 on CPU, bf16 on a GPU, moved to ``device``) and the processor of a
     vision-language folder; ``HFBackend`` wraps the two."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    import torch  # heavy: torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor  # heavy: transformers
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     try:

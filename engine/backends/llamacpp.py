@@ -26,6 +26,8 @@ from whetstone.engine.backends.chat_template import (
     template_messages,
     template_supports_tools,
 )
+from whetstone.engine.backends.embedded import embedded_variant
+from whetstone.engine.backends.model_cache import cached_gguf
 from whetstone.engine.backends.registry import BackendOptions
 from whetstone.engine.backends.toolcall_format import (
     StreamGate,
@@ -41,7 +43,7 @@ INSTALL_HINT = "pip install 'whetstone-engine[llamacpp]'  (builds for ~14 min on
 def import_llama_cpp() -> Any:
     """The ``llama_cpp`` module, or ``ModelNotInstalled`` saying how to get it."""
     try:
-        import llama_cpp
+        import llama_cpp  # optional extra: llama-cpp-python
     except ImportError as exc:
         raise ModelNotInstalled("'llamacpp:' needs llama-cpp-python, which is not installed",
                                 hint=INSTALL_HINT) from exc
@@ -179,9 +181,6 @@ def resolve_gguf(arg: str, cache_dir: Path) -> Path:
     """``embedded[:variant]`` -> the packaged GGUF in the cache; otherwise a .gguf path."""
     name, _, variant = arg.partition(":")
     if name == "embedded":
-        from whetstone.engine.backends.embedded import embedded_variant
-        from whetstone.engine.backends.model_cache import cached_gguf
-
         return cached_gguf(embedded_variant(variant), cache_dir)
     path = Path(arg).expanduser()
     if not path.is_file():

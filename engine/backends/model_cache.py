@@ -54,7 +54,7 @@ def is_complete(folder: Path, source_sha256: str) -> bool:
 
 def _lock(root: Path, key: str) -> Any:
     """A ``filelock.FileLock`` for one entry (OS-level: released if the holder dies)."""
-    from filelock import FileLock
+    from filelock import FileLock  # lazy: filelock (~25 ms), only when a model is fetched
 
     return FileLock(str(root / f".{key}.lock"), timeout=_LOCK_TIMEOUT_S)
 
@@ -156,8 +156,8 @@ def dequantized_packaged(model: str | PackagedModel, cache_root: Path,
 
 def dequantize_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Load a GGUF with transformers (dequantized to fp32) and save it as a plain folder."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # heavy: torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers
 
     folder, name = str(Path(gguf_path).parent), Path(gguf_path).name
     try:

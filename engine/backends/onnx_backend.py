@@ -28,6 +28,8 @@ from typing import Any
 from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
 from whetstone.engine.backends.chat_template import template_supports_tools
 from whetstone.engine.backends.local_text import completion_from_tokens, prompt_ids
+from whetstone.engine.backends.model_cache import invalidate
+from whetstone.engine.backends.onnx_convert import onnx_model
 from whetstone.engine.backends.onnx_engine import Generation, OnnxDecoder, SamplingParams
 from whetstone.engine.backends.registry import BackendOptions
 from whetstone.engine.backends.toolcall_format import StreamGate
@@ -64,7 +66,7 @@ class OnnxBackend(Backend):
     """A converted model folder (``onnx_convert.onnx_model``) behind the backend contract."""
 
     def __init__(self, folder: Path, *, name: str = "", **settings: Any) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy: transformers
 
         folder = Path(folder)
         try:
@@ -199,9 +201,6 @@ def load_converted(source: Path, source_sha256: str, name: str, options: Backend
     An entry that passes the file checks but still does not load (a bit flipped inside the
     weights) is removed and converted again, once.
     """
-    from whetstone.engine.backends.model_cache import invalidate
-    from whetstone.engine.backends.onnx_convert import onnx_model
-
     settings = engine_settings(options.extra)
     for attempt in (1, 2):
         folder = onnx_model(source, source_sha256, options.cache_dir, cache_name,

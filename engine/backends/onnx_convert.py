@@ -20,6 +20,7 @@ checks, so a truncated, replaced or half-written entry is rebuilt instead of loa
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -97,8 +98,6 @@ def verify_folder(folder: Path) -> bool:
 
 
 def _check_builder_installed() -> None:
-    import importlib.util
-
     for module in ("onnxruntime_genai", "onnx_ir", "onnxruntime"):
         if importlib.util.find_spec(module) is None:
             raise ModelNotInstalled(

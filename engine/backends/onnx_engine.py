@@ -127,7 +127,7 @@ class OrtModel:
     """The converted model in an ONNX Runtime session, as a ``ModelFn``."""
 
     def __init__(self, folder: Path, layout: ModelLayout, threads: int | None = None) -> None:
-        import onnxruntime as ort
+        import onnxruntime as ort  # heavy: onnxruntime
 
         self._ort = ort
         so = ort.SessionOptions()
@@ -178,7 +178,7 @@ class OnnxDecoder:
                  decode: Callable[[list[int]], str], max_batch: int = 8,
                  prefill_chunk: int = 64, kv_budget_mb: int = 2048, cache_mb: int = 512,
                  join_window_s: float = 0.0) -> None:
-        import numpy as np
+        import numpy as np  # heavy: numpy
 
         self._np = np
         self.layout = layout

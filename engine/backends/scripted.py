@@ -8,6 +8,7 @@ or, for a responder, a callable ``Request -> reply`` used for every call (load t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -124,8 +125,6 @@ class ScriptedBackend(Backend):
         return _as_completion(reply, request, time.perf_counter() - start)
 
     async def acomplete(self, request: Request) -> Completion:
-        import asyncio
-
         start = time.perf_counter()
         reply = self._next(request)
         if self._delay_s:

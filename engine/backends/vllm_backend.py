@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from whetstone.engine.backends.base import Backend, Capabilities, check_local_request
+from whetstone.engine.backends.hf import resolve_local_model
 from whetstone.engine.backends.registry import BackendOptions
 from whetstone.engine.backends.toolcall_format import offered_tool_names, parse_tool_calls
 from whetstone.engine.errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
@@ -27,7 +28,7 @@ INSTALL_HINT = "pip install 'whetstone-engine[vllm]'  (needs a CUDA GPU)"
 def import_vllm() -> Any:
     """The ``vllm`` module, or ``ModelNotInstalled`` saying how to get it."""
     try:
-        import vllm
+        import vllm  # optional extra: vllm
     except ImportError as exc:
         raise ModelNotInstalled("'vllm:' needs vLLM, which is not installed",
                                 hint=INSTALL_HINT) from exc
@@ -36,7 +37,7 @@ def import_vllm() -> Any:
 
 def require_cuda() -> None:
     """``ModelLoadError`` unless torch sees a CUDA GPU (the vllm wheel runs on GPUs only)."""
-    import torch
+    import torch  # heavy: torch
 
     if not torch.cuda.is_available():
         raise ModelLoadError(
@@ -59,7 +60,7 @@ class VLLMBackend(Backend):
 
     def _sampling(self, request: Request) -> Any:
         check_local_request(request)
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional extra: vllm
 
         return SamplingParams(
             max_tokens=request.max_tokens,
@@ -138,7 +139,6 @@ def make_vllm(arg: str, options: BackendOptions) -> VLLMBackend:
     require_cuda()
     if not arg.strip():
         raise ConfigError("vllm: needs a model", hint="e.g. vllm:/models/qwen2.5-0.5b-instruct")
-    from whetstone.engine.backends.hf import resolve_local_model
 
     path = resolve_local_model(arg.strip())
     try:

@@ -26,7 +26,10 @@ from whetstone.engine.commands.common import (
     library_option,
 )
 from whetstone.engine.errors import ConfigError, EmptyCorpus
+from whetstone.library_store import embeddings
+from whetstone.library_store.chunking import ChunkSpec, ReadReport, SourceDoc, jsonl_docs, read_path
 from whetstone.library_store.corpus import DEFAULT_CORPUS, Corpus, list_corpora
+from whetstone.library_store.fsutil import sha256_bytes
 
 
 def corpus_option(fn: Any) -> Any:
@@ -38,12 +41,12 @@ def corpus_option(fn: Any) -> Any:
 
 def open_corpus(library_path: Path | None, name: str, *, threads: int | None = 1) -> Corpus:
     """A library's corpus with the fastest packaged embedder (ONNX when installed)."""
+    # lazy: `whetstone --help` imports every command module
     from whetstone.engine.api import open_library
-    from whetstone.library_store.embeddings import query_embedder
 
     # The default library is made on first use; a mistyped --library is an error.
     root = open_library(library_path or default_library_path(), quiet=True).root
-    return Corpus.of_library(root, name, query_embedder(threads=threads))
+    return Corpus.of_library(root, name, embeddings.query_embedder(threads=threads))
 
 
 @click.group("corpus")
@@ -52,9 +55,6 @@ def corpus_group() -> None:
 
 
 def _stdin_docs(text: str, fmt: str, source: str | None, text_field: str | None) -> Any:
-    from whetstone.library_store.chunking import ReadReport, SourceDoc, jsonl_docs
-    from whetstone.library_store.fsutil import sha256_bytes
-
     label = source or f"stdin:{sha256_bytes(text.encode('utf-8'))[:12]}"
     if fmt == "jsonl":
         return jsonl_docs(text, label, text_field)
@@ -87,8 +87,6 @@ def add_cmd(paths: tuple[str, ...], tasks_spec: str | None, chunk_size: int, ove
 
     Text, markdown and JSONL (one document per line). Re-adding is cheap: unchanged texts
     are kept, changed ones replaced, records gone from a re-added file dropped."""
-    from whetstone.library_store.chunking import ChunkSpec, ReadReport, read_path
-
     if not paths and not tasks_spec:
         raise ConfigError("nothing to add", hint="whetstone corpus add notes.md docs/ - "
                           "or --tasks halueval")
@@ -104,6 +102,7 @@ def add_cmd(paths: tuple[str, ...], tasks_spec: str | None, chunk_size: int, ove
         read.skipped += got.skipped
         read.refused += got.refused
     if tasks_spec:
+        # lazy: `whetstone --help` imports every command module
         from whetstone.engine.evaluation.benchmarks import load_tasks
         from whetstone.engine.evaluation.tasks import evidence_documents
 

@@ -35,6 +35,7 @@ def fetch_cmd(name: str, sdist: Path | None, keep: Path | None, force: bool,
     Without --from, pip downloads the bigbench==1.0.0 sdist by name (through your pip
     configuration) with pip 23.2.1 in a throwaway venv: newer pips refuse that sdist's
     metadata. Only bigbench/benchmark_tasks/**/task.json is extracted (about 1.7 GB)."""
+    # lazy: loads filelock and 53 more of our modules
     from whetstone.engine.evaluation import bigbench
 
     err = console(stderr=True)
@@ -64,6 +65,7 @@ def fetch_cmd(name: str, sdist: Path | None, keep: Path | None, force: bool,
 @handle_errors
 def ls_cmd(show_tasks: bool, as_json: bool) -> None:
     """What is cached, where, and how to fetch what is not."""
+    # lazy: loads filelock and 53 more of our modules
     from whetstone.engine.evaluation import bigbench
 
     info = bigbench.describe()

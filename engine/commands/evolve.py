@@ -41,6 +41,7 @@ from whetstone.engine.commands.common import (
 )
 from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.benchmarks import load_tasks
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 
 _CONFIG = "config__"  # prefix of the parameters that come from the evolver's config
@@ -163,6 +164,7 @@ class EvolveGroup(click.Group):
     ``whetstone --help`` imports no method)."""
 
     def _registry(self, ctx: click.Context) -> Any:
+        # lazy: `whetstone --help` imports every command module
         from whetstone.engine.methods.registry import default_registry
 
         return ctx.meta.setdefault("whetstone.methods", default_registry())
@@ -209,8 +211,7 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
          solver: str, as_json: bool, agent_tools: list[Any]) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
-    from whetstone.engine.api import Engine
-    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.api import Engine  # lazy: loads numpy and 31 more of our modules
 
     err = console(stderr=True)
     with err.status(f"loading {model} …"):
@@ -240,6 +241,7 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
 
 
 def _print(result: Any) -> None:
+    # lazy: `whetstone --help` imports every command module
     from whetstone.engine.methods.registry import default_registry
 
     out = console()

@@ -22,11 +22,12 @@ class Kit:
     emit_json = staticmethod(common.emit_json)
 
     def open_library(self, path: Path | None, *, create: bool | None = None) -> Library:
+        # lazy: loads numpy and 65 more of our modules
         from whetstone.engine.api import open_library
 
         return open_library(path or common.default_library_path(), create=create)
 
     def engine(self, model: str, **options: Any) -> Any:
-        from whetstone.engine.api import Engine
+        from whetstone.engine.api import Engine  # lazy: loads numpy and 65 more of our modules
 
         return Engine(model, **options)

@@ -28,6 +28,7 @@ from whetstone.engine.errors import LibraryError, NotFound, ValidationError
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.library_tools import import_check, validate_library
 from whetstone.library_store.store import Library, Manifest
+from whetstone.skills.index import LibraryIndex
 from whetstone.skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
 from whetstone.skills.retrieval import read_skill
 from whetstone.skills.transfer import (
@@ -329,8 +330,6 @@ def validate_cmd(version: str | None, library_path: Path | None, as_json: bool) 
 @handle_errors
 def reindex_cmd(library_path: Path | None, as_json: bool) -> None:
     """Rebuild the retrieval index from the files of the current version."""
-    from whetstone.skills.index import LibraryIndex
-
     lib = _open(library_path)
     start = time.perf_counter()
     with console(stderr=True).status("embedding and indexing ...", spinner="dots"):

@@ -18,6 +18,7 @@ from whetstone.engine.commands.common import (
     skills_options,
     web_options,
 )
+from whetstone.engine.errors import ConfigError
 
 
 @click.command("mcp")
@@ -57,9 +58,9 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
     """Serve the library over MCP: skills as resources (by version), search_skills, the
     guidance prompt, the learned tools (run in the sandbox) and, with --allow-writes,
     record_feedback and log_run. No model is loaded: the client's model answers."""
-    import anyio
+    import anyio  # lazy: anyio, only when serving
 
-    from whetstone.engine.errors import ConfigError
+    # lazy: the mcp SDK and uvicorn, only when serving
     from whetstone.engine.integrations.mcp_app import serve_http, serve_stdio
     from whetstone.engine.integrations.mcp_server import LibraryServer
     from whetstone.engine.server.guard import load_api_keys
@@ -75,6 +76,7 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
     skills = skills_config(skills_k, skills_min_score)
     sock = None
     if transport == "http":
+        # lazy: loads anyio, fastapi, numpy, opentelemetry, pydantic and 19 more of our modules
         from whetstone.engine.server.app import bind
 
         check_exposed_bind(host, keys, insecure, "mcp --transport http")
@@ -91,6 +93,7 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
         if sock is None:
             anyio.run(serve_stdio, library)
             return
+        # lazy: `whetstone --help` imports every command module
         from whetstone.engine.server.connections import ConnectionLimits
         from whetstone.engine.server.hosts import WebPolicy
 

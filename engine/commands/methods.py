@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
+from rich.table import Table
 
 from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
 from whetstone.engine.errors import ConfigError
@@ -14,10 +17,7 @@ from whetstone.engine.errors import ConfigError
 def methods_cmd(as_json: bool) -> None:
     """Evolvers (`whetstone evolve NAME`) and runtime methods (`--methods NAME`), with their
     knobs."""
-    import dataclasses
-
-    from rich.table import Table
-
+    # lazy: filelock, `whetstone --help` imports every command module
     from whetstone.engine.commands.kit import Kit
     from whetstone.engine.methods.registry import default_registry
 

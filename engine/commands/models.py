@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import click
+from rich.text import Text
 
 from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
 
@@ -30,8 +31,7 @@ def _blocks(rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
 @handle_errors
 def models(as_json: bool) -> None:
     """Every model spec, installed or not, and how to install it."""
-    from rich.text import Text
-
+    # lazy: loads filelock, numpy and 84 more of our modules
     from whetstone.engine.api import describe_models
 
     rows = describe_models()

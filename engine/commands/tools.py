@@ -47,6 +47,7 @@ class ToolEntry:
 
 def _catalog(snap: Snapshot) -> tuple[list[ToolEntry], list[Any]]:
     """Every tool a run may be given, and the learned tools that failed their checks."""
+    # lazy: yaml, `whetstone --help` imports every command module
     from whetstone.engine.runtime.library_tools import load_library_tools
     from whetstone.engine.runtime.skills_plugin import READ_SKILL_SPEC
     from whetstone.tools.builtin import CALCULATOR_SPEC, PYTHON_SPEC
@@ -76,7 +77,7 @@ def _find(snap: Snapshot, name: str) -> ToolEntry:
 
 
 def _library(path: Path | None) -> Library:
-    from whetstone.engine.api import open_library
+    from whetstone.engine.api import open_library  # lazy: loads numpy and 62 more of our modules
 
     # The default library is made on first use; a mistyped --library is an error.
     return open_library(path or default_library_path())
@@ -94,6 +95,7 @@ def tools_group() -> None:
 @handle_errors
 def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
     """List the tools, and how code runs in the sandbox on this machine."""
+    # lazy: `whetstone --help` imports every command module
     from whetstone.tools.sandbox import default_sandbox
 
     snap = _library(library_path).snapshot(version)
@@ -184,6 +186,7 @@ def _arguments(text: str, entry: ToolEntry) -> dict[str, Any]:
 
 def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Library,
          roots: tuple[Path, ...], timeout_s: float | None) -> Any:
+    # lazy: `whetstone --help` imports every command module
     from whetstone.engine.runtime.skills_plugin import SkillsPlugin
     from whetstone.tools.base import Toolbox
     from whetstone.tools.builtin import builtin_tools
@@ -196,6 +199,7 @@ def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Librar
         try:
             return run_learned(entry.definition, args, images=images, timeout_s=timeout_s)
         except ToolError as exc:
+            # lazy: `whetstone --help` imports every command module
             from whetstone.tools.base import ToolResult
 
             return ToolResult(error=exc.message)

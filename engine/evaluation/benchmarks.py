@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from whetstone.engine.errors import EvalError
+from whetstone.engine.evaluation.bigbench import load_bigbench
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec, read_jsonl, select
 
 
@@ -235,8 +236,6 @@ def load_benchmark(name: str) -> TaskSet:
 
 
 def _load_bigbench(name: str) -> TaskSet:
-    from whetstone.engine.evaluation.bigbench import load_bigbench
-
     return load_bigbench(name)
 
 

@@ -71,7 +71,7 @@ def charted(results: Sequence[EvalResult]) -> list[EvalResult]:
 
 
 def _png(fig: Any) -> str:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: matplotlib
 
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -86,8 +86,8 @@ def _img(b64: str, alt: str, plot_id: str) -> str:
 
 def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
     """Accuracy of each run against its start time, one line per task set, with intervals."""
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
-    from matplotlib.figure import Figure
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter  # heavy: matplotlib
+    from matplotlib.figure import Figure  # heavy: matplotlib
 
     fig = Figure(figsize=(10, 4.2), layout="constrained")
     ax = fig.add_subplot()
@@ -121,8 +121,8 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
 
 def plot_wins_losses(c: Comparison, a: EvalResult, b: EvalResult) -> str:
     """Counts of wins/ties/losses of b over a, and each task's score difference."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.figure import Figure  # heavy: matplotlib
+    from matplotlib.ticker import MaxNLocator  # heavy: matplotlib
 
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 3]})
@@ -145,7 +145,7 @@ def plot_wins_losses(c: Comparison, a: EvalResult, b: EvalResult) -> str:
 
 def plot_tokens(results: Sequence[EvalResult]) -> str:
     """Tokens per task of each run (box plot), most recent runs."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy: matplotlib
 
     runs = [r for r in sorted(results, key=lambda r: r.started) if r.n_scored][-MAX_BOXES:]
     fig = Figure(figsize=(10, 4.2), layout="constrained")

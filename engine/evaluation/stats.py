@@ -51,7 +51,7 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
 
 def _percentiles(samples: Sequence[float], confidence: float) -> tuple[float, float]:
-    import numpy as np
+    import numpy as np  # heavy: numpy
 
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(np.asarray(samples), [alpha, 1 - alpha])
@@ -61,7 +61,7 @@ def _percentiles(samples: Sequence[float], confidence: float) -> tuple[float, fl
 def bootstrap_means(values: Sequence[float], n_resamples: int = 10_000, seed: int = 0
                     ) -> list[float]:
     """Means of ``n_resamples`` resamples (with replacement) of ``values``; seeded."""
-    import numpy as np
+    import numpy as np  # heavy: numpy
 
     if n_resamples < 1:
         raise EvalError(f"n_resamples must be >= 1, got {n_resamples}", hint="e.g. 10000")

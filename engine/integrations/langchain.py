@@ -54,10 +54,12 @@ from whetstone.engine.backends.base import Backend, Capabilities
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.integrations.langchain_runs import TRACE_KEY, RunLink, link_of, run_trace
 from whetstone.engine.integrations.langchain_tools import library_tools_for_langchain
+from whetstone.engine.runtime.skills_plugin import SkillsPlugin
 from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from whetstone.engine.server.exchange import chat_trace
 from whetstone.engine.types import Completion, Message, Request, ToolCall
 from whetstone.library_store.store import Library
+from whetstone.library_store.trace_build import new_trace_id
 
 if TYPE_CHECKING:
     from whetstone.engine.types import Trace
@@ -303,8 +305,6 @@ class WhetstoneChatModel(BaseChatModel):
         """The chat adapter for a call: the one whose guidance may say when to call the
         library's learned tools when the call binds every one of them
         (``library_tools_for_langchain``), else the one that leaves their lines out."""
-        from whetstone.engine.runtime.skills_plugin import SkillsPlugin
-
         plain = self._engine.chat_adapter()
         if not tools:
             return plain
@@ -318,8 +318,6 @@ class WhetstoneChatModel(BaseChatModel):
                run_manager: Any = None) -> tuple[_Exchange, Runnable[Any, Any], dict[str, Any]]:
         """Adapt the conversation (blocking: retrieval embeds the query); the exchange, the
         inner model with this call's tools bound, and the arguments left for it."""
-        from whetstone.library_store.trace_build import new_trace_id
-
         started, clock = time.time(), time.perf_counter()
         kwargs = dict(kwargs)
         switches = self._switches(kwargs.pop("whetstone", None))
@@ -507,7 +505,7 @@ def whetstone_node(model: BaseChatModel, *, library: Any = None, tools: Sequence
     """A LangGraph node for a ``StateGraph`` over ``MessagesState``: it answers the state's
     messages with ``model`` (a ``WhetstoneChatModel``, or any chat model wrapped over
     ``library``), ``tools`` bound, and returns ``{"messages": [reply]}``. Sync and async."""
-    from langchain_core.runnables import RunnableConfig, RunnableLambda
+    from langchain_core.runnables import RunnableConfig, RunnableLambda  # heavy: langchain-core
 
     if not isinstance(model, WhetstoneChatModel):
         if library is None:

@@ -25,6 +25,7 @@ from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.registry import default_registry
 from whetstone.library_store.store import Library, Snapshot
 from whetstone.tools.base import Tool, Toolbox
+from whetstone.tools.images import ImageFiles
 
 if TYPE_CHECKING:
     from whetstone.tools.sandbox import Sandbox
@@ -81,8 +82,8 @@ def library_tools_for_langchain(library: str | Path | Library | Engine, *,
     """The learned tools of a library version (default: the current one, or the version an
     ``Engine`` pins) as LangChain tools that run in the sandbox. A tool that fails its checks
     is left out, as the agent leaves it out (``whetstone tools ls`` says why)."""
+    # lazy: loads yaml and 4 more of our modules
     from whetstone.engine.runtime.library_tools import library_tools
-    from whetstone.tools.images import ImageFiles
 
     snap = _snapshot(library, version)
     images = ImageFiles(snap.library.scratch("tool-images"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -34,8 +35,10 @@ from whetstone.engine.integrations.mcp_server import (
     skill_uri,
 )
 from whetstone.engine.prompts import load_prompt, render_prompt
+from whetstone.engine.server.connections import ConnectionGuard, guarded_protocol
 from whetstone.engine.server.guard import key_owner
 from whetstone.engine.server.hosts import WebCheck, WebPolicy
+from whetstone.engine.server.metrics import Metrics
 from whetstone.engine.server.service import error_message
 
 if TYPE_CHECKING:
@@ -227,7 +230,6 @@ def build_server(library: LibraryServer, keys: frozenset[str] = frozenset()) -> 
         "mcp.yaml#instructions", library=library.engine.library_path.name,
         version=library.version(),
         writes=load_prompt("mcp.yaml#writes") if library.allow_writes else "")
-    from importlib.metadata import version
 
     return Server("whetstone", version=version("whetstone-engine"), instructions=instructions,
                   on_list_resources=h.list_resources, on_list_resource_templates=h.list_templates,
@@ -238,7 +240,7 @@ def build_server(library: LibraryServer, keys: frozenset[str] = frozenset()) -> 
 
 async def serve_stdio(library: LibraryServer) -> None:
     """Serve one client on this process's stdin and stdout until it closes them."""
-    from mcp.server.stdio import stdio_server
+    from mcp.server.stdio import stdio_server  # heavy: the mcp SDK (~0.4 s)
 
     server = build_server(library)
     async with stdio_server() as (read, write):
@@ -290,10 +292,8 @@ def serve_http(library: LibraryServer, *, host: str, port: int, keys: frozenset[
                max_body_bytes: int, sock: socket.socket, limits: ConnectionLimits,
                log_level: str = "info", web: WebPolicy | None = None) -> None:
     """Serve ``http_app`` under uvicorn with ``whetstone serve``'s connection limits."""
-    import uvicorn
+    import uvicorn  # heavy: uvicorn
 
-    from whetstone.engine.server.connections import ConnectionGuard, guarded_protocol
-    from whetstone.engine.server.metrics import Metrics
 
     app = http_app(library, keys=keys, max_body_bytes=max_body_bytes, host=host, web=web)
     guard = ConnectionGuard(limits, Metrics())

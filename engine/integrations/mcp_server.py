@@ -23,8 +23,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
 from whetstone.engine.backends.base import Backend, Capabilities
-from whetstone.engine.errors import ConfigError, NotFound
+from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
+from whetstone.engine.prompts import load_prompt
+from whetstone.engine.server.metrics import Metrics
 from whetstone.engine.types import Completion, Message, Request, Step
+from whetstone.library_store.trace_build import make_trace
+from whetstone.tools.base import ToolResult
 
 if TYPE_CHECKING:
     from whetstone.engine.api import Engine
@@ -147,6 +151,7 @@ def mime_of(rel: str) -> str:
 
 def owner_tag(owner: str | None) -> dict[str, str]:
     """The trace meta that ties a run to the API key it was logged with (``serve``'s field)."""
+    # lazy: loads filelock and 14 more of our modules
     from whetstone.engine.server.recording import OWNER_KEY
 
     return {OWNER_KEY: owner} if owner is not None else {}
@@ -157,8 +162,8 @@ class LibraryServer:
     ``log_run`` exist (otherwise they are neither listed nor run)."""
 
     def __init__(self, engine: Engine, *, allow_writes: bool = False) -> None:
+        # lazy: loads filelock and 35 more of our modules
         from whetstone.engine.runtime.skills_plugin import SkillsPlugin
-        from whetstone.engine.server.metrics import Metrics
         from whetstone.engine.server.recording import TraceWriter
 
         self.engine = engine
@@ -180,6 +185,7 @@ class LibraryServer:
         """The server for the library at ``library`` (default: ``$WHETSTONE_HOME/library``);
         ``skills``: the skills method's options (``SkillsConfig``); ``version``: pin one;
         ``otel``: ``Engine``'s (the runs it logs and their feedback as spans)."""
+        # lazy: loads filelock, numpy and 82 more of our modules
         from whetstone.engine.api import Engine
 
         engine = Engine(LibraryOnly(), library=library, version=version, checkpointing=False,
@@ -201,6 +207,7 @@ class LibraryServer:
 
     def files(self) -> list[SkillFile]:
         """Every file of every skill in the version the server follows."""
+        # lazy: loads filelock, yaml and 21 more of our modules
         from whetstone.skills.loader import skill_names
 
         snap = self.snapshot()
@@ -221,6 +228,7 @@ class LibraryServer:
 
     @staticmethod
     def _description(snap: Snapshot, name: str) -> str | None:
+        # lazy: loads yaml and 4 more of our modules
         from whetstone.skills.format import parse_skill_md
 
         path = f"{SKILLS}/{name}/{SKILL_FILE}"
@@ -229,6 +237,7 @@ class LibraryServer:
 
     def read(self, uri: str) -> FileContent:
         """One skill file by URI; ``NotFound`` listing the skills or the skill's files."""
+        # lazy: loads filelock, yaml and 21 more of our modules
         from whetstone.skills.loader import skill_names
 
         version, name, rel = parse_uri(uri)
@@ -299,8 +308,6 @@ class LibraryServer:
                 if d.name in tools and d.name not in OWN_TOOLS}
 
     def tool_list(self) -> list[LearnedTool]:
-        from whetstone.engine.prompts import load_prompt
-
         task_note = load_prompt("mcp.yaml#task_param")
         out = []
         for tool, d in self.learned_tools().values():
@@ -319,9 +326,6 @@ class LibraryServer:
     def run_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolRun:
         """Call a learned tool in the sandbox; a bad argument or a failure in the tool is a
         failed run (the observation the agent would see), never an exception."""
-        from whetstone.engine.errors import WhetstoneError
-        from whetstone.tools.base import ToolResult
-
         tools = self.learned_tools()
         if name not in tools:
             raise NotFound(f"no tool named {name!r}",
@@ -355,6 +359,7 @@ class LibraryServer:
                               owner: str | None = None) -> dict[str, Any]:
         """Label a trace through the server's feedback path (``TraceWriter.label``): on a
         server with API keys only the key a trace was recorded with may label it."""
+        # lazy: loads filelock, numpy and 37 more of our modules
         from whetstone.engine.server.exchange import check_feedback
 
         self.check_writes("record_feedback")
@@ -378,8 +383,8 @@ class LibraryServer:
         """Store an outside agent's run as a trace (``meta.source`` ``"mcp"``); ``steps``
         are ``{"thought": ...}`` and ``{"tool", "arguments", "observation", "error"}``
         objects, recorded as the runtime records its think and act steps."""
+        # lazy: loads filelock, numpy and 37 more of our modules
         from whetstone.engine.server.exchange import check_feedback
-        from whetstone.library_store.trace_build import make_trace
 
         self.check_writes("log_run")
         for key, value in (("task", task), ("answer", answer)):

@@ -21,6 +21,7 @@ a per-task config, a model-call wrapper), registered by name like evolvers
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -114,6 +115,7 @@ class EvolveContext:
         then holds fewer tasks than asked for. Runs over a snapshot (a preview that may never
         be committed) are marked ``meta["evolve_preview"]`` and never become training
         traces; runs over the current version do."""
+        # lazy: loads filelock and 54 more of our modules
         from whetstone.engine.evaluation.runner import evaluate
 
         if self.make_solver is None:
@@ -225,8 +227,6 @@ def options_from_text(config_class: type | None, raw: Mapping[str, str], *,
                       method: str) -> dict[str, Any]:
     """Options written as text (``--method-config name.k=3``) typed by the config's fields:
     bool, int, float, str, or None for an optional field given ``none``."""
-    import typing
-
     if config_class is None:
         return make_config(None, raw, method=method) or {}
     hints = typing.get_type_hints(config_class)

@@ -253,6 +253,7 @@ class MethodRegistry:
     def library_validator(self) -> Validator:
         """What every commit of a library opened by the faces runs: the Agent Skills rules and
         the learned-tool check (``validate_library``), then each method's folder validator."""
+        # lazy: loads filelock, yaml and 53 more of our modules
         from whetstone.engine.runtime.library_tools import validate_library
 
         extra = self.root_validators()
@@ -269,6 +270,7 @@ class MethodRegistry:
     def open_library(self, path: Path | str, **kwargs: Any) -> Library:
         """``Library.open`` with these methods' folders and validators: how every face opens
         a library (``create=True`` makes a missing one)."""
+        # lazy: loads filelock and 19 more of our modules
         from whetstone.library_store.store import Library
 
         kwargs.setdefault("validator", self.library_validator())

@@ -44,7 +44,7 @@ def load_prompt(name: str) -> str:
     text = _read(package or __package__, fname)
     if not key:
         return text
-    import yaml
+    import yaml  # lazy: yaml (~20 ms), only when a .yaml table is read
 
     table = yaml.safe_load(text)
     if not isinstance(table, dict) or not isinstance(table.get(key), str):

@@ -23,7 +23,7 @@ class Checkpoints:
     """Owns the SQLite file, the LangGraph saver over it, and the run bookkeeping."""
 
     def __init__(self, path: Path, keep_days: float = 7.0, keep_runs: int = 50) -> None:
-        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.checkpoint.sqlite import SqliteSaver  # heavy: langgraph
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from whetstone.engine.runtime.state import AgentContext, AgentState
 
 def _adapt(fn: NodeFn) -> Callable[..., Mapping[str, Any]]:
     """A LangGraph node that hands the injected context to a plain (state, ctx) function."""
-    from langgraph.runtime import Runtime
+    from langgraph.runtime import Runtime  # heavy: langgraph
 
     def node(state: AgentState, runtime: Runtime[AgentContext]) -> Mapping[str, Any]:
         return fn(state, runtime.context)
@@ -63,7 +63,7 @@ def stage_nodes(plugins: Sequence[Plugin]) -> dict[str, list[tuple[str, NodeFn]]
 
 def build_graph(plugins: Sequence[Plugin] = ()) -> Any:
     """The uncompiled ``StateGraph``; ``Agent`` compiles it with a checkpointer."""
-    from langgraph.graph import END, START, StateGraph
+    from langgraph.graph import END, START, StateGraph  # heavy: langgraph
 
     g = StateGraph(AgentState, context_schema=AgentContext)
     g.add_node("prepare", _adapt(prepare))

@@ -30,7 +30,10 @@ from whetstone.tools.learned import (
     ToolDefinition,
     define_tool,
     is_tool_script,
+    load_learned_tools,
 )
+from whetstone.tools.learned_run import learned_tool
+from whetstone.tools.visual import VISUAL_TOOL_NAMES
 
 if TYPE_CHECKING:
     from whetstone.library_store.store import Snapshot
@@ -44,8 +47,6 @@ BUILTIN_TOOL_NAMES = ("calculator", "python", "read_skill")
 
 def reserved_tool_names() -> frozenset[str]:
     """Built-in tool names (``calculator``, ``python``, ``read_skill``, the visual tools)."""
-    from whetstone.tools.visual import VISUAL_TOOL_NAMES
-
     return frozenset((*BUILTIN_TOOL_NAMES, *VISUAL_TOOL_NAMES))
 
 
@@ -163,8 +164,6 @@ class LibraryTools:
 def load_library_tools(snapshot: Snapshot) -> LibraryTools:
     """The learned tools of a version: only skills that hold a ``scripts/*.py`` are loaded; a
     skill that fails its rules brings no tools, a bad tool is reported and the rest load."""
-    from whetstone.tools.learned import load_learned_tools
-
     names = sorted({found[0] for p in snapshot.files(f"{SKILLS_DIR}/")
                     if (found := script_tool_name(p)) is not None})
     out = LibraryTools(snapshot.id)
@@ -219,8 +218,6 @@ def agent_tool(definition: ToolDefinition, *, images: ImageFiles,
                sandbox: Sandbox | None = None) -> Tool:
     """A learned tool as the agent sees it: the docstring's summary and the skill to read for
     when to call it; it runs only in the sandbox, and a failure reads as ``tool_failure``."""
-    from whetstone.tools.learned_run import learned_tool
-
     tool = learned_tool(definition, images=images, sandbox=sandbox)
 
     def run(args: Mapping[str, Any]) -> str | ToolResult:

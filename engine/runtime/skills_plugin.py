@@ -20,6 +20,7 @@ from whetstone.engine.errors import NotFound
 from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin, ToolOffer
 from whetstone.engine.types import ToolSpec
 from whetstone.tools.base import Tool
+from whetstone.tools.images import ImageFiles
 
 if TYPE_CHECKING:
     from whetstone.engine.runtime.library_tools import LibraryTools
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from whetstone.skills.examples import ExampleRetriever
     from whetstone.skills.format import Example
     from whetstone.skills.retrieval import SkillRetriever
-    from whetstone.tools.images import ImageFiles
     from whetstone.tools.sandbox import Sandbox
 
 READ_SKILL_SPEC = ToolSpec(
@@ -124,6 +124,7 @@ class SkillsPlugin(Plugin):
                  learned_tools: bool = True, images: ImageFiles | None = None,
                  sandbox: Sandbox | None = None, examples: int = 2,
                  turns: bool = False, require_tool_at: float | None = 0.6) -> None:
+        # lazy: numpy, yaml
         from whetstone.library_store.embeddings import skill_embedder
         from whetstone.skills.index import LibraryIndex
         from whetstone.skills.retrieval import SkillRetriever
@@ -169,8 +170,8 @@ class SkillsPlugin(Plugin):
         return out
 
     def _learned(self) -> tuple[list[Tool], LibraryTools]:
+        # lazy: loads yaml and 14 more of our modules
         from whetstone.engine.runtime.library_tools import library_tools
-        from whetstone.tools.images import ImageFiles
 
         snap = self.snapshot()
         with self._lock:
@@ -200,6 +201,7 @@ class SkillsPlugin(Plugin):
                          tuple(d.name for d in defs if d.skill in strong))
 
     def _read(self, args: Mapping[str, Any]) -> str:
+        # lazy: loads numpy, yaml and 18 more of our modules
         from whetstone.skills.retrieval import read_skill
 
         name = str(args.get("name") or "").strip()
@@ -256,6 +258,7 @@ class SkillsPlugin(Plugin):
                           unoffered: Mapping[str, list[str]] | None = None) -> Any:
         """The nearest worked examples of ``skills`` within ``budget`` (None: none kept);
         an example that calls a tool of ``unoffered`` is not shown."""
+        # lazy: numpy, yaml
         from whetstone.skills.examples import ExampleRetriever
         from whetstone.skills.format import EXAMPLES_FILE, parse_examples
         from whetstone.skills.retrieval import names_any

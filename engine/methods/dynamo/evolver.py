@@ -43,6 +43,7 @@ from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.analyst import ask_parsed, render_trace
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
 from whetstone.engine.methods.dynamo import PROMPTS
+from whetstone.engine.methods.dynamo.maker import ToolMaker, task_tool_files
 from whetstone.engine.methods.dynamo.parts import (
     Attempt,
     Cluster,
@@ -68,12 +69,17 @@ from whetstone.engine.methods.dynamo.sandbox import (
     source_parameters,
 )
 from whetstone.engine.types import Trace
+from whetstone.skills.format import check_skill_files
+from whetstone.tools.base import Toolbox
+from whetstone.tools.builtin import builtin_tools
+from whetstone.tools.images import ImageFiles
+from whetstone.tools.learned_run import run_learned
+from whetstone.tools.visual import visual_tools
 
 if TYPE_CHECKING:
     from whetstone.engine.evaluation.tasks import TaskRecord
     from whetstone.library_store.store import Snapshot
     from whetstone.tools.base import Tool
-    from whetstone.tools.images import ImageFiles
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,7 @@ class Dynamo:
 
     def _train_tasks(self, context: EvolveContext, traces: Sequence[Trace]
                      ) -> list[TaskRecord]:
+        # lazy: loads filelock and 41 more of our modules
         from whetstone.engine.evaluation.tasks import tasks_from_traces
 
         source = list(context.tasks) if context.tasks is not None else list(
@@ -307,6 +314,7 @@ class _Run:
     def _first_attempts(self, traces: Sequence[Trace]) -> dict[str, Attempt]:
         """Round 1's attempts: the given runs of these tasks (scored by the task's scorer when
         they carry no score), the missing ones run now over the current library."""
+        # lazy: loads filelock and 41 more of our modules
         from whetstone.engine.evaluation.scorers import get_scorer
 
         out: dict[str, Attempt] = {}
@@ -326,6 +334,7 @@ class _Run:
                  ) -> dict[str, Attempt]:
         """Run the agent on ``ids`` over the current library plus ``changes`` (None: the
         current library); an interrupted run keeps what finished and resumes from it."""
+        # lazy: loads filelock and 6 more of our modules
         from whetstone.library_store.traces import TraceQuery
 
         st, ctx = self.state, self.context
@@ -473,7 +482,6 @@ class _Run:
             return p
         proposal = reply.value
         tool = given[proposal.tool]
-        from whetstone.tools.base import Toolbox
 
         box = Toolbox.of([tool])
         self._test(proposal, lambda args: box.call(tool.name, args), image_params(tool))
@@ -487,8 +495,6 @@ class _Run:
 
     async def _make(self) -> Proposal:
         """The tool maker (``whetstone.engine.methods.dynamo.maker``) on the failed training tasks."""
-        from whetstone.engine.methods.dynamo.maker import ToolMaker
-
         st = self.state
         maker = ToolMaker(self.cfg, self.analyst, st.analyst, st.repairs,
                           call_tool=self._run_learned, taken=self._tool_taken())
@@ -497,20 +503,17 @@ class _Run:
     # -- tools ------------------------------------------------------------------------------
 
     def _images(self) -> ImageFiles:
-        from whetstone.tools.images import ImageFiles
-
         roots = {str(Path(t.image).resolve().parent) for t in self.tasks.values() if t.image}
         out = (self.saved.folder / "tool-images" if self.saved is not None
                else Path(ImageFiles.temporary().out_dir))
         return ImageFiles(out, tuple(Path(r) for r in sorted(roots)))
 
     def _run_learned(self, definition: Any, args: dict[str, Any]) -> Any:
-        from whetstone.tools.learned_run import run_learned
-
         return run_learned(definition, args, images=self.images, sandbox=self.method.sandbox,
                            timeout_s=self.cfg.test_timeout_s)
 
     def _test(self, proposal: Proposal, call: Any, image_params: Sequence[str]) -> None:
+        # lazy: loads filelock and 41 more of our modules
         from whetstone.engine.evaluation.scorers import get_scorer
 
         def score(output: str, task_id: str) -> float:
@@ -527,9 +530,8 @@ class _Run:
     def _given_tools(self) -> dict[str, Tool]:
         """The ``toolset`` tools by name: built-in, visual, learned, or the agent's own."""
         if self._given is None:
+            # lazy: loads filelock and 38 more of our modules
             from whetstone.engine.runtime.library_tools import library_tools
-            from whetstone.tools.builtin import builtin_tools
-            from whetstone.tools.visual import visual_tools
 
             known: dict[str, Tool] = {t.name: t for t in builtin_tools()}
             known.update({t.name: t for t in visual_tools(self.images)})
@@ -553,6 +555,7 @@ class _Run:
         return sorted(names | {p.split("/")[1] for p in self.state.changes})
 
     def _tool_taken(self) -> set[str]:
+        # lazy: loads filelock and 38 more of our modules
         from whetstone.engine.runtime.library_tools import reserved_tool_names, script_tool_name
 
         paths = [*self.texts, *self.state.changes]
@@ -561,8 +564,6 @@ class _Run:
 
     def _finish(self, proposals: list[Proposal], round_no: int) -> list[Proposal]:
         """Unique names, files for the kept ones, each checked against the skill rules."""
-        from whetstone.skills.format import check_skill_files
-
         taken = set(self._skill_names())
         for i, p in enumerate(proposals):
             if p.kind == "reasoning" and not p.reason:
@@ -575,8 +576,6 @@ class _Run:
             taken.add(p.skill)
             params, source = None, None  # a given tool's schema, and where it comes from
             if p.kind == "task_tool":
-                from whetstone.engine.methods.dynamo.maker import task_tool_files
-
                 p.files = task_tool_files(p, round_no=round_no, questions={
                     i: t.prompt for i, t in self.tasks.items()})
             elif p.tool:

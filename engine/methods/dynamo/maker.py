@@ -52,10 +52,12 @@ from whetstone.engine.methods.dynamo.parts import (
     code_block,
     skill_name,
 )
+from whetstone.engine.methods.dynamo.sandbox import allowed_modules
 from whetstone.engine.prompts import render_prompt
 from whetstone.engine.types import Skill
 from whetstone.skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
 from whetstone.tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
+from whetstone.tools.validate import ALLOWED_MODULES
 
 if TYPE_CHECKING:
     from whetstone.engine.evaluation.tasks import TaskRecord
@@ -156,8 +158,6 @@ def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, s
 
 def _unimported_modules(tree: ast.Module) -> list[str]:
     """Allowed modules the code uses by name (``re.sub``) but never imports or binds."""
-    from whetstone.tools.validate import ALLOWED_MODULES
-
     bound: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -365,6 +365,7 @@ class ToolMaker:
 
     def _run(self, definition: ToolDefinition, task: TaskRecord) -> ToolTest:
         """One sandboxed call of the tool on ``task``, scored by the task's own scorer."""
+        # lazy: loads filelock and 41 more of our modules
         from whetstone.engine.evaluation.scorers import get_scorer
 
         test = ToolTest(task.id, {})
@@ -530,8 +531,6 @@ def _closeness(tests: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> fl
 
 
 def _modules() -> str:
-    from whetstone.engine.methods.dynamo.sandbox import allowed_modules
-
     return allowed_modules()
 
 

@@ -26,6 +26,7 @@ from whetstone.engine.methods.dynamo.parts import (
 from whetstone.engine.prompts import render_prompt
 from whetstone.engine.types import Skill
 from whetstone.skills.format import render_skill_md
+from whetstone.tools.learned import define_tool
 from whetstone.tools.validate import ALLOWED_MODULES
 
 if TYPE_CHECKING:
@@ -161,8 +162,6 @@ def image_params(tool: Tool) -> list[str]:
 
 def source_parameters(p: Proposal) -> dict[str, Any]:
     """The JSON schema of a proposed tool's parameters, read from its code."""
-    from whetstone.tools.learned import define_tool
-
     definition, _ = define_tool(p.source, name=p.tool, skill=p.skill)
     return definition.spec.parameters if definition is not None else {}
 

@@ -42,6 +42,7 @@ from whetstone.engine.methods.horizon.controller import (
     record_from_trace,
 )
 from whetstone.engine.runtime.plugins import MethodEnv, Plugin
+from whetstone.library_store import embeddings
 
 if TYPE_CHECKING:
     from whetstone.engine.runtime.state import AgentState, RunConfig
@@ -163,9 +164,7 @@ class ElasticHorizon(Plugin):
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         if self._embedder is None:
-            from whetstone.library_store.embeddings import query_embedder
-
-            self._embedder = query_embedder(threads=1)
+            self._embedder = embeddings.query_embedder(threads=1)
         return np.asarray(self._embedder.embed(texts), dtype=np.float32)
 
     # -- the trace -------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def eager_attention(model: Any, needed: bool) -> Iterator[None]:
 
 def next_token_entropy(logits: Any) -> Any:
     """Entropy (nats) of each next-token distribution: ``(..., V) -> (...)``."""
-    import torch
+    import torch  # heavy: torch
 
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
@@ -130,7 +130,7 @@ def image_attention_mass(attentions: Sequence[Any], image_mask: Any, rows: Any) 
     ``attentions``: per layer ``(1, H, T, T)``; ``image_mask``: ``(T,)`` bool; ``rows``: ``(k,)``
     absolute query positions. Returns ``(k,)``.
     """
-    import torch
+    import torch  # heavy: torch
 
     per_layer = [a[0][:, rows][:, :, image_mask].sum(-1) for a in attentions]  # each (H, k)
     return torch.stack(per_layer).float().mean(dim=(0, 1))  # (k,)
@@ -138,7 +138,7 @@ def image_attention_mass(attentions: Sequence[Any], image_mask: Any, rows: Any) 
 
 def top_positions(scores: Any, m: int) -> Any:
     """Indices of the ``m`` largest scores, ascending (ties: the earlier position)."""
-    import torch
+    import torch  # heavy: torch
 
     order = torch.argsort(scores, descending=True, stable=True)
     return order[:min(m, scores.numel())].sort().values

@@ -132,7 +132,7 @@ class SelfReward:
         self.verdicts = (self.yes_ids[0], self.no_ids[0])
 
     def __call__(self, ctx: RewardContext) -> Any:
-        import torch
+        import torch  # heavy: torch
 
         suffix = torch.tensor([self.suffix], device=ctx.prompt_ids.device)
         ids = torch.cat([ctx.prompt_ids, ctx.answer_ids, suffix], dim=1)  # (1, P + n + s)

@@ -51,6 +51,8 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
+from whetstone.engine.backends.chat_template import template_supports_tools
+from whetstone.engine.backends.local_text import completion_from_tokens, prompt_text
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.methods.latent.hooks import (
     LatentHooks,
@@ -219,9 +221,6 @@ class LatentRefiner:
         one the transformers backend renders (tools in the template when it has them);
         ``initial``: the answer the backend already gave, refined instead of decoding a new
         one. The completion reads like the backend's (stop strings cut, tool calls parsed)."""
-        from whetstone.engine.backends.chat_template import template_supports_tools
-        from whetstone.engine.backends.local_text import completion_from_tokens, prompt_text
-
         if request.max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1 (got {request.max_tokens})",
                               hint="ask for a positive number of tokens")
@@ -248,7 +247,7 @@ class LatentRefiner:
         (EOS included when it ended) and the record. ``model_inputs`` go to every forward
         (``pixel_values`` ...); ``image_token_id`` defaults to the model config's;
         ``initial``: the plain answer's ids (default: decoded greedily here)."""
-        import torch
+        import torch  # heavy: torch
 
         rec = RefineRecord()
         start = time.perf_counter()
@@ -279,7 +278,7 @@ class LatentRefiner:
     def _search(self, hooks: LatentHooks, x: Any, answer: Any, max_new: int,
                 extra: dict[str, Any], image_token_id: int | None, rec: RefineRecord) -> Any:
         """Steps 2-5 of the module docstring; returns the best answer."""
-        import torch
+        import torch  # heavy: torch
 
         cfg = self.config
         body = self._body(answer)
@@ -330,7 +329,7 @@ class LatentRefiner:
 
     def select(self, z: Any, m: int, image_mass: Any = None) -> dict[str, Any]:
         """Window positions per feedback role: ``{role: (k,) ascending}``."""
-        import torch
+        import torch  # heavy: torch
 
         out = {}
         for role in dict.fromkeys(r.role for r in self.rewards):
@@ -344,7 +343,7 @@ class LatentRefiner:
 
     def anchor_loss(self, z: Any, z0: Any, sel: Mapping[str, Any]) -> Any:
         """``anchor/2 * ||z_j - z0_j||^2`` over the window positions no role selected."""
-        import torch
+        import torch  # heavy: torch
 
         free = torch.ones(z.shape[1], dtype=torch.bool, device=z.device)  # (W,)
         for pos in sel.values():
@@ -354,7 +353,7 @@ class LatentRefiner:
     def window_tokens(self, z: Any, z0: Any, start_tokens: Any) -> Any:
         """(1, W) tokens read from the latents: argmax of the LM head, never EOS; a position
         whose latent is still exactly its start keeps the plain answer's token."""
-        import torch
+        import torch  # heavy: torch
 
         with torch.no_grad():
             logits = self._head(z).float()  # (1, W, V)
@@ -388,7 +387,7 @@ class LatentRefiner:
     def _soft_forward(self, hooks: LatentHooks, z: Any, pos: Any, body: Any,
                       extra: dict[str, Any], differentiable: bool, rec: RefineRecord,
                       ids: Any, offset: int) -> Any:
-        import torch
+        import torch  # heavy: torch
 
         rec.forward += 1
         rec.forward_tokens += int(ids.shape[1])
@@ -410,7 +409,7 @@ class LatentRefiner:
 
     def _log_pi(self, z: Any, pos: Any, body: Any) -> Any:
         """log p(a_i | z_i) at ``pos``: (1, k)."""
-        import torch
+        import torch  # heavy: torch
 
         logp = torch.log_softmax(self._head(z[:, pos, :]).float(), dim=-1)  # (1, k, V)
         return logp.gather(-1, body[:, pos].unsqueeze(-1)).squeeze(-1)
@@ -419,7 +418,7 @@ class LatentRefiner:
                 image_token_id: int | None, rec: RefineRecord) -> tuple[Any, Any]:
         """The window's starting latents (1, W, d) in fp32 and, for visual feedback, each
         window state's attention mass on image tokens (W,)."""
-        import torch
+        import torch  # heavy: torch
 
         visual = any(r.role == "visual" for r in self.rewards)
         ids = torch.cat([x, body], dim=1)  # (1, P + n)
@@ -454,7 +453,7 @@ class LatentRefiner:
 
     def _generate(self, ids: Any, max_new: int, extra: dict[str, Any]) -> Any:
         """Greedy continuation of ``ids`` (1, T): the new tokens (1, n)."""
-        import torch
+        import torch  # heavy: torch
 
         if max_new <= 0:
             return ids.new_zeros((1, 0))

@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from whetstone.engine.backends.registry import BackendOptions
 from whetstone.engine.errors import ConfigError, LibraryError
 from whetstone.engine.methods.base import CommandKit
 
@@ -100,8 +101,6 @@ def commands(kit: CommandKit) -> list[click.Command]:
         """Check an answer claim by claim against evidence: a proposer turns it into questions, a
         checker that never sees the answer answers them from the evidence, and claims whose
         answers disagree (or that the evidence cannot settle) are flagged."""
-        from whetstone.engine.backends.registry import BackendOptions
-
         given = _evidence(evidence)
         out = kit.console(stderr=True)
         with out.status(f"loading {model} …", spinner="dots"):

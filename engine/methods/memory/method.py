@@ -130,10 +130,10 @@ class MemoryPlugin(Plugin):
 
     def __init__(self, library: Library, config: MemoryRunConfig | None = None, *,
                  snapshot: Snapshot | None = None, embedder: Embedder | None = None) -> None:
-        from whetstone.skills.examples import ExampleRetriever
+        from whetstone.skills.examples import ExampleRetriever  # lazy: loads numpy
 
         if embedder is None:
-            from whetstone.library_store.embeddings import query_embedder
+            from whetstone.library_store.embeddings import query_embedder  # lazy: loads numpy
 
             embedder = query_embedder(threads=1)
         self.library = library

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.evaluation.tasks import tasks_from_traces
 from whetstone.engine.methods.analyst import AnalystStats
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
 from whetstone.engine.methods.nlpg.backward import (
@@ -230,8 +231,6 @@ class NLPG:
                            analyst.count_tokens)
 
     def _plan(self, traces: Sequence[Trace], context: EvolveContext) -> _Plan:
-        from whetstone.engine.evaluation.tasks import tasks_from_traces
-
         can_run = context.make_solver is not None and context.store is not None
         pool: list[TaskRecord] = []
         if can_run:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.answer_text import answer_span
+from whetstone.engine.evaluation.answers import extract_number, normalise
+from whetstone.engine.evaluation.scorers import tool_calls_of
 from whetstone.engine.methods.base import knob
 from whetstone.engine.runtime.plugins import Plugin, SolveFn
 
@@ -54,9 +56,6 @@ def _canonical_number(value: float) -> str:
 
 def vote_of(trace: Trace, task: TaskRecord | None = None) -> str | None:
     """What ``trace`` votes for: a canonical text of its answer, None when it gave none."""
-    from whetstone.engine.evaluation.answers import extract_number, normalise
-    from whetstone.engine.evaluation.scorers import tool_calls_of
-
     if task is not None and task.tools:
         names = {str((t.get("function") or t).get("name")) for t in task.tools}
         calls = [(n, a) for n, a in tool_calls_of(trace) if n in names]

@@ -69,7 +69,7 @@ def map_on_ray(t2s: BatchAnalyst, batches: Sequence[list[Trace]], base: Mapping[
                analyst: Backend, labels: Mapping[str, str] | None) -> list[SkillPatch | None]:
     """Analyse every batch on Ray with ``t2s.config.workers`` actors; results in batch order."""
     try:
-        import ray
+        import ray  # optional extra: ray
     except ImportError:
         raise ModelNotInstalled(
             "--executor ray needs the 'ray' package",
