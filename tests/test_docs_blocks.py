@@ -199,6 +199,11 @@ def test_the_readme_tour_runs_as_written(home: Path, tmp_path: Path) -> None:
             fills["<trace-id>"] = next(r["id"] for r in rows if r["outcome"] == "interrupted")
         if command.startswith("whetstone traces show"):
             fills["<trace-id>"] = json.loads(invoke(["traces", "ls", "--json"]))[-1]["id"]
+        if command.startswith("whetstone traces import chat-log.jsonl"):  # a team's log
+            Path("chat-log.jsonl").write_text(json.dumps({
+                "id": "req-1", "expected": "42", "score": 1,
+                "messages": [{"role": "user", "content": "What is 12 + 30?"},
+                             {"role": "assistant", "content": "42"}]}) + "\n")
         if command == "whetstone library import skills/":  # a folder of skills to import
             Path("skills/word-math").mkdir(parents=True)
             Path("skills/word-math/SKILL.md").write_text(
@@ -238,6 +243,9 @@ def test_the_readme_tour_runs_as_written(home: Path, tmp_path: Path) -> None:
             invoke(["library", "commit", "-m", f"add {args[2]}"])
         ran.append(args[0])
     assert {"run", "eval", "evolve", "serve", "mcp", "corpus", "verify", "data"} <= set(ran)
+    spans = Path("spans.jsonl").read_text()  # the --otel-file lines wrote their spans
+    assert '"whetstone.run"' in spans and '"whetstone.chat"' not in spans  # serve answered none
+    assert json.loads(invoke(["traces", "ls", "--kind", "import", "--json"]))
 
 
 def test_the_readme_scorer_example_runs(home: Path) -> None:
