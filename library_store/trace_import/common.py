@@ -15,15 +15,15 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from whetstone.engine.types import Outcome, Step, Trace
 from whetstone.library_store.trace_build import SOURCE_KEY, make_trace
 
 KIND = "import"  # the trace kind (trace_build.TRACE_KINDS) of every imported trace
 ORIGIN = "origin"  # meta key holding where a trace came from
-OUTCOMES: tuple[str, ...] = ("answered", "horizon", "budget", "timeout", "interrupted",
-                             "error")
+# How a finished run may end: the Outcome type's values, less the mark of a run in progress.
+OUTCOMES: tuple[str, ...] = tuple(o for o in get_args(Outcome) if o != "running")
 MAX_COMMENT_CHARS = 4_000  # as /v1/feedback keeps (engine/server/exchange.py)
 # A label that is a verdict becomes a score (1 good, 0 bad); any other label is kept as the
 # feedback's comment: a word such as "positive" is read the same from every tool that wrote it.
