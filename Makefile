@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox mcp-servers demo test test-fast test-real bench lint clean
+.PHONY: install sandbox mcp-servers phoenix demo test test-fast test-real bench lint clean
 
 install: $(STAMP) sandbox mcp-servers
 
@@ -68,9 +68,16 @@ test-fast: $(STAMP) sandbox mcp-servers
 # Against real model servers: llama.cpp's when one answers on 127.0.0.1:$$LLAMACPP_PORT (8081;
 # `scripts/real_upstreams.sh llamacpp` builds, starts and tests it), vLLM's or another when
 # WHETSTONE_TEST_VLLM / WHETSTONE_TEST_OPENAI names it; skipped, with the reason, otherwise.
-test-real: $(STAMP) sandbox
-	$(PY) -m pytest -q -rs -m slow tests/test_real_upstreams.py \
-	  tests/test_agent_vs_direct_server.py $(PYTEST_ARGS)
+# Also against a real Arize Phoenix (tests/test_phoenix_real.py, ~14 s), in the virtualenv
+# `make phoenix` makes. `make test` and CI never install Phoenix, and skip that file.
+test-real: $(STAMP) sandbox phoenix
+	WHETSTONE_TEST_PHOENIX=1 $(PY) -m pytest -q -rs -m slow tests/test_real_upstreams.py \
+	  tests/test_agent_vs_direct_server.py tests/test_phoenix_real.py $(PYTEST_ARGS)
+
+# arize-phoenix (pinned, ~140 packages) in .cache/phoenix-venv, for test-real only. Best
+# effort: where it cannot be installed, its tests are skipped with the reason.
+phoenix:
+	@scripts/phoenix.sh || echo "Phoenix could not be installed: tests/test_phoenix_real.py is skipped"
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

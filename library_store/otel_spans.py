@@ -215,9 +215,12 @@ def _step_span(step: Step, index: int, trace: Trace, root: int, content: bool,
         kind = "internal"
         if step.tokens:
             attrs["whetstone.step.tokens"] = step.tokens
-        if content:
-            attrs["input.value"] = _json(step.input)
-            attrs["output.value"] = _json(step.output)
+        if content:  # a step without an input or output has none (not "null", as
+            # Phoenix showed a `finish` step's input)
+            if step.input is not None:
+                attrs["input.value"] = _json(step.input)
+            if step.output is not None:
+                attrs["output.value"] = _json(step.output)
     attrs.update({"whetstone.step.index": index, "whetstone.step.kind": step.kind,
                   "whetstone.step.module": step.module})
     start = min(max(_ns(step.started), bounds[0]), bounds[1])

@@ -2,8 +2,9 @@
 ``import`` traces that keep their origin, scores and labels become feedback, malformed records
 are listed and skipped, a re-import stores nothing twice, and ``evolve memory`` learns from the
 imported traces with the gate run on their tasks (OTLP JSON, an OpenAI log of 200 records, a
-LangSmith export). The Phoenix reader is tested against a stand-in on 127.0.0.1 serving the
-shape Phoenix's REST API documents, not a real Phoenix."""
+LangSmith export). The Phoenix reader is tested here against a stand-in on 127.0.0.1 serving the
+shape a real Phoenix (20.26.1) serves, and against the real one in tests/test_phoenix_real.py
+(``make test-real``)."""
 
 from __future__ import annotations
 
@@ -310,11 +311,22 @@ def phoenix() -> Iterator[tuple[str, list[str]]]:
                 body: Any = {"data": SPANS[:2] if page == 0 else SPANS[2:],
                              "next_cursor": "next" if page == 0 else None}
             elif url.path == "/v1/projects/demo/span_annotations":
+                if not {"s1", "s3"} & set(query.get("span_ids", [])):
+                    # Phoenix's answer when none of the ids is a span of the project
+                    self.send_error(404, "None of the supplied span_ids exist in this project")
+                    return
                 body = {"data": [{"span_id": "s1", "name": "correctness",
                                   "annotator_kind": "HUMAN",
                                   "result": {"score": 1.0, "label": "correct",
                                              "explanation": "checked"}}
                                  ] if "s1" in query.get("span_ids", []) else [],
+                        "next_cursor": None}
+            elif url.path == "/v1/projects/demo/trace_annotations":
+                # an annotation on the whole trace, read where its root span has none
+                body = {"data": [{"trace_id": "t2", "name": "review", "annotator_kind": "HUMAN",
+                                  "result": {"score": None, "label": "thumbs_up",
+                                             "explanation": None}}
+                                 ] if "t2" in query.get("trace_ids", []) else [],
                         "next_cursor": None}
             else:
                 self.send_error(404)
@@ -356,8 +368,10 @@ def test_phoenix_project_spans_import_with_their_annotations(
     assert prime.meta["origin"]["format"] == "phoenix" and prime.meta["origin"]["key"] == \
         "otlp:t1"
     hi = by_task["Say hi"]
-    assert hi.answer == "hi" and hi.score is None and [s.kind for s in hi.steps] == [
-        "think", "finish"]
+    assert hi.answer == "hi" and [s.kind for s in hi.steps] == ["think", "finish"]
+    assert hi.score == 1.0  # its trace's annotation, a verdict word
+    assert any("trace_annotations" in p and "trace_ids=t2" in p for p in asked)
+    assert not any("trace_ids=t1" in p for p in asked)  # t1's root span had one
     again = run("traces", "import", "--phoenix", url, "--project", "demo", "--library",
                 str(lib), "--json")
     assert json.loads(again[1])["duplicates"] == 2

@@ -1,14 +1,16 @@
 """A Phoenix server's spans, read over its REST API.
 
 ``GET {url}/v1/projects/{project}/spans?limit=1000&cursor=...`` returns ``{"data": [span],
-"next_cursor": ...}``; a span is ``{"name", "context": {"trace_id", "span_id"}, "span_kind",
-"parent_id", "start_time", "end_time", "status_code", "status_message", "attributes"}`` with
-the attributes flattened (``llm.input_messages.0.message.role``) and the OpenInference span
-kind moved out of them into ``span_kind``. The root spans' annotations
-(``GET {url}/v1/projects/{project}/span_annotations?span_ids=...``, ``{"data": [{"span_id",
-"name", "result": {"score", "label", "explanation"}}]}``) give the score. This is the shape
-Phoenix's own server code documents (``src/phoenix/server/api/routers/v1/spans.py``); it has
-been tested against a stand-in serving that shape, not against a running Phoenix.
+"next_cursor": ...}``; a span is ``{"id", "name", "context": {"trace_id", "span_id"},
+"span_kind", "parent_id", "start_time", "end_time", "status_code", "status_message",
+"attributes", "events"}`` with the attributes flattened (``llm.input_messages.0.message.role``)
+and the OpenInference span kind moved out of them into ``span_kind``. Annotations give the
+score: the root spans' (``GET {url}/v1/projects/{project}/span_annotations?span_ids=...``),
+else the trace's (``.../trace_annotations?trace_ids=...``), each ``{"data": [{"span_id" or
+"trace_id", "name", "result": {"score", "label", "explanation"}}], "next_cursor"}``; a 404
+there means none (Phoenix answers 404 when none of the ids asked about has any). This is the
+shape Phoenix 20.26.1 serves (its ``/openapi.json``); tests/test_phoenix_real.py reads a
+real server, tests/test_traces_import.py a stand-in of the same shape.
 ``PHOENIX_API_KEY``, when set, is sent as a bearer token.
 """
 
@@ -107,33 +109,55 @@ def _pages(base: str, fetch: Fetch) -> Iterator[Any]:
             return
 
 
-def _annotate(spans: list[Span], base: str, fetch: Fetch, notes: list[str]) -> None:
-    """Put the root spans' annotations on them as ``whetstone.score``/``verdict``/``feedback``
-    (what the trace's own attributes do not already say)."""
-    roots = {s.span_id: s for s in spans if not s.parent_id}
-    ids = list(roots)
+def _annotations(url: str, key: str, ids: list[str], fetch: Fetch,
+                 notes: list[str]) -> dict[str, list[Mapping[str, Any]]]:
+    """The annotations with a result at ``url`` (``span_annotations`` or ``trace_annotations``)
+    for ``ids``, by the id under ``key``; every page, 100 ids a request."""
     found: dict[str, list[Mapping[str, Any]]] = {}
     for i in range(0, len(ids), 100):
-        query = urllib.parse.urlencode([("span_ids", x) for x in ids[i:i + 100]]
-                                       + [("limit", PAGE)])
-        try:
-            page = fetch(f"{base}/span_annotations?{query}")
-        except (ConfigError, NotFound) as exc:
-            notes.append(f"annotations not read: {exc.message}")
-            return
-        for a in page.get("data") or () if isinstance(page, Mapping) else ():
-            if isinstance(a, Mapping) and isinstance(a.get("result"), Mapping):
-                found.setdefault(str(a.get("span_id")), []).append(a)
-    for span_id, notes_of in found.items():
+        cursor: str | None = None
+        while True:
+            query = urllib.parse.urlencode([(f"{key}s", x) for x in ids[i:i + 100]]
+                                           + [("limit", PAGE)]
+                                           + ([("cursor", cursor)] if cursor else []))
+            try:
+                page = fetch(f"{url}?{query}")
+            except NotFound:
+                break  # Phoenix's answer when none of these ids has an annotation
+            except ConfigError as exc:
+                notes.append(f"annotations not read: {exc.message}")
+                return found
+            if not isinstance(page, Mapping):
+                break
+            for a in page.get("data") or ():
+                if isinstance(a, Mapping) and isinstance(a.get("result"), Mapping):
+                    found.setdefault(str(a.get(key)), []).append(a)
+            cursor = page.get("next_cursor")
+            if not cursor or not page.get("data"):
+                break
+    return found
+
+
+def _annotate(spans: list[Span], base: str, fetch: Fetch, notes: list[str]) -> None:
+    """Put the annotations of each root span (else of its trace) on the root as
+    ``whetstone.score``/``verdict``/``feedback`` (what its own attributes do not say)."""
+    roots = {s.span_id: s for s in spans if not s.parent_id}
+    by_span = _annotations(f"{base}/span_annotations", "span_id", list(roots), fetch, notes)
+    rest = sorted({s.trace_id for s in roots.values() if s.span_id not in by_span})
+    by_trace = _annotations(f"{base}/trace_annotations", "trace_id", rest, fetch,
+                            notes) if rest else {}
+    for root in roots.values():
+        notes_of = by_span.get(root.span_id) or by_trace.get(root.trace_id)
+        if not notes_of:
+            continue
         pick = next((a for n in _SCORE_NAMES for a in notes_of if a.get("name") == n),
                     notes_of[0])
         result = pick["result"]
-        attrs = roots[span_id].attrs if span_id in roots else {}
         for key, value in (("whetstone.score", result.get("score")),
                            ("whetstone.verdict", result.get("label")),
                            ("whetstone.feedback", result.get("explanation"))):
-            if value is not None and key not in attrs:
-                attrs[key] = value
+            if value is not None and key not in root.attrs:
+                root.attrs[key] = value
 
 
 def read_phoenix(url: str, project: str, skipped: list[str], notes: list[str],
