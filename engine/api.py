@@ -15,13 +15,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from whetstone.engine.backends import auto_concurrency, packaged
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.registry import BackendOptions, get_backend
+from whetstone.engine.backends.registry import default_registry as default_backends
 from whetstone.engine.errors import ConfigError, NotFound
 from whetstone.engine.evaluation.agent_solver import agent_solver
+from whetstone.engine.evaluation.benchmarks import load_tasks
 from whetstone.engine.evaluation.direct import direct_solver
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
-from whetstone.engine.evaluation.runner import Solver
+from whetstone.engine.evaluation.runner import Solver, with_concurrency
 from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, Verification, default_registry
 from whetstone.engine.paths import whetstone_home
@@ -32,10 +35,11 @@ from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches, chat_skil
 from whetstone.engine.server.client import WrappedClient, wrap_client
 from whetstone.engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from whetstone.engine.types import Message, Trace
+from whetstone.library_store import embeddings
 from whetstone.library_store.corpus import Corpus
 from whetstone.library_store.otel_export import OtelSettings, otel_sinks
 from whetstone.library_store.store import Library, Snapshot
-from whetstone.library_store.traces import TraceSink, TraceStore
+from whetstone.library_store.traces import TraceQuery, TraceSink, TraceStore, parse_trace_filter
 from whetstone.tools.base import Tool
 from whetstone.tools.toolset import ToolSet
 
@@ -215,12 +219,10 @@ class Engine:
 
     def corpus(self, name: str | None = None) -> Corpus:
         """The library's evidence corpus ``name`` (default: ``corpus``), opened once."""
-        from whetstone.library_store.embeddings import query_embedder
-
         name = name or self.corpus_name
         if name not in self._corpora:
             self._corpora[name] = Corpus.of_library(self.library_path, name,
-                                                    query_embedder(threads=1))
+                                                    embeddings.query_embedder(threads=1))
         return self._corpora[name]
 
     def _tool_list(self) -> list[Tool]:
@@ -250,9 +252,6 @@ class Engine:
         system message; a method with a hook that needs the loop (a node before each decision
         or before finishing, a wrapped model call) is a ``ConfigError`` there. Tagged with the
         backend's batch for ``-j auto``."""
-        from whetstone.engine.backends import auto_concurrency
-        from whetstone.engine.evaluation.runner import with_concurrency
-
         n, ordered = auto_concurrency(self.backend), self.backend.capabilities.ordered
         if check_solver(kind or self.solver_kind) == "agent":
             agent = self.build_agent(snapshot=snapshot, store_traces=False)
@@ -313,10 +312,8 @@ class Engine:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
         kept as a candidate) unless ``allow_errors``.
         """
-        from whetstone.engine.backends import auto_concurrency
-        from whetstone.engine.evaluation.benchmarks import load_tasks
+        # lazy: the evolve path loads yaml and 9 more of our modules
         from whetstone.engine.evolution.pipeline import evolve
-        from whetstone.library_store.traces import TraceQuery, parse_trace_filter
 
         if concurrency is None:
             concurrency = auto_concurrency(self.backend)
@@ -468,7 +465,7 @@ class Engine:
     def app(self, **server_options: Any) -> Any:
         """The OpenAI-compatible server app for this engine: library applied, traces recorded
         (``whetstone.engine.server.create_app`` options: ``api_keys``, ``max_queue`` ...)."""
-        from whetstone.engine.server import create_app
+        from whetstone.engine.server import create_app  # heavy: FastAPI, pydantic, starlette
 
         server_options.setdefault("adapter", self.chat_adapter())
         server_options.setdefault("traces", self.traces)
@@ -560,9 +557,7 @@ def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
     """Every backend spec, installed or not, how to install it and which engine generates
     its text (``whetstone models``). Local families list one row per engine: the default
     under the plain spec, the others as ``<spec>@<engine>``."""
-    from whetstone.engine.backends.registry import default_registry
-
-    reg = registry or default_registry()
+    reg = registry or default_backends()
     rows: list[Mapping[str, Any]] = []
     for entry in reg.entries():
         for spec in entry.variants or (entry.example,):
@@ -584,10 +579,6 @@ def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
 
 def _packaged_status(spec: str) -> tuple[bool, str] | None:
     """Installed state of one packaged model, if the packaged-model table knows it."""
-    try:
-        from whetstone.engine.backends import packaged
-    except ImportError:
-        return None
     name = spec.partition(":")[2] or "qwen-0.5b"
     model = packaged.PACKAGED_MODELS.get(name)
     if model is None:

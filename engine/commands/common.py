@@ -15,6 +15,7 @@ from typing import Any, Self, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import ProgressColumn, Task
 from rich.text import Text
 
@@ -22,8 +23,11 @@ from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the
     EXIT_INTERRUPTED,
     EXIT_NO_ANSWER,
     EXIT_PARTIAL,
+    ConfigError,
     WhetstoneError,
 )
+from whetstone.engine.methods.base import options_from_text
+from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.paths import whetstone_home
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,8 +86,6 @@ class _LogHandler(logging.Handler):
         self.named = named
 
     def emit(self, record: logging.LogRecord) -> None:
-        from rich.markup import escape
-
         try:
             name = f"{record.name}: " if self.named else ""
             text = escape(name + self.format(record))
@@ -102,8 +104,6 @@ def configure_logging(verbose: int, quiet: bool, env_level: str | None) -> int:
     """Set the level of the ``whetstone`` logger (every logger of ours is under it) for one
     command: ``-q`` errors only, ``-v`` info, ``-vv`` debug, else ``WHETSTONE_LOG_LEVEL``,
     else warnings. Returns the level."""
-    from whetstone.engine.errors import ConfigError
-
     if verbose and quiet:
         raise ConfigError("-v and -q cannot be combined", hint="give one of them")
     if quiet:
@@ -139,8 +139,6 @@ def emit_json(obj: Any) -> None:
 
 def fail(exc: WhetstoneError) -> None:
     """Print an error the way every command does and exit with its code."""
-    from rich.markup import escape
-
     err = _error_console()  # never silenced by -q
     # Escape: messages hold "[rule]" tags and raw model output that rich must not eat.
     err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
@@ -230,8 +228,6 @@ class MethodGroup(_WithMethodShortcuts, click.Group):
 
 
 def _shortcut_params() -> list[click.Parameter]:
-    from whetstone.engine.methods.registry import default_registry
-
     params: list[click.Parameter] = []
     for method, opt in default_registry().knob_options():
         def remember(ctx: click.Context, _: click.Parameter, value: str | None,
@@ -296,10 +292,6 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
                   ) -> list[tuple[str, dict[str, Any]]]:
     """``--methods`` and ``--method-config`` as ``Engine(methods=...)`` takes them; unknown
     names and badly written settings are a ``ConfigError``."""
-    from whetstone.engine.errors import ConfigError
-    from whetstone.engine.methods.base import options_from_text
-    from whetstone.engine.methods.registry import default_registry
-
     names = [n.strip() for n in methods.split(",") if n.strip()]
     raw: dict[str, dict[str, str]] = {n: {} for n in names}
     for item in method_config:
@@ -356,6 +348,7 @@ class SkillScore(click.ParamType):
 
 def skills_options(k_help: str, score_help: str) -> Callable[[F], F]:
     """``--skills-k`` and ``--skills-min-score``, with the skills method's own defaults."""
+    # lazy: loads filelock and 40 more of our modules
     from whetstone.engine.runtime.skills_plugin import SkillsConfig
 
     defaults = SkillsConfig()
@@ -391,7 +384,7 @@ def web_options(fn: F) -> F:
 
 def check_exposed_bind(host: str, keys: frozenset[str], insecure: bool, command: str) -> None:
     """Refuse to listen beyond this machine with no API key, unless ``--insecure``."""
-    from whetstone.engine.errors import ConfigError
+    # lazy: the server package, `whetstone --help` imports every command module
     from whetstone.engine.server.hosts import is_loopback
 
     if keys or insecure or is_loopback(host):
@@ -412,6 +405,7 @@ def otel_options(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, otel: bool, otel_content: bool, otel_file: Path | None,
                 **kwargs: Any) -> Any:
+        # lazy: `whetstone --help` imports every command module
         from whetstone.library_store.otel_export import otel_settings
 
         settings = (otel_settings(content=True if otel_content else None, file=otel_file,

@@ -57,6 +57,7 @@ from whetstone.engine.evaluation.results import (
 from whetstone.engine.evaluation.runner import Solver, evaluate, solver_concurrency
 from whetstone.engine.evaluation.scorers import USER_SCORER_HELP
 from whetstone.engine.evaluation.tasks import TaskSet
+from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore
 
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
@@ -71,6 +72,7 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], s
     factory = obj.get("solver_factory")
     if factory is not None:
         return factory
+    # lazy: numpy and 33 more of our modules; `whetstone --help` imports every command module
     from whetstone.engine.api import solver_factory
 
     chosen = parse_methods(methods, method_config)
@@ -260,9 +262,8 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         raise EvalError(f"task set {tasks_spec!r} selects no task",
                         hint="check the split and slice bounds")
     library = library_path or default_library_path()
-    from whetstone.library_store.store import Library
-
     store = Library(library).traces  # bounded as its library.json says, as every writer is
+    # lazy: `whetstone --help` imports every command module
     from whetstone.library_store.otel_export import otel_sinks
 
     for sink in otel_sinks(otel):  # each scored task as spans (issue 39); flushed at the end

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from whetstone.engine.backends.registry import BackendOptions
 from whetstone.engine.commands.common import (
     EXIT_NO_ANSWER,
     MethodCommand,
@@ -24,6 +25,8 @@ from whetstone.engine.commands.common import (
 from whetstone.engine.commands.display import print_result, print_step
 from whetstone.engine.commands.tool_options import tool_options
 from whetstone.engine.commands.traces import trace_store
+from whetstone.engine.errors import BackendError, ConfigError
+from whetstone.engine.runtime import RunConfig, RunFinished, StepEvent, new_trace_id
 
 
 @click.command("run", cls=MethodCommand)
@@ -63,10 +66,8 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
         api_key: str | None, methods: str, method_config: tuple[str, ...],
         as_json: bool, agent_tools: list[Any], otel: Any) -> None:
     """Run an agent on TASK and stream its steps; the trace is stored."""
+    # lazy: numpy and 78 more of our modules; `whetstone --help` imports every command module
     from whetstone.engine.api import Engine
-    from whetstone.engine.backends.registry import BackendOptions
-    from whetstone.engine.errors import BackendError, ConfigError
-    from whetstone.engine.runtime import RunConfig
 
     if not task and not resume_id:
         raise ConfigError("give a TASK or --resume ID", hint='whetstone run "What is 17 * 23?"')
@@ -96,8 +97,6 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
 def _stream(engine: Any, out: Any, task: str | None, resume_id: str | None, *,
             show_steps: bool) -> Any:
     """Run (or resume) through ``engine``, printing each step as it happens; the trace."""
-    from whetstone.engine.runtime import RunFinished, StepEvent, new_trace_id
-
     trace_id = resume_id or new_trace_id()
     events = (engine.resume_stream(resume_id) if resume_id
               else engine.stream(task or "", trace_id=trace_id))

@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from whetstone.engine.backends.redact import redact_spec
+from whetstone.engine.backends.registry import BackendOptions, get_backend
 from whetstone.engine.commands.common import (
     check_exposed_bind,
     console,
@@ -99,11 +101,14 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
     /v1/completions pass through to an openai: upstream as sent."""
+    # lazy: numpy and 47 more of our modules; `whetstone --help` imports every command module
     from whetstone.engine.api import Engine
-    from whetstone.engine.backends.redact import redact_spec
-    from whetstone.engine.backends.registry import BackendOptions, get_backend
+
+    # heavy: FastAPI, pydantic and starlette, only when serving
     from whetstone.engine.server.app import bind
     from whetstone.engine.server.app import serve as run_server
+
+    # lazy: 6 of our modules, `whetstone --help` imports every command module
     from whetstone.engine.server.connections import ConnectionLimits
     from whetstone.engine.server.guard import load_api_keys
 

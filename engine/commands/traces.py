@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.table import Table
 
 from whetstone.engine.commands.common import (
     console,
@@ -17,7 +18,10 @@ from whetstone.engine.commands.common import (
     library_option,
 )
 from whetstone.engine.commands.display import print_result, print_step, short
-from whetstone.library_store.traces import TraceStore
+from whetstone.engine.methods.registry import default_registry
+from whetstone.library_store.store import Library
+from whetstone.library_store.trace_build import check_kind, trace_kind
+from whetstone.library_store.traces import TraceQuery, TraceStore
 from whetstone.library_store.traces import trace_store as open_trace_store
 
 
@@ -29,8 +33,8 @@ def traces_group() -> None:
 def trace_store(library_path: Path | None) -> TraceStore:
     """The trace store of the library at ``library_path`` (default: the home library), with
     the bounds its ``library.json`` sets."""
+    # lazy: numpy and 78 more of our modules; `whetstone --help` imports every command module
     from whetstone.engine.api import may_create_library
-    from whetstone.library_store.store import Library
 
     root = library_path or default_library_path()
     library = Library(root)
@@ -52,11 +56,6 @@ def trace_store(library_path: Path | None) -> TraceStore:
 def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str | None,
               kind: str | None, limit: int, as_json: bool) -> None:
     """List traces, newest last."""
-    from rich.table import Table
-
-    from whetstone.library_store.trace_build import check_kind, trace_kind
-    from whetstone.library_store.traces import TraceQuery
-
     store = trace_store(library_path)
     found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit,
                                    source=None if kind is None else check_kind(kind)))
@@ -142,8 +141,6 @@ def traces_show(trace_id: str, library_path: Path | None, as_json: bool) -> None
     out.print(f"[bold]{trace.id}[/] · {short(trace.model)} · library {trace.library_version or '-'}",
               markup=True)
     out.print(f"[bold]Task:[/] {short(trace.task, 100_000)}", markup=True, soft_wrap=True)
-    from whetstone.engine.methods.registry import default_registry
-
     printers = default_registry().step_printers()
     for step in trace.steps:
         print_step(out, step, printers)
@@ -201,6 +198,7 @@ def traces_import(files: tuple[Path, ...], fmt: str, phoenix: str | None, projec
     exports, a Phoenix project) into the store, for `evolve` to learn from; malformed
     records are listed and skipped (exit 11), re-imports are recognised
     (docs/observability.md)."""
+    # lazy: the readers load urllib.request and 8 of our modules; `whetstone --help` imports us
     from whetstone.engine.commands.trace_import import run_import
 
     run_import(trace_store(library_path), files, fmt, phoenix, project, as_json)

@@ -9,7 +9,6 @@ becomes afterwards (its trace, feedback) is ``exchange.py``.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import OrderedDict
@@ -18,15 +17,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.methods.base import make_config
 from whetstone.engine.runtime.plugins import Collected, Plugin, collect_guidance
+from whetstone.engine.runtime.skills_plugin import SkillsConfig, SkillsPlugin
 from whetstone.engine.runtime.state import AgentContext, RunConfig
 from whetstone.engine.server.embed_cache import CachedEmbedder, normalise
 from whetstone.engine.types import Message, Request
+from whetstone.library_store.embeddings import skill_embedder
 from whetstone.tools.base import Toolbox
 
 if TYPE_CHECKING:
     from whetstone.engine.backends.base import Backend
-    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
     from whetstone.library_store.embeddings import Embedder
     from whetstone.library_store.store import Library, Snapshot
 
@@ -307,19 +308,12 @@ class ChatAdapter:
             r.close()
 
 
-@functools.lru_cache(maxsize=1)
-def _chat_skills_class() -> type:
-    # Defined on first use: skills_plugin imports the tools layer's built-ins lazily too.
-    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
+class ChatSkillsPlugin(SkillsPlugin):
+    """``SkillsPlugin`` whose guidance can be cached: for one library tree (its root hash)
+    the same task and budget retrieve the same skills."""
 
-    class ChatSkillsPlugin(SkillsPlugin):
-        """``SkillsPlugin`` whose guidance can be cached: for one library tree (its root hash)
-        the same task and budget retrieve the same skills."""
-
-        def cache_key(self) -> str | None:
-            return self.snapshot().root
-
-    return ChatSkillsPlugin
+    def cache_key(self) -> str | None:
+        return self.snapshot().root
 
 
 def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
@@ -340,9 +334,7 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
     wrapped in the cache all the same).
     """
-    from whetstone.engine.methods.base import make_config
-    from whetstone.engine.runtime.skills_plugin import SkillsConfig
-    from whetstone.library_store.embeddings import skill_embedder
+    # lazy: the skills index loads yaml and 16 more of our modules, only for a library's skills
     from whetstone.skills.index import LibraryIndex
     from whetstone.skills.retrieval import SkillRetriever
 
@@ -351,7 +343,7 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     index = LibraryIndex(library, cached)
     retriever = SkillRetriever(library, index, k=cfg.k, max_bodies=cfg.max_bodies,
                                min_score=cfg.min_score, template="skills_retrieved_chat")
-    plugin = _chat_skills_class()(library, snapshot=snapshot, retriever=retriever, k=cfg.k,
+    plugin = ChatSkillsPlugin(library, snapshot=snapshot, retriever=retriever, k=cfg.k,
                                   max_bodies=cfg.max_bodies, min_score=cfg.min_score,
                                   learned_tools=cfg.learned_tools, examples=cfg.examples,
                                   turns=cfg.turns, require_tool_at=cfg.require_tool_at)

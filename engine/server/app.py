@@ -186,7 +186,7 @@ def serve(
     ``app_options`` go to ``create_app`` (``model_name``, ``adapter``, ``traces``,
     ``api_keys``, ``max_queue`` ...). At shutdown uvicorn lets requests in flight finish,
     then the trace queue is drained."""
-    import uvicorn
+    import uvicorn  # heavy: uvicorn (with watchfiles and multiprocessing), only to serve
 
     app_options.setdefault("web", WebPolicy.for_bind(host, allowed_hosts=allowed_hosts,
                                                      allowed_origins=allowed_origins))

@@ -36,6 +36,7 @@ from whetstone.engine.server.adapter import (
 )
 from whetstone.engine.server.exchange import chat_trace
 from whetstone.engine.types import Completion, Message, Request
+from whetstone.library_store.trace_build import new_trace_id
 
 if TYPE_CHECKING:
     from whetstone.library_store.traces import TraceStore
@@ -119,8 +120,6 @@ class _Exchange:
                     [_plain(m) for m in self.kwargs["messages"]], self.adapted.guidance),
                     self.adapted.turns)
         if self.switches.record and core.store is not None:
-            from whetstone.library_store.trace_build import new_trace_id
-
             self.trace_id = new_trace_id(self.started)
 
     @property
@@ -456,8 +455,6 @@ def wrap_client(client: Any, adapter: ChatAdapter | None, store: TraceStore | No
     """Wrap an ``openai.OpenAI`` or ``openai.AsyncOpenAI`` client (see the module doc)."""
     chat = getattr(client, "chat", None)
     if chat is None or not callable(getattr(getattr(chat, "completions", None), "create", None)):
-        from whetstone.engine.errors import ConfigError
-
         raise ConfigError(f"cannot wrap {type(client).__name__}: it has no "
                           "chat.completions.create",
                           hint="pass an openai.OpenAI or openai.AsyncOpenAI client")

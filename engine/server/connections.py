@@ -192,7 +192,7 @@ def _peer_ip(transport: asyncio.BaseTransport) -> str:
 def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (``auto``: httptools when installed, else h11) with
     ``guard``'s limits, for ``uvicorn.Config(http=...)``."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol  # heavy: uvicorn, httptools
 
     header_timeout = guard.limits.header_timeout_s
 
