@@ -26,6 +26,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +100,7 @@ def otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     """``spans`` as one ``ExportTraceServiceRequest`` in the OTLP/JSON encoding: protobuf's
     JSON mapping with lowerCamelCase names and integer enums, and trace and span ids as hex,
     as OTLP/JSON requires (protobuf's own mapping would write them as base64)."""
+    # lazy: OpenTelemetry loads only when export is on
     from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
@@ -116,6 +118,7 @@ def otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 def _file_exporter(path: Path) -> SpanExporter:
     """An exporter that appends each batch to ``path`` as one line of OTLP/JSON (the layout
     of the OpenTelemetry Collector's file exporter)."""
+    # lazy: OpenTelemetry loads only when export is on
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     class OtlpJsonFileExporter(SpanExporter):
@@ -143,8 +146,10 @@ def _otlp_exporter(protocol: str) -> SpanExporter:
     # No arguments: the exporter reads the OTEL_EXPORTER_OTLP_* variables itself (endpoint,
     # headers, certificates, compression, timeout), exactly as every OpenTelemetry SDK does.
     if protocol == "grpc":
+        # lazy: OpenTelemetry loads only when export is on
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         return OTLPSpanExporter()
+    # lazy: OpenTelemetry loads only when export is on
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )
@@ -161,6 +166,7 @@ class OtelSink:
 
     def __init__(self, processors: Sequence[SpanProcessor], *, content: bool = False,
                  resource: Mapping[str, Any] | None = None) -> None:
+        # lazy: OpenTelemetry loads only when export is on
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -210,6 +216,7 @@ class OtelSink:
                 processor.on_end(span)
 
     def _span(self, r: SpanRecord) -> ReadableSpan:
+        # lazy: OpenTelemetry loads only when export is on
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -254,6 +261,7 @@ def _close_at_exit(ref: weakref.ref[OtelSink]) -> None:
 def build_otel_sink(settings: OtelSettings) -> OtelSink:
     """The sink ``settings`` describe: a ``BatchSpanProcessor`` for OTLP and one for the
     file (the OpenTelemetry SDK's queue, sizes and delays, ``OTEL_BSP_*``)."""
+    # lazy: OpenTelemetry loads only when export is on
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     exporters = ([_otlp_exporter(settings.protocol)] if settings.otlp else []) + (
@@ -275,8 +283,6 @@ def otel_sinks(otel: bool | OtelSettings | None,
 
 def whetstone_version() -> str:
     """The installed whetstone-engine version (``0+unknown`` from a bare checkout)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("whetstone-engine")
     except PackageNotFoundError:

@@ -138,11 +138,6 @@ def test_the_guard_finds_a_name_only_one_method_uses(tmp_path: Path) -> None:
 # What a reason says: the dependency is heavy or optional, the import keeps a module (or the
 # command line's start) light, or it breaks a real cycle.
 REASON = re.compile(r"#\s*(heavy|optional|lazy|lazily|cycle)\b")
-# Files whose imports inside functions have no reason yet, with how many they hold (others were
-# changing them when the rule came in): the count may fall, never rise; a file at 0 leaves.
-UNEXPLAINED = {
-    "library_store/otel_export.py": 11,
-}
 
 
 def function_imports(tree: ast.Module) -> list[tuple[ast.stmt, list[ast.stmt]]]:
@@ -189,13 +184,10 @@ def test_every_import_inside_a_function_says_why() -> None:
     for path in product_files():
         rel = str(path.relative_to(REPO))
         lines = unexplained_imports(path.read_text(encoding="utf-8"))
-        if len(lines) > UNEXPLAINED.get(rel, 0):
+        if lines:
             found[rel] = lines
     assert found == {}, "give each import inside a function a reason (or move it up): " \
                         f"{found}"
-    stale = {rel: n for rel, n in UNEXPLAINED.items()
-             if len(unexplained_imports((REPO / rel).read_text(encoding="utf-8"))) < n}
-    assert stale == {}, f"fewer unexplained imports now: lower these in UNEXPLAINED: {stale}"
 
 
 def test_the_import_reason_check_can_fail() -> None:

@@ -354,6 +354,9 @@ async def test_feedback_waits_for_its_trace_only_not_for_steady_traffic() -> Non
         def append(self, trace: Any) -> None:
             self.written.append((trace.id, trace.score))
 
+        def append_feedback(self, trace: Any, score: float, comment: str | None) -> None:
+            self.append(trace)  # the store's feedback write (its sinks hear of the label)
+
     store = SlowStore()
     writer = TraceWriter(store, Metrics())  # type: ignore[arg-type]
     writer.start()
