@@ -116,3 +116,18 @@ def http_receiving() -> Iterator[tuple[Receiver, str]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def chat_and_feedback(base: str) -> tuple[str, dict[str, Any]]:
+    """One chat exchange with the server at ``base`` (model ``tiny``), then feedback on it
+    (score 0.25, comment "vague"): its trace id and the reply's usage."""
+    import httpx
+
+    r = httpx.post(base + "/v1/chat/completions", timeout=30, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "Capital of France?"}]})
+    assert r.status_code == 200, r.text
+    trace_id = r.headers["X-Whetstone-Trace-Id"]
+    f = httpx.post(base + "/v1/feedback", timeout=30,
+                   json={"trace_id": trace_id, "score": 0.25, "comment": "vague"})
+    assert f.status_code == 200, f.text
+    return trace_id, r.json()["usage"]

@@ -17,9 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from otel_support import Receiver, grpc_receiving, http_receiving
+from otel_support import Receiver, chat_and_feedback, grpc_receiving, http_receiving
 from servers import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,14 +187,7 @@ def test_serve_sends_each_exchange_and_its_feedback_over_http(
         base = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(base, proc, log, 120)
-            r = httpx.post(base + "/v1/chat/completions", timeout=30, json={
-                "model": "tiny", "messages": [{"role": "user", "content": "Capital of France?"}]})
-            assert r.status_code == 200, r.text
-            trace_id = r.headers["X-Whetstone-Trace-Id"]
-            usage = r.json()["usage"]
-            f = httpx.post(base + "/v1/feedback", timeout=30,
-                           json={"trace_id": trace_id, "score": 0.25, "comment": "vague"})
-            assert f.status_code == 200, f.text
+            trace_id, usage = chat_and_feedback(base)
         finally:
             proc.send_signal(signal.SIGINT)  # a clean shutdown flushes the exporter
             proc.wait(timeout=60)

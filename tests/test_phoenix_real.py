@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
+from otel_support import chat_and_feedback
 from servers import free_port, wait_healthy
 from test_traces_import import evolve_memory, imported, new_library, run
 
@@ -217,14 +218,7 @@ def test_serve_exchange_and_feedback_read_back_through_phoenix(phoenix: str,
         base = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(base, proc, log, 120)
-            r = httpx.post(base + "/v1/chat/completions", timeout=30, json={
-                "model": "tiny", "messages": [{"role": "user", "content": "Capital of France?"}]})
-            assert r.status_code == 200, r.text
-            trace_id = r.headers["X-Whetstone-Trace-Id"]
-            usage = r.json()["usage"]
-            f = httpx.post(base + "/v1/feedback", timeout=30,
-                           json={"trace_id": trace_id, "score": 0.25, "comment": "vague"})
-            assert f.status_code == 200, f.text
+            trace_id, usage = chat_and_feedback(base)
         finally:
             proc.send_signal(signal.SIGINT)  # a clean shutdown flushes the exporter
             proc.wait(timeout=60)

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, get_args
 
 from whetstone.engine.types import Outcome, Step, Trace
@@ -199,3 +200,17 @@ def known_keys(traces: Iterable[Trace]) -> tuple[set[str], set[str]]:
 __all__ = ["KIND", "ORIGIN", "BadRecord", "ImportReport", "Imported", "build", "content_key",
            "feedback", "known_keys", "number", "origin_key", "outcome_of", "stable_id",
            "text_of"]
+
+
+def iso_seconds(value: Any, what: str, *, numbers: bool = False) -> float:
+    """An ISO 8601 time (naive: UTC) as epoch seconds (``numbers``: epoch seconds pass as
+    they are); ``BadRecord`` naming ``what`` otherwise."""
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, str):
+        raise BadRecord(f"{what} is missing")
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise BadRecord(f"{what} {value!r} is not an ISO 8601 time") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()

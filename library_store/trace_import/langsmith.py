@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from whetstone.engine.types import Step
@@ -22,6 +21,7 @@ from whetstone.library_store.trace_import.common import (
     Imported,
     build,
     feedback,
+    iso_seconds,
     number,
     origin_key,
     text_of,
@@ -34,18 +34,6 @@ _ROLES = {"human": "user", "humanmessage": "user", "user": "user", "ai": "assist
 _SCORE_KEYS = ("correctness", "score", "correct", "accuracy")
 _TASK_KEYS = ("question", "input", "query", "task", "prompt")
 _ANSWER_KEYS = ("answer", "output", "result", "content", "text")
-
-
-def _time(value: Any, what: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, str):
-        raise BadRecord(f"{what} is missing")
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise BadRecord(f"{what} {value!r} is not an ISO 8601 time") from None
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _message(m: Any) -> dict[str, Any]:
@@ -171,7 +159,8 @@ def _score(root: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 
 def trace_of_runs(runs: list[Mapping[str, Any]], source: str) -> Imported:
     """The runs of one trace as one imported trace; ``BadRecord`` saying why not."""
-    timed = [(_time(r.get("start_time"), f"run {r.get('id')}: start_time"), r) for r in runs]
+    timed = [(iso_seconds(r.get("start_time"), f"run {r.get('id')}: start_time", numbers=True),
+              r) for r in runs]
     timed.sort(key=lambda x: x[0])
     ids = {str(r.get("id")) for r in runs}
     roots = [(t, r) for t, r in timed if not r.get("parent_run_id")
@@ -209,7 +198,8 @@ def trace_of_runs(runs: list[Mapping[str, Any]], source: str) -> Imported:
     meta["origin"] = {"trace_id": trace_id, "root_run": root.get("name"),
                       "session_id": root.get("session_id")}
     error = root.get("error")
-    ended = max(_time(r.get("end_time") or r.get("start_time"), "end_time") for r in runs)
+    ended = max(iso_seconds(r.get("end_time") or r.get("start_time"), "end_time", numbers=True)
+                for r in runs)
     return build(FORMAT, source, f"trace {trace_id}", origin_key(FORMAT, trace_id),
                  task=task or "", steps=steps, answer=answer,
                  outcome="error" if error else "answered",

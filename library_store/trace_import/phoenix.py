@@ -22,11 +22,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from whetstone.engine.errors import ConfigError, NotFound
-from whetstone.library_store.trace_import.common import BadRecord, Imported
+from whetstone.library_store.trace_import.common import BadRecord, Imported, iso_seconds
 from whetstone.library_store.trace_import.otlp import group_traces
 from whetstone.library_store.trace_import.spans import Span
 
@@ -34,16 +33,6 @@ PAGE = 1000  # the most spans the API returns per page
 MAX_SPANS = 200_000  # stop paging past this many: an import is not a database dump
 _SCORE_NAMES = ("correctness", "score", "correct", "accuracy")
 Fetch = Callable[[str], Any]
-
-
-def _seconds(value: Any, what: str) -> float:
-    if not isinstance(value, str):
-        raise BadRecord(f"{what} is missing")
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise BadRecord(f"{what} {value!r} is not an ISO 8601 time") from None
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def span_of(raw: Any) -> Span:
@@ -62,8 +51,8 @@ def span_of(raw: Any) -> Span:
     return Span(trace_id=str(ctx["trace_id"]), span_id=str(ctx["span_id"]),
                 parent_id=str(raw["parent_id"]) if raw.get("parent_id") else None,
                 name=str(raw.get("name") or ""),
-                start=_seconds(raw.get("start_time"), "start_time"),
-                end=_seconds(raw["end_time"], "end_time") if raw.get("end_time") else None,
+                start=iso_seconds(raw.get("start_time"), "start_time"),
+                end=iso_seconds(raw["end_time"], "end_time") if raw.get("end_time") else None,
                 attrs=dict(attrs), error=error, kind=str(raw.get("span_kind") or ""))
 
 
