@@ -5,11 +5,14 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -131,3 +134,22 @@ def chat_and_feedback(base: str) -> tuple[str, dict[str, Any]]:
                    json={"trace_id": trace_id, "score": 0.25, "comment": "vague"})
     assert f.status_code == 200, f.text
     return trace_id, r.json()["usage"]
+
+
+def serve_one_exchange(argv: list[str], *, env: dict[str, str], port: int, log: Path
+                       ) -> tuple[str, dict[str, Any]]:
+    """Start ``argv`` (a ``whetstone serve`` with export on, listening on ``port``), answer
+    one chat and its feedback (``chat_and_feedback``), then stop it with Ctrl-C, the clean
+    shutdown that flushes the exporter: the trace id and the reply's usage."""
+    from servers import wait_healthy
+
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parent.parent, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, log, 120)
+        return chat_and_feedback(base)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)

@@ -63,8 +63,9 @@ class Servers(contextlib.ExitStack):
         return self.enter_context(running_server(app))
 
 
-def wait_healthy(base: str, proc: Any, log: Any, timeout_s: float = 240.0) -> None:
-    """Wait until a server process at ``base`` answers ``/health`` with 200; fail the test
+def wait_healthy(base: str, proc: Any, log: Any, timeout_s: float = 240.0,
+                 path: str = "/health") -> None:
+    """Wait until a server process at ``base`` answers ``path`` with 200; fail the test
     with the end of its ``log`` (a Path) when it exits or ``timeout_s`` passes first."""
     import httpx
     import pytest
@@ -72,7 +73,7 @@ def wait_healthy(base: str, proc: Any, log: Any, timeout_s: float = 240.0) -> No
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
+            if httpx.get(base + path, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
-from otel_support import chat_and_feedback
+from otel_support import serve_one_exchange
 from servers import free_port, wait_healthy
 from test_traces_import import evolve_memory, imported, new_library, run
 
@@ -69,16 +68,7 @@ def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix
         proc = subprocess.Popen([str(PHOENIX), "serve"], cwd=work, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
     try:
-        deadline = started + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Phoenix did not start:\n{log.read_text()[-4000:]}")
-            time.sleep(0.2)
+        wait_healthy(url, proc, log, 180, path="/healthz")
         print(f"\nPhoenix started in {time.monotonic() - started:.1f} s")
         yield Phoenix(url, f"http://127.0.0.1:{grpc_port}")
     finally:
@@ -207,21 +197,12 @@ def test_serve_exchange_and_feedback_read_back_through_phoenix(phoenix: str,
     port = free_port()
     (tmp_path / "lib").mkdir()
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "whetstone", "serve", "--model",
-             _script(tmp_path, "serve", ["Paris.", "Rome."]), "--library",
-             str(tmp_path / "lib"), "--no-library", "--port", str(port), "--served-name",
-             "tiny", "--log-level", "warning", "--otel"],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-            env=_env(tmp_path, phoenix, project))
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(base, proc, log, 120)
-            trace_id, usage = chat_and_feedback(base)
-        finally:
-            proc.send_signal(signal.SIGINT)  # a clean shutdown flushes the exporter
-            proc.wait(timeout=60)
+    trace_id, usage = serve_one_exchange(
+        [sys.executable, "-m", "whetstone", "serve", "--model",
+         _script(tmp_path, "serve", ["Paris.", "Rome."]), "--library", str(tmp_path / "lib"),
+         "--no-library", "--port", str(port), "--served-name", "tiny", "--log-level",
+         "warning", "--otel"],
+        env=_env(tmp_path, phoenix, project), port=port, log=log)
     spans = spans_of(phoenix, project, 3)
     (root,) = [s for s in spans if s["parent_id"] is None]
     assert (root["name"], root["span_kind"]) == ("whetstone.chat", "CHAIN")
