@@ -1,0 +1,194 @@
+"""Values in tool results: whether a result supports an answer, and where the answer sits.
+
+A tool's result is text: a table printed as a Python or JSON literal (an SQL server's rows), a
+file's content (YAML, TOML, INI, JSON), a listing. A value *supports* an answer when the answer
+stands in it as a whole value: a number equal to it, or the text with nothing alphanumeric
+touching either end. ``learn_selector`` finds how to read the answer back out of such a result
+(``Selector``: the whole result, its one value, or the value after a key), and ``select`` reads
+it from another result of the same call, for another task.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from typing import Any
+
+from whetstone.engine.methods.workflows.records import Selector
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\d)")
+_KEY_BEFORE = re.compile(r"""(["']?)([A-Za-z_][\w.-]{0,40})\1\s*[:=]\s*["']?\Z""")
+MAX_RESULT_CHARS = 200_000
+
+
+def as_number(text: Any) -> float | None:
+    """``text`` as a number when it is one (``"12.50"``, ``12``, ``"1,204"``), else None."""
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, (int, float)):
+        return float(text) if math.isfinite(text) else None
+    s = str(text).strip().replace(",", "")
+    try:
+        value = float(s)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def same_number(a: float, b: float, rel: float = 1e-6, abs_tol: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol)
+
+
+def _leaves(value: Any, out: list[Any], limit: int = 10_000) -> None:
+    if len(out) > limit:
+        return
+    if isinstance(value, dict):
+        for v in value.values():
+            _leaves(v, out, limit)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _leaves(v, out, limit)
+    else:
+        out.append(value)
+
+
+def structured(text: str) -> Any | None:
+    """The result read as a JSON or Python literal (a table of rows, an object); None when it
+    is neither."""
+    s = text.strip()
+    if not s or s[0] not in "[{(\"'" and as_number(s) is None:
+        return None
+    if len(s) > MAX_RESULT_CHARS:
+        return None
+    try:
+        return json.loads(s)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(s)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def leaf_values(text: str) -> list[Any] | None:
+    """Every scalar of a structured result, in order; None when it is not structured."""
+    value = structured(text)
+    if value is None:
+        return None
+    out: list[Any] = []
+    _leaves(value, out)
+    return out
+
+
+def _text_key(value: Any) -> str:
+    return " ".join(str(value).split()).casefold().strip(" \t\"'`")
+
+
+def equal_values(a: Any, b: Any) -> bool:
+    """Whether two values are the same answer: numbers within tolerance, text up to case and
+    spacing."""
+    na, nb = as_number(a), as_number(b)
+    if na is not None and nb is not None:
+        return same_number(na, nb)
+    if (na is None) != (nb is None):
+        return False
+    return _text_key(a) == _text_key(b) and _text_key(a) != ""
+
+
+def _occurrences(text: str, value: Any) -> list[tuple[int, int]]:
+    """Where ``value`` stands in ``text`` as a whole value: (start, end) spans."""
+    number = as_number(value)
+    if number is not None:
+        return [m.span() for m in _NUMBER.finditer(text)
+                if same_number(float(m.group()), number)]
+    needle = " ".join(str(value).split())
+    if not needle:
+        return []
+    pattern = r"(?<![A-Za-z0-9])" + r"\s+".join(re.escape(w) for w in needle.split()) + \
+        r"(?![A-Za-z0-9])"
+    return [m.span() for m in re.finditer(pattern, text, re.IGNORECASE)]
+
+
+def distinctive(value: Any) -> bool:
+    """Whether ``value`` is specific enough that finding it somewhere means it was copied:
+    a number with three significant digits or more, a text of four characters or more."""
+    if value is None or isinstance(value, (bool, dict, list)):
+        return False
+    number = as_number(value)
+    if number is not None:
+        digits = re.sub(r"\D", "", f"{abs(number):.6f}").strip("0")
+        return len(digits) >= 3
+    return len(str(value).strip()) >= 4
+
+
+def supports(result: str, value: Any) -> bool:
+    """Whether ``result`` holds ``value`` as a whole value (see the module docstring)."""
+    if result is None or len(result) > MAX_RESULT_CHARS:
+        return False
+    leaves = leaf_values(result)
+    if leaves is not None and any(equal_values(v, value) for v in leaves
+                                  if not isinstance(v, (dict, list))):
+        return True
+    return bool(_occurrences(result, value))
+
+
+def _keys(text: str, key: str) -> list[re.Match[str]]:
+    return list(re.finditer(r"""(["']?)""" + re.escape(key) + r"""\1\s*[:=]\s*""", text))
+
+
+def _value_at(text: str, start: int) -> str:
+    """The value written at ``start``: a quoted string, or the rest of the item."""
+    rest = text[start:]
+    if rest[:1] in "\"'":
+        q = rest[0]
+        end = rest.find(q, 1)
+        return rest[1:end] if end > 0 else rest[1:].split("\n", 1)[0]
+    m = re.match(r"[^,}\]\n#;]*", rest)
+    return (m.group() if m else "").strip()
+
+
+def learn_selector(result: str, value: Any) -> Selector | None:
+    """How to read ``value`` back out of ``result``: the whole result, the value after a key
+    (the first such key that reads it back: it still reads the value when other results of
+    the call hold more), or its one value; None when none does."""
+    if result is None or not supports(result, value):
+        return None
+    if equal_values(result.strip(), value):
+        return Selector("whole")
+    leaves = leaf_values(result)
+    cell = leaves is not None and len(leaves) == 1 and equal_values(leaves[0], value)
+    for start, _ in _occurrences(result, value):
+        m = _KEY_BEFORE.search(result[max(0, start - 80):start])
+        if m is None:
+            continue
+        key = m.group(2)
+        for index, km in enumerate(_keys(result, key)):
+            if km.end() <= start <= km.end() + 1 and equal_values(
+                    _value_at(result, km.end()), value):
+                return Selector("key", key, index)
+    return Selector("cell") if cell else None
+
+
+def select(result: str, selector: Selector) -> str | None:
+    """The value ``selector`` reads from ``result``; None when it is not there."""
+    if result is None:
+        return None
+    if selector.kind == "whole":
+        text = result.strip()
+        return text or None
+    if selector.kind == "cell":
+        leaves = leaf_values(result)
+        if leaves is None or len(leaves) != 1 or leaves[0] is None:
+            return None
+        return str(leaves[0])
+    found = _keys(result, selector.key)
+    if selector.index >= len(found):
+        return None
+    value = _value_at(result, found[selector.index].end())
+    return value or None
+
+
+__all__ = ["as_number", "distinctive", "equal_values", "leaf_values", "learn_selector", "select", "structured",
+           "supports"]
