@@ -35,14 +35,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import ConfigError
+from whetstone.engine.errors import BackendError, ConfigError
 from whetstone.engine.evaluation.scorers import get_scorer
 from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
 from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
 from whetstone.engine.methods.workflows import PROMPTS
 from whetstone.engine.methods.workflows.explore import (
+    call_key,
     examples_text,
     explore,
+    parse_call,
     tools_text,
 )
 from whetstone.engine.methods.workflows.harvest import (
@@ -67,7 +69,7 @@ from whetstone.engine.methods.workflows.records import (
 )
 from whetstone.engine.methods.workflows.runner import run_workflow
 from whetstone.engine.methods.workflows.values import distinctive, supports
-from whetstone.engine.types import Trace
+from whetstone.engine.types import Request, Trace
 from whetstone.skills.format import NAME_RE
 from whetstone.tools.base import Tool, Toolbox, ToolResult
 
@@ -277,7 +279,10 @@ class _Fit:
         """EXPLORE (module docstring): the kinds no kept workflow answers, biggest first."""
         covered = set().union(*answered.values()) if answered else set()
         order = kinds([t for t in self.tasks if t.id not in covered], self.wording)
-        known = digest(looked_around(self.traces, self.host, self.wording) + self._look())
+        looked = looked_around(self.traces, self.host, self.wording) + self._look()
+        looked += await self._peek(looked)
+        known = digest(looked)
+        shown = [c for c, _ in looked]
         examples = [(x.question, x.calls[-1]) for x in worked][:3]
         system = PROMPTS.render("explore_system", tools=tools_text(self.tools),
                                 known=known or "(nothing yet)",
@@ -289,17 +294,19 @@ class _Fit:
         async def one_kind(group: list[TaskRecord]) -> None:
             nonlocal done
             for task in group[:self.cfg.explore_tasks]:
-                async with lock:
-                    if any(task.id in ids for ids in answered.values()) or \
-                            self.analyst_calls >= self.cfg.max_analyst_calls:
-                        return
                 async with sem:
+                    async with lock:  # checked once a slot is free: the budget is spent then
+                        if any(task.id in ids for ids in answered.values()) or \
+                                self.analyst_calls >= self.cfg.max_analyst_calls:
+                            return
+                        self.analyst_calls += self.cfg.explore_turns  # reserved
                     found = await explore(
                         self.analyst, system, task.question, task.expected, self.call,
                         self.host, turns=self.cfg.explore_turns,
-                        seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000, run_tool=asyncio.to_thread)
+                        seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000,
+                        run_tool=asyncio.to_thread, known=shown)
                 async with lock:
-                    self.analyst_calls += found.analyst_calls
+                    self.analyst_calls += found.analyst_calls - self.cfg.explore_turns
                     self.details["explored"] += 1
                     self.details["bad_replies"] += found.bad_replies
                     if not found.found:
@@ -344,6 +351,46 @@ class _Fit:
                 res = self.call(t.name, {required[0]: name})
                 if res.error is None and res.output.strip() and "rror" not in res.output[:40]:
                     out.append((CallRecord(t.name, {required[0]: name}, res.output), 1))
+        return out
+
+    async def _peek(self, looked: Sequence[tuple[CallRecord, int]], most: int = 12
+                    ) -> list[tuple[CallRecord, int]]:
+        """The analyst's look inside what the look around listed: for each name listed (a
+        table, a folder), one call that shows a few of its records or its contents, as a
+        person opens a table before querying it. The conventions (codes, units, how dates
+        are kept) show in records, not in a schema."""
+        listed: list[str] = []
+        for c, _ in looked:
+            if not c.arguments:
+                listed += names_in(c.result)
+        listed = list(dict.fromkeys(listed))[:most]
+        if not listed or self.analyst_calls >= self.cfg.max_analyst_calls:
+            return []
+        system = PROMPTS.render("explore_system", tools=tools_text(self.tools),
+                                known=digest(looked) or "(nothing yet)", examples="")
+        made = {call_key(c.tool, c.arguments) for c, _ in looked}
+        out: list[tuple[CallRecord, int]] = []
+        for name in listed:
+            if self.analyst_calls >= self.cfg.max_analyst_calls:
+                break
+            self.analyst_calls += 1
+            messages = [{"role": "system", "content": system},
+                        {"role": "user", "content": PROMPTS.render("explore.yaml#peek",
+                                                                   name=name)}]
+            try:
+                reply = (await self.analyst.acomplete(Request(
+                    messages=tuple(messages), max_tokens=200,  # type: ignore[arg-type]
+                    temperature=0.0, stop=("\n\n",)))).text
+            except BackendError:
+                break
+            got = parse_call(reply, self.host)
+            if isinstance(got, str) or call_key(*got) in made:
+                continue
+            made.add(call_key(*got))
+            res = await asyncio.to_thread(self.call, *got)
+            if res.error is None and res.output.strip():
+                out.append((CallRecord(got[0], got[1], res.output), 1))
+        self.details["peeked"] = len(out)
         return out
 
     def patch(self, workflows: list[Workflow], answered: Mapping[str, set[str]],

@@ -20,8 +20,9 @@ from typing import Any
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import BackendError
 from whetstone.engine.methods.workflows import PROMPTS
+from whetstone.engine.methods.workflows.harvest import compact
 from whetstone.engine.methods.workflows.induce import CallRecord
-from whetstone.engine.methods.workflows.values import supports
+from whetstone.engine.methods.workflows.values import near_misses, supports
 from whetstone.engine.runtime.call_forms import json_calls, tool_call_blocks
 from whetstone.engine.types import Request
 from whetstone.tools.base import Tool, ToolResult
@@ -40,6 +41,11 @@ class Exploration:
     analyst_calls: int = 0
     bad_replies: int = 0
     transcript: list[dict[str, str]] = field(default_factory=list)
+
+
+def call_key(tool: str, args: Mapping[str, Any]) -> str:
+    """What makes two calls the same call."""
+    return tool + json.dumps(args, sort_keys=True, default=str)
 
 
 def tools_text(tools: Sequence[Tool]) -> str:
@@ -85,35 +91,76 @@ def parse_call(text: str, names: Collection[str]) -> tuple[str, dict[str, Any]] 
     return "no call found"
 
 
+def where_shown(known: Sequence[CallRecord], answer: Any, limit: int = 2) -> list[str]:
+    """Lines saying which earlier results hold ``answer`` (as it is, or in another form:
+    ``near_misses``), with the line it stands on: where to read it from."""
+    out: list[str] = []
+    for c in known:
+        text = compact(c.result)
+        line = next((ln.strip() for ln in text.splitlines() if supports(ln, answer)), None)
+        misses = near_misses(c.result, answer) if line is None else []
+        if line is None and not misses:
+            continue
+        what = f"{c.tool}({json.dumps(c.arguments, ensure_ascii=False)})"
+        out.append(PROMPTS.render("explore.yaml#shown_in", call=what,
+                                  line=line[:200] if line else "; ".join(misses)))
+        if len(out) >= limit:
+            break
+    return out
+
+
 async def explore(analyst: Backend, system: str, question: str, answer: Any,
                   call: Callable[[str, Mapping[str, Any]], ToolResult],
                   names: Collection[str], *, turns: int = 4, seed: int = 0,
                   temperature: float = 0.3, max_tokens: int = 300,
-                  run_tool: Callable[..., Any] | None = None) -> Exploration:
+                  run_tool: Callable[..., Any] | None = None,
+                  known: Sequence[CallRecord] = (), resamples: int = 2) -> Exploration:
     """Look for the calls that answer ``question`` (see the module docstring). ``call``
     runs a host tool; ``run_tool`` (an awaitable runner such as ``asyncio.to_thread``) keeps
-    the event loop free while it does."""
+    the event loop free while it does; ``known``: calls whose results the analyst was shown
+    (a repeat of one is not run; one that holds the answer is pointed at). A reply that
+    repeats a call, or is no call, is sampled again, hotter, up to ``resamples`` times
+    before it counts as the turn's."""
     out = Exploration(question)
+    made: set[str] = {call_key(c.tool, c.arguments) for c in known}
+    task = PROMPTS.render("explore.yaml#task", question=question, answer=str(answer))
+    hints = where_shown(known, answer)
     messages: list[dict[str, str]] = [
         {"role": "system", "content": system},
-        {"role": "user", "content": PROMPTS.render("explore.yaml#task", question=question,
-                                                   answer=str(answer))}]
+        {"role": "user", "content": "\n".join([task, *hints])}]
     for turn in range(turns):
-        request = Request(messages=tuple(messages), max_tokens=max_tokens,  # type: ignore[arg-type]
-                          temperature=temperature, seed=seed + turn)
-        out.analyst_calls += 1
-        try:
-            reply = (await analyst.acomplete(request)).text
-        except BackendError:
-            break
-        messages.append({"role": "assistant", "content": reply})
-        parsed = parse_call(reply, names)
-        if isinstance(parsed, str):
+        reply, parsed = "", "no reply"
+        for attempt in range(resamples + 1):
+            # A call is one line of JSON: what follows a blank line is the analyst explaining
+            # it. A repeat is sampled again, hotter (the 0.5B repeats at 0.3).
+            request = Request(messages=tuple(messages),  # type: ignore[arg-type]
+                              max_tokens=max_tokens, stop=("\n\n",),
+                              temperature=min(1.0, temperature + 0.35 * attempt),
+                              seed=seed + 100 * turn + attempt)
+            out.analyst_calls += 1
+            try:
+                reply = (await analyst.acomplete(request)).text
+            except BackendError:
+                out.transcript = messages
+                return out
+            got = parse_call(reply, names)
+            if not isinstance(got, str) and call_key(*got) in made:
+                got = "repeated"
+            parsed = got
+            if not isinstance(got, str):
+                break
             out.bad_replies += 1
+        messages.append({"role": "assistant", "content": reply})
+        if parsed == "repeated":
+            messages.append({"role": "user", "content": PROMPTS.render(
+                "explore.yaml#repeated", answer=str(answer))})
+            continue
+        if isinstance(parsed, str):
             messages.append({"role": "user",
                              "content": PROMPTS.render("explore.yaml#bad_call", why=parsed)})
             continue
         tool, args = parsed
+        made.add(call_key(tool, args))
         result: ToolResult = await run_tool(call, tool, args) if run_tool is not None \
             else call(tool, args)
         if result.error is not None:
@@ -124,12 +171,15 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
         if supports(result.output, answer):
             out.found = True
             break
-        text = result.output if len(result.output) <= RESULT_CHARS else \
-            result.output[:RESULT_CHARS] + " …"
+        text = compact(result.output)
+        text = text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + " …"
+        misses = near_misses(result.output, answer)
         messages.append({"role": "user", "content": PROMPTS.render(
-            "explore.yaml#result", tool=tool, result=text, answer=str(answer))})
+            "explore.yaml#result", tool=tool, result=text, answer=str(answer),
+            hint=(PROMPTS.render("explore.yaml#near", misses="; ".join(misses)) + "\n")
+            if misses else "")})
     out.transcript = messages
     return out
 
 
-__all__ = ["Exploration", "examples_text", "explore", "parse_call", "tools_text"]
+__all__ = ["Exploration", "call_key", "examples_text", "explore", "parse_call", "tools_text", "where_shown"]

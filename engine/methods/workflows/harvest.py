@@ -104,8 +104,10 @@ def names_in(result: str, limit: int = 24) -> list[str]:
     if leaves is not None:
         found = [v for v in leaves if isinstance(v, str) and 0 < len(v) <= 64]
     else:
-        found = [line.strip() for line in result.splitlines()
-                 if line.strip() and len(line.strip().split()) == 1 and len(line) <= 200]
+        # A line that is one name, or a marker and a name ("[DIR] services").
+        found = [line.split()[-1] for line in result.splitlines()
+                 if 1 <= len(line.split()) <= 2 and len(line) <= 200
+                 and (len(line.split()) == 1 or line.split()[0].startswith("["))]
     return list(dict.fromkeys(found))[:limit]
 
 
@@ -127,4 +129,4 @@ def digest(calls: Sequence[tuple[CallRecord, int]], budget_chars: int = 4000,
     return "\n\n".join(out)
 
 
-__all__ = ["Worked", "compact", "digest", "names_in", "host_calls", "looked_around", "worked_calls"]
+__all__ = ["Worked", "compact", "digest", "host_calls", "looked_around", "names_in", "worked_calls"]

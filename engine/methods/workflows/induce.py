@@ -26,10 +26,14 @@ from whetstone.engine.methods.workflows.records import (
 from whetstone.engine.methods.workflows.values import learn_selector, supports
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'&./-]*[A-Za-z0-9]|[A-Za-z0-9]")
-_STOP = frozenset("""a an the of in on at to for by with from and or is are was were be been
-do does did how what which who whom whose when where why many much is it its this that these
-those there their they them has have had as per each all any our your my me i we you he she
-his her not no yes than then into over under about""".split())
+_STOP = frozenset((
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "with", "from", "and", "or",
+    "is", "are", "was", "were", "be", "been", "do", "does", "did", "how", "what", "which",
+    "who", "whom", "whose", "when", "where", "why", "many", "much", "it", "its", "this",
+    "that", "these", "those", "there", "their", "they", "them", "has", "have", "had", "as",
+    "per", "each", "all", "any", "our", "your", "my", "me", "i", "we", "you", "he", "she",
+    "his", "her", "not", "no", "yes", "than", "then", "into", "over", "under", "about",
+))
 MAX_SPAN_WORDS = 8
 
 

@@ -149,6 +149,48 @@ def _value_at(text: str, start: int) -> str:
     return (m.group() if m else "").strip()
 
 
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})\Z")
+
+
+def _date_forms(label: str) -> dict[float, str]:
+    """The numbers a date is often stored as, each with its name."""
+    m = _ISO_DATE.match(label.strip())
+    if not m:
+        return {}
+    import datetime as dt  # lazy: only for date-shaped labels
+
+    try:
+        day = dt.date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    except ValueError:
+        return {}
+    days = (day - dt.date(1970, 1, 1)).days
+    return {float(day.strftime("%Y%m%d")): "the date written as the number YYYYMMDD",
+            float(days): "the number of days since 1970-01-01",
+            float(days * 86400): "the number of seconds since 1970-01-01 (midnight UTC)"}
+
+
+def near_misses(result: str, value: Any) -> list[str]:
+    """How a result holds ``value`` in another form: a number that is it scaled by a power of
+    ten (money kept in cents), a date kept as a number. Said to an analyst looking for the
+    call that answers, as a failing test says what it got."""
+    if result is None or len(result) > MAX_RESULT_CHARS:
+        return []
+    numbers = {float(m.group()) for m in _NUMBER.finditer(result)}
+    out: list[str] = []
+    target = as_number(value)
+    if target is not None and target != 0:
+        for n in sorted(numbers):
+            for k in (1, 2, 3, 4, 6, -1, -2, -3):
+                if same_number(n, target * 10 ** k):
+                    word = f"the expected answer times {10 ** k:g}" if k > 0 else \
+                        f"the expected answer divided by {10 ** -k:g}"
+                    out.append(f"{n:g} in the result is {word}")
+    for number, form in _date_forms(str(value)).items():
+        if number in numbers:
+            out.append(f"{number:g} in the result is the expected date as {form}")
+    return list(dict.fromkeys(out))
+
+
 def learn_selector(result: str, value: Any) -> Selector | None:
     """How to read ``value`` back out of ``result``: the whole result, the value after a key
     (the first such key that reads it back: it still reads the value when other results of
@@ -190,5 +232,14 @@ def select(result: str, selector: Selector) -> str | None:
     return value or None
 
 
-__all__ = ["as_number", "distinctive", "equal_values", "leaf_values", "learn_selector", "select", "structured",
-           "supports"]
+__all__ = [
+    "as_number",
+    "distinctive",
+    "equal_values",
+    "leaf_values",
+    "learn_selector",
+    "near_misses",
+    "select",
+    "structured",
+    "supports",
+]
