@@ -2,7 +2,8 @@
 
 The agent comes from ``whetstone.engine.api.solver_factory``: ``factory(model_spec, library_path,
 version) -> solver`` where a solver is ``(task, seed) -> Trace`` (see
-``whetstone.engine.evaluation.runner``). Tests inject a scripted one as ``obj={"solver_factory": ...}``.
+``whetstone.engine.evaluation.runner``). Tests inject a scripted one as ``obj={"solver_factory": ...}``,
+and the progress bar's clock as ``obj={"clock": ...}``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
 from whetstone.engine.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
+    EtaColumn,
     MethodGroup,
     RateColumn,
     concurrency_option,
@@ -85,15 +86,18 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], s
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
          concurrency: int | None,
          seed: int, store: TraceStore, model: str, version: str | None,
-         quiet: bool, run_meta: dict[str, Any]) -> EvalResult:
+         quiet: bool, run_meta: dict[str, Any],
+         clock: Callable[[], float] | None = None) -> EvalResult:
     """One evaluation with a progress bar (ETA, tasks/min and running accuracy) on stderr.
-    ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once."""
+    ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once.
+    ``clock``: the bar's time source (default: the console's monotonic clock)."""
     err = console(stderr=True)
     concurrency = solver_concurrency(solver, concurrency)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("acc {task.fields[acc]}"), RateColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-    with Progress(*columns, console=err, disable=quiet, transient=False) as progress:
+               TimeElapsedColumn(), TextColumn("eta"), EtaColumn()]
+    with Progress(*columns, console=err, disable=quiet, transient=False,
+                  get_time=clock) as progress:
         bar = progress.add_task(f"{label} -j {concurrency}", total=len(tasks), acc="-")
         total, scored, failed = [0.0], [0], [0]
 
@@ -271,7 +275,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         ctx.call_on_close(sink.close)
     common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,
                               "store": store, "model": model, "quiet": as_json,
-                              "run_meta": {"solver": solver, "methods": methods}}
+                              "run_meta": {"solver": solver, "methods": methods},
+                              "clock": ctx.obj.get("clock") if isinstance(ctx.obj, dict)
+                              else None}
     versions = list(compare_versions) if compare_versions else [version]
     results: list[EvalResult] = []
     for v in versions:
