@@ -125,4 +125,4 @@ def print_result(out: Any, trace: Any) -> None:
         out.print(f"[bold yellow]No answer[/] ({trace.outcome}): {reason}",
                   markup=True, soft_wrap=True)
     out.print(f"[dim]trace {trace.id} · {trace.total_tokens} tokens · {took:.1f} s · "
-              f"`whetstone traces show {trace.id}`[/]", markup=True)
+              f"`whetstone traces show {trace.id}`[/]", markup=True, soft_wrap=True)

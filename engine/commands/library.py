@@ -7,7 +7,7 @@ rich, ``--json`` for machines; errors become a message, a hint and the exit code
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -424,13 +424,30 @@ def candidates_ls(library_path: Path | None, as_json: bool) -> None:
         console().print("no candidates", markup=False)
         return
     table = Table(title="candidates")
-    for col in ("name", "base", "time", "method", "files", "scores", "message"):
+    # The name is what `candidates show|apply NAME` takes: never cut or folded.
+    table.add_column("name", no_wrap=True, min_width=max(len(c.name) for c in found))
+    for col in ("base", "time", "method", "files", "scores", "message"):
         table.add_column(col)
     for c in found:
-        scores = ", ".join(f"{k}={v}" for k, v in c.scores.items())
-        table.add_row(c.name, c.base, _when(c.created), c.method, str(len(c.changes)), scores,
-                      c.message[:60])
+        table.add_row(c.name, c.base, _when(c.created), c.method, str(len(c.changes)),
+                      escape(_scores_text(c.scores)), escape(c.message[:60]))
     console().print(table)
+
+
+def _scores_text(scores: Mapping[str, Any]) -> str:
+    """A candidate's scores in a few words: a gate decision as its verdict and two scores
+    (``candidates show`` has the rest), anything else cut short."""
+    parts = []
+    for key, value in scores.items():
+        if isinstance(value, Mapping) and "accepted" in value:
+            verdict = "accepted" if value.get("accepted") else "rejected"
+            cand, cur = value.get("candidate_score"), value.get("current_score")
+            both = isinstance(cand, (int, float)) and isinstance(cur, (int, float))
+            parts.append(f"{key} {verdict}" + (f" {cand:.3f} vs {cur:.3f}" if both else ""))
+        else:
+            text = " ".join(str(value).split())
+            parts.append(f"{key}: {text if len(text) <= 60 else text[:59] + '…'}")
+    return "; ".join(parts)
 
 
 @candidates_group.command("show")
