@@ -61,3 +61,26 @@ def test_candidates_ls_prints_whole_names_and_a_short_verdict(tmp_path: Path) ->
     assert code == 0, out
     (row,) = [x for x in out.splitlines() if name in x]  # whole, on one line
     assert "gate rejected 0.500 vs 0.833" in row and "reasons" not in out, out
+
+
+CALL = '{"name": "calculator", "arguments": {"expression": "17*23"}}'
+
+
+def test_a_streamed_thought_shows_its_text_not_the_fence_that_opens_the_call(
+        tmp_path: Path) -> None:
+    """A reply that reasons, then writes its call in a ```json fence (or a <think> block and
+    a <tool_call>), printed the fence line as the thought, or the tags around it; a reply
+    that is only a fenced call printed "Thought: ```json"."""
+    said = "I need to multiply 17 by 23, so I will use the calculator."
+    replies = {
+        "fenced": (f"{said}\n```json\n{CALL}\n```", said),
+        "tags": (f"<think>\n{said}\n</think>\n<tool_call>\n{CALL}\n</tool_call>", said),
+        "bare": (f"```json\n{CALL}\n```", None),
+    }
+    for name, (reply, thought) in replies.items():
+        code, out = invoke("run", "What is 17 * 23?", "--model",
+                           script(tmp_path, reply, "Final Answer: 391"))
+        assert code == 0, out
+        shown = [x for x in out.splitlines() if x.startswith("Thought:")]
+        assert shown == ([f"Thought: {thought}"] if thought else []), (name, out)
+        assert "```" not in out and "<think>" not in out and "Answer: 391" in out, (name, out)
