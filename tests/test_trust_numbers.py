@@ -4,13 +4,17 @@ models`` and ``eval report``."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 from test_eval_cli import ARITH, factory
 
 from whetstone.cli import cli
+from whetstone.engine.evaluation.results import load_results
 from whetstone.engine.evaluation.runner import Solver
 from whetstone.engine.evaluation.tasks import TaskRecord
 from whetstone.engine.types import Trace
@@ -36,3 +40,49 @@ def test_tasks_per_minute_is_tasks_done_over_the_wall_time() -> None:
     (rate,) = re.findall(r"([\d.]+) tasks/min", res.stderr)
     assert rate == "10.1", res.stderr
     assert "20/20" in res.stderr and "0:01:59" in res.stderr  # the elapsed time, whole
+
+
+def _write(path: Path, value: Any) -> Path:
+    path.write_text(json.dumps(value) if not isinstance(value, str) else value)
+    return path
+
+
+def test_a_reply_cut_at_the_length_limit_is_the_length_outcome(tmp_path: Path) -> None:
+    """``run``: the text is shown as cut and the exit is 8 (it was "Answer: 391 because",
+    exit 0, outcome answered); ``traces ls --outcome length`` finds it."""
+    replies = _write(tmp_path / "r.json", [{"text": "Final Answer: 391 because 17 * 20 is",
+                                            "finish_reason": "length"}])
+    runner = CliRunner()
+    res = runner.invoke(cli, ["run", "What is 17 * 23?", "--model", f"scripted:{replies}"])
+    assert res.exit_code == 8, res.output
+    assert "Answer, cut at the length limit (outcome length): 391 because" in res.stdout
+    listed = json.loads(runner.invoke(cli, ["traces", "ls", "--outcome", "length",
+                                            "--json"]).stdout)
+    assert [t["outcome"] for t in listed] == ["length"]
+
+
+def test_eval_counts_cut_answers_and_memory_keeps_none_of_them(tmp_path: Path) -> None:
+    """Two tasks answered right, one of them in a reply cut at the length limit: ``eval``
+    scores both as written and says one was cut (the saved result and the report too); the
+    memory evolver, which keeps verified runs as worked examples, keeps only the whole one."""
+    tasks = _write(tmp_path / "t.jsonl", "".join(json.dumps(t) + "\n" for t in (
+        {"id": "whole", "question": "What is 6 * 7?", "expected": "42", "scorer": "numeric"},
+        {"id": "cut", "question": "What is 17 * 23?", "expected": "391", "scorer": "numeric"})))
+    replies = _write(tmp_path / "r.json", [
+        "The answer is 42.", {"text": "The answer is 391, since", "finish_reason": "length"}])
+    runner = CliRunner()
+    res = runner.invoke(cli, ["eval", "--tasks", str(tasks), "--solver", "direct",
+                              "--model", f"scripted:{replies}"])
+    assert res.exit_code == 0, res.output
+    assert "accuracy 1.000" in res.stdout, res.stdout
+    assert "1 answer(s) cut at the length limit (outcome length)" in res.stdout
+    (saved,), _ = load_results(Path(os.environ["WHETSTONE_HOME"]) / "evals")
+    assert {r.task_id: r.outcome for r in saved.results} == {"whole": "answered",
+                                                             "cut": "length"}
+    assert saved.summary()["cut_at_length"] == 1
+    report = tmp_path / "report.html"
+    assert runner.invoke(cli, ["eval", "report", "--out", str(report)]).exit_code == 0
+    assert "1 cut at the length limit" in report.read_text()
+    res = runner.invoke(cli, ["evolve", "memory", "--model", "scripted:", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "What is 6 * 7?" in res.stdout and "17 * 23" not in res.stdout, res.stdout

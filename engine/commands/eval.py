@@ -143,6 +143,9 @@ def _print_result(r: EvalResult) -> None:
         out.print(f"[yellow]partial: {r.n} of {r.n_planned} tasks run before the stop[/]")
     if r.n_errors:
         out.print(f"[yellow]{escape(r.errors_line())}; they are left out of the accuracy[/]")
+    if r.n_length:
+        out.print(f"[yellow]{r.n_length} answer(s) cut at the length limit (outcome length); "
+                  "scored as written[/]")
     for warning in r.meta.get("warnings", ()):
         out.print(f"[yellow]warning: {escape(warning)}[/]")
     if "saved_to" in r.meta:

@@ -45,8 +45,8 @@ def trace_store(library_path: Path | None) -> TraceStore:
 
 @traces_group.command("ls")
 @library_option
-@click.option("--outcome", default=None, help="answered | horizon | budget | timeout | "
-                                               "interrupted | error | running")
+@click.option("--outcome", default=None, help="answered | length | horizon | budget | "
+                                               "timeout | interrupted | error | running")
 @click.option("--task", "task_filter", default=None, help="Substring of the task.")
 @click.option("--kind", default=None, help="agent | direct | chat | verify | mcp | import "
                                            "(what made the trace).")

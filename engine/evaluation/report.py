@@ -241,6 +241,8 @@ def _table(results: Sequence[EvalResult]) -> str:
             notes.append(f"partial ({r.n} of {r.n_planned})")
         if r.n_errors:
             notes.append(r.errors_line(3) + "; accuracy over the scored tasks")
+        if r.n_length:
+            notes.append(f"{r.n_length} cut at the length limit")
         if r.aborted:
             acc, band = "&mdash;", "no task scored"
         else:
