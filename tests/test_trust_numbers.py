@@ -12,8 +12,11 @@ from typing import Any
 
 from click.testing import CliRunner
 from test_eval_cli import ARITH, factory
+from test_evolve import LESSON, agent_that_needs_the_lesson, collect
 
 from whetstone.cli import cli
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.results import load_results
 from whetstone.engine.evaluation.runner import Solver
 from whetstone.engine.evaluation.tasks import TaskRecord
@@ -86,3 +89,28 @@ def test_eval_counts_cut_answers_and_memory_keeps_none_of_them(tmp_path: Path) -
     res = runner.invoke(cli, ["evolve", "memory", "--model", "scripted:", "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "What is 6 * 7?" in res.stdout and "17 * 23" not in res.stdout, res.stdout
+
+
+def test_an_evolve_summary_names_no_file_its_candidate_does_not_hold(tmp_path: Path) -> None:
+    """The analyst's changelog says it added a script; its only edit is to SKILL.md. The
+    summary ``evolve`` prints (and the candidate keeps) leaves that clause out."""
+    engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
+                    library=tmp_path / "lib", create=True, checkpointing=False)
+    collect(engine)
+    engine.close()
+    reply = json.dumps({
+        "reasoning": "The agent forgot to add.",
+        "changelog": "added scripts/check_units.py to check the units; appended an adding "
+                     "pitfall to SKILL.md",
+        "edits": [{"file": "SKILL.md", "op": "append_to_section", "target_section": "Pitfalls",
+                   "content": LESSON}]})
+    analyst = _write(tmp_path / "analyst.json", [reply] * 4)
+    res = CliRunner().invoke(cli, [
+        "evolve", "trace2skill", "--skill", "adding", "--create", "--model", "scripted:",
+        "--analyst", f"scripted:{analyst}", "--library", str(tmp_path / "lib"), "--dry-run",
+        "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["changed"] == ["skills/adding/SKILL.md"]
+    assert "check_units.py" not in out["message"], out["message"]
+    assert out["message"].endswith("appended an adding pitfall to SKILL.md"), out["message"]
