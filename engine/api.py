@@ -556,7 +556,9 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
 def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
     """Every backend spec, installed or not, how to install it and which engine generates
     its text (``whetstone models``). Local families list one row per engine: the default
-    under the plain spec, the others as ``<spec>@<engine>``."""
+    under the plain spec, the others as ``<spec>@<engine>``. A family with no models of its
+    own shows its example spec (``hf:/models/...``), marked ``example``: ``installed`` then
+    says only that its backend's packages are, not that anything is at that path."""
     reg = registry or default_backends()
     rows: list[Mapping[str, Any]] = []
     for entry in reg.entries():
@@ -570,6 +572,7 @@ def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
                     "spec": spec if i == 0 or engine is None else f"{spec}@{engine.name}",
                     "prefix": entry.prefix, "summary": entry.summary,
                     "installed": installed, "install": install,
+                    "example": not entry.variants,
                     "white_box": engine.white_box if engine else entry.white_box,
                     "engine": engine.name if engine else entry.prefix,
                     "engine_summary": engine.summary if engine else "",

@@ -114,3 +114,18 @@ def test_an_evolve_summary_names_no_file_its_candidate_does_not_hold(tmp_path: P
     assert out["changed"] == ["skills/adding/SKILL.md"]
     assert "check_units.py" not in out["message"], out["message"]
     assert out["message"].endswith("appended an adding pitfall to SKILL.md"), out["message"]
+
+
+def test_models_marks_an_example_path_as_an_example() -> None:
+    """``hf:/models/qwen2.5-0.5b#qwen.gguf`` is no file here: it read "installed"."""
+    runner = CliRunner()
+    res = runner.invoke(cli, ["models"])
+    assert res.exit_code == 0, res.output
+    (hf,) = [x for x in res.stdout.splitlines()
+             if x.startswith("  hf:/models/qwen2.5-0.5b#qwen.gguf ")]
+    assert hf.split()[1:] == ["example", "spec"], hf
+    (embedded,) = [x for x in res.stdout.splitlines() if x.startswith("  embedded ")]
+    assert embedded.split()[1:] == ["installed"], embedded
+    rows = {r["spec"]: r for r in json.loads(runner.invoke(cli, ["models", "--json"]).stdout)}
+    assert rows["hf:/models/qwen2.5-0.5b#qwen.gguf"]["example"] is True
+    assert rows["embedded"]["example"] is False
