@@ -129,3 +129,25 @@ def test_models_marks_an_example_path_as_an_example() -> None:
     rows = {r["spec"]: r for r in json.loads(runner.invoke(cli, ["models", "--json"]).stdout)}
     assert rows["hf:/models/qwen2.5-0.5b#qwen.gguf"]["example"] is True
     assert rows["embedded"]["example"] is False
+
+
+def test_eval_report_shows_the_solver_and_both_runs_of_agent_against_direct(
+        tmp_path: Path) -> None:
+    """The same library version through the agent and through one direct call: the report
+    listed one run's accuracy (the two share a name) and paired neither with the other."""
+    runner = CliRunner()
+    for solver in ("agent", "direct"):
+        res = runner.invoke(cli, ["eval", "--tasks", str(ARITH), "--solver", solver],
+                            obj={"solver_factory": factory})
+        assert res.exit_code == 0, res.output
+    report = tmp_path / "report.html"
+    res = runner.invoke(cli, ["eval", "report", "--out", str(report)])
+    assert res.exit_code == 0 and "(2 runs)" in res.stdout, res.output
+    page = report.read_text()
+    assert "<th>solver</th>" in page
+    rows = re.findall(r"<tr[^>]*><td class='l'>[^<]*</td><td class='l'>[^<]*</td>"
+                      r"<td class='l'>([^<]*)</td><td class='l'>([^<]*)</td>", page)
+    assert sorted(solver for _, solver in rows) == ["agent", "direct"], rows
+    accuracy = page.split('id="plot-accuracy-rows"')[1].split("</svg>")[0]
+    assert "[agent]" in accuracy and "[direct]" in accuracy  # both drawn
+    assert re.search(r"\[direct\] vs \S+ \[agent\]|\[agent\] vs \S+ \[direct\]", page), page
