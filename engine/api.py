@@ -123,10 +123,9 @@ class Engine:
         self._checkpointing = checkpointing
         self.corpus_name = corpus
         self._corpora: dict[str, Corpus] = {}
-        # What a person may mistype is checked before the model loads (the embedded one takes
-        # seconds): the spec's family, the functions (read now) and the MCP servers (started
-        # now, their tools listed and allow-lists checked). The face injects the search
-        # tool's retriever: no tool opens one.
+        # Typos are found before the model loads (seconds, embedded): the spec's family, the
+        # functions, the MCP servers (started, listed, allow-lists checked). The face injects
+        # the search tool's retriever: no tool opens one.
         if not isinstance(model, Backend):
             default_backends().entry_for(model)
         self._toolset = ToolSet(tools, corpus=self.corpus,
@@ -568,9 +567,8 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
 def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
     """Every backend spec, installed or not, how to install it and which engine generates
     its text (``whetstone models``). Local families list one row per engine: the default
-    under the plain spec, the others as ``<spec>@<engine>``. A family with no models of its
-    own shows its example spec (``hf:/models/...``), marked ``example``: ``installed`` then
-    says only that its backend's packages are, not that anything is at that path."""
+    under the plain spec, the others as ``<spec>@<engine>``; an ``example`` spec
+    (``hf:/models/...``) is made up: ``installed`` there says only that its backend is."""
     reg = registry or default_backends()
     rows: list[Mapping[str, Any]] = []
     for entry in reg.entries():
