@@ -1,7 +1,7 @@
 """An evolve's summary (its patch's ``message``, what ``evolve`` prints first and the version
 or candidate keeps) names only files the candidate holds.
 
-Part of a summary is often model-written (trace2skill's changelog is the analysts' own line);
+Part of a summary is often model-written (an analyst's changelog line);
 an analyst may name a file whose edit failed, was merged away or was never proposed
 ("added scripts/check_units.py"), and a person reading it would look for a file that is not
 there. Such a clause is left out; when nothing of the summary is left, it says which files the
