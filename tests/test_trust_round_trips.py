@@ -171,6 +171,30 @@ def test_mistakes_in_tools_and_mcp_servers_are_reported_before_the_model_loads(
     assert code == 2 and "unknown model spec" in out, out
 
 
+def test_mistyped_options_are_reported_before_the_model_loads(tmp_path: Path) -> None:
+    """eval's scorer and version, evolve's task sets, gate rule, analyst and trace filter:
+    each was read after the model loaded (exit 3 here, seconds later with a real one)."""
+    tasks = str(REPO / "tests" / "fixtures" / "tasks" / "arith.jsonl")
+    assert invoke("library", "init")[0] == 0
+    cases = [
+        (["eval", "--tasks", tasks, "--scorer", "nosuch"], "unknown scorer 'nosuch'"),
+        (["eval", "--tasks", tasks, "--version", "v9"], "version v9 does not exist"),
+        (["evolve", "trace2skill", "--skill", "x", "--gate-tasks", "nosuch.jsonl"],
+         "nosuch.jsonl does not exist"),
+        (["evolve", "trace2skill", "--skill", "x", "--tasks", "nosuch.jsonl"],
+         "nosuch.jsonl does not exist"),
+        (["evolve", "trace2skill", "--skill", "x", "--gate-rule", "bogus"],
+         "cannot read gate rule 'bogus'"),
+        (["evolve", "trace2skill", "--skill", "x", "--analyst", "embeded"],
+         "unknown model spec 'embeded'"),
+        (["evolve", "trace2skill", "--skill", "x", "--traces", "colour=red"],
+         "unknown trace filter"),
+    ]
+    for args, said in cases:
+        code, out = invoke(*args, "--model", NO_MODEL)
+        assert code != 3 and said in out, (args, out)
+
+
 def test_a_wrapped_client_of_a_whetstone_server_applies_the_library_once(
         tmp_path: Path) -> None:
     """The client's engine and the server each apply a library: the guidance went in twice.

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -186,6 +186,34 @@ def handle_errors(fn: F) -> F:
             sys.exit(EXIT_INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_before_loading(*, specs: Sequence[str | None] = (),
+                         task_sets: Sequence[str | None] = (), scorer: str | None = None,
+                         rule: str | None = None, trace_filter: str | None = None) -> None:
+    """Raise now what a typo in these options would raise after the model loaded (seconds
+    for the embedded one): each model spec's family, each task set (read), the scorer, the
+    gate rule and the trace filter."""
+    # lazy: the registry, the task sets and the scorers; `whetstone --help` imports us
+    from whetstone.engine.backends.registry import default_registry as backends
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.gate_rules import parse_rule
+    from whetstone.engine.evaluation.scorers import get_scorer
+    from whetstone.library_store.traces import parse_trace_filter
+
+    registry = backends()
+    for spec in specs:
+        if spec:
+            registry.entry_for(spec)
+    for tasks in task_sets:
+        if tasks:
+            load_tasks(tasks)
+    if scorer:
+        get_scorer(scorer)
+    if rule:
+        parse_rule(rule)
+    if trace_filter:
+        parse_trace_filter(trace_filter)
 
 
 def default_library_path() -> Path:

@@ -28,6 +28,7 @@ from whetstone.engine.commands.common import (
     EtaColumn,
     MethodGroup,
     RateColumn,
+    check_before_loading,
     concurrency_option,
     console,
     default_library_path,
@@ -258,6 +259,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     if compare_versions and version:
         raise ConfigError("--version and --compare cannot be combined",
                           hint="--compare V1 V2 names both versions")
+    check_before_loading(specs=(model,), scorer=scorer)
     factory = _factory(ctx, methods, method_config, solver, agent_tools)
     # With --scorer the tasks' own scorer names are never resolved, so none of them can run.
     tasks = load_tasks(tasks_spec, limit=limit,
@@ -269,7 +271,8 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         raise EvalError(f"task set {tasks_spec!r} selects no task",
                         hint="check the split and slice bounds")
     library = library_path or default_library_path()
-    store = Library(library).traces  # bounded as its library.json says, as every writer is
+    lib = Library(library)
+    store = lib.traces  # bounded as its library.json says, as every writer is
     # lazy: `whetstone --help` imports every command module
     from whetstone.library_store.otel_export import otel_sinks
 
@@ -282,6 +285,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
                               "clock": ctx.obj.get("clock") if isinstance(ctx.obj, dict)
                               else None}
     versions = list(compare_versions) if compare_versions else [version]
+    for v in versions:  # a mistyped version is found before the model loads
+        if v and not v.startswith("candidate:") and lib.is_initialized():
+            lib.resolve(v)
     results: list[EvalResult] = []
     for v in versions:
         solve = factory(model, library, v)
