@@ -308,7 +308,7 @@ def measured_rate(task: Task) -> float | None:
     started (None before the first one). Not rich's own estimate, which counts the tasks of
     its last 30 s over the time from the first of them to the last: after a slow first task,
     or when tasks finish in batches (``-j``), it read 2-30x the real rate."""
-    elapsed = task.elapsed
+    elapsed = task.finished_time if task.finished_time is not None else task.elapsed
     if not task.completed or not elapsed:
         return None
     return task.completed / elapsed
