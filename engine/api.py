@@ -118,17 +118,26 @@ class Engine:
         self.version = version if version and version.startswith("candidate:") else (
             self.library.resolve(version) if version else None)
         self.methods = self._check_methods(methods)
-        self.backend = model if isinstance(model, Backend) else get_backend(
-            model, backend_options or BackendOptions())
         self.config = config or RunConfig()
         self.skills = skills
-        # Functions are checked now; MCP servers start on first use (the face injects the
-        # search tool's retriever: no tool opens one).
-        self._toolset = ToolSet(tools, corpus=self.corpus,
-                                images_dir=self.library.scratch("tool-images"))
         self._checkpointing = checkpointing
         self.corpus_name = corpus
         self._corpora: dict[str, Corpus] = {}
+        # Typos are found before the model loads (seconds, embedded): the spec's family, the
+        # functions, the MCP servers (started, listed, allow-lists checked). The face injects
+        # the search tool's retriever: no tool opens one.
+        if not isinstance(model, Backend):
+            default_backends().entry_for(model)
+        self._toolset = ToolSet(tools, corpus=self.corpus,
+                                images_dir=self.library.scratch("tool-images"))
+        try:
+            if self._toolset.sessions is not None:
+                self._toolset.sessions.tools()
+            self.backend = model if isinstance(model, Backend) else get_backend(
+                model, backend_options or BackendOptions())
+        except BaseException:
+            self._toolset.close()  # the servers it started stop with the error
+            raise
         self._agent: Agent | None = None
         self._resources: list[Any] = []  # retrieval indexes the direct solvers opened
         self.traces: TraceStore = self.library.traces
@@ -543,6 +552,8 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
 
     def factory(model: str, library_path: Path | None, version: str | None) -> Solver:
         if model not in backends:
+            default_backends().entry_for(model)
+            shared.tools()  # MCP servers start, and their allow-lists are checked, first
             backends[model] = get_backend(model)
         engine = Engine(backends[model], library=library_path, version=version,
                         methods=methods, tools=tools, config=config, checkpointing=False,
@@ -556,7 +567,8 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
 def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
     """Every backend spec, installed or not, how to install it and which engine generates
     its text (``whetstone models``). Local families list one row per engine: the default
-    under the plain spec, the others as ``<spec>@<engine>``."""
+    under the plain spec, the others as ``<spec>@<engine>``; an ``example`` spec
+    (``hf:/models/...``) is made up: ``installed`` there says only that its backend is."""
     reg = registry or default_backends()
     rows: list[Mapping[str, Any]] = []
     for entry in reg.entries():
@@ -570,6 +582,7 @@ def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
                     "spec": spec if i == 0 or engine is None else f"{spec}@{engine.name}",
                     "prefix": entry.prefix, "summary": entry.summary,
                     "installed": installed, "install": install,
+                    "example": not entry.variants,
                     "white_box": engine.white_box if engine else entry.white_box,
                     "engine": engine.name if engine else entry.prefix,
                     "engine_summary": engine.summary if engine else "",

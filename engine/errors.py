@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # Exit codes of outcomes that are not a WhetstoneError.
 EXIT_OK = 0
-EXIT_NO_ANSWER = 8  # `run`: the agent stopped without an answer (horizon, budget, time)
+EXIT_NO_ANSWER = 8  # `run`: no whole answer (horizon, budget, time; a reply cut at length)
 EXIT_PARTIAL = 11  # the command did its work, minus some items it reported (`library import`)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 

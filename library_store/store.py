@@ -544,16 +544,21 @@ class Library:
                                hint="edit it, then `whetstone library commit -m ...`")
         return [self.view.write_new(p, d) for p, d in data.items() if d is not None]
 
+    def view_changes(self, snap: Snapshot | None = None) -> dict[str, Content]:
+        """The hand edits (drafts too) as the change set ``commit_view`` would commit."""
+        edits = self.view.edits((snap or self.snapshot()).root)
+        changes: dict[str, Content] = {p: self.view.read(p) for p in edits.modified + edits.added}
+        changes.update({p: None for p in edits.deleted})
+        return changes
+
     def commit_view(self, *, message: str, validate: Validate = True,
                     method: str = "edit") -> LibraryVersion:
         """Turn hand edits in the view into a new version (validated like any commit)."""
         snap = self.snapshot()
-        edits = self.view.edits(snap.root)
-        if not edits:
+        changes = self.view_changes(snap)
+        if not changes:
             raise LibraryError("no hand edits to commit: the view equals " + snap.id,
                                hint="edit files under skills/ or policies/ first")
-        changes: dict[str, Content] = {p: self.view.read(p) for p in edits.modified + edits.added}
-        changes.update({p: None for p in edits.deleted})
         return self.commit(changes, method=method, message=message, validate=validate,
                            expect_parent=snap.id)
 

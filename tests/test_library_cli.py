@@ -66,7 +66,8 @@ def test_import_ls_show_log_diff_validate(runner: CliRunner, tmp_path: Path) -> 
     diff = lib_cmd(runner, "diff", "v1", "v2", "--library", lib).stdout
     assert "+++ b/skills/csv-cleanup/SKILL.md (v2)" in diff
     valid = as_json(lib_cmd(runner, "validate", "--library", lib, "--json"))
-    assert valid == {"version": "v2", "ok": True, "problems": [], "integrity": []}
+    assert valid == {"version": "v2", "ok": True, "problems": [], "integrity": [],
+                     "hand_edits": [], "hand_edit_problems": []}
 
 
 def test_import_of_malformed_skills_reports_file_line_rule_and_exits_partial(

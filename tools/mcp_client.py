@@ -35,7 +35,13 @@ from typing import Any, Self
 from whetstone.engine.errors import ConfigError, ToolError
 from whetstone.engine.types import ToolSpec
 from whetstone.tools.base import Tool, ToolResult
-from whetstone.tools.mcp_config import McpServer, allowed, tool_name
+from whetstone.tools.mcp_config import (
+    McpServer,
+    allowed,
+    check_allow_list,
+    is_destructive,
+    tool_name,
+)
 
 log = logging.getLogger("whetstone.mcp")
 
@@ -247,6 +253,12 @@ class McpSessions:
         which were not, and why); starts the servers if needed."""
         if self._tools is None:
             self.start()
+            try:
+                for live in self._lives:
+                    check_allow_list(live.server, [t.name for t in live.tools])
+            except ConfigError:
+                self.close()  # a run that cannot start stops the servers it started
+                raise
             out: list[Tool] = []
             for live in self._lives:
                 for t in live.tools:
@@ -258,6 +270,23 @@ class McpSessions:
                     out.append(Tool(self._spec(live, t, name), self._caller(live, t.name)))
             self._tools = out
         return list(self._tools)
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every tool of every server, offered or not (``whetstone tools ls --mcp``): its
+        name as offered, description, MCP hints, and whether the allow-list and annotations
+        let it through (``why`` not); starts the servers if needed."""
+        self.tools()
+        rows = []
+        for live in self._lives:
+            for t in live.tools:
+                ok, why = allowed(live.server, t.name, t.annotations)
+                rows.append({"server": live.server.name, "tool": t.name,
+                             "name": tool_name(live.server.name, t.name),
+                             "description": " ".join((t.description or "").split()),
+                             "read_only": bool(getattr(t.annotations, "read_only_hint", None)),
+                             "destructive": is_destructive(t.annotations),
+                             "allowed": ok, "why": why})
+        return rows
 
     @staticmethod
     def _spec(live: _Live, tool: Any, name: str) -> ToolSpec:

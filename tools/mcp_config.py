@@ -269,6 +269,20 @@ def allowed(server: McpServer, tool: str, annotations: Any) -> tuple[bool, str]:
     return True, ""
 
 
+def check_allow_list(server: McpServer, tools: Sequence[str]) -> None:
+    """A ``ConfigError`` when an entry of ``server``'s allow-list (``--allow-tool``,
+    ``allowTools``) matches none of the ``tools`` it lists: a typo would otherwise leave the
+    tool out without a word. It names the server's tools. (``*`` alone is every server's.)"""
+    bad = [p for p in server.allow
+           if p.strip() != "*" and not any(_matches([p], server.name, t) for t in tools)]
+    if bad:
+        names = ", ".join(tool_name(server.name, t) for t in tools) or "(none)"
+        raise ConfigError(f"--allow-tool/allowTools {', '.join(bad)}: MCP server {server.name} "
+                          f"has no such tool; its tools: {names}",
+                          hint="allow one of them by its name, or several with a * pattern "
+                               f"(e.g. {server.name}_*)")
+
+
 def with_allowed(servers: Sequence[McpServer], names: Sequence[str]) -> list[McpServer]:
     """``servers`` with ``--allow-tool`` names added to the allow-list of the server each
     names (``<server>_<tool>`` or ``<server>_*``; the longest server name that fits, so
@@ -290,6 +304,7 @@ def with_allowed(servers: Sequence[McpServer], names: Sequence[str]) -> list[Mcp
     return out
 
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "McpServer", "allowed", "command_name", "expand_vars",
+__all__ = ["DEFAULT_CALL_TIMEOUT_S", "McpServer", "allowed", "check_allow_list", "command_name",
+           "expand_vars",
            "is_destructive", "load_mcp_config", "server_from_entry", "tool_name",
            "with_allowed"]

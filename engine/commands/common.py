@@ -8,8 +8,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -17,6 +18,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import ProgressColumn, Task
+from rich.syntax import Syntax
 from rich.text import Text
 
 from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the commands
@@ -58,19 +60,38 @@ class _NoStatus:
         return None
 
 
+# The width of output that goes to a file or a pipe (no terminal, no COLUMNS): wide enough
+# that nothing a user copies (a trace id, a candidate's name, a command) is cut or wrapped,
+# as it was at rich's default of 80 columns.
+PIPED_WIDTH = 10_000
+
+
 class _CliConsole(Console):
-    """A console whose spinners are off under ``whetstone -q``."""
+    """A console whose spinners are off under ``whetstone -q``, and which draws no wider
+    than its text when its output is piped (``PIPED_WIDTH``)."""
 
     def status(self, *args: Any, **kwargs: Any) -> Any:
         return _NoStatus() if _quiet() else super().status(*args, **kwargs)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if self.width == PIPED_WIDTH:
+            # Code and diffs are padded to the console's width: to their longest line here.
+            for obj in objects:
+                if isinstance(obj, Syntax) and obj.code_width is None:
+                    obj.code_width = max((len(line) for line in obj.code.splitlines()),
+                                         default=0) + 1
+        super().print(*objects, **kwargs)
 
 
 def console(stderr: bool = False) -> Console:
     """A rich console; pass ``stderr=True`` for progress and diagnostics, which ``whetstone
     -q`` silences (errors print through ``fail``, never silenced). No emoji codes: text such
-    as ``pkg:X:`` (an import path, model output) prints as written."""
-    return _CliConsole(stderr=stderr, highlight=False, emoji=False,
-                       quiet=stderr and _quiet())
+    as ``pkg:X:`` (an import path, model output) prints as written. Piped (no terminal and
+    no ``COLUMNS``), it is ``PIPED_WIDTH`` wide: lines and tables keep their whole text."""
+    out = _CliConsole(stderr=stderr, highlight=False, emoji=False, quiet=stderr and _quiet())
+    if not out.is_terminal and not os.environ.get("COLUMNS"):
+        out.width = PIPED_WIDTH
+    return out
 
 
 def _error_console() -> Console:
@@ -167,6 +188,34 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def check_before_loading(*, specs: Sequence[str | None] = (),
+                         task_sets: Sequence[str | None] = (), scorer: str | None = None,
+                         rule: str | None = None, trace_filter: str | None = None) -> None:
+    """Raise now what a typo in these options would raise after the model loaded (seconds
+    for the embedded one): each model spec's family, each task set (read), the scorer, the
+    gate rule and the trace filter."""
+    # lazy: the registry, the task sets and the scorers; `whetstone --help` imports us
+    from whetstone.engine.backends.registry import default_registry as backends
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.gate_rules import parse_rule
+    from whetstone.engine.evaluation.scorers import get_scorer
+    from whetstone.library_store.traces import parse_trace_filter
+
+    registry = backends()
+    for spec in specs:
+        if spec:
+            registry.entry_for(spec)
+    for tasks in task_sets:
+        if tasks:
+            load_tasks(tasks)
+    if scorer:
+        get_scorer(scorer)
+    if rule:
+        parse_rule(rule)
+    if trace_filter:
+        parse_trace_filter(trace_filter)
+
+
 def default_library_path() -> Path:
     """``$WHETSTONE_HOME/library``."""
     return whetstone_home() / "library"
@@ -254,12 +303,36 @@ def methods_option(fn: F) -> F:
                              "(`whetstone methods` lists them).")(fn)
 
 
+def measured_rate(task: Task) -> float | None:
+    """Tasks per second as measured: the tasks completed over the wall time since the bar
+    started (None before the first one). Not rich's own estimate, which counts the tasks of
+    its last 30 s over the time from the first of them to the last: after a slow first task,
+    or when tasks finish in batches (``-j``), it read 2-30x the real rate."""
+    elapsed = task.finished_time if task.finished_time is not None else task.elapsed
+    if not task.completed or not elapsed:
+        return None
+    return task.completed / elapsed
+
+
 class RateColumn(ProgressColumn):
-    """Tasks per minute, from the bar's own speed estimate (``-`` until it has one)."""
+    """Tasks per minute, measured (``measured_rate``; ``-`` until a task is done)."""
 
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("- tasks/min" if speed is None else f"{speed * 60:.1f} tasks/min")
+        rate = measured_rate(task)
+        return Text("- tasks/min" if rate is None else f"{rate * 60:.1f} tasks/min")
+
+
+class EtaColumn(ProgressColumn):
+    """The time left at the measured rate (``-:--:--`` until a task is done)."""
+
+    def render(self, task: Task) -> Text:
+        rate = measured_rate(task)
+        if task.finished:
+            return Text("0:00:00")
+        if rate is None or task.remaining is None:
+            return Text("-:--:--")
+        left = int(task.remaining / rate + 0.5)
+        return Text(f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}")
 
 
 class Concurrency(click.ParamType):

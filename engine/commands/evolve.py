@@ -30,6 +30,7 @@ from rich.syntax import Syntax
 
 from whetstone.engine.commands.common import (
     RateColumn,
+    check_before_loading,
     concurrency_option,
     console,
     emit_json,
@@ -213,6 +214,8 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
     from whetstone.engine.api import Engine  # lazy: loads numpy and 31 more of our modules
 
+    check_before_loading(specs=(model, analyst), task_sets=(tasks_spec, gate_tasks),
+                         rule=gate_rule, trace_filter=trace_filter)
     err = console(stderr=True)
     with err.status(f"loading {model} …"):
         engine = Engine(model, library=library_path, checkpointing=False, solver=solver,

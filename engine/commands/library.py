@@ -7,7 +7,7 @@ rich, ``--json`` for machines; errors become a message, a hint and the exit code
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,25 +302,39 @@ def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None
 @handle_errors
 def validate_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
     """Check every skill against the Agent Skills rules, every learned tool against the
-    admission check, and every file against its hash."""
+    admission check, and every file against its hash; without --version also the hand edits
+    and drafts not committed yet (`skill new`), as `library commit` would check them."""
     lib = _open(library_path)
     snap = lib.snapshot(version)
-    problems = lib.validator(snap, None) if lib.validator else validate_library(snap)
+    check = lib.validator or validate_library
+    problems = check(snap, None)
     integrity = lib.verify(snap.id)
+    drafts = lib.view_changes(snap) if version is None else {}
+    draft_problems = check(lib.preview(drafts, label="hand-edits"), sorted(drafts)) \
+        if drafts else []
+    ok = not problems and not integrity and not draft_problems
     if as_json:
-        emit_json({"version": snap.id, "ok": not problems and not integrity,
-                   "problems": [_problem_dict(e) for e in problems], "integrity": integrity})
+        emit_json({"version": snap.id, "ok": ok,
+                   "problems": [_problem_dict(e) for e in problems], "integrity": integrity,
+                   "hand_edits": sorted(drafts),
+                   "hand_edit_problems": [_problem_dict(e) for e in draft_problems]})
     else:
         out = console()
         if problems:
             _print_problems(problems, title=f"problems in {snap.id}")
         for line in integrity:
             out.print(f"[bold red]integrity:[/] {escape(line)}", markup=True)
+        if draft_problems:
+            _print_problems(draft_problems, title="problems in the hand edits and drafts not "
+                                                  "committed yet (`library commit` refuses them)")
         if not problems and not integrity:
             n = len(skill_names(snap))
             out.print(f"[green]ok[/]: {snap.id} holds {n} valid skill(s); every file matches "
                       "its hash", markup=True)
-    if problems or integrity:
+        if drafts and not draft_problems:
+            out.print(f"[green]ok[/]: the {len(drafts)} hand-edited or drafted file(s) not "
+                      "committed yet pass too", markup=True)
+    if not ok:
         raise SystemExit(LibraryError.exit_code)
 
 
@@ -424,13 +438,30 @@ def candidates_ls(library_path: Path | None, as_json: bool) -> None:
         console().print("no candidates", markup=False)
         return
     table = Table(title="candidates")
-    for col in ("name", "base", "time", "method", "files", "scores", "message"):
+    # The name is what `candidates show|apply NAME` takes: never cut or folded.
+    table.add_column("name", no_wrap=True, min_width=max(len(c.name) for c in found))
+    for col in ("base", "time", "method", "files", "scores", "message"):
         table.add_column(col)
     for c in found:
-        scores = ", ".join(f"{k}={v}" for k, v in c.scores.items())
-        table.add_row(c.name, c.base, _when(c.created), c.method, str(len(c.changes)), scores,
-                      c.message[:60])
+        table.add_row(c.name, c.base, _when(c.created), c.method, str(len(c.changes)),
+                      escape(_scores_text(c.scores)), escape(c.message[:60]))
     console().print(table)
+
+
+def _scores_text(scores: Mapping[str, Any]) -> str:
+    """A candidate's scores in a few words: a gate decision as its verdict and two scores
+    (``candidates show`` has the rest), anything else cut short."""
+    parts = []
+    for key, value in scores.items():
+        if isinstance(value, Mapping) and "accepted" in value:
+            verdict = "accepted" if value.get("accepted") else "rejected"
+            cand, cur = value.get("candidate_score"), value.get("current_score")
+            both = isinstance(cand, (int, float)) and isinstance(cur, (int, float))
+            parts.append(f"{key} {verdict}" + (f" {cand:.3f} vs {cur:.3f}" if both else ""))
+        else:
+            text = " ".join(str(value).split())
+            parts.append(f"{key}: {text if len(text) <= 60 else text[:59] + '…'}")
+    return "; ".join(parts)
 
 
 @candidates_group.command("show")

@@ -45,22 +45,28 @@ def trace_store(library_path: Path | None) -> TraceStore:
 
 @traces_group.command("ls")
 @library_option
-@click.option("--outcome", default=None, help="answered | horizon | budget | timeout | "
-                                               "interrupted | error | running")
+@click.option("--outcome", default=None, help="answered | length | horizon | budget | "
+                                               "timeout | interrupted | error | running")
 @click.option("--task", "task_filter", default=None, help="Substring of the task.")
 @click.option("--kind", default=None, help="agent | direct | chat | verify | mcp | import "
                                            "(what made the trace).")
 @click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--ids", "ids_only", is_flag=True,
+              help="Print only the trace ids, one a line, whole (for scripts: `xargs`).")
 @json_option
 @handle_errors
 def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str | None,
-              kind: str | None, limit: int, as_json: bool) -> None:
+              kind: str | None, limit: int, ids_only: bool, as_json: bool) -> None:
     """List traces, newest last."""
     store = trace_store(library_path)
     found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit,
                                    source=None if kind is None else check_kind(kind)))
     for problem in store.problems:
         console(stderr=True).print(f"[yellow]warning:[/] {short(problem, 2000)}", markup=True)
+    if ids_only and not as_json:
+        for t in found:
+            click.echo(t.id)
+        return
     if as_json:
         emit_json([{"id": t.id, "kind": trace_kind(t), "task": t.task, "outcome": t.outcome,
                     "answer": t.answer,

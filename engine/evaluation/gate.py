@@ -208,6 +208,11 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
     ok, reasons = apply_rule(conds, ev)
     if left_out:
         reasons += (_failed_line(c, left_out),)
+    cut = [f"{which} {r.n_length}" for which, r in (("candidate", candidate),
+                                                    ("current", current)) if r.n_length]
+    if cut:
+        reasons += ("answers cut at the length limit (outcome length), scored as written: "
+                    + ", ".join(cut),)
     results = {k: r.meta["saved_to"] for k, r in (("candidate", candidate), ("current", current))
                if "saved_to" in r.meta}
     return Decision(

@@ -25,6 +25,7 @@ from whetstone.engine.errors import ConfigError, TasksFailed
 from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, run_gate
 from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
+from whetstone.engine.evolution.summary import held_summary
 from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
 from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.engine.types import LibraryVersion, Trace
@@ -236,8 +237,12 @@ def evolve(
         context.agent_tools = agent_tools
     say("fit")
     start = time.perf_counter()
-    patch = evolver.fit(chosen, library.snapshot(), analyst, labels, context=context)
+    snapshot = library.snapshot()
+    patch = evolver.fit(chosen, snapshot, analyst, labels, context=context)
     fit_s = round(time.perf_counter() - start, 3)
+    held = {*(p for p in snapshot.files() if p not in patch.changes),
+            *(p for p, text in patch.changes.items() if text is not None)}
+    patch = replace(patch, message=held_summary(patch.message, held, patch.changes))
     gate_set = gate_tasks if gate_tasks is not None else tasks_from_traces(chosen)
     which: list[str] = []
     result = gate_and_apply(

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 _SYSTEM_ROLES = ("system", "developer")
 MAX_BUDGET_TOKENS = 32_000
+# Sent by a wrapped client (``Engine.wrap``) that applied its library to the request: a
+# Whetstone server that gets it passes the request through unadapted, so a client wrapped
+# around a server's URL never has guidance put in twice. Other servers ignore the header.
+ADAPTED_HEADER = "X-Whetstone-Adapted"
 
 
 class Closeable(Protocol):

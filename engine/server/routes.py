@@ -30,7 +30,13 @@ from whetstone.engine.backends.openai_wire import (
 )
 from whetstone.engine.backends.redact import redact_spec
 from whetstone.engine.errors import BackendError, ConfigError, NotFound, WhetstoneError
-from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
+from whetstone.engine.server.adapter import (
+    ADAPTED_HEADER,
+    Adapted,
+    ChatAdapter,
+    ChatSwitches,
+    last_user_text,
+)
 from whetstone.engine.server.exchange import chat_trace, check_feedback
 from whetstone.engine.server.guard import (
     REQUEST_ID_HEADER,
@@ -132,6 +138,8 @@ async def chat_completions(request: Request) -> Response:
     try:
         call = state.service.parse(body)
         switches = ChatSwitches.from_body(body.get("whetstone"))
+        if request.headers.get(ADAPTED_HEADER):  # a wrapped client applied its library
+            switches = replace(switches, library=False)
         state.pipeline.check_verify(switches, call.stream, call.request.n)
     except WhetstoneError as exc:
         return whetstone_error_reply(state.metrics, exc, headers)

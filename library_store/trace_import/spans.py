@@ -23,6 +23,7 @@ from typing import Any
 
 from whetstone.engine.types import Step
 from whetstone.library_store.trace_import.common import (
+    BadRecord,
     Imported,
     build,
     feedback,
@@ -284,6 +285,9 @@ def trace_of_spans(spans: Sequence[Span], fmt: str, source: str) -> Imported:
     if task is None:
         first = next((st for st in steps if st.kind == "think"), None)
         task = _last_user(first.input.get("messages")) if first is not None else None
+    if not task and "whetstone.trace.id" in a:
+        # Whetstone's own spans carry the task only with --otel-content.
+        raise BadRecord("exported without content; export with --otel-content to import it")
     answer = a.get("whetstone.answer")
     if answer is not None and not isinstance(answer, str):
         answer = text_of(answer)
