@@ -387,3 +387,30 @@ def test_each_kind_is_answered_through_the_filesystem_server() -> None:
                 value = {"owner": team["display"], "lead": team["tech_lead"],
                          "channel": team["oncall_channel"]}[kind]
             assert value == t["expected"], (t, value)
+
+
+def test_the_agent_loop_reaches_the_filesystem_server(tmp_path: Path) -> None:
+    """``whetstone run`` with the stage's servers file: a model's calls in the agent's own
+    format, with relative paths, reach the server and its answers come back to the model."""
+    from click.testing import CliRunner  # only this test drives the command line
+
+    from whetstone.cli import cli
+
+    filesystem_server()
+    t, svc = next((t, e) for t, e in entities("repo") if t["metadata"]["kind"] == "release")
+    where = env_repo.service_dir(stage("repo") / "tree", svc).relative_to(stage("repo") / "tree")
+    replies = tmp_path / "replies.json"
+    replies.write_text(json.dumps({"replies": [
+        f'Action: repo_search_files[{json.dumps({"path": ".", "pattern": f"**/{svc}"})}]',
+        f'Action: repo_read_text_file[{json.dumps({"path": f"{where.as_posix()}/VERSION"})}]',
+        f"Final Answer: {t['expected']}"]}))
+    res = CliRunner().invoke(cli, ["run", t["question"], "--tools", "", "--mcp-config",
+                                   str(stage("repo") / "servers.json"), "--model",
+                                   f"scripted:{replies}", "--json"])
+    assert res.exit_code == 0, res.output
+    trace = json.loads(res.stdout)
+    acts = [s for s in trace["steps"] if s["kind"] == "act"]
+    assert [a["meta"]["tool"]["mcp"]["tool"] for a in acts] == ["search_files", "read_text_file"]
+    assert where.as_posix() in acts[0]["output"]["observation"]
+    assert acts[1]["output"]["observation"].strip() == t["expected"]
+    assert trace["answer"] == t["expected"]
