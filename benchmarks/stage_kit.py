@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from whetstone.engine.evaluation.tasks import split_of
+
 SCORER = "value"
 MIN_SPLITS = {"train": 300, "dev": 150, "test": 300}
 _ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
@@ -68,8 +70,6 @@ def interleave(by_kind: Mapping[str, Sequence[dict[str, Any]]]) -> list[dict[str
 
 
 def split_counts(tasks: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    from whetstone.engine.evaluation.tasks import split_of  # lazy: the package loads only here
-
     counts = {"train": 0, "dev": 0, "test": 0}
     for t in tasks:
         counts[split_of(str(t["id"]))] += 1
