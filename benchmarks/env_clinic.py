@@ -176,7 +176,8 @@ def encounters(rng: random.Random, patients: list[tuple[Any, ...]],
     drafts = sorted((first + dt.timedelta(days=rng.randrange(1270),
                                           minutes=rng.randrange(9 * 60, 17 * 60)),
                      rng.choices(patients, weights)[0][0]) for _ in range(2600))
-    rows, bills = [], []
+    rows: list[tuple[Any, ...]] = []
+    bills: list[tuple[Any, ...]] = []
     for n, (when, mrn) in enumerate(drafts):
         enc_no = 700_003 + n * 7 + rng.randrange(7)
         rows.append((enc_no, mrn, rng.choice(staff)[0], seconds(when), rng.choice(OUTCOMES)[0],

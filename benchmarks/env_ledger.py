@@ -151,7 +151,8 @@ def make_rows(rng: random.Random) -> dict[str, list[tuple[Any, ...]]]:
     titles = items[:300]
 
     start, end = dt.date(2015, 1, 1), dt.date(2023, 12, 31)
-    accounts, twins = [], set(rng.sample(names, 26))
+    accounts: list[tuple[Any, ...]] = []
+    twins = set(rng.sample(names, 26))
     for name in names:
         for deleted in ((1, 0) if name in twins else (0,)):
             day = start + dt.timedelta(days=rng.randrange((end - start).days))

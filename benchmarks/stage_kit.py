@@ -127,7 +127,8 @@ def sql_questions(db: sqlite3.Connection, rng: random.Random, prefix: str, *,
     pools = {name: [r[0] for r in db.execute(sql)] for name, sql in entities.items()}
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for kind, texts in phrasings.items():
-        name, made = slot[kind], []
+        name = slot[kind]
+        made: list[dict[str, Any]] = []
         for entity in rng.sample(pools[name], len(pools[name])):
             value = sql_label(db, labels[kind], entity, digits)
             if value == 0:
