@@ -303,7 +303,8 @@ class Engine:
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
-        scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
+        scores on ``gate_tasks`` (default: the traces' own dev-split tasks, held out from the
+        evolver; a ``ConfigError`` when there are none: docs/gate.md) by ``rule`` (default
         ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
         fields, as ``whetstone methods`` lists them).
         ``on_progress(phase, done, total)`` reports collection, fitting and the gate.

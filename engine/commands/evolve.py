@@ -60,7 +60,9 @@ def _shared_options() -> list[click.Option]:
         click.option("--analyst", default=None, help="Analyst model spec (default: the "
                                                      "--model)."),
         click.option("--gate-tasks", default=None, metavar="SET",
-                     help="Held-out tasks for the gate (default: the traces' own tasks)."),
+                     help="Held-out tasks for the gate, e.g. gsm8k@dev:0:30 (default: the "
+                          "traces' tasks in the dev split, held out from the evolver; none: "
+                          "an error)."),
         click.option("--gate-rule", default=DEFAULT_RULE, show_default=True,
                      help="cost_aware: a clear gain passes; a tie passes only when the dev set "
                           "rules out a 10-point regression and the change costs no more "

@@ -8,7 +8,9 @@ version on the gate's tasks (the dev split) and what each run cost per task:
 - anything else is a tie, a difference inside the noise of the dev set. A tie is accepted only
   when the dev set could not have missed a regression of ``MARGIN`` (10 points) or more and the
   candidate does not make runs more expensive: at most ``MAX_TOKEN_RATIO`` (1.02) times the
-  current's tokens per task. Otherwise it is rejected, saying which.
+  current's tokens per task, and does not score lower (cost never buys a negative
+  difference: fewer tokens can mean the model gave up sooner). Otherwise it is rejected,
+  saying which.
 
 ``run_gate`` widens an underpowered tie's dev set once before deciding, to a larger slice of the
 same split where one exists (``wider_slice``); the decision says when it still could not tell.
@@ -107,6 +109,7 @@ class Decision:
     candidate_latency_s: float = 0.0
     current_latency_s: float = 0.0
     widened_from: Mapping[str, Any] | None = None  # the first slice's figures, when widened
+    tasks: tuple[str, ...] = ()  # the ids of every task the decision read, left out included
 
     @property
     def token_ratio(self) -> float | None:
@@ -138,6 +141,7 @@ class Decision:
             "token_ratio": self.token_ratio, "candidate_latency_s": self.candidate_latency_s,
             "current_latency_s": self.current_latency_s, "latency_ratio": self.latency_ratio,
             "widened_from": dict(self.widened_from) if self.widened_from else None,
+            "tasks": list(self.tasks),
         }
 
 
@@ -220,7 +224,7 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         verdict=ev.verdict, could_miss=ev.could_miss, power_bound=power_bound,
         candidate_tokens=ev.candidate_tokens or 0.0, current_tokens=ev.current_tokens or 0.0,
         candidate_latency_s=ev.candidate_latency_s or 0.0,
-        current_latency_s=ev.current_latency_s or 0.0,
+        current_latency_s=ev.current_latency_s or 0.0, tasks=c.task_ids + left_out,
     )
 
 

@@ -70,13 +70,21 @@ class Evidence:
     def verdict(self) -> str:
         """``gain`` (interval above 0), ``loss`` (below 0) or ``tie`` (it holds 0). Each task
         left out could have gone either way: the interval over all tasks counts it as a loss
-        at its lower end and a win at its upper end, so failures never make a gain clear."""
+        at its lower end and a win at its upper end, so failures never make a gain clear.
+        With 0/1 scores McNemar's exact test must agree (p below 1 - confidence): on a few
+        tasks the percentile bootstrap reports [+1, +1] for two wins out of two, where
+        p = 0.5."""
         n, k = self.n, self.left_out
-        if n + k == 0:
+        if n + k == 0 or not self.significant:
             return "tie"
         if (n * self.ci_low - k) / (n + k) > EPS:
             return "gain"
         return "loss" if (n * self.ci_high + k) / (n + k) < -EPS else "tie"
+
+    @property
+    def significant(self) -> bool:
+        """McNemar's exact p is below 1 - confidence, or there is none (scores not 0/1)."""
+        return self.p_value is None or self.p_value < 1.0 - self.confidence - EPS
 
     @property
     def could_miss(self) -> float:
@@ -197,7 +205,12 @@ def _cost_aware(ev: Evidence) -> tuple[bool | None, tuple[str, ...]]:
         reasons.append(f"{tokens}: " + ("not more expensive" if tokens_ok else
                                         f"more expensive on a tie (> {MAX_TOKEN_RATIO:g}x)"))
     reasons.append(latency)
-    if not ev.powered or tokens_ok is False:
+    lower = ev.difference < -EPS
+    if lower:
+        # Fewer tokens can mean the model gave up sooner: cost never buys a lower score.
+        reasons.append(f"the candidate scores lower ({ev.difference:+.3f}): on a tie, cost "
+                       "decides only when the difference is not negative")
+    if not ev.powered or tokens_ok is False or lower:
         return False, tuple(reasons)
     return (None if tokens_ok is None else True), tuple(reasons)
 

@@ -21,10 +21,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ConfigError, TasksFailed
+from whetstone.engine.errors import ConfigError, EvalError, TasksFailed
+from whetstone.engine.evaluation.answers import normalise
 from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, run_gate
+from whetstone.engine.evaluation.gate import gate_tasks as resolve_gate_tasks
 from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
-from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, tasks_from_traces
+from whetstone.engine.evaluation.tasks import (
+    TaskRecord,
+    TaskSet,
+    parse_spec,
+    split_of,
+    tasks_from_traces,
+)
 from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
 from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.engine.types import LibraryVersion, Trace
@@ -69,6 +77,123 @@ def select_traces(library: Library, query: TraceQuery, *, limit: int | None = No
     return traces
 
 
+HELD_OUT = "dev"  # the split of the traces' tasks the default gate decides on
+
+
+def task_key(trace: Trace) -> str:
+    """What a trace's task is for the split rule: its task id (set by eval, and by imports
+    that carry one), else its question text, so two runs of one question share a split."""
+    return str(trace.meta.get("task_id") or trace.task)
+
+
+@dataclass
+class GateSplit:
+    """Which traces the evolver learns from and which tasks the gate decides on: never the
+    same task. ``withheld``: traces kept from the evolver, by why (``dev``: the gate's,
+    ``test``: left for a test report, ``gate``: a task of the gate set named)."""
+
+    train: list[Trace]
+    gate: TaskSet | Sequence[TaskRecord]
+    withheld: dict[str, int] = field(default_factory=dict)
+    held_out: bool = False  # the gate's tasks were held out by the split rule (no gate named)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"train_traces": len(self.train), "gate_tasks": len(self.gate),
+                "held_out": self.held_out, "withheld": dict(self.withheld)}
+
+
+def _suggest_gate(tasks: TaskSet | None) -> str:
+    """``--gate-tasks`` for the set the evolve learns from: its dev split."""
+    if tasks is not None:
+        try:
+            return f"{parse_spec(tasks.name).source}@{HELD_OUT}:0:30"
+        except EvalError:
+            pass
+    return f"SET@{HELD_OUT}:0:30"
+
+
+def _no_held_out(why: str, tasks: TaskSet | None) -> ConfigError:
+    return ConfigError(
+        f"the gate has no held-out task: {why}, and it never decides on a task the evolver "
+        "learned from",
+        hint=f"name held-out tasks: --gate-tasks {_suggest_gate(tasks)} (Python: "
+             "gate_tasks=...); docs/gate.md, \"Which tasks the gate decides on\"")
+
+
+def plan_gate(tasks: TaskSet | None,
+              gate_tasks: TaskSet | Sequence[TaskRecord] | str | None, *,
+              need_gate: bool = True
+              ) -> tuple[TaskSet | None, TaskSet | Sequence[TaskRecord] | None]:
+    """Before any trace is read: (the tasks the evolve learns from, the gate's tasks; None:
+    the traces' held-out tasks, ``split_for_gate``). Named ``gate_tasks`` leave ``tasks``
+    without them (by id or question); otherwise the gate takes ``tasks``' dev split (the
+    records themselves) and the evolve learns from its train split only. ``ConfigError``
+    with the command to run when that leaves the gate nothing (``need_gate``)."""
+    if gate_tasks is not None:
+        gate = resolve_gate_tasks(gate_tasks)
+        ids, questions = {t.id for t in gate}, {normalise(t.prompt) for t in gate}
+        learn = None if tasks is None else TaskSet(name=tasks.name, tasks=tuple(
+            t for t in tasks if t.id not in ids and normalise(t.prompt) not in questions))
+        return learn, gate
+    if tasks is None:
+        return None, None
+    dev = tuple(t for t in tasks if split_of(t.id) == HELD_OUT)
+    if need_gate and not dev:
+        raise _no_held_out(f"none of the {len(tasks)} tasks of {tasks.name} falls in the "
+                           f"{HELD_OUT} split", tasks)
+    learn = TaskSet(name=tasks.name, tasks=tuple(t for t in tasks if split_of(t.id) == "train"))
+    return learn, TaskSet(name=f"{tasks.name}, its {HELD_OUT} split", tasks=dev)
+
+
+def split_for_gate(traces: Sequence[Trace], *,
+                   gate: TaskSet | Sequence[TaskRecord] | None = None, held_out: bool = True,
+                   tasks: TaskSet | None = None, scorer: str | None = None,
+                   need_gate: bool = True) -> GateSplit:
+    """Keep the gate's tasks out of what the evolver learns from.
+
+    ``held_out`` (no gate named): the traces' tasks are split by the split rule
+    (``split_of(task_key(trace))``): ``train`` traces learn, ``dev`` ones are the gate's (its
+    tasks: ``gate`` when ``plan_gate`` gave them, else the labelled dev traces as tasks, scored
+    by ``scorer`` when given), ``test`` ones do neither (a test report on the same set stays
+    clean). Otherwise every trace whose task is one of ``gate``'s, by id or by question, is
+    withheld. ``ConfigError`` naming ``--gate-tasks`` when no held-out task exists
+    (``need_gate``), or when every trace given is the gate's."""
+    if held_out:
+        by_split: dict[str, list[Trace]] = {"train": [], "dev": [], "test": []}
+        for t in traces:
+            by_split[split_of(task_key(t))].append(t)
+        if gate is None:
+            newest: dict[str, Trace] = {}
+            for t in by_split[HELD_OUT]:
+                if t.label is not None:
+                    newest[task_key(t)] = t  # oldest first: one task per question, the newest
+            gate = tasks_from_traces(list(newest.values()), scorer=scorer or "normalised",
+                                     name=f"the traces' {HELD_OUT} split",
+                                     scorer_wins=scorer is not None)
+            if need_gate and not len(gate):
+                dev = len(by_split[HELD_OUT])
+                raise _no_held_out(
+                    f"none of the {dev} trace(s) of {HELD_OUT}-split tasks has a label (an "
+                    "expected answer)" if dev else f"no task of the {len(traces)} trace(s) "
+                    f"falls in the {HELD_OUT} split", tasks)
+        split = GateSplit(by_split["train"], gate, {k: len(v) for k, v in by_split.items()
+                                                    if k != "train" and v}, held_out=True)
+    else:
+        gate = gate or ()
+        ids, questions = {t.id for t in gate}, {normalise(t.prompt) for t in gate}
+        train = [t for t in traces
+                 if task_key(t) not in ids and normalise(t.task) not in questions]
+        split = GateSplit(train, gate, {"gate": len(traces) - len(train)}
+                          if len(train) < len(traces) else {})
+    if traces and not split.train:
+        raise ConfigError(
+            f"nothing to learn from: every one of the {len(traces)} trace(s) is a task the "
+            "gate decides on (" + ", ".join(f"{n} {k}" for k, n in split.withheld.items())
+            + ")", hint="learn from other tasks (--tasks SET@train, --traces FILTER), or "
+                        "gate on other tasks (--gate-tasks SET@dev)")
+    return split
+
+
 @dataclass
 class EvolveResult:
     """What happened to a patch. Exactly one of ``version`` / ``candidate`` is set when the
@@ -82,6 +207,7 @@ class EvolveResult:
     seconds: dict[str, float] = field(default_factory=dict)
     note: str = ""
     traces: int = 0
+    split: dict[str, Any] = field(default_factory=dict)  # GateSplit.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -91,7 +217,7 @@ class EvolveResult:
             "version": self.version.id if self.version else None,
             "candidate": self.candidate, "seconds": self.seconds, "note": self.note,
             "details": dict(self.patch.details), "costs": dict(self.patch.costs),
-            "traces": self.traces,
+            "traces": self.traces, "split": dict(self.split),
         }
 
 
@@ -217,18 +343,22 @@ def evolve(
 
     ``traces`` are used as given; otherwise ``query`` (default: every finished trace)
     selects them from the library's store, newest ``limit``, only ``tasks``' own when given
-    (running ``tasks`` first when none are stored). The gate scores on ``gate_tasks``
-    (default: the traces' own tasks); a gate run with failed tasks decides nothing unless
-    ``allow_errors`` (see ``gate_and_apply``). ``agent_tools()``: the tools the agent runs
-    with (``EvolveContext.agent_tools``).
+    (running ``tasks`` first when none are stored). The gate scores on ``gate_tasks``;
+    without, on the traces' own dev-split tasks, held out from the evolver
+    (``split_for_gate``: the gate never decides on a task the evolver learned from). A gate
+    run with failed tasks decides nothing unless ``allow_errors`` (see ``gate_and_apply``).
+    ``agent_tools()``: the tools the agent runs with (``EvolveContext.agent_tools``).
     """
     report = on_progress or (lambda phase, done, total: None)
     say = on_phase or (lambda phase: None)
+    learn, gate = plan_gate(tasks, gate_tasks, need_gate=not dry_run)
     chosen = list(traces) if traces is not None else select_traces(
-        library, query or TraceQuery(), limit=limit, tasks=tasks, make_solver=make_solver,
+        library, query or TraceQuery(), limit=limit, tasks=learn, make_solver=make_solver,
         concurrency=concurrency, seed=seed, model=model, on_progress=report)
+    split = split_for_gate(chosen, gate=gate, held_out=gate_tasks is None, tasks=tasks,
+                           need_gate=not dry_run)
     context = EvolveContext(
-        library=library, make_solver=make_solver, tasks=tasks, store=library.traces,
+        library=library, make_solver=make_solver, tasks=learn, store=library.traces,
         model=model, seed=seed, concurrency=concurrency, max_agent_runs=max_agent_runs,
         on_progress=lambda phase, done, total: report(f"{evolver.name} {phase}", done, total),
         on_phase=say)
@@ -236,15 +366,15 @@ def evolve(
         context.agent_tools = agent_tools
     say("fit")
     start = time.perf_counter()
-    patch = evolver.fit(chosen, library.snapshot(), analyst, labels, context=context)
+    patch = evolver.fit(split.train, library.snapshot(), analyst, labels, context=context)
     fit_s = round(time.perf_counter() - start, 3)
-    gate_set = gate_tasks if gate_tasks is not None else tasks_from_traces(chosen)
     which: list[str] = []
     result = gate_and_apply(
-        patch, library, make_solver=make_solver, gate_tasks=gate_set, rule=rule, seed=seed,
+        patch, library, make_solver=make_solver, gate_tasks=split.gate, rule=rule, seed=seed,
         concurrency=concurrency, candidate_name=candidate_name, dry_run=dry_run,
         on_progress=lambda done, n, r: report(f"gate: {which[-1]}", done, n),
         on_phase=say, on_run=which.append, allow_errors=allow_errors)
-    result.traces = len(chosen)
+    result.traces = len(split.train)
+    result.split = split.to_dict()
     result.seconds["fit"] = fit_s
     return result
