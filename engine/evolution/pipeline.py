@@ -134,6 +134,11 @@ def plan_gate(tasks: TaskSet | None,
         ids, questions = {t.id for t in gate}, {normalise(t.prompt) for t in gate}
         learn = None if tasks is None else TaskSet(name=tasks.name, tasks=tuple(
             t for t in tasks if t.id not in ids and normalise(t.prompt) not in questions))
+        if tasks is not None and learn is not None and len(tasks) and not len(learn):
+            raise ConfigError(f"nothing to learn from: every task of {tasks.name} is one the "
+                              "gate decides on", hint="gate on other tasks than you learn "
+                                                      "from: --tasks SET@train --gate-tasks "
+                                                      "SET@dev")
         return learn, gate
     if tasks is None:
         return None, None
