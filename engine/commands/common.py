@@ -202,6 +202,31 @@ def solver_option(fn: F) -> F:
              "library's guidance (the baseline the agent is read against).")(fn)
 
 
+def _check_scorer(ctx: click.Context, param: click.Parameter, value: str | None
+                  ) -> str | None:
+    """A scorer name that does not resolve fails as the options are read, before a model
+    loads: an unknown built-in, a missing file or function."""
+    if value is not None:
+        # lazy: `whetstone --help` imports every command module; scorers load the evaluation
+        from whetstone.engine.evaluation.scorers import get_scorer
+
+        try:
+            get_scorer(value)
+        except WhetstoneError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})", ctx, param) from None
+    return value
+
+
+def scorer_option(fn: F) -> F:
+    """``--scorer NAME``: score every task with a scorer the person chose (a built-in name,
+    ``FILE.py:FUNCTION`` or ``module:FUNCTION``) instead of each task's own."""
+    return click.option(
+        "--scorer", default=None, metavar="NAME", callback=_check_scorer,
+        help="Score every task with this scorer instead of its own: exact, normalised, "
+             "numeric[:TOL], contains, value[:TOL], f1, choice, ... or FILE.py:FUNCTION / "
+             "module:FUNCTION (`whetstone eval --help`).")(fn)
+
+
 _SHORTCUTS = "whetstone.method_shortcuts"  # ctx.meta: {(method, knob): (flag, value)}
 
 

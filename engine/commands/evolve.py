@@ -37,6 +37,7 @@ from whetstone.engine.commands.common import (
     json_option,
     library_option,
     model_option,
+    scorer_option,
     solver_option,
 )
 from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
@@ -67,6 +68,7 @@ def _shared_options() -> list[click.Option]:
                      help="cost_aware: a clear gain passes; a tie passes only when the dev set "
                           "rules out a 10-point regression and the change costs no more "
                           "tokens; mean_not_worse: the old rule (docs/gate.md)."),
+        scorer_option,
         click.option("--allow-errors", is_flag=True,
                      help="Let the gate decide even when some of its tasks failed (their "
                           "errors are listed; by default the change is kept as a candidate)."),
@@ -208,7 +210,7 @@ def _bar(err: Any) -> Progress:
 
 def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          trace_filter: str | None, limit: int | None, model: str, analyst: str | None,
-         gate_tasks: str | None, gate_rule: str, allow_errors: bool,
+         gate_tasks: str | None, gate_rule: str, allow_errors: bool, scorer: str | None,
          concurrency: int | None, seed: int,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
          solver: str, as_json: bool, agent_tools: list[Any]) -> None:
@@ -233,7 +235,7 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
                 analyst=analyst, gate_tasks=load_tasks(gate_tasks) if gate_tasks else None,
                 rule=gate_rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, on_progress=on_progress,
-                allow_errors=allow_errors, **options)
+                allow_errors=allow_errors, scorer=scorer, **options)
     finally:
         engine.close()
     if as_json:

@@ -110,6 +110,7 @@ class Decision:
     current_latency_s: float = 0.0
     widened_from: Mapping[str, Any] | None = None  # the first slice's figures, when widened
     tasks: tuple[str, ...] = ()  # the ids of every task the decision read, left out included
+    scorer_fit: Mapping[str, Any] | None = None  # set when most tasks scored 0 on both sides
 
     @property
     def token_ratio(self) -> float | None:
@@ -142,6 +143,7 @@ class Decision:
             "current_latency_s": self.current_latency_s, "latency_ratio": self.latency_ratio,
             "widened_from": dict(self.widened_from) if self.widened_from else None,
             "tasks": list(self.tasks),
+            "scorer_fit": dict(self.scorer_fit) if self.scorer_fit else None,
         }
 
 
@@ -163,6 +165,33 @@ def _per_task(result: EvalResult, ids: Sequence[str], what: str) -> float:
     by_id = {r.task_id: r for r in result.results}
     values = [float(getattr(by_id[t], what)) for t in ids]
     return sum(values) / len(values) if values else 0.0
+
+
+def _cut(value: Any, most: int = 80) -> str:
+    text = " ".join(str("" if value is None else value).split())
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def scorer_fit(candidate: EvalResult, current: EvalResult, ids: Sequence[str],
+               shown: int = 3) -> tuple[str, dict[str, Any]] | None:
+    """When more than half of the paired ``ids`` scored 0 in both runs, a reason saying the
+    scorer may not fit, with ``shown`` answer/label pairs (the current run's, answered tasks
+    first), and the figures; None otherwise. A scorer that reads the answer wrongly (exact
+    match on "2.5 meters" against "2.5") scores both sides 0 and the gate sees a tie."""
+    cur = {r.task_id: r for r in current.results}
+    cand = {r.task_id: r for r in candidate.results}
+    zero = [t for t in ids if cur[t].score == 0 and cand[t].score == 0]
+    if not ids or len(zero) * 2 <= len(ids):
+        return None
+    picked = sorted(zero, key=lambda t: not (cur[t].answer or "").strip())[:shown]
+    pairs = [{"task": t, "answer": _cut(cur[t].answer), "label": _cut(cur[t].expected)}
+             for t in picked]
+    shown_pairs = "; ".join(f"{p['answer']!r} for {p['label']!r}" for p in pairs)
+    why = (f"the scorer ({candidate.scorer}) may not fit: {len(zero)} of {len(ids)} paired "
+           f"tasks scored 0 on both sides; answer for label: {shown_pairs}. If these answers "
+           "are right, choose the scorer: --scorer value, numeric, contains, or "
+           "FILE.py:FUNCTION")
+    return why, {"both_zero": len(zero), "paired": len(ids), "pairs": pairs}
 
 
 def _failed_line(c: Comparison, left_out: Sequence[str], most: int = 5) -> str:
@@ -210,6 +239,9 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         candidate_latency_s=_per_task(candidate, c.task_ids, "latency_s"),
         current_latency_s=_per_task(current, c.task_ids, "latency_s"))
     ok, reasons = apply_rule(conds, ev)
+    fit = scorer_fit(candidate, current, c.task_ids)
+    if fit is not None:
+        reasons += (fit[0],)
     if left_out:
         reasons += (_failed_line(c, left_out),)
     results = {k: r.meta["saved_to"] for k, r in (("candidate", candidate), ("current", current))
@@ -225,6 +257,7 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         candidate_tokens=ev.candidate_tokens or 0.0, current_tokens=ev.current_tokens or 0.0,
         candidate_latency_s=ev.candidate_latency_s or 0.0,
         current_latency_s=ev.current_latency_s or 0.0, tasks=c.task_ids + left_out,
+        scorer_fit=fit[1] if fit is not None else None,
     )
 
 

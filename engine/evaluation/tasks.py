@@ -238,10 +238,10 @@ def read_jsonl(path: Path | str, *, trust_scorers: bool = False) -> TaskSet:
 def is_user_scorer(name: str) -> bool:
     """Whether ``whetstone.engine.evaluation.scorers.get_scorer(name)`` would import code: a
     ``module:function`` or ``file.py:function`` name. Built-in names hold no colon but
-    ``numeric:TOL``. A data file may not name one (``read_jsonl``): that would let the file
-    choose code to run."""
+    ``numeric:TOL`` and ``value:TOL``. A data file may not name one (``read_jsonl``): that
+    would let the file choose code to run."""
     head, sep, tail = name.strip().partition(":")
-    return bool(sep and tail) and head.strip().lower() != "numeric"
+    return bool(sep and tail) and head.strip().lower() not in ("numeric", "value")
 
 
 def _refuse_code_scorer(task: TaskRecord, where: str) -> None:

@@ -56,10 +56,12 @@ def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[T
 def select_traces(library: Library, query: TraceQuery, *, limit: int | None = None,
                   tasks: TaskSet | None = None, make_solver: Callable[[Snapshot | None], Solver]
                   | None = None, concurrency: int = 1, seed: int = 0, model: str = "",
-                  on_progress: Progress | None = None) -> list[Trace]:
+                  on_progress: Progress | None = None, scorer: str | None = None
+                  ) -> list[Trace]:
     """The training traces ``query`` selects (``training_traces``). With ``tasks``, only that
     set's traces; when none are stored yet and ``make_solver`` is given, the set is run first
-    (phase ``collect <name>``). ``ConfigError`` when nothing matches."""
+    (phase ``collect <name>``, scored by ``scorer`` when given). ``ConfigError`` when nothing
+    matches."""
     if tasks is not None:
         query = replace(query, task_set=tasks.name)
     traces = training_traces(library.traces.query(query), limit)
@@ -67,7 +69,7 @@ def select_traces(library: Library, query: TraceQuery, *, limit: int | None = No
         report = on_progress or (lambda phase, done, total: None)
         phase = f"collect {tasks.name}"
         report(phase, 0, len(tasks))
-        evaluate(tasks, make_solver(None), concurrency=concurrency, seed=seed,
+        evaluate(tasks, make_solver(None), scorer, concurrency=concurrency, seed=seed,
                  store=library.traces, model=model or None,
                  on_progress=lambda done, n, r: report(phase, done, n))
         traces = training_traces(library.traces.query(query), limit)
@@ -258,8 +260,10 @@ def gate_and_apply(
     on_phase: Callable[[str], None] | None = None,
     on_run: Callable[[str], None] | None = None,
     allow_errors: bool = False,
+    scorer: str | None = None,
 ) -> EvolveResult:
     """Score ``patch`` against the current version and land it as a version or a candidate.
+    ``scorer`` (a name ``get_scorer`` reads) scores every gate task instead of its own.
     ``on_run`` is told which of the gate's two runs ("current", "candidate") starts. When
     tasks fail in a gate run, nothing is decided (unless ``allow_errors``): the patch is kept
     as a candidate and ``note`` names the failed tasks."""
@@ -285,7 +289,7 @@ def gate_and_apply(
     start = time.perf_counter()
     try:
         decision = run_gate(
-            gate_tasks, make_solver(preview), make_solver(current), rule=rule, seed=seed,
+            gate_tasks, make_solver(preview), make_solver(current), scorer, rule=rule, seed=seed,
             concurrency=concurrency, store=library.traces, candidate_version=preview.id,
             current_version=current.id, on_progress=on_progress, on_run=on_run,
             allow_errors=allow_errors)
@@ -343,6 +347,7 @@ def evolve(
     on_phase: Callable[[str], None] | None = None,
     allow_errors: bool = False,
     agent_tools: Callable[[], Sequence[Tool]] | None = None,
+    scorer: str | None = None,
 ) -> EvolveResult:
     """Learn from traces with ``evolver`` and land the patch through the gate.
 
@@ -353,15 +358,19 @@ def evolve(
     (``split_for_gate``: the gate never decides on a task the evolver learned from). A gate
     run with failed tasks decides nothing unless ``allow_errors`` (see ``gate_and_apply``).
     ``agent_tools()``: the tools the agent runs with (``EvolveContext.agent_tools``).
+    ``scorer`` (the person's choice: ``--scorer``) scores every task instead of its own: the
+    runs collected, the evolver's own runs of ``tasks`` and the gate.
     """
     report = on_progress or (lambda phase, done, total: None)
     say = on_phase or (lambda phase: None)
     learn, gate = plan_gate(tasks, gate_tasks, need_gate=not dry_run)
+    if scorer is not None and learn is not None:
+        learn = TaskSet(name=learn.name, tasks=tuple(t.with_(scorer=scorer) for t in learn))
     chosen = list(traces) if traces is not None else select_traces(
         library, query or TraceQuery(), limit=limit, tasks=learn, make_solver=make_solver,
-        concurrency=concurrency, seed=seed, model=model, on_progress=report)
+        concurrency=concurrency, seed=seed, model=model, on_progress=report, scorer=scorer)
     split = split_for_gate(chosen, gate=gate, held_out=gate_tasks is None, tasks=tasks,
-                           need_gate=not dry_run)
+                           scorer=scorer, need_gate=not dry_run)
     context = EvolveContext(
         library=library, make_solver=make_solver, tasks=learn, store=library.traces,
         model=model, seed=seed, concurrency=concurrency, max_agent_runs=max_agent_runs,
@@ -378,7 +387,7 @@ def evolve(
         patch, library, make_solver=make_solver, gate_tasks=split.gate, rule=rule, seed=seed,
         concurrency=concurrency, candidate_name=candidate_name, dry_run=dry_run,
         on_progress=lambda done, n, r: report(f"gate: {which[-1]}", done, n),
-        on_phase=say, on_run=which.append, allow_errors=allow_errors)
+        on_phase=say, on_run=which.append, allow_errors=allow_errors, scorer=scorer)
     result.traces = len(split.train)
     result.split = split.to_dict()
     result.seconds["fit"] = fit_s
