@@ -294,6 +294,7 @@ class Engine:
                rule: str = DEFAULT_RULE, seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
+               on_phase: Callable[[str], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
                allow_errors: bool = False, scorer: str | None = None,
                **options: Any) -> EvolveResult:
@@ -309,7 +310,9 @@ class Engine:
         evolver; a ``ConfigError`` when there are none: docs/gate.md) by ``rule`` (default
         ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
         fields, as ``whetstone methods`` lists them).
-        ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
+        ``on_progress(phase, done, total)`` reports collection, the traces read, fitting,
+        the analyst calls (``total`` 0: a running count) and the gate; ``on_phase(text)`` says
+        what begins (the traces read and held out, the fit, the gate).
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
@@ -350,7 +353,7 @@ class Engine:
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
-                max_agent_runs=max_agent_runs, on_progress=on_progress,
+                max_agent_runs=max_agent_runs, on_progress=on_progress, on_phase=on_phase,
                 allow_errors=allow_errors, agent_tools=runner._tool_list, scorer=scorer)
         finally:
             if own:

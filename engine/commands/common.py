@@ -5,11 +5,12 @@ Progress bars, colours and exit codes live here and in the commands, never in th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -84,9 +85,15 @@ class _LogHandler(logging.Handler):
     def __init__(self, level: int, named: bool) -> None:
         super().__init__(level)
         self.named = named
+        self.as_json = False  # one JSON event a line (`evolve --json`: log_events_as_json)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if self.as_json:
+                click.echo(json.dumps({"event": "log", "level": record.levelname.lower(),
+                                       "logger": record.name, "text": self.format(record)},
+                                      ensure_ascii=False), err=True)
+                return
             name = f"{record.name}: " if self.named else ""
             text = escape(name + self.format(record))
             style = "red" if record.levelno >= logging.ERROR else \
@@ -98,6 +105,20 @@ class _LogHandler(logging.Handler):
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@contextlib.contextmanager
+def log_events_as_json() -> Iterator[None]:
+    """While inside, the command's log records (warnings) go to stderr as JSON events, one a
+    line (``{"event": "log", "level": ..., "text": ...}``), like its progress."""
+    handlers = [h for h in logging.getLogger("whetstone").handlers if isinstance(h, _LogHandler)]
+    for h in handlers:
+        h.as_json = True
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.as_json = False
 
 
 def configure_logging(verbose: int, quiet: bool, env_level: str | None) -> int:

@@ -24,6 +24,7 @@ from whetstone.engine.commands.common import (
     json_option,
     library_option,
 )
+from whetstone.engine.commands.decisions import print_record
 from whetstone.engine.errors import LibraryError, NotFound, ValidationError
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.library_tools import import_check, validate_library
@@ -159,10 +160,9 @@ def show_cmd(name: str, file: str | None, version: str | None, library_path: Pat
                 return
             out = console()
             out.print(f"[bold]{m.id}[/] parent {m.parent or '-'}  {_when(m.created)}  "
-                      f"[cyan]{escape(m.method)}[/]  {escape(m.message)}", markup=True)
-            for key in ("scores", "costs"):
-                if getattr(m, key):
-                    out.print(f"  {key}: {dict(getattr(m, key))}", markup=False)
+                      f"[cyan]{escape(m.method)}[/]  {escape(m.message)}", markup=True,
+                      soft_wrap=True)
+            print_record(out, m.scores, m.costs)
             for p, (old, new) in changes.items():
                 mark = "-" if new is None else "+" if old is None else "M"
                 out.print(f"  {mark} {p}", markup=False)
@@ -447,11 +447,9 @@ def candidates_show(name: str, library_path: Path | None, as_json: bool) -> None
         emit_json({**cand.to_dict(), "diff": diff, "conflicts": conflicts})
         return
     out = console()
-    out.print(f"[bold]{cand.name}[/] ({cand.method}, based on {cand.base}, "
-              f"{_when(cand.created)}) {escape(cand.message)}", markup=True)
-    for key in ("scores", "costs"):
-        if getattr(cand, key):
-            out.print(f"  {key}: {dict(getattr(cand, key))}", markup=False)
+    out.print(f"[bold]{escape(cand.name)}[/] ({escape(cand.method)}, based on {cand.base}, "
+              f"{_when(cand.created)}) {escape(cand.message)}", markup=True, soft_wrap=True)
+    print_record(out, cand.scores, cand.costs)
     if conflicts:
         out.print(f"[yellow]changed since {cand.base}:[/] {', '.join(conflicts)}", markup=True)
     click.echo(diff or "(no difference from the current version)")

@@ -44,7 +44,6 @@ set could have missed, and more than ``MAX_FAILED`` of the tasks failed refuses 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,6 +56,7 @@ from whetstone.engine.evaluation.compare import Comparison, compare
 from whetstone.engine.evaluation.gate_rules import (
     DEFAULT_RULE,
     EPS,
+    FEW_TASKS,
     MARGIN,
     MAX_FAILED,
     MAX_GATE_TASKS,
@@ -71,6 +71,7 @@ from whetstone.engine.evaluation.gate_rules import (
 from whetstone.engine.evaluation.results import EvalResult
 from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
 from whetstone.engine.evaluation.scorers import ScoreFn
+from whetstone.engine.evaluation.stats import tasks_to_tell
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec
 from whetstone.library_store.traces import TraceStore
 
@@ -111,6 +112,9 @@ class Decision:
     widened_from: Mapping[str, Any] | None = None  # the first slice's figures, when widened
     tasks: tuple[str, ...] = ()  # the ids of every task the decision read, left out included
     scorer_fit: Mapping[str, Any] | None = None  # set when most tasks scored 0 on both sides
+    # the tasks that changed: task, current, candidate (scores), current_trace,
+    # candidate_trace (the runs' trace ids), wins first
+    flipped: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def token_ratio(self) -> float | None:
@@ -144,6 +148,7 @@ class Decision:
             "widened_from": dict(self.widened_from) if self.widened_from else None,
             "tasks": list(self.tasks),
             "scorer_fit": dict(self.scorer_fit) if self.scorer_fit else None,
+            "flipped": [dict(f) for f in self.flipped],
         }
 
 
@@ -194,6 +199,23 @@ def scorer_fit(candidate: EvalResult, current: EvalResult, ids: Sequence[str],
     return why, {"both_zero": len(zero), "paired": len(ids), "pairs": pairs}
 
 
+def flipped_tasks(candidate: EvalResult, current: EvalResult, c: Comparison
+                  ) -> tuple[dict[str, Any], ...]:
+    """The paired tasks whose score changed, wins then losses, with both runs' trace ids
+    (``whetstone traces show ID`` opens each run)."""
+    cur = {r.task_id: r for r in current.results}
+    cand = {r.task_id: r for r in candidate.results}
+    return tuple({"task": t, "current": cur[t].score, "candidate": cand[t].score,
+                  "current_trace": cur[t].trace_id, "candidate_trace": cand[t].trace_id}
+                 for t in (*c.wins, *c.losses))
+
+
+def _few_line(c: Comparison) -> str:
+    p = "" if c.p_value is None else f"; McNemar p = {c.p_value:.3g}"
+    return (f"only {c.n} paired tasks: an interval on fewer than {FEW_TASKS} is rough, read it "
+            f"as a hint, not a measurement{p}")
+
+
 def _failed_line(c: Comparison, left_out: Sequence[str], most: int = 5) -> str:
     shown = ", ".join(left_out[:most]) + (f" and {len(left_out) - most} more"
                                            if len(left_out) > most else "")
@@ -239,6 +261,8 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         candidate_latency_s=_per_task(candidate, c.task_ids, "latency_s"),
         current_latency_s=_per_task(current, c.task_ids, "latency_s"))
     ok, reasons = apply_rule(conds, ev)
+    if c.n < FEW_TASKS:
+        reasons += (_few_line(c),)
     fit = scorer_fit(candidate, current, c.task_ids)
     if fit is not None:
         reasons += (fit[0],)
@@ -258,6 +282,7 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         candidate_latency_s=ev.candidate_latency_s or 0.0,
         current_latency_s=ev.current_latency_s or 0.0, tasks=c.task_ids + left_out,
         scorer_fit=fit[1] if fit is not None else None,
+        flipped=flipped_tasks(candidate, current, c),
     )
 
 
@@ -291,8 +316,7 @@ def wider_slice(tasks: TaskSet | Sequence[TaskRecord], could_miss: float, *,
         return None, f"{name} is already the whole of its split"
     if n >= max_tasks:
         return None, f"{n} tasks is already the most the gate widens to ({max_tasks})"
-    # An interval's half-width shrinks as 1/sqrt(n); a quarter more for the estimate's noise.
-    want = min(max_tasks, max(2 * n, math.ceil(n * (could_miss / bound) ** 2 * 1.25)))
+    want = min(max_tasks, max(2 * n, tasks_to_tell(n, could_miss, bound)))
     start = spec.start or 0
     try:
         wider = load_tasks(str(replace(spec, end=start + want)))

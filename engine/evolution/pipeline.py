@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from whetstone.engine.backends.base import Backend
+from whetstone.engine.backends.counted import CountedCalls
 from whetstone.engine.errors import ConfigError, EvalError, TasksFailed
 from whetstone.engine.evaluation.answers import normalise
 from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, run_gate
@@ -285,7 +286,8 @@ def gate_and_apply(
             str(p) for p in problems[:5])
         result.candidate = _save_candidate(library, patch, candidate_name, None, result.note)
         return result
-    say("gate")
+    say(f"gate: the current version and the candidate on {len(gate_tasks)} task(s)"
+        if not isinstance(gate_tasks, str) else f"gate: on {gate_tasks}")
     start = time.perf_counter()
     try:
         decision = run_gate(
@@ -304,7 +306,7 @@ def gate_and_apply(
     scores = {"gate": decision.to_dict()}
     costs = {**dict(patch.costs), "gate_seconds": result.seconds["gate"]}
     if decision.accepted:
-        say("commit")
+        say("commit: a new version")
         # validate=False: validate_library has passed this very change on a preview of
         # ``current``, and expect_parent lands it only on that version, so the committed
         # tree is the one checked; checking it again would only repeat the work.
@@ -371,6 +373,13 @@ def evolve(
         concurrency=concurrency, seed=seed, model=model, on_progress=report, scorer=scorer)
     split = split_for_gate(chosen, gate=gate, held_out=gate_tasks is None, tasks=tasks,
                            scorer=scorer, need_gate=not dry_run)
+    report("traces read", len(chosen), len(chosen))
+    withheld = ", ".join(f"{n} {why}" for why, n in split.withheld.items())
+    say(f"traces: {len(chosen)} read, {len(split.train)} to learn from"
+        + (f" ({withheld} kept out)" if withheld else "") + f"; the gate: {len(split.gate)} "
+        f"task(s){' held out of them' if split.held_out else ''}")
+    # Each analyst call is reported as it returns, whatever the evolver does with the model.
+    analyst = CountedCalls(analyst, lambda n: report("analyst calls", n, 0))
     context = EvolveContext(
         library=library, make_solver=make_solver, tasks=learn, store=library.traces,
         model=model, seed=seed, concurrency=concurrency, max_agent_runs=max_agent_runs,
@@ -378,7 +387,7 @@ def evolve(
         on_phase=say)
     if agent_tools:
         context.agent_tools = agent_tools
-    say("fit")
+    say(f"fit: {evolver.name} on {len(split.train)} trace(s)")
     start = time.perf_counter()
     patch = evolver.fit(split.train, library.snapshot(), analyst, labels, context=context)
     fit_s = round(time.perf_counter() - start, 3)
