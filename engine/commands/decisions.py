@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from whetstone.engine.evaluation.gate_rules import FEW_TASKS, verdict_text
+from whetstone.library_store.manifest import gate_record
 
 SHOWN_FLIPS = 10  # per direction; --json lists them all
 
@@ -85,6 +86,18 @@ def diff_summary(diff: str) -> list[str]:
         elif current and line.startswith("-"):
             files[current][1] += 1
     return [f"{path}: +{added} -{removed} lines" for path, (added, removed) in files.items()]
+
+
+def gate_line(m: Any) -> str:
+    """How a version (a ``Manifest``) went live, in a few words for ``library log``:
+    ``gated: a tie (cost_aware, 30 tasks)``, ``UNGATED (library commit)``, ``- (empty)``."""
+    record = gate_record(m)
+    if record["gated"] is None:
+        return "- (the empty start)"
+    if not record["gated"]:
+        return f"UNGATED ({record.get('by') or m.method})"
+    gate = m.scores["gate"]
+    return f"gated: {verdict_text(gate)} ({record['rule']}, {record['n_tasks']} tasks)"
 
 
 def print_record(out: Console, scores: Mapping[str, Any], costs: Mapping[str, Any]) -> None:

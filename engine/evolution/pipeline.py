@@ -229,14 +229,17 @@ class EvolveResult:
         }
 
 
-def patch_diff(library: Library, changes: Mapping[str, str | None],
+def patch_diff(library: Library, changes: Mapping[str, str | bytes | None],
                snapshot: Snapshot | None = None) -> str:
-    """A unified diff from the current version to the current version plus ``changes``."""
+    """A unified diff from the current version to the current version plus ``changes``
+    (bytes read as UTF-8, what is not shown replaced)."""
     snap = snapshot or library.snapshot()
     out: list[str] = []
     for path in sorted(changes):
-        before = snap.read_text(path) if snap.exists(path) else None
-        after = changes[path]
+        before = snap.read_bytes(path).decode("utf-8", "replace") if snap.exists(path) \
+            else None
+        raw = changes[path]
+        after = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         if before == after:
             continue
         out += difflib.unified_diff(
