@@ -277,11 +277,21 @@ def _count(text: str) -> int:
     return n
 
 
+def _days(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a number of days", hint="e.g. 30 or 0.5") from None
+    if not n >= 0:
+        raise ConfigError(f"{text} is below 0", hint="give 0 or more")
+    return n
+
+
 # The settings library.json holds, what each means, and how its value is read.
 SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     SETTING: (("every write must pass a gate: an ungated commit, import, rollback or "
                "candidate refuses (true/false)"), _flag),
-    "trace_keep_days": ("days of traces kept (older files dropped after each write)", _count),
+    "trace_keep_days": ("days of traces kept (older files dropped after each write)", _days),
     "trace_max_bytes": ("bytes of traces kept, the oldest files dropped first (0: no cap)",
                         _count),
     "trace_max_record_bytes": ("bytes one trace record may take; longer ones are cut", _count),
