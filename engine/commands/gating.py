@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.markup import escape
@@ -35,8 +35,6 @@ from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
 from whetstone.engine.errors import EXIT_GATE_REFUSED, ConfigError, LibraryError
 from whetstone.engine.evaluation.gate import gate_tasks
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE, parse_rule
-from whetstone.engine.evolution.landing import UNMEASURED, GateChoice, land, ungated_record
-from whetstone.engine.evolution.pipeline import EvolveResult
 from whetstone.engine.methods.base import LibraryPatch
 from whetstone.engine.methods.registry import default_registry
 from whetstone.library_store.change_control import (
@@ -48,6 +46,10 @@ from whetstone.library_store.change_control import (
 )
 from whetstone.library_store.store import Library
 
+if TYPE_CHECKING:
+    from whetstone.engine.evolution.landing import GateChoice
+    from whetstone.engine.evolution.pipeline import EvolveResult
+
 F = TypeVar("F", bound=Callable[..., Any])
 _GATE_PARAMS = ("gate_tasks", "gate_rule", "scorer", "model", "solver", "concurrency", "seed",
                 "allow_errors", "candidate_name")
@@ -55,14 +57,28 @@ _GATE_PARAMS = ("gate_tasks", "gate_rule", "scorer", "model", "solver", "concurr
 
 @dataclass(frozen=True)
 class GatedWrite:
-    """What the gate options asked for: the gate (``GateChoice``) and the model, solver and
-    tools its runs use."""
+    """What the gate options asked for: the gate's tasks (None: none) and options, and the
+    model, solver and tools its runs use."""
 
-    choice: GateChoice
+    tasks: str | None = None
+    rule: str = DEFAULT_RULE
+    seed: int = 0
+    scorer: str | None = None
+    allow_errors: bool = False
+    candidate: str | None = None
     model: str = "embedded"
     solver: str = "agent"
     concurrency: int | None = None
     agent_tools: list[Any] = field(default_factory=list)
+
+    def choice(self, tasks: Any = None, concurrency: int = 1) -> GateChoice:
+        """The ``GateChoice`` ``landing.land`` takes (``tasks``: the loaded ones)."""
+        # lazy: the evolve path loads the evaluation runner; `whetstone --help` imports us
+        from whetstone.engine.evolution.landing import GateChoice
+
+        return GateChoice(tasks=tasks if tasks is not None else self.tasks, rule=self.rule,
+                          seed=self.seed, concurrency=concurrency, scorer=self.scorer,
+                          allow_errors=self.allow_errors, candidate=self.candidate)
 
 
 def gate_options(fn: F) -> F:
@@ -76,12 +92,12 @@ def gate_options(fn: F) -> F:
         agent_tools = pop_tools(kwargs).pop("agent_tools")
         if values["gate_tasks"] is not None:
             parse_rule(values["gate_rule"])  # a bad rule fails before any model loads
-        choice = GateChoice(tasks=values["gate_tasks"], rule=values["gate_rule"],
-                            seed=values["seed"], scorer=values["scorer"],
-                            allow_errors=values["allow_errors"],
-                            candidate=values["candidate_name"])
-        gate = GatedWrite(choice, model=values["model"], solver=values["solver"],
-                          concurrency=values["concurrency"], agent_tools=agent_tools)
+        gate = GatedWrite(tasks=values["gate_tasks"], rule=values["gate_rule"],
+                          seed=values["seed"], scorer=values["scorer"],
+                          allow_errors=values["allow_errors"],
+                          candidate=values["candidate_name"], model=values["model"],
+                          solver=values["solver"], concurrency=values["concurrency"],
+                          agent_tools=agent_tools)
         return fn(*args, gate=gate, **kwargs)
 
     out: Any = wrapper
@@ -139,20 +155,22 @@ def run_write(library: Library, patch: LibraryPatch, *, by: str, gate: GatedWrit
               as_json: bool = False) -> EvolveResult:
     """Land ``patch`` (``landing.land``): ungated without gate tasks (no model loads), else
     through the gate on ``gate.model``, its progress on stderr."""
-    if gate.choice.tasks is None:
-        return land(patch, library, by=by, gate=gate.choice, expect_parent=expect_parent,
+    # lazy: the evolve path loads the evaluation runner; `whetstone --help` imports us
+    from whetstone.engine.evolution.landing import land
+
+    if gate.tasks is None:
+        return land(patch, library, by=by, gate=gate.choice(), expect_parent=expect_parent,
                     how_to_gate=how_to_gate)
     from whetstone.engine.api import Engine  # lazy: loads numpy and 31 more of our modules
 
-    tasks = gate_tasks(gate.choice.tasks)  # a bad spec fails before the model loads
+    tasks = gate_tasks(gate.tasks)  # a bad spec fails before the model loads
     err = console(stderr=True)
     with err.status(f"loading {gate.model} …"):
         engine = Engine(gate.model, library=library.root, checkpointing=False,
                         solver=gate.solver, tools=gate.agent_tools,
                         methods=runtime_methods_for(patch.changes))
     try:
-        choice = replace(gate.choice, tasks=tasks,
-                         concurrency=gate.concurrency or auto_concurrency(engine.backend))
+        choice = gate.choice(tasks, gate.concurrency or auto_concurrency(engine.backend))
         which: list[str] = []
         with CommandProgress(err, choose_mode(err, as_json)) as shown:
             return land(patch, engine.library, by=by, gate=choice,
@@ -233,8 +251,12 @@ def apply_candidate(lib: Library, name: str, gate: GatedWrite, *, force: bool = 
     """``library candidates apply``: without gate tasks the candidate is applied as it is,
     marked ungated whatever its gate said before; with them it is gated now, against the
     current version (refused, it stays a candidate, its decision the new one)."""
+    # lazy: the evolve path loads the evaluation runner; `whetstone --help` imports us
+    from whetstone.engine.evolution.landing import UNMEASURED, ungated_record
+    from whetstone.engine.evolution.pipeline import EvolveResult
+
     cand = lib.candidates.get(name)
-    if gate.choice.tasks is None:
+    if gate.tasks is None:
         check_gated(lib, None, what="`whetstone library candidates apply`", hint=(
             f"gate it now: `whetstone library candidates apply {name} --gate-tasks SET@dev`"))
         v = lib.candidates.apply(name, force=force, scores={
@@ -250,7 +272,7 @@ def apply_candidate(lib: Library, name: str, gate: GatedWrite, *, force: bool = 
     patch = LibraryPatch(cand.method, candidate_changes(lib, name),
                          f"apply candidate {name}: {cand.message}", costs=cand.costs)
     result = run_write(lib, patch, by="library candidates apply", as_json=as_json,
-                       gate=replace(gate, choice=replace(gate.choice, candidate=name)))
+                       gate=replace(gate, candidate=name))
     if result.version is not None:
         lib.candidates.drop(name)
     return result
