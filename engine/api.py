@@ -25,6 +25,7 @@ from whetstone.engine.evaluation.benchmarks import load_tasks
 from whetstone.engine.evaluation.direct import direct_solver
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.runner import Solver, with_concurrency
+from whetstone.engine.evaluation.scorers import get_scorer
 from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, Verification, default_registry
 from whetstone.engine.paths import whetstone_home
@@ -302,8 +303,10 @@ class Engine:
                rule: str = DEFAULT_RULE, seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
+               on_phase: Callable[[str], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
-               allow_errors: bool = False, **options: Any) -> EvolveResult:
+               allow_errors: bool = False, scorer: str | None = None,
+               **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
         object; default: the registry's first evolver) and land the change
         through the regression gate.
@@ -312,17 +315,25 @@ class Engine:
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
-        scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
+        scores on ``gate_tasks`` (default: the traces' own dev-split tasks, held out from the
+        evolver; a ``ConfigError`` when there are none: docs/gate.md) by ``rule`` (default
         ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
         fields, as ``whetstone methods`` lists them).
-        ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
+        ``on_progress(phase, done, total)`` reports collection, the traces read, fitting,
+        the analyst calls (``total`` 0: a running count) and the gate; ``on_phase(text)`` says
+        what begins (the traces read and held out, the fit, the gate).
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
-        kept as a candidate) unless ``allow_errors``.
+        kept as a candidate) unless ``allow_errors``. ``scorer`` (a built-in name,
+        ``file.py:function`` or ``module:function``) scores every task, the gate's included,
+        instead of each task's own.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
         from whetstone.engine.evolution.pipeline import evolve
+
+        if scorer is not None:
+            get_scorer(scorer)  # an unknown name or a broken user scorer fails now
 
         if concurrency is None:
             concurrency = auto_concurrency(self.backend)
@@ -351,8 +362,8 @@ class Engine:
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
-                max_agent_runs=max_agent_runs, on_progress=on_progress,
-                allow_errors=allow_errors, agent_tools=runner._tool_list)
+                max_agent_runs=max_agent_runs, on_progress=on_progress, on_phase=on_phase,
+                allow_errors=allow_errors, agent_tools=runner._tool_list, scorer=scorer)
         finally:
             if own:
                 analyst_backend.close()

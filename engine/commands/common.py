@@ -5,12 +5,13 @@ Progress bars, colours and exit codes live here and in the commands, never in th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -105,9 +106,15 @@ class _LogHandler(logging.Handler):
     def __init__(self, level: int, named: bool) -> None:
         super().__init__(level)
         self.named = named
+        self.as_json = False  # one JSON event a line (`evolve --json`: log_events_as_json)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if self.as_json:
+                click.echo(json.dumps({"event": "log", "level": record.levelname.lower(),
+                                       "logger": record.name, "text": self.format(record)},
+                                      ensure_ascii=False), err=True)
+                return
             name = f"{record.name}: " if self.named else ""
             text = escape(name + self.format(record))
             style = "red" if record.levelno >= logging.ERROR else \
@@ -119,6 +126,20 @@ class _LogHandler(logging.Handler):
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@contextlib.contextmanager
+def log_events_as_json() -> Iterator[None]:
+    """While inside, the command's log records (warnings) go to stderr as JSON events, one a
+    line (``{"event": "log", "level": ..., "text": ...}``), like its progress."""
+    handlers = [h for h in logging.getLogger("whetstone").handlers if isinstance(h, _LogHandler)]
+    for h in handlers:
+        h.as_json = True
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.as_json = False
 
 
 def configure_logging(verbose: int, quiet: bool, env_level: str | None) -> int:
@@ -249,6 +270,31 @@ def solver_option(fn: F) -> F:
         show_default=True,
         help="agent: the agent loop; direct: one call with the model's chat template and the "
              "library's guidance (the baseline the agent is read against).")(fn)
+
+
+def _check_scorer(ctx: click.Context, param: click.Parameter, value: str | None
+                  ) -> str | None:
+    """A scorer name that does not resolve fails as the options are read, before a model
+    loads: an unknown built-in, a missing file or function."""
+    if value is not None:
+        # lazy: `whetstone --help` imports every command module; scorers load the evaluation
+        from whetstone.engine.evaluation.scorers import get_scorer
+
+        try:
+            get_scorer(value)
+        except WhetstoneError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})", ctx, param) from None
+    return value
+
+
+def scorer_option(fn: F) -> F:
+    """``--scorer NAME``: score every task with a scorer the person chose (a built-in name,
+    ``FILE.py:FUNCTION`` or ``module:FUNCTION``) instead of each task's own."""
+    return click.option(
+        "--scorer", default=None, metavar="NAME", callback=_check_scorer,
+        help="Score every task with this scorer instead of its own: exact, normalised, "
+             "numeric[:TOL], contains, value[:TOL], f1, choice, ... or FILE.py:FUNCTION / "
+             "module:FUNCTION (`whetstone eval --help`).")(fn)
 
 
 _SHORTCUTS = "whetstone.method_shortcuts"  # ctx.meta: {(method, knob): (flag, value)}

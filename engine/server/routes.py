@@ -359,8 +359,9 @@ async def get_model(request: Request, model_id: str) -> Response | dict[str, Any
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     """Status, the served name and the upstream's kind for anyone (a probe needs no key).
-    The upstream's address and the library's state only to a client that sends one of the
-    server's API keys (to every client when there are none); never a path on this host."""
+    The upstream's address and the library's state (the served version, and whether and how a
+    gate accepted it) only to a client that sends one of the server's API keys (to every
+    client when there are none); never a path on this host."""
     state = _state(request)
     keyed = not state.api_keys or key_matches(request.headers.get("authorization"),
                                               state.api_keys)
@@ -374,6 +375,9 @@ async def health(request: Request) -> dict[str, Any]:
     out["recording"] = state.writer is not None
     try:
         out["library_version"] = state.pipeline.library_version()
+        gate = state.pipeline.library_gate()
+        if gate is not None:
+            out["library_gate"] = dict(gate)
     except WhetstoneError as exc:
         out["library_version"] = None
         out["library_error"] = library_state(exc)
