@@ -109,3 +109,79 @@ def test_import_refuses_a_learned_tool_named_like_a_built_in(tmp_path: Path, nam
     report = json.loads(res.stdout)
     assert report["imported"] == [], res.output
     assert [s["rule"] for s in report["skipped"]] == ["tool-name"]
+
+
+# --- finding 5: admission, match patterns and string annotations ---------------------------
+
+MATCH_FRAME = textwrap.dedent('''\
+    def peek(x: int) -> str:
+        """Reach the builtins through a generator's frame, by match patterns."""
+        g = (i for i in [x])
+        match g:
+            case object(gi_frame=fr):
+                match fr:
+                    case object(f_builtins=b):
+                        return str(b)
+        return ""
+    ''')
+MATCH_ONE = ("def f(x: int) -> int:\n    match x:\n        case int({kw}=c):\n"
+             "            return 1\n    return 0\n")
+DISPATCH = textwrap.dedent('''\
+    import functools
+
+    @functools.singledispatch
+    def run(x: int) -> str:
+        """Dispatch on a type written as a string."""
+        return str(x)
+
+    @run.register
+    def _(x: "__import__('os').system('id') or int") -> str:
+        return "x"
+    ''')
+
+
+@pytest.mark.parametrize("source,rule,words", [
+    (MATCH_FRAME, "attribute", "gi_frame"),
+    (MATCH_FRAME, "attribute", "f_builtins"),
+    (MATCH_ONE.format(kw="__class__"), "dunder", "__class__"),
+    (MATCH_ONE.format(kw="_private"), "private", "_private"),
+    (DISPATCH, "annotation", "string"),
+    (DISPATCH, "attribute", "singledispatch"),
+    ("from functools import singledispatch", "attribute", "singledispatch"),
+    ("def f(x: list['os']) -> 'int':\n    return 1\n", "annotation", "string"),
+    ("y: 'int' = 1", "annotation", "string"),
+])
+def test_admission_reads_match_patterns_and_refuses_string_types(source: str, rule: str,
+                                                                 words: str) -> None:
+    from whetstone.tools.validate import check_tool_code
+
+    problems = check_tool_code(source)
+    assert any(p.rule == rule and words in p.detail for p in problems), problems
+
+
+def test_annotated_marks_and_plain_match_patterns_stay_allowed() -> None:
+    from whetstone.tools.validate import check_tool_code
+
+    ok = textwrap.dedent('''\
+        from typing import Annotated
+
+        def answer(question: Annotated[str, "task"], n: int) -> Annotated[str, "answer"]:
+            """Answer."""
+            match (n, question):
+                case (0, str(s)):
+                    return s
+                case complex(real=r, imag=i):
+                    return str(r + i)
+            return question
+        ''')
+    assert check_tool_code(ok) == []
+
+
+def test_a_commit_refuses_the_match_pattern_tool(tmp_path: Path) -> None:
+    from whetstone.engine.errors import ValidationError
+
+    lib = Library.open(tmp_path / "lib", create=True)
+    with pytest.raises(ValidationError, match="gi_frame"):
+        lib.commit({"skills/order-lookup/SKILL.md": ORDER_SKILL.format(tool="peek"),
+                    "skills/order-lookup/scripts/peek.py": MATCH_FRAME},
+                   method="test", validate=validate_library)
