@@ -1,0 +1,83 @@
+"""Issue 44 (Hardening IV), the command line and the server: terminal escapes in library text
+(finding 6), relayed upstream errors (7), a task line's scorer (12) and ``corpus add``
+through a linked folder (14).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from whetstone.cli import cli
+from whetstone.engine.errors import ValidationError
+from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.library_store.store import Library
+
+# --- finding 6: terminal escapes -----------------------------------------------------------
+
+ESCAPES = ("\033]0;pwned\a", "\033[2J", "\u202etxt.exe", "\x9b31m")
+HOSTILE = textwrap.dedent("""\
+    ---
+    name: tidy
+    description: "Tidy a table. \\e]0;pwned\\a\\e[2J \\u202etxt.exe \\x9b31m"
+    ---
+    # Tidy
+    Sort the rows. \033[2J
+    """)
+
+
+def _raw(text: str) -> list[str]:
+    return [c for c in ("\033", "\a", "\u202e", "\x9b") if c in text]
+
+
+def test_the_validator_refuses_control_characters_in_a_description(tmp_path: Path) -> None:
+    lib = Library.open(tmp_path / "lib", create=True)
+    with pytest.raises(ValidationError) as err:
+        lib.commit({"skills/tidy/SKILL.md": HOSTILE}, method="test", validate=validate_library)
+    assert err.value.rule == "description-characters"
+    assert "'\\x1b'" in err.value.detail and "'\\u202e'" in err.value.detail
+    assert not _raw(err.value.detail)
+    src = tmp_path / "src" / "tidy"
+    src.mkdir(parents=True)
+    (src / "SKILL.md").write_text(HOSTILE)
+    res = CliRunner().invoke(cli, ["library", "import", str(tmp_path / "src"), "--library",
+                                   str(lib.root), "--json"])
+    report = json.loads(res.stdout)
+    assert report["imported"] == [] and report["skipped"][0]["rule"] == \
+        "description-characters"
+
+
+def test_listings_print_control_characters_escaped(tmp_path: Path) -> None:
+    lib = Library.open(tmp_path / "lib", create=True)
+    # Landed without the validator, as a library written before the rule or edited by hand.
+    lib.commit({"skills/tidy/SKILL.md": HOSTILE}, method="test\033[2J",
+               message="\033]0;pwned\a")
+    runner = CliRunner()
+    for args in (["library", "ls"], ["library", "show", "tidy"], ["library", "log"],
+                 ["library", "diff", "v1"], ["library", "show", "v2"]):
+        res = runner.invoke(cli, [*args, "--library", str(lib.root)])
+        assert res.exit_code == 0, res.output
+        assert not _raw(res.output), (args, res.output)
+        assert "\\x1b" in res.output, (args, res.output)
+    ls = runner.invoke(cli, ["library", "ls", "--library", str(lib.root)]).output
+    assert "\\u202e" in ls
+
+
+def test_warnings_and_errors_print_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """The log handler and the error printer go through the same console."""
+    from whetstone.engine.commands.common import configure_logging, fail
+    from whetstone.engine.errors import ConfigError
+
+    configure_logging(0, False, None)
+    logging.getLogger("whetstone.test").warning("model said \033]0;x\a")
+    with pytest.raises(SystemExit):
+        fail(ConfigError("bad \033[2J", hint="\u202eno"))
+    text = capsys.readouterr().err
+    # (rich drops the bell itself; the escape is what we write out)
+    assert "said \\x1b]0;x" in text and "bad \\x1b[2J" in text
+    assert "\\u202eno" in text and not _raw(text)
