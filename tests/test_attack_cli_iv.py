@@ -81,3 +81,59 @@ def test_warnings_and_errors_print_escaped(capsys: pytest.CaptureFixture[str]) -
     # (rich drops the bell itself; the escape is what we write out)
     assert "said \\x1b]0;x" in text and "bad \\x1b[2J" in text
     assert "\\u202eno" in text and not _raw(text)
+
+
+# --- finding 12: a task line's scorer as a list or a dict ----------------------------------
+
+@pytest.mark.parametrize("scorer,kind", [(["exact", "a:b"], "list"), ({"name": "f1"}, "dict"),
+                                         (7, "int")])
+def test_a_scorer_that_is_not_a_string_is_refused_with_its_line(tmp_path: Path,
+                                                                 scorer: object,
+                                                                 kind: str) -> None:
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t0", "question": "1+1?", "expected": "2"}) + "\n"
+                     + json.dumps({"id": "t1", "question": "2+2?", "expected": "4",
+                                   "scorer": scorer}) + "\n")
+    loaded = load_tasks(str(tasks))
+    assert [t.id for t in loaded.tasks] == ["t0"]
+    [problem] = loaded.problems
+    assert problem.startswith(f"{tasks}:2: ") and "`scorer` must be a string" in problem
+    assert kind in problem
+    replies = tmp_path / "r.json"
+    replies.write_text(json.dumps(["Final answer: 2"]))
+    res = CliRunner().invoke(cli, ["eval", "--tasks", str(tasks), "--model",
+                                   f"scripted:{replies}", "-j", "1"])
+    assert res.exit_code == 0 and res.exception is None, res.output
+    assert f"{tasks}:2" in res.output and "accuracy 1.000" in res.output
+
+
+# --- finding 14: corpus add through a linked folder ----------------------------------------
+
+def test_corpus_add_refuses_a_path_through_a_linked_folder(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("the vault code is 4711\n")
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "up").symlink_to(tmp_path / "outside")  # a linked middle folder
+    (tmp_path / "notes.md").write_text("# Paris\n\nThe Eiffel Tower was completed in 1889.\n")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    monkeypatch.chdir(tmp_path)
+    for typed in ("evil/up/secret.txt", str(tmp_path / "evil" / "up" / "secret.txt"),
+                  "evil/up", "evil/up/../outside/secret.txt"):
+        res = CliRunner().invoke(cli, ["corpus", "add", typed, "notes.md", "--library",
+                                       str(lib), "--json"])
+        assert res.exit_code == 0, res.output
+        report = json.loads(res.stdout)
+        assert report["corpus"]["documents"] == 1, (typed, report)
+        assert any("evil/up" in s and "symbolic link" in s for s in report["skipped"]), report
+    stored = b"".join(p.read_bytes() for p in lib.rglob("*") if p.is_file())
+    assert b"4711" not in stored
+    # The real path is read.
+    res = CliRunner().invoke(cli, ["corpus", "add", str(secret), "--library", str(lib),
+                                   "--json"])
+    assert json.loads(res.stdout)["corpus"]["documents"] == 2
