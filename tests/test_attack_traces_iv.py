@@ -128,3 +128,35 @@ def test_the_import_report_counts_evictions_and_what_is_still_stored(tmp_path: P
     log.write_text("\n".join(log_line(i, time.time(), "q" * 3000) for i in range(1000, 1300)))
     text = CliRunner().invoke(cli, ["traces", "import", str(log), "--library", str(lib.root)])
     assert "of the 300 imported are stored" in text.output, text.output
+
+
+# --- finding 10: --otel-file through a link ------------------------------------------------
+
+def test_the_otel_file_is_never_a_link_nor_a_fifo(tmp_path: Path) -> None:
+    import os
+
+    from whetstone.library_store.otel_export import _file_exporter
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "spans.jsonl"
+    link.symlink_to(victim)
+    replies = tmp_path / "r.json"
+    replies.write_text(json.dumps({"replies": ["Final Answer: 4"]}))
+    res = CliRunner().invoke(cli, ["run", "2 + 2?", "--model", f"scripted:{replies}",
+                                   "--otel-file", str(link), "--tools", ""])
+    assert res.exit_code == 2, res.output
+    assert "symbolic link" in res.output and victim.read_text() == "precious\n"
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    res = CliRunner().invoke(cli, ["run", "2 + 2?", "--model", f"scripted:{replies}",
+                                   "--otel-file", str(fifo), "--tools", ""])
+    assert res.exit_code == 2 and "not a regular file" in res.output, res.output
+    # A file swapped for a link after the start is refused at the next batch.
+    out = tmp_path / "ok.jsonl"
+    exporter = _file_exporter(out)
+    assert exporter.export([]).name == "SUCCESS" and out.read_text().count("\n") == 1
+    out.unlink()
+    out.symlink_to(victim)
+    assert exporter.export([]).name == "FAILURE"
+    assert victim.read_text() == "precious\n"
