@@ -10,6 +10,7 @@ and a learned ``evil_lookup`` the MCP server ``evil``'s ``lookup``.
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -185,3 +186,55 @@ def test_a_commit_refuses_the_match_pattern_tool(tmp_path: Path) -> None:
         lib.commit({"skills/order-lookup/SKILL.md": ORDER_SKILL.format(tool="peek"),
                     "skills/order-lookup/scripts/peek.py": MATCH_FRAME},
                    method="test", validate=validate_library)
+
+
+# --- finding 2: MCP start errors print no credentials --------------------------------------
+
+SECRETS = {"TOK_USER": "tok-SECRET-999", "TOK_QUERY": "qtok-SECRET-888",
+           "TOK_PATH": "ptok-SECRET-777", "TOK_HEADER": "htok-SECRET-666",
+           "TOK_ARG": "atok-SECRET-555"}
+
+
+def _run_mcp(tmp_path: Path, *args: str) -> str:
+    replies = tmp_path / "replies.json"
+    replies.write_text(json.dumps({"replies": ["Final Answer: 1"]}))
+    res = CliRunner().invoke(cli, ["run", "x", "--model", f"scripted:{replies}", "--tools", "",
+                                   "--mcp-timeout", "5", *args])
+    assert res.exit_code != 0 and "did not start" in res.output, res.output
+    return res.output
+
+
+def _config(tmp_path: Path, entry: dict[str, object]) -> str:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"web": {"startupTimeout": 5, **entry}}}))
+    return str(path)
+
+
+def test_mcp_start_errors_mask_expanded_values_and_url_credentials(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcp_support import http_test_server
+    from servers import free_port
+
+    for k, v in SECRETS.items():
+        monkeypatch.setenv(k, v)
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens: the "did not start" path
+    texts = [_run_mcp(tmp_path, "--mcp-config", _config(tmp_path, {
+        "url": f"http://user:${{TOK_USER}}@{dead}/mcp/${{TOK_PATH}}?k=${{TOK_QUERY}}"}))]
+    with http_test_server(token="the-right-token") as url:  # the 401 path
+        live = url.replace("http://", "")
+        texts.append(_run_mcp(tmp_path, "--mcp-config", _config(tmp_path, {
+            "url": f"http://user:${{TOK_USER}}@{live}?k=${{TOK_QUERY}}",
+            "headers": {"Authorization": "Bearer ${TOK_HEADER}"}})))
+        texts.append(_run_mcp(tmp_path, "--mcp-url",
+                              f"web=http://admin:PW-SECRET-444@{live}?key=qpw-SECRET-333",
+                              "--mcp-header", "Authorization: Bearer ${TOK_HEADER}"))
+    # A stdio server that prints its arguments (a token among them) and dies.
+    script = tmp_path / "leaky.py"
+    script.write_text("import sys\nprint('args:', sys.argv[1:], file=sys.stderr)\n"
+                      "sys.exit(3)\n")
+    texts.append(_run_mcp(tmp_path, "--mcp-config", _config(tmp_path, {
+        "command": sys.executable, "args": [str(script), "--token", "${TOK_ARG}"]})))
+    for text in texts:
+        assert "SECRET" not in text, text
+        assert "***" in text, text
+    assert "127.0.0.1" in texts[0] and "args:" in texts[3]  # still says which server

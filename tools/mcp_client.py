@@ -71,8 +71,10 @@ class _Live:
         return text[-STDERR_TAIL:] if text else ""
 
     def failure(self, what: str) -> str:
+        """Why the server failed, with its stderr's last lines, as it may be shown."""
         tail = self.stderr_tail()
-        return what + (f"; its last output on stderr:\n{tail}" if tail else "")
+        return self.server.redact(what + (f"; its last output on stderr:\n{tail}" if tail
+                                          else ""))
 
 
 def _transport(live: _Live) -> Any:
@@ -190,7 +192,7 @@ class McpSessions:
             if not ready.done():
                 ready.set_exception(ToolError(why))
             elif live.dead is None and not live.stop.is_set():
-                live.dead = f"its session ended ({why})"
+                live.dead = live.server.redact(f"its session ended ({why})")
         finally:
             live.client = None
 
@@ -224,7 +226,10 @@ class McpSessions:
         try:
             asyncio.run_coroutine_threadsafe(stop_all(), loop).result(timeout=20)
         except (concurrent.futures.TimeoutError, RuntimeError) as exc:
-            log.warning("MCP servers did not stop cleanly: %s", _describe(exc))
+            why = _describe(exc)
+            for live in self._lives:
+                why = live.server.redact(why)
+            log.warning("MCP servers did not stop cleanly: %s", why)
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -308,14 +313,14 @@ class McpSessions:
         code = getattr(exc, "code", None)
         if code == _REQUEST_TIMEOUT:
             return self._timed_out(live, timeout, start, meta)
-        text = _describe(exc)
+        text = live.server.redact(_describe(exc))
         if code == _CONNECTION_CLOSED:
             live.dead = "it closed the connection (the process exited or the server hung up)"
             text = f"MCP server {live.server.name} stopped during the call: {live.dead}"
             time.sleep(0.2)  # let the dying process's last words reach its log
             tail = live.stderr_tail()
             if tail:  # for the trace and the person reading it, not for the model
-                meta["mcp"]["stderr"] = tail
+                meta["mcp"]["stderr"] = live.server.redact(tail)
         return ToolResult(error=text, duration_s=time.perf_counter() - start, metadata=meta)
 
     def observation(self, result: Any, seconds: float, meta: dict[str, Any]) -> ToolResult:
