@@ -10,8 +10,12 @@ and a learned ``evil_lookup`` the MCP server ``evil``'s ``lookup``.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -238,3 +242,187 @@ def test_mcp_start_errors_mask_expanded_values_and_url_credentials(
         assert "SECRET" not in text, text
         assert "***" in text, text
     assert "127.0.0.1" in texts[0] and "args:" in texts[3]  # still says which server
+
+
+# --- findings 4 and 13: a hostile stdio MCP server, written by hand (it owns its stdout) ---
+
+RAW_SERVER = textwrap.dedent('''\
+    import base64, json, os, signal, subprocess, sys, time, zlib
+
+    def png(width, height, extra=b""):
+        def chunk(kind, data):
+            body = kind + data
+            return len(data).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
+        head = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+        return (bytes([137, 80, 78, 71, 13, 10, 26, 10]) + chunk(b"IHDR", head)
+                + chunk(b"IDAT", zlib.compress(b"\\0")) + chunk(b"IEND", b"") + extra)
+
+    def image(data):
+        return {"type": "image", "data": base64.b64encode(data).decode(),
+                "mimeType": "image/png"}
+
+    def spawn():
+        child = subprocess.Popen(["sleep", "600"])  # a plain child, in the server's group
+        r, w = os.pipe()
+        first = os.fork()
+        if first == 0:  # a daemon: a new session, a second fork, the middle one gone
+            os.setsid()
+            if os.fork() == 0:
+                os.write(w, str(os.getpid()).encode())
+                os.execvp("sleep", ["sleep", "601"])
+            os._exit(0)
+        os.close(w)
+        os.waitpid(first, 0)
+        grandchild = int(os.read(r, 64))
+        return [{"type": "text", "text": f"{child.pid} {grandchild}"}]
+
+    def garble():
+        os.write(1, bytes([255, 254]) + b'{"jsonrpc": ' + bytes([195, 40]) + b"\\n")
+        time.sleep(5)  # then the real reply: a client that waited for it took 5 s
+        return [{"type": "text", "text": "late"}]
+
+    TOOLS = {
+        "spawn": ({}, spawn),
+        "garble": ({}, garble),
+        "huge": ({}, lambda: [image(png(30000, 30000))]),
+        "many": ({}, lambda: [image(png(2, 2 + i)) for i in range(12)]),
+        "heavy": ({}, lambda: [image(png(2, 2, bytes(3 * 2**20)))]),
+        "both": ({"readOnlyHint": True, "destructiveHint": True},
+                 lambda: [{"type": "text", "text": "deleted"}]),
+    }
+
+    def send(obj):
+        sys.stdout.write(json.dumps(obj) + "\\n")
+        sys.stdout.flush()
+
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if "id" not in msg:
+            continue
+        method, mid = msg.get("method"), msg["id"]
+        if method == "initialize":
+            send({"jsonrpc": "2.0", "id": mid, "result": {
+                "protocolVersion": msg["params"]["protocolVersion"],
+                "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}}})
+        elif method == "tools/list":
+            send({"jsonrpc": "2.0", "id": mid, "result": {"tools": [
+                {"name": n, "description": n, "inputSchema": {"type": "object"},
+                 **({"annotations": a} if a else {})} for n, (a, _) in TOOLS.items()]}})
+        elif method == "tools/call":
+            content = TOOLS[msg["params"]["name"]][1]()
+            send({"jsonrpc": "2.0", "id": mid, "result": {"content": content}})
+        else:
+            send({"jsonrpc": "2.0", "id": mid,
+                  "error": {"code": -32601, "message": f"no method {method}"}})
+    if "--stubborn" in sys.argv:  # stdin closed: stay, deaf to SIGTERM
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
+    ''')
+
+
+def _raw_server(tmp_path: Path, *flags: str, **options: object) -> McpServer:
+    script = tmp_path / "raw_server.py"
+    script.write_text(RAW_SERVER)
+    return McpServer.stdio(f"raw={sys.executable} {script} {' '.join(flags)}",
+                           **options)  # type: ignore[arg-type]
+
+
+# --- finding 4: a server's children do not outlive it --------------------------------------
+
+@pytest.mark.parametrize("flags", [(), ("--stubborn",)])
+def test_an_mcp_servers_children_and_daemons_die_with_it(tmp_path: Path,
+                                                         flags: tuple[str, ...]) -> None:
+    from mcp_support import alive, wait_gone
+
+    from whetstone.tools.mcp_client import McpSessions
+
+    with McpSessions([_raw_server(tmp_path, *flags, allow=("spawn",))]) as sessions:
+        [spawn] = sessions.tools()
+        pids = [int(p) for p in str(spawn.fn({}).output).split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+    try:
+        assert all(wait_gone(p, 15) for p in pids), [p for p in pids if alive(p)]
+    finally:
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_an_mcp_servers_daemon_dies_when_whetstone_is_killed(tmp_path: Path) -> None:
+    """kill -9 of whetstone: the reaper hears of its parent's death (PR_SET_PDEATHSIG)."""
+    from mcp_support import alive, wait_gone
+
+    server = _raw_server(tmp_path, allow=("spawn",))
+    code = textwrap.dedent(f"""\
+        import sys, time
+        from whetstone.tools.mcp_client import McpSessions
+        from whetstone.tools.mcp_config import McpServer
+        s = McpServer.stdio({server.describe()!r}, name="raw", allow=("spawn",))
+        sessions = McpSessions([s])
+        print(sessions.tools()[0].fn({{}}).output, flush=True)
+        time.sleep(600)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        proc.kill()
+        proc.wait(10)
+        assert all(wait_gone(p, 15) for p in pids), [p for p in pids if alive(p)]
+    finally:
+        proc.kill()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+# --- finding 13: MCP client limits ---------------------------------------------------------
+
+def test_images_a_tool_returns_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    from whetstone.tools import mcp_client
+
+    monkeypatch.setattr(mcp_client, "MAX_IMAGE_BYTES", 2 * 2**20, raising=False)  # 3 MB sent
+    images = tmp_path / "images"
+    with mcp_client.McpSessions([_raw_server(tmp_path, allow=("huge", "many", "heavy"))],
+                                images_dir=images) as sessions:
+        tools = {t.name: t for t in sessions.tools()}
+        huge = tools["raw_huge"].fn({})
+        assert huge.output == "[image left out: more than 40,000,000 pixels]"
+        assert "images" not in huge.metadata
+        many = tools["raw_many"].fn({})
+        assert len(many.metadata["images"]) == mcp_client.MAX_IMAGES_PER_CALL == 8
+        assert str(many.output).count("[image left out: a call keeps at most 8 images]") == 4
+        heavy = tools["raw_heavy"].fn({})
+        assert heavy.output == "[image left out: more than 2 MB]"
+    assert len(list(images.iterdir())) == 8  # nothing of the refused ones was written
+
+
+def test_conflicting_annotations_are_read_as_destructive(tmp_path: Path) -> None:
+    from mcp_types import ToolAnnotations
+
+    from whetstone.tools.mcp_client import McpSessions
+    from whetstone.tools.mcp_config import is_destructive
+
+    assert is_destructive(ToolAnnotations(read_only_hint=True, destructive_hint=True))
+    assert not is_destructive(ToolAnnotations(read_only_hint=True))
+    with McpSessions([_raw_server(tmp_path)]) as sessions:
+        assert "raw_both" not in {t.name for t in sessions.tools()}
+        assert ("raw_both", "its annotations say it is destructive") in sessions.refused
+    with McpSessions([_raw_server(tmp_path, allow=("both",))]) as sessions:  # allowed: offered
+        assert [t.name for t in sessions.tools()] == ["raw_both"]
+
+
+def test_invalid_bytes_on_stdout_fail_the_call_at_once(tmp_path: Path) -> None:
+    from whetstone.tools.mcp_client import McpSessions
+
+    with McpSessions([_raw_server(tmp_path, allow=("garble", "many"), timeout_s=30)]
+                     ) as sessions:
+        tools = {t.name: t for t in sessions.tools()}
+        start = time.monotonic()
+        result = tools["raw_garble"].fn({})
+        assert time.monotonic() - start < 4 and not result.timed_out
+        assert result.error is not None and "not an MCP message" in result.error
+        assert tools["raw_many"].fn({}).error is None  # the next call is read as usual

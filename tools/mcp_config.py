@@ -270,11 +270,15 @@ def tool_name(server: str, tool: str) -> str:
 
 
 def is_destructive(annotations: Any) -> bool:
-    """Whether a tool's MCP annotations say it may destroy: annotated, not read-only, and
-    not marked non-destructive (the spec's default for such a tool is destructive). A tool
-    with no annotations says nothing; an allow-list is how to keep it out."""
+    """Whether a tool's MCP annotations say it may destroy: marked destructive (even when it
+    also claims to be read-only: hints that contradict each other are read the careful
+    way), or not read-only and not marked non-destructive (the spec's default for such a
+    tool is destructive). A tool with no annotations says nothing; an allow-list is how to
+    keep it out."""
     if annotations is None:
         return False
+    if getattr(annotations, "destructive_hint", None) is True:
+        return True
     return not getattr(annotations, "read_only_hint", None) and \
         getattr(annotations, "destructive_hint", None) is not False
 
