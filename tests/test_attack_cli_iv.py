@@ -137,3 +137,53 @@ def test_corpus_add_refuses_a_path_through_a_linked_folder(tmp_path: Path,
     res = CliRunner().invoke(cli, ["corpus", "add", str(secret), "--library", str(lib),
                                    "--json"])
     assert json.loads(res.stdout)["corpus"]["documents"] == 2
+
+
+# --- finding 7: a relayed upstream 4xx keeps no address ------------------------------------
+
+def test_a_relayed_upstream_error_names_no_upstream_address() -> None:
+    import httpx
+    from servers import Servers
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from whetstone.engine.backends.registry import BackendOptions, get_backend
+    from whetstone.engine.server import create_app
+
+    where: dict[str, str] = {}
+
+    async def refuse(request: HttpRequest) -> Response:
+        host = where["upstream"].removeprefix("http://")
+        path = request.url.path
+        if path.endswith("/embeddings"):  # vLLM-style: the route's full URL in the message
+            return JSONResponse({"error": {"message": f"model not found at "
+                                           f"{where['upstream']}{path}", "type": "NotFound"}},
+                                status_code=404)
+        return JSONResponse({"error": {
+            "message": f"context too long for a request from {host} (peer 10.0.0.7:9101; "
+                       f"see {where['upstream']}/v1/docs)", "type": "BadRequestError",
+            "param": f"{where['upstream']}/v1/chat/completions"}}, status_code=400)
+
+    upstream_app = Starlette(routes=[Route("/v1/chat/completions", refuse, methods=["POST"]),
+                                     Route("/v1/embeddings", refuse, methods=["POST"])])
+    with Servers() as servers:
+        where["upstream"] = servers.start(upstream_app)
+        backend = get_backend(f"openai:tiny@{where['upstream']}/v1",
+                              BackendOptions(max_retries=0))
+        servers.callback(backend.close)
+        url = servers.start(create_app(backend))
+        chat = httpx.post(url + "/v1/chat/completions", timeout=15, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+        embed = httpx.post(url + "/v1/embeddings", timeout=15,
+                           json={"model": "other-embedder", "input": "hi"})
+    port = where["upstream"].rsplit(":", 1)[1]
+    assert chat.status_code == 400 and embed.status_code == 404, (chat.text, embed.text)
+    for reply in (chat, embed):
+        for leak in (port, "127.0.0.1", "10.0.0.7", "9101", "http://"):
+            assert leak not in reply.text, (leak, reply.text)
+    err = chat.json()["error"]
+    assert err["message"].startswith("context too long for a request from <upstream>")
+    assert err["param"] == "<upstream>" and err["type"] == "BadRequestError"
+    assert "model not found at <upstream>" in embed.json()["error"]["message"]
