@@ -153,7 +153,7 @@ def _file_exporter(path: Path) -> SpanExporter:
                 os.close(_open_spans_file(path))
             except OSError as exc:
                 raise ConfigError(f"cannot write spans to {path}: {exc.strerror or exc}",
-                                  hint="--otel-file / WHETSTONE_OTEL_FILE names a regular "
+                                  hint="--otel-file (OtelSettings.file) names a regular "
                                        "file (or a new one), never a link") from None
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:

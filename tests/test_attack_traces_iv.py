@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from click.testing import CliRunner
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 
 from whetstone.cli import cli
 from whetstone.engine.server.adapter import Adapted
@@ -160,3 +162,59 @@ def test_the_otel_file_is_never_a_link_nor_a_fifo(tmp_path: Path) -> None:
     out.symlink_to(victim)
     assert exporter.export([]).name == "FAILURE"
     assert victim.read_text() == "precious\n"
+
+
+# --- finding 11: kill -9 of a replica loses no acknowledged trace --------------------------
+
+def _echo_upstream() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat_reply(request: HttpRequest) -> dict[str, object]:
+        body = await request.json()
+        return {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                    "role": "assistant", "content": "echo"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+    return app
+
+
+def test_a_replica_killed_after_its_replies_has_stored_every_acknowledged_trace(
+        tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from servers import free_port, running_server, wait_healthy
+
+    lib = Library.open(tmp_path / "lib", create=True)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "replica.log"
+    env = {**os.environ, "WHETSTONE_API_KEY": "", "OPENAI_API_KEY": ""}
+    with running_server(_echo_upstream()) as upstream, open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "whetstone", "serve", "--upstream", f"openai:up@{upstream}/v1",
+             "--library", str(lib.root), "--port", str(port), "--log-level", "warning"],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(base, proc, log)
+
+            def one(i: int) -> str:
+                res = httpx.post(base + "/v1/chat/completions", timeout=60, json={
+                    "model": "up", "messages": [{"role": "user", "content": f"q {i}"}]})
+                assert res.status_code == 200, res.text
+                return res.headers["x-whetstone-trace-id"]
+
+            with ThreadPoolExecutor(8) as pool:
+                acknowledged = list(pool.map(one, range(40)))
+            os.kill(proc.pid, signal.SIGKILL)  # at once: the last replies' traces were due
+            proc.wait(10)
+        finally:
+            proc.kill()
+    stored = set(Library.open(lib.root).traces.latest())
+    assert set(acknowledged) <= stored, f"lost {sorted(set(acknowledged) - stored)}"
