@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -320,11 +321,10 @@ RAW_SERVER = textwrap.dedent('''\
     ''')
 
 
-def _raw_server(tmp_path: Path, *flags: str, **options: object) -> McpServer:
+def _raw_server(tmp_path: Path, *flags: str, **options: Any) -> McpServer:
     script = tmp_path / "raw_server.py"
     script.write_text(RAW_SERVER)
-    return McpServer.stdio(f"raw={sys.executable} {script} {' '.join(flags)}",
-                           **options)  # type: ignore[arg-type]
+    return McpServer.stdio(f"raw={sys.executable} {script} {' '.join(flags)}", **options)
 
 
 # --- finding 4: a server's children do not outlive it --------------------------------------
