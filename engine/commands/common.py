@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -19,6 +19,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import ProgressColumn, Task
+from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.text import Text
 
@@ -32,6 +33,7 @@ from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the
 from whetstone.engine.methods.base import options_from_text
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.paths import whetstone_home
+from whetstone.engine.printing import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,8 +70,9 @@ PIPED_WIDTH = 10_000
 
 
 class _CliConsole(Console):
-    """A console whose spinners are off under ``whetstone -q``, and which draws no wider
-    than its text when its output is piped (``PIPED_WIDTH``)."""
+    """A console whose spinners are off under ``whetstone -q``, which draws no wider than its
+    text when its output is piped (``PIPED_WIDTH``), and which shows the terminal control
+    characters of what it prints written out (``printable``)."""
 
     def status(self, *args: Any, **kwargs: Any) -> Any:
         return _NoStatus() if _quiet() else super().status(*args, **kwargs)
@@ -82,6 +85,15 @@ class _CliConsole(Console):
                     obj.code_width = max((len(line) for line in obj.code.splitlines()),
                                          default=0) + 1
         super().print(*objects, **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        # The one place every line a command prints through rich passes (tables, notes,
+        # warnings, errors): a skill's description, a trace's task or a model's reply cannot
+        # retitle, clear or reorder the terminal. Rich's own control segments (a progress
+        # bar's cursor moves) and styles are added after, untouched. (rich is pinned; its
+        # tests/test_attack_cli_iv.py test fails if this hook stops being called.)
+        return super()._render_buffer(
+            s if s.control else Segment(printable(s.text), s.style, s.control) for s in buffer)
 
 
 def console(stderr: bool = False) -> Console:
@@ -96,7 +108,7 @@ def console(stderr: bool = False) -> Console:
 
 
 def _error_console() -> Console:
-    return Console(stderr=True, highlight=False, emoji=False)
+    return _CliConsole(stderr=True, highlight=False, emoji=False)
 
 
 class _LogHandler(logging.Handler):
@@ -177,6 +189,12 @@ def emit_json(obj: Any) -> None:
     except UnicodeEncodeError:  # a lone surrogate (a file name that is not UTF-8): escape it
         text = json.dumps(obj, indent=2, ensure_ascii=True, default=str)
     click.echo(text)
+
+
+def echo_text(text: str, *, nl: bool = True) -> None:
+    """Print a library's or a trace's text as is (a file, a diff) on stdout, its terminal
+    control characters written out like ``console()`` writes them (``printable``)."""
+    click.echo(printable(text), nl=nl)
 
 
 def fail(exc: WhetstoneError) -> None:

@@ -21,6 +21,7 @@ from whetstone.engine.commands.common import (
     EXIT_PARTIAL,
     console,
     default_library_path,
+    echo_text,
     emit_json,
     handle_errors,
     json_option,
@@ -184,7 +185,7 @@ def show_cmd(name: str, file: str | None, version: str | None, library_path: Pat
         emit_json({"version": snap.id, "skill": name, "file": file or "SKILL.md", "text": text,
                    "files": sorted(p.split("/", 2)[2] for p in snap.unit(f"skills/{name}"))})
         return
-    click.echo(text, nl=not text.endswith("\n"))
+    echo_text(text, nl=not text.endswith("\n"))
 
 
 @library_group.command("log")
@@ -223,8 +224,8 @@ def diff_cmd(v1: str, v2: str, library_path: Path | None, as_json: bool) -> None
     if as_json:
         emit_json({"from": lib.resolve(v1), "to": lib.resolve(v2), "diff": text})
         return
-    click.echo(text or f"no differences between {lib.resolve(v1)} and {lib.resolve(v2)}",
-               nl=not text.endswith("\n"))
+    echo_text(text or f"no differences between {lib.resolve(v1)} and {lib.resolve(v2)}",
+              nl=not text.endswith("\n"))
 
 
 @library_group.command("rollback")
@@ -423,7 +424,7 @@ def status_cmd(library_path: Path | None, as_json: bool) -> None:
         return
     for mark, paths in (("M", edits.modified), ("+", edits.added), ("-", edits.deleted)):
         for p in paths:
-            click.echo(f"{mark} {p}")
+            echo_text(f"{mark} {p}")
 
 
 @library_group.command("commit")
@@ -512,7 +513,7 @@ def candidates_show(name: str, library_path: Path | None, as_json: bool) -> None
     print_record(out, cand.scores, cand.costs)
     if conflicts:
         out.print(f"[yellow]changed since {cand.base}:[/] {', '.join(conflicts)}", markup=True)
-    click.echo(diff or "(no difference from the current version)")
+    echo_text(diff or "(no difference from the current version)")
 
 
 @candidates_group.command("apply")

@@ -82,8 +82,11 @@ def print_report(report: ImportReport) -> None:
     if report.truncated:
         out.print(f"{report.truncated} record(s) were cut to the store's record-size cap "
                   "(library.json trace_max_record_bytes)", markup=False)
-    if report.dropped_files:
-        out.print(f"the store's size cap (trace_max_bytes) dropped {len(report.dropped_files)} "
-                  "of its oldest file(s)", markup=False)
+    if report.evicted or report.kept < len(report.imported):
+        out.print(f"the store's size cap (trace_max_bytes) dropped {report.evicted} trace(s) "
+                  f"it held before the import and {len(report.imported) - report.kept} of the "
+                  f"imported ones: {report.kept} of the {len(report.imported)} imported are "
+                  "stored (raise trace_max_bytes in library.json, or import less)",
+                  markup=False, soft_wrap=True)
     for note in report.notes:
         err.print(f"note: {note}", markup=False, soft_wrap=True)

@@ -99,6 +99,10 @@ class TaskRecord:
         if not isinstance(self.question, str):
             raise EvalError(f"task {self.id}: `question` must be a string",
                             hint="put chat-shaped prompts in `messages` instead")
+        if not isinstance(self.scorer, str):
+            raise EvalError(f"task {self.id}: `scorer` must be a string naming one scorer, "
+                            f"not a {type(self.scorer).__name__}",
+                            hint='e.g. "scorer": "numeric"; leave it out for the default')
         object.__setattr__(self, "messages", messages_from(self.messages))
         object.__setattr__(self, "tools", tuple(dict(t) for t in self.tools))
         object.__setattr__(self, "metadata", dict(self.metadata))

@@ -11,7 +11,6 @@ same trace id) is counted, not stored again. docs/observability.md describes the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from whetstone.library_store.trace_import.common import (
     Imported,
     ImportReport,
     known_keys,
+    parse_json,
 )
 from whetstone.library_store.trace_import.langsmith import read_langsmith
 from whetstone.library_store.trace_import.openai_log import read_openai
@@ -42,7 +42,7 @@ def detect_format(text: str, path: Path) -> str:
     first = head.splitlines()[0] if head else ""
     for sample in (head, first):
         try:
-            data = json.loads(sample)
+            data = parse_json(sample)
         except ValueError:
             continue
         if isinstance(data, dict) and isinstance(data.get("runs"), list):
@@ -84,10 +84,13 @@ def read_file(path: Path, fmt: str, report: ImportReport) -> Iterator[Imported]:
 def write(store: TraceStore, found: Iterable[Imported], report: ImportReport,
           prepare: Callable[[Trace], Trace] | None = None) -> None:
     """Store ``found`` whole, skipping what the store (or this import) already holds, in
-    batches through the store's append path; files the size cap drops are reported.
+    batches through the store's append path. What the size cap drops is reported: the
+    store's files, how many of its own traces went, and how many imported ones remain.
     ``prepare`` may change each new trace before it is stored (the face scores it)."""
     keys, ids = known_keys(store.latest().values())
+    had = set(ids)  # the store's own traces, before this import
     before = set(store.files())
+    pruned = store.pruned
     batch = []
     for item in found:
         if item.key in keys or item.trace.id in ids:
@@ -104,6 +107,11 @@ def write(store: TraceStore, found: Iterable[Imported], report: ImportReport,
             batch = []
     store.append_records(batch)
     report.dropped_files = sorted(str(p) for p in before - set(store.files()))
+    report.kept = len(report.imported)
+    if store.pruned != pruned:  # the size cap dropped files: say whose traces went
+        now = set(store.latest())
+        report.evicted = len(had - now)
+        report.kept = len(now.intersection(report.imported))
 
 
 def import_traces(store: TraceStore, paths: Sequence[Path] = (), *, fmt: str = "auto",
