@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.backends import auto_concurrency, packaged
+from whetstone.engine.backends import auto_concurrency
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.registry import BackendOptions, get_backend
 from whetstone.engine.backends.registry import default_registry as default_backends
@@ -25,6 +25,7 @@ from whetstone.engine.evaluation.benchmarks import load_tasks
 from whetstone.engine.evaluation.direct import direct_solver
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.runner import Solver, with_concurrency
+from whetstone.engine.evaluation.scorers import get_scorer
 from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, Verification, default_registry
 from whetstone.engine.paths import whetstone_home
@@ -118,17 +119,26 @@ class Engine:
         self.version = version if version and version.startswith("candidate:") else (
             self.library.resolve(version) if version else None)
         self.methods = self._check_methods(methods)
-        self.backend = model if isinstance(model, Backend) else get_backend(
-            model, backend_options or BackendOptions())
         self.config = config or RunConfig()
         self.skills = skills
-        # Functions are checked now; MCP servers start on first use (the face injects the
-        # search tool's retriever: no tool opens one).
-        self._toolset = ToolSet(tools, corpus=self.corpus,
-                                images_dir=self.library.scratch("tool-images"))
         self._checkpointing = checkpointing
         self.corpus_name = corpus
         self._corpora: dict[str, Corpus] = {}
+        # Typos are found before the model loads (seconds, embedded): the spec's family, the
+        # functions, the MCP servers (started, listed, allow-lists checked). The face injects
+        # the search tool's retriever: no tool opens one.
+        if not isinstance(model, Backend):
+            default_backends().entry_for(model)
+        self._toolset = ToolSet(tools, corpus=self.corpus,
+                                images_dir=self.library.scratch("tool-images"))
+        try:
+            if self._toolset.sessions is not None:
+                self._toolset.sessions.tools()
+            self.backend = model if isinstance(model, Backend) else get_backend(
+                model, backend_options or BackendOptions())
+        except BaseException:
+            self._toolset.close()  # the servers it started stop with the error
+            raise
         self._agent: Agent | None = None
         self._resources: list[Any] = []  # retrieval indexes the direct solvers opened
         self.traces: TraceStore = self.library.traces
@@ -294,8 +304,10 @@ class Engine:
                rule: str = DEFAULT_RULE, seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
+               on_phase: Callable[[str], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
-               allow_errors: bool = False, **options: Any) -> EvolveResult:
+               allow_errors: bool = False, scorer: str | None = None,
+               **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
         object; default: the registry's first evolver) and land the change
         through the regression gate.
@@ -304,17 +316,25 @@ class Engine:
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
-        scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
+        scores on ``gate_tasks`` (default: the traces' own dev-split tasks, held out from the
+        evolver; a ``ConfigError`` when there are none: docs/gate.md) by ``rule`` (default
         ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
         fields, as ``whetstone methods`` lists them).
-        ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
+        ``on_progress(phase, done, total)`` reports collection, the traces read, fitting,
+        the analyst calls (``total`` 0: a running count) and the gate; ``on_phase(text)`` says
+        what begins (the traces read and held out, the fit, the gate).
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
-        kept as a candidate) unless ``allow_errors``.
+        kept as a candidate) unless ``allow_errors``. ``scorer`` (a built-in name,
+        ``file.py:function`` or ``module:function``) scores every task, the gate's included,
+        instead of each task's own.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
         from whetstone.engine.evolution.pipeline import evolve
+
+        if scorer is not None:
+            get_scorer(scorer)  # an unknown name or a broken user scorer fails now
 
         if concurrency is None:
             concurrency = auto_concurrency(self.backend)
@@ -343,8 +363,8 @@ class Engine:
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
-                max_agent_runs=max_agent_runs, on_progress=on_progress,
-                allow_errors=allow_errors, agent_tools=runner._tool_list)
+                max_agent_runs=max_agent_runs, on_progress=on_progress, on_phase=on_phase,
+                allow_errors=allow_errors, agent_tools=runner._tool_list, scorer=scorer)
         finally:
             if own:
                 analyst_backend.close()
@@ -544,6 +564,8 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
 
     def factory(model: str, library_path: Path | None, version: str | None) -> Solver:
         if model not in backends:
+            default_backends().entry_for(model)
+            shared.tools()  # MCP servers start, and their allow-lists are checked, first
             backends[model] = get_backend(model)
         engine = Engine(backends[model], library=library_path, version=version,
                         methods=methods, tools=tools, config=config, checkpointing=False,
@@ -552,36 +574,3 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
 
     factory.close = shared.close  # type: ignore[attr-defined]
     return factory
-
-
-def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
-    """Every backend spec, installed or not, how to install it and which engine generates
-    its text (``whetstone models``). Local families list one row per engine: the default
-    under the plain spec, the others as ``<spec>@<engine>``."""
-    reg = registry or default_backends()
-    rows: list[Mapping[str, Any]] = []
-    for entry in reg.entries():
-        for spec in entry.variants or (entry.example,):
-            installed, install = entry.installed(), entry.install
-            detail = _packaged_status(spec) if entry.prefix == "embedded" else None
-            if detail is not None:
-                installed, install = detail
-            for i, engine in enumerate(entry.engines or (None,)):
-                rows.append({
-                    "spec": spec if i == 0 or engine is None else f"{spec}@{engine.name}",
-                    "prefix": entry.prefix, "summary": entry.summary,
-                    "installed": installed, "install": install,
-                    "white_box": engine.white_box if engine else entry.white_box,
-                    "engine": engine.name if engine else entry.prefix,
-                    "engine_summary": engine.summary if engine else "",
-                })
-    return rows
-
-
-def _packaged_status(spec: str) -> tuple[bool, str] | None:
-    """Installed state of one packaged model, if the packaged-model table knows it."""
-    name = spec.partition(":")[2] or "qwen-0.5b"
-    model = packaged.PACKAGED_MODELS.get(name)
-    if model is None:
-        return None
-    return packaged.installed(name), model.install_hint

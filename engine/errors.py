@@ -10,8 +10,9 @@ from __future__ import annotations
 
 # Exit codes of outcomes that are not a WhetstoneError.
 EXIT_OK = 0
-EXIT_NO_ANSWER = 8  # `run`: the agent stopped without an answer (horizon, budget, time)
+EXIT_NO_ANSWER = 8  # `run`: no whole answer (horizon, budget, time; a reply cut at length)
 EXIT_PARTIAL = 11  # the command did its work, minus some items it reported (`library import`)
+EXIT_GATE_REFUSED = 12  # a library write's gate refused it: kept as a candidate, nothing live
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 
@@ -125,6 +126,11 @@ class ValidationError(LibraryError):
         self.detail = detail
         where = f"{path}:{line}" if line is not None else path
         super().__init__(f"{where}: [{rule}] {detail}", hint)
+
+
+class GateRequired(LibraryError):
+    """The library requires every write to pass a gate (``require_gate``), and this one was
+    about to go live without one."""
 
 
 class EmptyCorpus(LibraryError):

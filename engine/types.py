@@ -23,9 +23,12 @@ StepKind = str
 RUNTIME_STEP_KINDS: tuple[str, ...] = ("prepare", "think", "act", "observe", "finish")
 
 # How a run ended. "running" is written when a run starts so a killed run is still listed.
+# "length": the answer came from a reply cut at the length limit (finish_reason "length"): its
+# text is kept and scored as written, but it is not a whole answer, and no worked example.
 Outcome = Literal[
-    "running", "answered", "horizon", "budget", "timeout", "interrupted", "error"
+    "running", "answered", "length", "horizon", "budget", "timeout", "interrupted", "error"
 ]
+CUT_REASON = "the reply was cut at the length limit (max tokens): the answer may be incomplete"
 
 
 def _now() -> float:

@@ -38,6 +38,7 @@ from whetstone.engine.errors import LibraryError, NotFound
 from whetstone.engine.types import LibraryVersion
 from whetstone.library_store.blobs import BlobStore, unified_diff
 from whetstone.library_store.candidates import Candidates
+from whetstone.library_store.change_control import check_gated
 from whetstone.library_store.fsutil import FileMemo, atomic_write, clean_dir, make_dirs
 from whetstone.library_store.manifest import Manifest, version_number
 from whetstone.library_store.paths import CORE_ROOTS, Content, check_path, to_bytes
@@ -387,7 +388,9 @@ class Library:
                 validate: Validator | None, expect_parent: str | None = None,
                 allow_empty: bool = False, prehashed: Mapping[str, str | None] | None = None
                 ) -> LibraryVersion:
-        """Commit ``changes`` (contents) and ``prehashed`` (hashes of blobs already stored)."""
+        """Commit ``changes`` (contents) and ``prehashed`` (hashes of blobs already stored).
+        A library that requires a gate refuses scores without a passing decision."""
+        check_gated(self, scores)
         with self._write_lock():
             parent = self._manifest(self.current_id())
             if expect_parent is not None and parent.id != expect_parent:
@@ -504,14 +507,14 @@ class Library:
         files = int(parent.counts.get("files", 0)) + added - deleted
         return {"files": files, "added": added, "modified": modified, "deleted": deleted}
 
-    def rollback(self, ref: str, *, validate: Validate = True,
-                 message: str = "") -> LibraryVersion:
+    def rollback(self, ref: str, *, validate: Validate = True, message: str = "",
+                 scores: Mapping[str, Any] | None = None) -> LibraryVersion:
         """A new version whose files equal those of ``ref`` (history is never rewritten)."""
         target = self._manifest(self.resolve(ref))
         current = self._manifest(self.current_id())
         hashes = {p: new for p, (_, new) in self.trees.diff(current.root, target.root).items()}
         return self._commit({}, prehashed=hashes, method="rollback",
-                            message=message or f"rollback to {target.id}", scores=None,
+                            message=message or f"rollback to {target.id}", scores=scores,
                             costs=None, validate=self.validator_for(validate),
                             expect_parent=current.id)
 
@@ -544,16 +547,21 @@ class Library:
                                hint="edit it, then `whetstone library commit -m ...`")
         return [self.view.write_new(p, d) for p, d in data.items() if d is not None]
 
+    def view_changes(self, snap: Snapshot | None = None) -> dict[str, Content]:
+        """The hand edits (drafts too) as the change set ``commit_view`` would commit."""
+        edits = self.view.edits((snap or self.snapshot()).root)
+        changes: dict[str, Content] = {p: self.view.read(p) for p in edits.modified + edits.added}
+        changes.update({p: None for p in edits.deleted})
+        return changes
+
     def commit_view(self, *, message: str, validate: Validate = True,
                     method: str = "edit") -> LibraryVersion:
         """Turn hand edits in the view into a new version (validated like any commit)."""
         snap = self.snapshot()
-        edits = self.view.edits(snap.root)
-        if not edits:
+        changes = self.view_changes(snap)
+        if not changes:
             raise LibraryError("no hand edits to commit: the view equals " + snap.id,
                                hint="edit files under skills/ or policies/ first")
-        changes: dict[str, Content] = {p: self.view.read(p) for p in edits.modified + edits.added}
-        changes.update({p: None for p in edits.deleted})
         return self.commit(changes, method=method, message=message, validate=validate,
                            expect_parent=snap.id)
 

@@ -263,8 +263,9 @@ def test_a_row_with_mcp_servers_runs_with_their_tools_and_counts_the_calls(tmp_p
     servers = tmp_path / "servers.json"
     servers.write_text(json.dumps({"mcpServers": {"shop": {
         "command": sys.executable, "args": [str(TEST_SERVER), "stdio", "--log", str(log)]}}}))
-    tasks = [TaskRecord(id=f"p{i}", question=f"What does a {item} cost?", expected=str(price),
-                        scorer="numeric")
+    # Each question once (order i): the gate never decides on a question a row learned from.
+    tasks = [TaskRecord(id=f"p{i}", question=f"Order {i}: what does a {item} cost?",
+                        expected=str(price), scorer="numeric")
              for i, (item, price) in enumerate([("kettle", 24.5), ("lamp", 12.25)] * 3)]
     path = str(write_jsonl(tasks, tmp_path / "prices.jsonl"))
 
@@ -307,3 +308,25 @@ def test_a_row_with_mcp_servers_runs_with_their_tools_and_counts_the_calls(tmp_p
     before = row_key(plan, plan.row("shop/agent"))
     servers.write_text(servers.read_text().replace("stdio", "stdio "))
     assert row_key(plan, plan.row("shop/agent")) != before
+
+
+def test_a_row_may_run_its_agent_on_another_model(tmp_path: Path) -> None:
+    """``model:`` on a row (the 1.5B agent beside the plan's 0.5B): that row's runs, and only
+    its, go to that model, loaded once; rows without it keep the keys they had."""
+    path = _tasks(tmp_path)
+    replies = tmp_path / "other-model.json"
+    replies.write_text(json.dumps({"replies": [f"Final Answer: {2 * n}" for n in range(8, 12)]}))
+    spec = f"scripted:{replies}"
+    plan = parse_plan(_plan(path, rows=[{"set": "toy", "name": "agent-other", "model": spec}]))
+    assert plan.row("toy/agent-other").model == spec and plan.row("toy/agent").model is None
+    runner = _runner(plan, tmp_path)
+    outcomes = run_plan(runner, tmp_path / "results", say=lambda s: None)
+    assert outcomes["toy/agent"].result.accuracy == 0.5  # the plan's model: right on 8 and 10
+    assert outcomes["toy/agent-other"].result.accuracy == 1.0  # the row's own model
+    other = runner.backend_for(plan.row("toy/agent-other"))
+    assert other is not runner.backend and other.spec.startswith("scripted:")
+    assert runner.backend_for(plan.row("toy/agent-other")) is other  # loaded once
+    assert outcomes["toy/agent-other"].result.model == other.spec
+    without = parse_plan(_plan(path))
+    assert row_key(plan, plan.row("toy/agent")) == row_key(without, without.row("toy/agent"))
+    assert row_key(plan, plan.row("toy/agent-other")) != row_key(plan, plan.row("toy/agent"))

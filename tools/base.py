@@ -14,6 +14,7 @@ from typing import Any
 
 from whetstone.engine.errors import ToolError
 from whetstone.engine.types import ToolSpec
+from whetstone.tools.arguments import check_arguments
 
 MAX_OBSERVATION_CHARS = 4000
 
@@ -132,8 +133,13 @@ class Toolbox:
             tool = self._get(name)
             kwargs = self.coerce_arguments(name, arguments) if tool.spec.parameters.get(
                 "properties") or not tool.spec.inject else {}
-            for param, source in tool.spec.inject.items():
+            for param in tool.spec.inject:
                 kwargs.pop(param, None)
+            # Checked against the schema the model saw (injected parameters are not in it).
+            kwargs, problem = check_arguments(tool.spec, kwargs)
+            if problem is not None:
+                return ToolResult(error=problem, duration_s=time.perf_counter() - start)
+            for param, source in tool.spec.inject.items():
                 if source == "task" and task is not None:
                     kwargs[param] = task
             result = tool.fn(kwargs)

@@ -28,6 +28,7 @@ import importlib.util
 import inspect
 import json
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -231,6 +232,19 @@ def langchain_tool(tool: Any) -> Tool:
     return Tool(spec, run)
 
 
+def _find_in_cwd(module_name: str) -> None:
+    """Put the current folder on ``sys.path`` when ``module_name`` is found nowhere else but
+    there, as ``python -m`` does: the ``whetstone`` script's own folder is on the path, the
+    folder it was started in is not, and ``--tools mytools:lookup`` beside ``mytools.py``
+    must find it."""
+    top = module_name.partition(".")[0]
+    cwd = Path.cwd()
+    here = (cwd / f"{top}.py").is_file() or (cwd / top).is_dir()
+    if here and importlib.util.find_spec(top) is None and str(cwd) not in sys.path:
+        sys.path.insert(0, str(cwd))
+        importlib.invalidate_caches()
+
+
 def import_function(ref: str) -> Callable[..., Any]:
     """The function ``module:function`` or ``path/to/file.py:function`` names (what
     ``whetstone run --tools`` takes); ``ConfigError`` when it cannot be found."""
@@ -249,6 +263,7 @@ def import_function(ref: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:
+            _find_in_cwd(module_name)
             module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import {module_name!r} for the tool {ref!r} ({exc})",

@@ -74,6 +74,7 @@ class RowPlan:
     # MCP servers (an mcpServers file, relative to the repository) whose tools the row's
     # agent gets beside ``tools``; its outcome then counts how often runs called them.
     mcp: str | None = None
+    model: str | None = None  # the row's agent on another model than the plan's (a spec)
 
     @property
     def id(self) -> str:
@@ -123,10 +124,8 @@ class Plan:
     sets: tuple[SetPlan, ...]
     rows: tuple[RowPlan, ...]
     sections: tuple[SectionPlan, ...] = ()
-    # Code changes rows depend on but no row key names (the agent loop): (when, as a UTC
-    # timestamp; the ISO text; what changed; the solver it touches, None: every row). A row
-    # run before one that touches it is marked on the page.
-    # (time, at, what, solver or None, evolve method or None): rows run before it are marked
+    # Code changes rows depend on but no row key names (the agent loop): (UTC time, the ISO
+    # text, what changed, the solver and the evolver it touches or None): earlier rows are marked
     code_changes: tuple[tuple[float, str, str, str | None, str | None], ...] = ()
     pools: tuple[PoolPlan, ...] = ()
 
@@ -183,7 +182,7 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
     for i, r in enumerate(data.get("rows") or ()):
         where = f"row {i + 1} ({r.get('set')}/{r.get('name')})"
         _only(r, {"set", "name", "solver", "methods", "evolve", "tools", "candidate_on_test",
-                  "note", "library_of", "mcp"}, where)
+                  "note", "library_of", "mcp", "model"}, where)
         if r.get("set") not in known_sets or not r.get("name"):
             raise ConfigError(f"{where}: needs a known `set` and a `name`",
                               hint="sets: " + ", ".join(sorted(known_sets)))
@@ -199,8 +198,8 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
         if r.get("library_of") and r.get("evolve"):
             raise ConfigError(f"{where}: give `evolve` or `library_of`, not both",
                               hint="library_of scores the library another row evolved")
-        kw = {k: r[k] for k in ("solver", "candidate_on_test", "note", "library_of", "mcp")
-              if k in r}
+        kw = {k: r[k] for k in ("solver", "candidate_on_test", "note", "library_of", "mcp",
+                                "model") if k in r}
         if "tools" in r:
             kw["tools"] = tuple(r["tools"] or ())
         rows.append(RowPlan(set=r["set"], name=str(r["name"]), evolve=evolve,
@@ -300,9 +299,10 @@ def row_key(plan: Plan, row: RowPlan) -> str:
         del data["row"]["library_of"]
     else:
         data["library_of_key"] = row_key(plan, plan.row(row.library_of))
-    if data["row"]["mcp"] is None:
-        del data["row"]["mcp"]
-    else:  # the servers' file is part of the row
+    for k in ("mcp", "model"):  # fields added later hash only when set (old keys hold)
+        if data["row"][k] is None:
+            del data["row"][k]
+    if row.mcp is not None:  # the servers' file is part of the row
         data["mcp_file"] = hashlib.sha256((REPO / row.mcp).read_bytes()).hexdigest()
     if row.evolve is not None:
         data.update(train=row.evolve.train or s.train, dev=row.evolve.dev or s.dev,
@@ -379,7 +379,7 @@ class Runner:
     registry: Any = None
     on_progress: Progress = lambda what, done, total: None
     _train_traces: dict[str, list[Trace]] = field(default_factory=dict)
-    _analysts: dict[str, Any] = field(default_factory=dict)
+    _models: dict[str, Any] = field(default_factory=dict)  # other specs, loaded once each
     _toolsets: dict[str, Any] = field(default_factory=dict)  # MCP servers by their file
 
     def analyst_for(self, row: RowPlan) -> Any:
@@ -387,13 +387,20 @@ class Runner:
         spec = row.evolve.analyst if row.evolve is not None else None
         if not spec or spec == self.plan.analyst:
             return self.analyst
+        return self._model(spec)
+
+    def backend_for(self, row: RowPlan | None) -> Any:
+        """The model the row's agent runs on: its own ``model``, else the plan's."""
+        return self._model(row.model) if row is not None and row.model else self.backend
+
+    def _model(self, spec: str) -> Any:
         if spec == getattr(self.backend, "spec", None):
             return self.backend  # the agent's own model: loaded already
-        if spec not in self._analysts:
+        if spec not in self._models:
             from whetstone.engine.backends.registry import get_backend
 
-            self._analysts[spec] = get_backend(spec)
-        return self._analysts[spec]
+            self._models[spec] = get_backend(spec)
+        return self._models[spec]
 
     def engine(self, library: Path, row: RowPlan | None = None, version: str | None = None
                ) -> Any:
@@ -403,7 +410,7 @@ class Runner:
                  *([self.mcp_tools(row)] if row and row.mcp else [])]
         # create: each row's library is made here, in the work folder (a missing path is
         # otherwise refused as a mistyped --library).
-        return Engine(self.backend, library=library, version=version,
+        return Engine(self.backend_for(row), library=library, version=version,
                       methods=row.methods if row else (), tools=tools, create=True,
                       checkpointing=False, registry=self.registry, home=self.work_dir)
 
@@ -464,8 +471,8 @@ class Runner:
     def evaluate(self, engine: Any, row: RowPlan, spec: str, label: str) -> EvalResult:
         tasks = self.tasks(spec)
         return evaluate(tasks, self.solver(engine, row), concurrency=self.concurrency,
-                        seed=self.plan.seed, store=engine.traces, model=self.backend.spec,
-                        label=label, task_set=spec,
+                        seed=self.plan.seed, store=engine.traces,
+                        model=self.backend_for(row).spec, label=label, task_set=spec,
                         on_progress=lambda d, n, r: self.on_progress(label, d, n))
 
     def run(self, row: RowPlan) -> RowOutcome:

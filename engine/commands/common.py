@@ -5,11 +5,13 @@ Progress bars, colours and exit codes live here and in the commands, never in th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -17,6 +19,8 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import ProgressColumn, Task
+from rich.segment import Segment
+from rich.syntax import Syntax
 from rich.text import Text
 
 from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the commands
@@ -29,6 +33,7 @@ from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the
 from whetstone.engine.methods.base import options_from_text
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.paths import whetstone_home
+from whetstone.engine.printing import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,23 +63,52 @@ class _NoStatus:
         return None
 
 
+# The width of output that goes to a file or a pipe (no terminal, no COLUMNS): wide enough
+# that nothing a user copies (a trace id, a candidate's name, a command) is cut or wrapped,
+# as it was at rich's default of 80 columns.
+PIPED_WIDTH = 10_000
+
+
 class _CliConsole(Console):
-    """A console whose spinners are off under ``whetstone -q``."""
+    """A console whose spinners are off under ``whetstone -q``, which draws no wider than its
+    text when its output is piped (``PIPED_WIDTH``), and which shows the terminal control
+    characters of what it prints written out (``printable``)."""
 
     def status(self, *args: Any, **kwargs: Any) -> Any:
         return _NoStatus() if _quiet() else super().status(*args, **kwargs)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if self.width == PIPED_WIDTH:
+            # Code and diffs are padded to the console's width: to their longest line here.
+            for obj in objects:
+                if isinstance(obj, Syntax) and obj.code_width is None:
+                    obj.code_width = max((len(line) for line in obj.code.splitlines()),
+                                         default=0) + 1
+        super().print(*objects, **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        # The one place every line a command prints through rich passes (tables, notes,
+        # warnings, errors): a skill's description, a trace's task or a model's reply cannot
+        # retitle, clear or reorder the terminal. Rich's own control segments (a progress
+        # bar's cursor moves) and styles are added after, untouched. (rich is pinned; its
+        # tests/test_attack_cli_iv.py test fails if this hook stops being called.)
+        return super()._render_buffer(
+            s if s.control else Segment(printable(s.text), s.style, s.control) for s in buffer)
 
 
 def console(stderr: bool = False) -> Console:
     """A rich console; pass ``stderr=True`` for progress and diagnostics, which ``whetstone
     -q`` silences (errors print through ``fail``, never silenced). No emoji codes: text such
-    as ``pkg:X:`` (an import path, model output) prints as written."""
-    return _CliConsole(stderr=stderr, highlight=False, emoji=False,
-                       quiet=stderr and _quiet())
+    as ``pkg:X:`` (an import path, model output) prints as written. Piped (no terminal and
+    no ``COLUMNS``), it is ``PIPED_WIDTH`` wide: lines and tables keep their whole text."""
+    out = _CliConsole(stderr=stderr, highlight=False, emoji=False, quiet=stderr and _quiet())
+    if not out.is_terminal and not os.environ.get("COLUMNS"):
+        out.width = PIPED_WIDTH
+    return out
 
 
 def _error_console() -> Console:
-    return Console(stderr=True, highlight=False, emoji=False)
+    return _CliConsole(stderr=True, highlight=False, emoji=False)
 
 
 class _LogHandler(logging.Handler):
@@ -84,9 +118,15 @@ class _LogHandler(logging.Handler):
     def __init__(self, level: int, named: bool) -> None:
         super().__init__(level)
         self.named = named
+        self.as_json = False  # one JSON event a line (`evolve --json`: log_events_as_json)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if self.as_json:
+                click.echo(json.dumps({"event": "log", "level": record.levelname.lower(),
+                                       "logger": record.name, "text": self.format(record)},
+                                      ensure_ascii=False), err=True)
+                return
             name = f"{record.name}: " if self.named else ""
             text = escape(name + self.format(record))
             style = "red" if record.levelno >= logging.ERROR else \
@@ -98,6 +138,20 @@ class _LogHandler(logging.Handler):
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@contextlib.contextmanager
+def log_events_as_json() -> Iterator[None]:
+    """While inside, the command's log records (warnings) go to stderr as JSON events, one a
+    line (``{"event": "log", "level": ..., "text": ...}``), like its progress."""
+    handlers = [h for h in logging.getLogger("whetstone").handlers if isinstance(h, _LogHandler)]
+    for h in handlers:
+        h.as_json = True
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.as_json = False
 
 
 def configure_logging(verbose: int, quiet: bool, env_level: str | None) -> int:
@@ -137,6 +191,12 @@ def emit_json(obj: Any) -> None:
     click.echo(text)
 
 
+def echo_text(text: str, *, nl: bool = True) -> None:
+    """Print a library's or a trace's text as is (a file, a diff) on stdout, its terminal
+    control characters written out like ``console()`` writes them (``printable``)."""
+    click.echo(printable(text), nl=nl)
+
+
 def fail(exc: WhetstoneError) -> None:
     """Print an error the way every command does and exit with its code."""
     err = _error_console()  # never silenced by -q
@@ -165,6 +225,34 @@ def handle_errors(fn: F) -> F:
             sys.exit(EXIT_INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_before_loading(*, specs: Sequence[str | None] = (),
+                         task_sets: Sequence[str | None] = (), scorer: str | None = None,
+                         rule: str | None = None, trace_filter: str | None = None) -> None:
+    """Raise now what a typo in these options would raise after the model loaded (seconds
+    for the embedded one): each model spec's family, each task set (read), the scorer, the
+    gate rule and the trace filter."""
+    # lazy: the registry, the task sets and the scorers; `whetstone --help` imports us
+    from whetstone.engine.backends.registry import default_registry as backends
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.gate_rules import parse_rule
+    from whetstone.engine.evaluation.scorers import get_scorer
+    from whetstone.library_store.traces import parse_trace_filter
+
+    registry = backends()
+    for spec in specs:
+        if spec:
+            registry.entry_for(spec)
+    for tasks in task_sets:
+        if tasks:
+            load_tasks(tasks)
+    if scorer:
+        get_scorer(scorer)
+    if rule:
+        parse_rule(rule)
+    if trace_filter:
+        parse_trace_filter(trace_filter)
 
 
 def default_library_path() -> Path:
@@ -200,6 +288,31 @@ def solver_option(fn: F) -> F:
         show_default=True,
         help="agent: the agent loop; direct: one call with the model's chat template and the "
              "library's guidance (the baseline the agent is read against).")(fn)
+
+
+def _check_scorer(ctx: click.Context, param: click.Parameter, value: str | None
+                  ) -> str | None:
+    """A scorer name that does not resolve fails as the options are read, before a model
+    loads: an unknown built-in, a missing file or function."""
+    if value is not None:
+        # lazy: `whetstone --help` imports every command module; scorers load the evaluation
+        from whetstone.engine.evaluation.scorers import get_scorer
+
+        try:
+            get_scorer(value)
+        except WhetstoneError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})", ctx, param) from None
+    return value
+
+
+def scorer_option(fn: F) -> F:
+    """``--scorer NAME``: score every task with a scorer the person chose (a built-in name,
+    ``FILE.py:FUNCTION`` or ``module:FUNCTION``) instead of each task's own."""
+    return click.option(
+        "--scorer", default=None, metavar="NAME", callback=_check_scorer,
+        help="Score every task with this scorer instead of its own: exact, normalised, "
+             "numeric[:TOL], contains, value[:TOL], f1, choice, ... or FILE.py:FUNCTION / "
+             "module:FUNCTION (`whetstone eval --help`).")(fn)
 
 
 _SHORTCUTS = "whetstone.method_shortcuts"  # ctx.meta: {(method, knob): (flag, value)}
@@ -254,12 +367,36 @@ def methods_option(fn: F) -> F:
                              "(`whetstone methods` lists them).")(fn)
 
 
+def measured_rate(task: Task) -> float | None:
+    """Tasks per second as measured: the tasks completed over the wall time since the bar
+    started (None before the first one). Not rich's own estimate, which counts the tasks of
+    its last 30 s over the time from the first of them to the last: after a slow first task,
+    or when tasks finish in batches (``-j``), it read 2-30x the real rate."""
+    elapsed = task.finished_time if task.finished_time is not None else task.elapsed
+    if not task.completed or not elapsed:
+        return None
+    return task.completed / elapsed
+
+
 class RateColumn(ProgressColumn):
-    """Tasks per minute, from the bar's own speed estimate (``-`` until it has one)."""
+    """Tasks per minute, measured (``measured_rate``; ``-`` until a task is done)."""
 
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("- tasks/min" if speed is None else f"{speed * 60:.1f} tasks/min")
+        rate = measured_rate(task)
+        return Text("- tasks/min" if rate is None else f"{rate * 60:.1f} tasks/min")
+
+
+class EtaColumn(ProgressColumn):
+    """The time left at the measured rate (``-:--:--`` until a task is done)."""
+
+    def render(self, task: Task) -> Text:
+        rate = measured_rate(task)
+        if task.finished:
+            return Text("0:00:00")
+        if rate is None or task.remaining is None:
+            return Text("-:--:--")
+        left = int(task.remaining / rate + 0.5)
+        return Text(f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}")
 
 
 class Concurrency(click.ParamType):

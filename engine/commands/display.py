@@ -120,9 +120,12 @@ def print_result(out: Any, trace: Any) -> None:
     elif trace.outcome == "answered":
         out.print(f"[bold green]Answer:[/] {short(trace.answer or '', 100_000)}", markup=True,
                   soft_wrap=True)
+    elif trace.outcome == "length":  # the text as it came, said to be cut
+        out.print(f"[bold yellow]Answer, cut at the length limit (outcome length):[/] "
+                  f"{short(trace.answer or '', 100_000)}", markup=True, soft_wrap=True)
     else:
         reason = short((trace.meta or {}).get("reason", ""), 2000)
         out.print(f"[bold yellow]No answer[/] ({trace.outcome}): {reason}",
                   markup=True, soft_wrap=True)
     out.print(f"[dim]trace {trace.id} · {trace.total_tokens} tokens · {took:.1f} s · "
-              f"`whetstone traces show {trace.id}`[/]", markup=True)
+              f"`whetstone traces show {trace.id}`[/]", markup=True, soft_wrap=True)

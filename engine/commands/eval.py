@@ -2,7 +2,8 @@
 
 The agent comes from ``whetstone.engine.api.solver_factory``: ``factory(model_spec, library_path,
 version) -> solver`` where a solver is ``(task, seed) -> Trace`` (see
-``whetstone.engine.evaluation.runner``). Tests inject a scripted one as ``obj={"solver_factory": ...}``.
+``whetstone.engine.evaluation.runner``). Tests inject a scripted one as ``obj={"solver_factory": ...}``,
+and the progress bar's clock as ``obj={"clock": ...}``.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
 from whetstone.engine.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
+    EtaColumn,
     MethodGroup,
     RateColumn,
+    check_before_loading,
     concurrency_option,
     console,
     default_library_path,
@@ -85,15 +87,18 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], s
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
          concurrency: int | None,
          seed: int, store: TraceStore, model: str, version: str | None,
-         quiet: bool, run_meta: dict[str, Any]) -> EvalResult:
+         quiet: bool, run_meta: dict[str, Any],
+         clock: Callable[[], float] | None = None) -> EvalResult:
     """One evaluation with a progress bar (ETA, tasks/min and running accuracy) on stderr.
-    ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once."""
+    ``concurrency`` None is ``-j auto``: the solver's backend says how many it decodes at once.
+    ``clock``: the bar's time source (default: the console's monotonic clock)."""
     err = console(stderr=True)
     concurrency = solver_concurrency(solver, concurrency)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("acc {task.fields[acc]}"), RateColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-    with Progress(*columns, console=err, disable=quiet, transient=False) as progress:
+               TimeElapsedColumn(), TextColumn("eta"), EtaColumn()]
+    with Progress(*columns, console=err, disable=quiet, transient=False,
+                  get_time=clock) as progress:
         bar = progress.add_task(f"{label} -j {concurrency}", total=len(tasks), acc="-")
         total, scored, failed = [0.0], [0], [0]
 
@@ -139,6 +144,9 @@ def _print_result(r: EvalResult) -> None:
         out.print(f"[yellow]partial: {r.n} of {r.n_planned} tasks run before the stop[/]")
     if r.n_errors:
         out.print(f"[yellow]{escape(r.errors_line())}; they are left out of the accuracy[/]")
+    if r.n_length:
+        out.print(f"[yellow]{r.n_length} answer(s) cut at the length limit (outcome length); "
+                  "scored as written[/]")
     for warning in r.meta.get("warnings", ()):
         out.print(f"[yellow]warning: {escape(warning)}[/]")
     if "saved_to" in r.meta:
@@ -213,7 +221,8 @@ Example, a HumanEval-style code task scored by running its tests
 @concurrency_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
 @click.option("--scorer", default=None,
-              help="exact, normalised, numeric[:TOL], contains, f1, bfcl, or a user scorer "
+              help="exact, normalised, numeric[:TOL], contains, value[:TOL], f1, bfcl, or a "
+                   "user scorer "
                    "FILE.py:FUNCTION / module:FUNCTION called as FUNCTION(answer, task) with "
                    "the answer text (see below; default: the set's own).")
 @click.option("--trust-task-scorers", is_flag=True,
@@ -251,6 +260,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     if compare_versions and version:
         raise ConfigError("--version and --compare cannot be combined",
                           hint="--compare V1 V2 names both versions")
+    check_before_loading(specs=(model,), scorer=scorer)
     factory = _factory(ctx, methods, method_config, solver, agent_tools)
     # With --scorer the tasks' own scorer names are never resolved, so none of them can run.
     tasks = load_tasks(tasks_spec, limit=limit,
@@ -262,7 +272,8 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         raise EvalError(f"task set {tasks_spec!r} selects no task",
                         hint="check the split and slice bounds")
     library = library_path or default_library_path()
-    store = Library(library).traces  # bounded as its library.json says, as every writer is
+    lib = Library(library)
+    store = lib.traces  # bounded as its library.json says, as every writer is
     # lazy: `whetstone --help` imports every command module
     from whetstone.library_store.otel_export import otel_sinks
 
@@ -271,8 +282,13 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         ctx.call_on_close(sink.close)
     common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,
                               "store": store, "model": model, "quiet": as_json,
-                              "run_meta": {"solver": solver, "methods": methods}}
+                              "run_meta": {"solver": solver, "methods": methods},
+                              "clock": ctx.obj.get("clock") if isinstance(ctx.obj, dict)
+                              else None}
     versions = list(compare_versions) if compare_versions else [version]
+    for v in versions:  # a mistyped version is found before the model loads
+        if v and not v.startswith("candidate:") and lib.is_initialized():
+            lib.resolve(v)
     results: list[EvalResult] = []
     for v in versions:
         solve = factory(model, library, v)

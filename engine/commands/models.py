@@ -1,7 +1,8 @@
 """``whetstone models``: every model spec, installed or not, and how to install it.
 
 One block per backend family: its summary, then one line per spec (the engine that runs it,
-installed or not, white-box), then the install command of what is missing, whole. A command
+installed or not, white-box; a family's example spec, such as a made-up model path, is marked
+as an example), then the install command of what is missing, whole. A command
 is never cut or wrapped by the table (a cut ``pip install`` cannot be copied), and every text
 is printed as text, never as markup (``'whetstone-engine[llamacpp]'`` keeps its extra).
 """
@@ -26,13 +27,21 @@ def _blocks(rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
     return list(out.values())
 
 
+def _state(row: Mapping[str, Any]) -> str:
+    """``installed`` / ``not installed``; an example spec (a made-up path or URL: give your
+    own) is ``example spec``, or ``example; not installed`` when its backend is not."""
+    if row.get("example"):
+        return "example spec" if row["installed"] else "example; not installed"
+    return "installed" if row["installed"] else "not installed"
+
+
 @click.command("models")
 @json_option
 @handle_errors
 def models(as_json: bool) -> None:
     """Every model spec, installed or not, and how to install it."""
-    # lazy: loads filelock, numpy and 84 more of our modules
-    from whetstone.engine.api import describe_models
+    # lazy: the backends' registry and the packaged models' table (the command line's start)
+    from whetstone.engine.backends.catalog import describe_models
 
     rows = describe_models()
     if as_json:
@@ -47,10 +56,11 @@ def models(as_json: bool) -> None:
                                      initial_indent="  ", subsequent_indent="  ",
                                      break_on_hyphens=False)))
         width = max(len(str(r["spec"])) for r in block) + 2
-        for r in block:
-            status = "installed" if r["installed"] else "not installed"
+        states = [_state(r) for r in block]
+        pad = max(len(s) for s in states) + 2
+        for r, status in zip(block, states):
             line = Text("  " + str(r["spec"]).ljust(width))
-            line.append(status.ljust(15) if r["white_box"] else status,
+            line.append(status.ljust(pad) if r["white_box"] else status,
                         style="" if r["installed"] else "red")
             if r["white_box"]:
                 line.append("white-box")

@@ -1,6 +1,7 @@
 """``whetstone tools ls | show NAME | test NAME INPUT``: the tools a run may call.
 
     whetstone tools ls                        built-in, visual and the library's learned tools
+    whetstone tools ls --mcp 'shop=mcp-server-sqlite --db-path shop.db'   and a server's
     whetstone tools show count_red            its schema, its skill, its code and provenance
     whetstone tools test count_red '{"image": "shapes/3.png"}' --allow shapes
 
@@ -29,6 +30,7 @@ from whetstone.engine.commands.common import (
     json_option,
     library_option,
 )
+from whetstone.engine.commands.tool_options import tool_options
 from whetstone.engine.errors import NotFound, ToolError
 from whetstone.engine.types import ToolSpec
 from whetstone.library_store.store import Library, Snapshot
@@ -88,23 +90,58 @@ def tools_group() -> None:
     """The tools a run may call: built-in, visual, and the library's learned tools."""
 
 
+def _mcp_rows(agent_tools: list[Any]) -> list[dict[str, Any]]:
+    """The tools of the MCP servers the options name, each with whether a run would be
+    offered it (the servers start, are listed, and stop)."""
+    # lazy: `whetstone --help` imports every command module
+    from whetstone.tools.mcp_client import McpSessions
+    from whetstone.tools.mcp_config import McpServer
+
+    servers = [s for s in agent_tools if isinstance(s, McpServer)]
+    if not servers:
+        return []
+    with McpSessions(servers) as sessions:
+        return sessions.listing()
+
+
+def _print_mcp(out: Any, rows: list[dict[str, Any]]) -> None:
+    table = Table(title="MCP servers' tools")
+    table.add_column("name", no_wrap=True, min_width=max(len(r["name"]) for r in rows))
+    for col in ("hints", "offered", "what"):
+        table.add_column(col)
+    for r in rows:
+        hints = ", ".join(h for h, on in (("read-only", r["read_only"]),
+                                          ("destructive", r["destructive"])) if on)
+        offered = "yes" if r["allowed"] else f"no: {r['why']}"
+        desc = r["description"]
+        table.add_row(escape(r["name"]), hints, escape(offered),
+                      escape(desc if len(desc) <= 80 else desc[:79] + "…"))
+    out.print(table)
+
+
 @tools_group.command("ls")
 @click.option("--version", "version", default=None, help="Library version (default: current).")
 @library_option
 @json_option
 @handle_errors
-def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> None:
-    """List the tools, and how code runs in the sandbox on this machine."""
+@tool_options(with_tools=False)
+def ls_cmd(version: str | None, library_path: Path | None, as_json: bool,
+           agent_tools: list[Any]) -> None:
+    """List the tools, and how code runs in the sandbox on this machine; with --mcp,
+    --mcp-url or --mcp-config also each server's tools, their hints, and whether a run
+    would be offered them (--allow-tool as a run takes it)."""
     # lazy: `whetstone --help` imports every command module
     from whetstone.tools.sandbox import default_sandbox
 
     snap = _library(library_path).snapshot(version)
     entries, problems = _catalog(snap)
+    mcp = _mcp_rows(agent_tools)
     status = default_sandbox().status
     if as_json:
         emit_json({"version": snap.id, "sandbox": status.describe(),
                    "tools": [{"name": e.name, "kind": e.kind, "skill": e.spec.skill,
                               "description": e.spec.description} for e in entries],
+                   "mcp": mcp,
                    "problems": [{"path": p.path, "line": p.line, "rule": p.rule,
                                  "detail": p.detail} for p in problems]})
         return
@@ -117,6 +154,8 @@ def ls_cmd(version: str | None, library_path: Path | None, as_json: bool) -> Non
                       desc if len(desc) <= 80 else desc[:79] + "…")
     out = console()
     out.print(table)
+    if mcp:
+        _print_mcp(out, mcp)
     for p in problems:
         where = f"{p.path}:{p.line}" if p.line is not None else p.path
         out.print(f"[red]left out[/] {escape(where)}: \\[{escape(p.rule)}] {escape(p.detail)}",

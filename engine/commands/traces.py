@@ -16,6 +16,7 @@ from whetstone.engine.commands.common import (
     handle_errors,
     json_option,
     library_option,
+    scorer_option,
 )
 from whetstone.engine.commands.display import print_result, print_step, short
 from whetstone.engine.methods.registry import default_registry
@@ -45,22 +46,28 @@ def trace_store(library_path: Path | None) -> TraceStore:
 
 @traces_group.command("ls")
 @library_option
-@click.option("--outcome", default=None, help="answered | horizon | budget | timeout | "
-                                               "interrupted | error | running")
+@click.option("--outcome", default=None, help="answered | length | horizon | budget | "
+                                               "timeout | interrupted | error | running")
 @click.option("--task", "task_filter", default=None, help="Substring of the task.")
 @click.option("--kind", default=None, help="agent | direct | chat | verify | mcp | import "
                                            "(what made the trace).")
 @click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--ids", "ids_only", is_flag=True,
+              help="Print only the trace ids, one a line, whole (for scripts: `xargs`).")
 @json_option
 @handle_errors
 def traces_ls(library_path: Path | None, outcome: str | None, task_filter: str | None,
-              kind: str | None, limit: int, as_json: bool) -> None:
+              kind: str | None, limit: int, ids_only: bool, as_json: bool) -> None:
     """List traces, newest last."""
     store = trace_store(library_path)
     found = store.query(TraceQuery(outcome=outcome, task=task_filter, limit=limit,
                                    source=None if kind is None else check_kind(kind)))
     for problem in store.problems:
         console(stderr=True).print(f"[yellow]warning:[/] {short(problem, 2000)}", markup=True)
+    if ids_only and not as_json:
+        for t in found:
+            click.echo(t.id)
+        return
     if as_json:
         emit_json([{"id": t.id, "kind": trace_kind(t), "task": t.task, "outcome": t.outcome,
                     "answer": t.answer,
@@ -189,16 +196,19 @@ def traces_prune(library_path: Path | None, max_bytes: int | None, keep_days: fl
 @click.option("--phoenix", default=None, metavar="URL",
               help="Also read a Phoenix server's spans (with --project).")
 @click.option("--project", default=None, help="The Phoenix project (name or id).")
+@scorer_option
 @library_option
 @json_option
 @handle_errors
 def traces_import(files: tuple[Path, ...], fmt: str, phoenix: str | None, project: str | None,
-                  library_path: Path | None, as_json: bool) -> None:
+                  scorer: str | None, library_path: Path | None, as_json: bool) -> None:
     """Read traces recorded elsewhere (OTLP JSON, OpenAI chat logs as JSONL, LangSmith
     exports, a Phoenix project) into the store, for `evolve` to learn from; malformed
     records are listed and skipped (exit 11), re-imports are recognised
-    (docs/observability.md)."""
+    (docs/observability.md). --scorer: the scorer the gate scores these traces' tasks with
+    (without it, normalised exact match); traces with an expected answer and no score are
+    scored by it as they are imported."""
     # lazy: the readers load urllib.request and 8 of our modules; `whetstone --help` imports us
     from whetstone.engine.commands.trace_import import run_import
 
-    run_import(trace_store(library_path), files, fmt, phoenix, project, as_json)
+    run_import(trace_store(library_path), files, fmt, phoenix, project, as_json, scorer)

@@ -20,7 +20,7 @@ from whetstone.engine.evaluation.tasks import TaskRecord
 from whetstone.engine.prompts import render_prompt
 from whetstone.engine.runtime.plugins import Plugin, collect_guidance
 from whetstone.engine.runtime.state import AgentContext, RunConfig
-from whetstone.engine.types import Message, Request, Step, Trace
+from whetstone.engine.types import CUT_REASON, Message, Request, Step, Trace
 from whetstone.library_store.trace_build import make_trace
 from whetstone.tools.base import Toolbox
 
@@ -88,8 +88,11 @@ def direct_solver(backend: Backend, *, model: str | None = None,
                        input={"tool": tc.name, "arguments": _arguments(tc.arguments)},
                        started=time.time()) for tc in c.tool_calls]
         version = meta.pop("library_version", None) or library_version
+        cut = c.finish_reason == "length"
+        if cut:
+            meta["reason"] = CUT_REASON
         return make_trace("direct", task=task.prompt, steps=steps, answer=c.text,
-                          outcome="answered", library_version=version,
+                          outcome="length" if cut else "answered", library_version=version,
                           model=model or backend.shown_spec, started=started, ended=time.time(),
                           total_tokens=c.total_tokens, meta={"solver": "direct", **meta})
 

@@ -5,7 +5,8 @@ memory of demonstrations); it sits with the scorers because the scorer's verdict
 a run an example. An example is a run's task and the model's own output, step by step as it
 wrote it (its reply, a program's output as the runtime gave it back, a tool call and its
 result; the wording is ``engine/prompts/examples.yaml``), keyed by the trace id it came from.
-A run becomes an example only when it answered, its stored score passes, and, where the scorer
+A run becomes an example only when it answered (not ``length``: an answer cut at the length
+limit teaches a reply that does not end), its stored score passes, and, where the scorer
 can be rebuilt from the trace (its name and label), scoring the trace again passes too; a run
 with an unparseable reply or a failed tool call, or one too long to teach from, is not taken.
 

@@ -1,7 +1,8 @@
 """A self-contained HTML report of saved evaluation results.
 
 A figure of every run's accuracy with its 95% interval (the latest run of each name per task
-set, so the scoreboard's rows read side by side), drawn as inline SVG by hand (no plotting
+set and solver, so the scoreboard's rows, and a version's agent and direct runs, read side by
+side), drawn as inline SVG by hand (no plotting
 library needed); then three plots, each an inline base64 PNG made with matplotlib (imported
 lazily; the figures are drawn with the Agg canvas directly, so no pyplot global state is
 touched): accuracy per library version over time with its 95% interval, per-task wins and
@@ -18,6 +19,7 @@ import base64
 import html
 import io
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,20 @@ def _marks(r: EvalResult) -> str:
     if r.partial:
         out.append("partial")
     return f" ({', '.join(out)})" if out else ""
+
+
+def solver_of(r: EvalResult) -> str:
+    """How the run answered: ``agent`` or ``direct``, with its runtime methods (``agent
+    +horizon``); empty for a run saved before eval recorded it."""
+    solver, methods = str(r.meta.get("solver") or ""), str(r.meta.get("methods") or "")
+    return solver + (f" +{methods}" if methods and solver else "")
+
+
+def shown_name(r: EvalResult) -> str:
+    """The run's name and its solver (``current [direct]``): the agent and the direct runs of
+    one library version are two runs, not one."""
+    solver = solver_of(r)
+    return r.name + (f" [{solver}]" if solver else "")
 
 
 def run_label(r: EvalResult) -> str:
@@ -106,8 +122,8 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
             ax.scatter([x for x, _ in marked], [y for _, y in marked], s=60, zorder=3,
                        facecolors="white", edgecolors=line.lines[0].get_color())
         for x, y, r in zip(xs, ys, runs):
-            ax.annotate(r.name + _marks(r), (x, y), textcoords="offset points", xytext=(4, 6),
-                        fontsize=8)
+            ax.annotate(shown_name(r) + _marks(r), (x, y), textcoords="offset points",
+                        xytext=(4, 6), fontsize=8)
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel("accuracy (95% CI)")
     ax.set_title("Accuracy per library version over time")
@@ -160,12 +176,12 @@ def plot_tokens(results: Sequence[EvalResult]) -> str:
 
 
 def latest_per_name(results: Sequence[EvalResult]) -> list[EvalResult]:
-    """The latest run with an accuracy (a scored task) of each (task set, name), ordered by
-    task set, then name."""
+    """The latest run with an accuracy (a scored task) of each (task set, name and solver),
+    ordered by task set, then name."""
     latest: dict[tuple[str, str], EvalResult] = {}
     for r in sorted(results, key=lambda r: r.started):
         if not r.aborted:
-            latest[(r.task_set, r.name)] = r
+            latest[(r.task_set, shown_name(r))] = r
     return [latest[k] for k in sorted(latest)]
 
 
@@ -199,13 +215,13 @@ def svg_accuracy(results: Sequence[EvalResult], *, width: int = 900) -> str:
             mid = y + row_h / 2
             fill = "white" if r.n_errors or r.partial else "#0b3d91"
             out.append(
-                f'<text x="16" y="{mid + 4:.1f}">{html.escape(r.name[:40] + _marks(r))}'
+                f'<text x="16" y="{mid + 4:.1f}">{html.escape(shown_name(r)[:48] + _marks(r))}'
                 '</text>'
                 f'<line x1="{x(ci.low):.1f}" y1="{mid:.1f}" x2="{x(ci.high):.1f}" '
                 f'y2="{mid:.1f}" stroke="#1f77b4" stroke-width="3"/>'
                 f'<circle cx="{x(ci.mean):.1f}" cy="{mid:.1f}" r="4.5" fill="{fill}" '
                 f'stroke="#0b3d91" stroke-width="1.5">'
-                f'<title>{html.escape(r.name)}: {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]'
+                f'<title>{html.escape(shown_name(r))}: {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]'
                 f' over {r.n_scored} scored of {r.n}</title></circle>'
                 f'<text x="{label_w + plot_w + 8}" y="{mid + 4:.1f}" fill="#333">'
                 f'{ci.mean:.3f} [{ci.low:.2f}, {ci.high:.2f}]</text>')
@@ -216,19 +232,21 @@ def svg_accuracy(results: Sequence[EvalResult], *, width: int = 900) -> str:
 
 
 def latest_pair(results: Sequence[EvalResult]) -> tuple[EvalResult, EvalResult] | None:
-    """The two most recent complete runs on one task set under different names (a, b)."""
+    """The two most recent complete runs on one task set under different names or solvers
+    (a, b): a library version's agent run against its direct run is such a pair."""
     done = sorted((r for r in results if not r.partial and not r.aborted),
                   key=lambda r: r.started)
     for b in reversed(done):
         for a in reversed(done):
-            if a is not b and a.task_set == b.task_set and a.name != b.name \
+            if a is not b and a.task_set == b.task_set and shown_name(a) != shown_name(b) \
                     and a.started <= b.started:
                 return a, b
     return None
 
 
 def _table(results: Sequence[EvalResult]) -> str:
-    head = ("<tr><th>started</th><th>task set</th><th>run</th><th>model</th><th>n</th>"
+    head = ("<tr><th>started</th><th>task set</th><th>run</th><th>solver</th><th>model</th>"
+            "<th>n</th>"
             "<th>accuracy</th><th>95% CI</th><th>errors</th><th>tokens/task</th>"
             "<th>latency/task (s)</th><th>notes</th></tr>")
     rows = []
@@ -241,6 +259,8 @@ def _table(results: Sequence[EvalResult]) -> str:
             notes.append(f"partial ({r.n} of {r.n_planned})")
         if r.n_errors:
             notes.append(r.errors_line(3) + "; accuracy over the scored tasks")
+        if r.n_length:
+            notes.append(f"{r.n_length} cut at the length limit")
         if r.aborted:
             acc, band = "&mdash;", "no task scored"
         else:
@@ -252,6 +272,7 @@ def _table(results: Sequence[EvalResult]) -> str:
             f"<td class='l'>{datetime.fromtimestamp(r.started):%Y-%m-%d %H:%M}</td>"
             f"<td class='l'>{html.escape(r.task_set)}</td><td class='l'>{html.escape(r.name)}"
             f"{' #' + html.escape(rid) if rid else ''}</td>"
+            f"<td class='l'>{html.escape(solver_of(r) or '?')}</td>"
             f"<td class='l'>{html.escape(r.model)}</td><td>{r.n}</td><td>{acc}</td>"
             f"<td>{band}</td><td>{r.n_errors}</td><td>{r.mean_tokens:.0f}</td>"
             f"<td>{r.mean_latency_s:.2f}</td>"
@@ -283,7 +304,7 @@ def render_report(results: Sequence[EvalResult],
         parts.append("<p class='note'>Needs two complete runs on the same task set.</p>")
     else:
         a, b = pair
-        c = compare(a, b)
+        c = replace(compare(a, b), a_name=shown_name(a), b_name=shown_name(b))
         p = "n/a" if c.p_value is None else f"{c.p_value:.4g}"
         left = f"; {c.left_out} task(s) left out (failed or not in both)" if c.left_out \
             else ""

@@ -137,6 +137,12 @@ class EvalResult:
     def n_errors(self) -> int:
         return self.n - self.n_scored
 
+    @property
+    def n_length(self) -> int:
+        """Tasks whose answer was cut at the length limit (outcome ``length``): scored as
+        written, and counted apart so a cut answer never reads as a whole one."""
+        return sum(1 for r in self.results if r.outcome == "length")
+
     def tally(self) -> str:
         """``17/20`` (correct of scored), with ``, 3 failed`` when tasks failed: the count a
         table shows beside the accuracy, over the same tasks the accuracy is."""
@@ -173,6 +179,7 @@ class EvalResult:
             "ci_low": ci.low, "ci_high": ci.high, "ci_method": ci.method,
             "confidence": ci.confidence, "mean_tokens": self.mean_tokens,
             "mean_latency_s": self.mean_latency_s, "errors": self.n_errors,
+            "cut_at_length": self.n_length,
             "failed_tasks": [r.task_id for r in self.failed], "partial": self.partial,
         }
 

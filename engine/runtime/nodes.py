@@ -35,7 +35,7 @@ from whetstone.engine.runtime.prompting import (
     with_images,
 )
 from whetstone.engine.runtime.state import AgentContext, AgentState
-from whetstone.engine.types import Completion, Request, Step, Trace
+from whetstone.engine.types import CUT_REASON, Completion, Request, Step, Trace
 from whetstone.library_store.trace_build import make_trace
 from whetstone.tools.learned import answer_text
 
@@ -49,6 +49,8 @@ def prepare(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     start = time.time()
     system, guidance, meta, tools, turns = build_system_prompt(state, ctx)
     required = required_tools(ctx, meta, tools)
+    if ctx.tool_clashes:  # the trace says which learned tools the user's own displaced
+        meta = {**meta, "tool_clashes": list(ctx.tool_clashes.values())}
     return {
         "system": system,
         "guidance": guidance,
@@ -173,6 +175,8 @@ def think(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
         route = "act"
     elif parsed.kind == "answer":
         update["answer"] = parsed.answer
+        if completion.finish_reason == "length":  # kept, but not a whole answer
+            update["outcome"], update["reason"] = "length", CUT_REASON
     else:
         route = "think"
         retry = parsed.error if forced else _retry_text(parsed, rules, ctx)

@@ -139,14 +139,23 @@ def _final_answer(text: str, marks: list[re.Match[str]]) -> str | None:
     return rest.strip().strip("*").strip() or None
 
 
+# What opens a call's block (a fence, a <tool_call> tag) on the line before the call, and
+# the tags of a reasoning model's thinking: not the thought's text.
+_OPENER = re.compile(r"(?:\n|^)[ \t]*(?:`{3,}[\w+-]*|<tool_call>)[ \t]*\Z")
+_THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)
+
+
 def _thought(text: str, marks: list[re.Match[str]]) -> str:
+    """The reply's text before its call or its final answer: what a run shows as the
+    thought (never the fence or tag that opens the call)."""
     cut = len(text)
     if marks:
         cut = marks[0].start()
     m = _ACTION.search(text)
     if m:
         cut = min(cut, m.start())
-    thought = text[:cut].strip()
+    thought = _THINK_TAG.sub("", text[:cut]).strip()
+    thought = _OPENER.sub("", thought).strip()
     return re.sub(r"^\W*thought\s*:\s*", "", thought, flags=re.IGNORECASE)
 
 
@@ -265,7 +274,7 @@ def parse_reply(completion: Completion, rules: ReplyRules | None = None) -> Pars
     if to_run:
         cut, last = to_run[0].start, to_run[-1]
         return Parsed("action", calls=tuple(f.call for f in to_run),
-                      thought=_thought(text[:cut], []) if cut else thought, raw=text,
+                      thought=_thought(text[:cut], []), raw=text,
                       ends_with_program=last.call.form == "code",
                       used_end=last.end if text[last.end:].strip() else None)
     if FINAL_TOOL not in rules.tool_names and (named := _action_tool_answer(text, thought)):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Self
 from whetstone.engine.backends.openai_wire import StreamAccumulator, completion_from_openai
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.server.adapter import (
+    ADAPTED_HEADER,
     Adapted,
     ChatAdapter,
     ChatSwitches,
@@ -119,6 +120,12 @@ class _Exchange:
                 self.kwargs["messages"] = inject_turns_dicts(inject_guidance_dicts(
                     [_plain(m) for m in self.kwargs["messages"]], self.adapted.guidance),
                     self.adapted.turns)
+            if "library_error" not in self.adapted.meta:
+                # A Whetstone server behind this client passes the request through unadapted.
+                given = self.kwargs.get("extra_headers")
+                self.kwargs["extra_headers"] = {
+                    **(given if isinstance(given, Mapping) else {}),
+                    ADAPTED_HEADER: self.adapted.library_version or "1"}
         if self.switches.record and core.store is not None:
             self.trace_id = new_trace_id(self.started)
 

@@ -24,7 +24,7 @@ from whetstone.engine.server.adapter import (
     chat_query,
     last_user_text,
 )
-from whetstone.engine.types import Completion, Message, Outcome, Request, Step, Trace
+from whetstone.engine.types import CUT_REASON, Completion, Message, Outcome, Request, Step, Trace
 from whetstone.library_store.trace_build import make_trace, new_trace_id
 
 if TYPE_CHECKING:
@@ -50,11 +50,13 @@ def chat_trace(trace_id: str, adapted: Adapted, *, model: str, started: float,
                ended: float | None = None, meta: Mapping[str, Any] | None = None) -> Trace:
     """The ``chat`` trace of one exchange (``whetstone.library_store.trace_build.make_trace``): task =
     the last user text, one ``think`` step (module ``chat``; input the adapted messages, output
-    the completion). ``outcome`` defaults to ``answered``, or ``error`` when ``error`` is
-    given. ``trace_id`` is the one handed out before the reply (``new_trace_id``)."""
+    the completion). ``outcome`` defaults to ``answered``, ``length`` when the reply was cut at
+    the length limit, or ``error`` when ``error`` is given. ``trace_id`` is the one handed out before the reply (``new_trace_id``)."""
     ended = time.time() if ended is None else ended
     request = adapted.request
-    outcome = outcome or ("error" if error is not None or completion is None else "answered")
+    if outcome is None:
+        outcome = "error" if error is not None or completion is None else \
+            "length" if completion.finish_reason == "length" else "answered"
     step = Step(
         kind="think", module="chat",
         input={"messages": [m.to_dict() for m in request.messages],
@@ -72,6 +74,8 @@ def chat_trace(trace_id: str, adapted: Adapted, *, model: str, started: float,
         info["request_id"] = request_id
     if error is not None:
         info["reason"] = error
+    elif outcome == "length":
+        info["reason"] = CUT_REASON
     info.update(meta or {})
     return make_trace(
         SOURCE, trace_id=trace_id, task=last_user_text(request.messages), steps=(step,),

@@ -1,9 +1,11 @@
-"""Traces of served exchanges, built and written off the response path and off the event loop.
+"""Traces of served exchanges, built and written off the event loop.
 
 ``TraceWriter``: an asyncio queue drained by one background task that writes traces in
 batches in a worker thread; each trace is built and encoded (cut to the record cap) in a
 thread of its own as soon as it is queued, so neither a large request nor a slow disk holds
-the loop; ``stop()`` drains it, so a shutdown loses no trace; ``label``
+the loop; a reply waits for its own trace's write (``written``) before it is sent, so an
+acknowledged trace survives the process being killed; ``stop()`` drains it, so a shutdown
+loses no trace; ``label``
 attaches feedback to a trace once its own write has landed, finding it through the store's
 index; on a server with API keys only the key an exchange was recorded for may label it.
 """
@@ -28,10 +30,13 @@ log = logging.getLogger("whetstone.server")
 OWNER_KEY = "api_key_sha256"
 # How long feedback waits for the trace it labels to leave the write queue.
 LABEL_WAIT_S = 10.0
-# How long the writer lets traces gather after the first one arrives. A write pays a fixed
-# cost (the store's file lock, its segment lookup, the index append) whatever the batch holds;
-# under load the writer thread spent ~0.5 ms of CPU a request writing batches of one or two.
-LINGER_S = 0.05
+# How long a reply waits for its trace to be written before it goes anyway (a store that
+# hangs must not hold every reply); the trace is still written when the store comes back.
+SETTLE_WAIT_S = 10.0
+# How long the writer lets traces gather after the first one arrives. A reply now waits for
+# its trace (routes._Exchange._settle), so a linger is added latency: none. Traces still go
+# in batches, what queued while the previous batch was being written (a group commit).
+LINGER_S = 0.0
 # A queued trace: its id, its record being built (None if building failed), the event set
 # once its batch is written.
 _Queued = tuple[str, "asyncio.Future[Record | None]", asyncio.Event]
@@ -39,7 +44,8 @@ _Queued = tuple[str, "asyncio.Future[Record | None]", asyncio.Event]
 
 class TraceWriter:
     """Stores traces from a queue with one background task, in batches, in a worker thread.
-    A batch is what arrived within ``linger_s`` of its first trace (50 ms by default).
+    A batch is what queued while the previous one was written (and within ``linger_s`` of
+    its first trace: none by default).
 
     ``submit(trace_id, build)`` queues a trace still to be built: one encoder thread builds
     it and cuts it to the store's record cap (``TraceStore.encode``) at once, in the order
@@ -182,6 +188,16 @@ class TraceWriter:
             raise WhetstoneError(
                 f"the trace {trace_id!r} is still waiting to be written after {timeout:g} s",
                 hint="the trace store is slow or backed up; retry the feedback shortly") from None
+
+    async def settle(self, trace_id: str) -> bool:
+        """Wait until the trace ``trace_id`` is written, at most ``SETTLE_WAIT_S``: what a
+        reply waits for before it goes. False (logged) when the store took longer."""
+        try:
+            await self.written(trace_id, timeout=SETTLE_WAIT_S)
+            return True
+        except WhetstoneError as exc:
+            log.warning("replying before trace %s is written: %s", trace_id, exc.message)
+            return False
 
     async def label(self, trace_id: str, score: float, comment: str | None, *,
                     owner: str | None = None) -> Trace:

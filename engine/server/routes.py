@@ -19,7 +19,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.openai_wire import (
@@ -30,7 +29,13 @@ from whetstone.engine.backends.openai_wire import (
 )
 from whetstone.engine.backends.redact import redact_spec
 from whetstone.engine.errors import BackendError, ConfigError, NotFound, WhetstoneError
-from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, last_user_text
+from whetstone.engine.server.adapter import (
+    ADAPTED_HEADER,
+    Adapted,
+    ChatAdapter,
+    ChatSwitches,
+    last_user_text,
+)
 from whetstone.engine.server.exchange import chat_trace, check_feedback
 from whetstone.engine.server.guard import (
     REQUEST_ID_HEADER,
@@ -132,6 +137,8 @@ async def chat_completions(request: Request) -> Response:
     try:
         call = state.service.parse(body)
         switches = ChatSwitches.from_body(body.get("whetstone"))
+        if request.headers.get(ADAPTED_HEADER):  # a wrapped client applied its library
+            switches = replace(switches, library=False)
         state.pipeline.check_verify(switches, call.stream, call.request.n)
     except WhetstoneError as exc:
         return whetstone_error_reply(state.metrics, exc, headers)
@@ -177,7 +184,7 @@ class _Exchange:
         self._ended = False
 
     async def answer(self, adapted: Adapted, switches: ChatSwitches) -> Response:
-        """Answer with the upstream; the trace is recorded after the reply is sent."""
+        """Answer with the upstream; the reply goes once its trace is written (``_settle``)."""
         state = self.state
         self.adapted = adapted
         self.call = replace(self.call, request=adapted.request)
@@ -193,15 +200,15 @@ class _Exchange:
         try:
             completion = await state.service.complete(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
-            return self._failed(exc)
+            return await self._failed(exc)
         body, meta = completion_to_openai(completion, model=self.model), {}
         if switches.verify:
             meta["verification"] = await state.pipeline.verify(
                 last_user_text(self.call.request.messages), completion.text)
             body["whetstone"] = dict(meta)
-        return JSONResponse(body, headers=self.headers,
-                            background=BackgroundTask(self._record_after, completion, None,
-                                                      meta))
+        self._record(completion, None, **meta)
+        await self._settle()
+        return JSONResponse(body, headers=self.headers)
 
     async def _choices(self) -> Response:
         """``n`` > 1: the upstream decodes the choices (``parse`` allows it only for a
@@ -216,18 +223,19 @@ class _Exchange:
                 lambda left: relay.apost("/chat/completions", body, left), self.deadline)
             completion = _first_choice(reply, time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
-            return self._failed(exc)
+            return await self._failed(exc)
         state.service.count_tokens(completion)
         reply["model"] = self.model
-        return JSONResponse(reply, headers=self.headers, background=BackgroundTask(
-            self._record_after, completion, None, {"choices": len(reply["choices"])}))
+        self._record(completion, None, choices=len(reply["choices"]))
+        await self._settle()
+        return JSONResponse(reply, headers=self.headers)
 
     async def _stream(self) -> Response:
         state = self.state
         try:
             stream = await state.service.open_stream(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
-            return self._failed(exc)
+            return await self._failed(exc)
 
         def on_close() -> None:
             self._on_end(None, None, "")  # when the event generator never ran
@@ -236,7 +244,7 @@ class _Exchange:
         self.handed_off = True
         return EventStream(
             stream, state.service.sse_events(self.call, self.model, stream, self._on_end,
-                                             self.request_id),
+                                             self.request_id, settle=self._settle),
             on_close=on_close, media_type="text/event-stream",
             headers={**self.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -255,14 +263,17 @@ class _Exchange:
             started=self.started, ended=ended, completion=completion, error=failure,
             outcome=outcome, request_id=self.request_id, meta=info))
 
-    async def _record_after(self, completion: Completion | None, failure: str | None,
-                            meta: dict[str, Any] | None = None) -> None:
-        # A coroutine, so Starlette runs it on the loop once the reply is sent (a plain
-        # function would go to a worker thread, and the trace queue is the loop's).
-        self._record(completion, failure, **(meta or {}))
+    async def _settle(self) -> None:
+        """Wait until this exchange's trace is written (the store's one ``write`` of its line,
+        flushed): a reply that hands out a trace id goes only then, so a replica killed
+        with ``kill -9`` after answering has lost no acknowledged trace (docs/middleware.md
+        has the cost). A store slower than ``recording.SETTLE_WAIT_S`` is logged and the
+        reply goes."""
+        if self.trace_id is not None and self.state.writer is not None:
+            await self.state.writer.settle(self.trace_id)
 
-    def _failed(self, exc: Exception) -> JSONResponse:
-        """The error reply, recording the exchange once it is sent."""
+    async def _failed(self, exc: Exception) -> JSONResponse:
+        """The error reply, sent once the exchange's trace is written."""
         if isinstance(exc, WhetstoneError):
             out = whetstone_error_reply(self.state.metrics, exc, self.headers,
                                         request_id=self.request_id)
@@ -270,7 +281,8 @@ class _Exchange:
         else:
             out = internal_error_reply(self.state.metrics, exc, self.headers)
             reason = failure_text(exc)
-        out.background = BackgroundTask(self._record_after, None, reason)
+        self._record(None, reason)
+        await self._settle()
         return out
 
     def _on_end(self, completion: Completion | None, failure: str | None, text: str) -> None:
@@ -351,8 +363,9 @@ async def get_model(request: Request, model_id: str) -> Response | dict[str, Any
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     """Status, the served name and the upstream's kind for anyone (a probe needs no key).
-    The upstream's address and the library's state only to a client that sends one of the
-    server's API keys (to every client when there are none); never a path on this host."""
+    The upstream's address and the library's state (the served version, and whether and how a
+    gate accepted it) only to a client that sends one of the server's API keys (to every
+    client when there are none); never a path on this host."""
     state = _state(request)
     keyed = not state.api_keys or key_matches(request.headers.get("authorization"),
                                               state.api_keys)
@@ -366,6 +379,9 @@ async def health(request: Request) -> dict[str, Any]:
     out["recording"] = state.writer is not None
     try:
         out["library_version"] = state.pipeline.library_version()
+        gate = state.pipeline.library_gate()
+        if gate is not None:
+            out["library_gate"] = dict(gate)
     except WhetstoneError as exc:
         out["library_version"] = None
         out["library_error"] = library_state(exc)

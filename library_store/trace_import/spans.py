@@ -15,7 +15,6 @@ attributes (task, answer, label, score, outcome, and the score of a later
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,12 +22,14 @@ from typing import Any
 
 from whetstone.engine.types import Step
 from whetstone.library_store.trace_import.common import (
+    BadRecord,
     Imported,
     build,
     feedback,
     number,
     origin_key,
     outcome_of,
+    parse_json,
     text_of,
 )
 
@@ -74,7 +75,7 @@ def _loads(value: Any) -> Any:
     """``value`` parsed when it is JSON text, else as it is."""
     if isinstance(value, str) and value[:1] in ("{", "["):
         try:
-            return json.loads(value)
+            return parse_json(value)
         except ValueError:
             return value
     return value
@@ -284,6 +285,9 @@ def trace_of_spans(spans: Sequence[Span], fmt: str, source: str) -> Imported:
     if task is None:
         first = next((st for st in steps if st.kind == "think"), None)
         task = _last_user(first.input.get("messages")) if first is not None else None
+    if not task and "whetstone.trace.id" in a:
+        # Whetstone's own spans carry the task only with --otel-content.
+        raise BadRecord("exported without content; export with --otel-content to import it")
     answer = a.get("whetstone.answer")
     if answer is not None and not isinstance(answer, str):
         answer = text_of(answer)
