@@ -124,8 +124,13 @@ def test_the_file_round_trips_and_reports_what_is_malformed() -> None:
 
 # -- the evolver and the runtime, end to end ----------------------------------------------
 
-NAMES = ["Amber Lamp", "Jade Rake", "Ruby Kettle", "Onyx Mat", "Sage Lamp", "Coral Rake"]
-PEOPLE = {"Dana Whit": "N", "Al Bo": "S", "Cy Dee": "N", "Ed Fo": "S"}
+NAMES = ["Amber Lamp", "Jade Rake", "Ruby Kettle", "Onyx Mat", "Sage Lamp", "Coral Rake",
+         "Ivory Kettle", "Azure Mat", "Slate Lamp"]
+PEOPLE = {n: "NS"[i % 2] for i, n in enumerate(["Dana Whit", "Al Bo", "Cy Dee", "Ed Fo",
+                                               "Gil Ho", "Ida Jo", "Kai Lo", "Mo Nu", "Oz Pi",
+                                               "Qu Ra", "Sy Tu", "Uma Vo"])}
+TRAIN_NAMES, DEV_NAMES = NAMES[:6], NAMES[6:]
+TRAIN_PEOPLE, DEV_PEOPLE = list(PEOPLE)[:4], list(PEOPLE)[4:]
 
 
 @pytest.fixture
@@ -150,12 +155,13 @@ def db_tool(tmp_path: Path) -> Tool:
     return function_tool(db_read_query)
 
 
-def tasks(prefix: str) -> TaskSet:
-    out = [TaskRecord(f"{prefix}p{i}", f"How much does the {n} cost?", expected=1.5 * (i + 1),
-                      scorer="numeric") for i, n in enumerate(NAMES)]
-    out += [TaskRecord(f"{prefix}r{i}", f"Which region is {n} in?", expected=
-                       {"N": "Northmoor", "S": "Southfen"}[rg], scorer="normalised")
-            for i, (n, rg) in enumerate(PEOPLE.items())]
+def tasks(prefix: str, names: list[str], people: list[str]) -> TaskSet:
+    out = [TaskRecord(f"{prefix}p{i}", f"How much does the {n} cost?",
+                      expected=1.5 * (NAMES.index(n) + 1), scorer="numeric")
+           for i, n in enumerate(names)]
+    out += [TaskRecord(f"{prefix}r{i}", f"Which region is {n} in?",
+                       expected={"N": "Northmoor", "S": "Southfen"}[PEOPLE[n]],
+                       scorer="normalised") for i, n in enumerate(people)]
     return TaskSet(prefix, tuple(out))
 
 
@@ -195,19 +201,20 @@ def analyst_model(request: Request) -> str:
 def test_evolve_learns_workflows_and_the_agent_calls_them(tmp_path: Path, db_tool: Tool) -> None:
     agent = ScriptedBackend(responder=agent_model, tool_calls=True, prefill=True)
     engine = Engine(model=agent, library=tmp_path / "lib", create=True, tools=[db_tool])
-    result = engine.evolve("workflows", tasks=tasks("t"), gate_tasks=tasks("d"),
+    result = engine.evolve("workflows", tasks=tasks("t", TRAIN_NAMES, TRAIN_PEOPLE),
+                           gate_tasks=tasks("d", DEV_NAMES, DEV_PEOPLE),
                            analyst=ScriptedBackend(responder=analyst_model), concurrency=1)
     details = result.patch.details
-    assert details["runs_that_reached_the_answer"] == len(NAMES)  # every price run called
+    assert details["runs_that_reached_the_answer"] == len(TRAIN_NAMES)  # each price run
     added = {w["name"]: w for w in details["added"]}
     assert set(added) == {"usd_of_title", "label_of_name"}, added
-    assert added["usd_of_title"]["hits"] == len(NAMES)
-    assert added["label_of_name"]["hits"] == len(PEOPLE)  # found by exploring, then checked
+    assert added["usd_of_title"]["hits"] == len(TRAIN_NAMES)
+    assert added["label_of_name"]["hits"] == len(TRAIN_PEOPLE)  # found exploring, then checked
     assert details["explored_kept"] == 1 and result.patch.costs["analyst_calls"] >= 2
     text = result.patch.changes["workflows/db.yaml"] if "workflows/db.yaml" in \
         result.patch.changes else next(iter(result.patch.changes.values()))
     assert "Northmoor" not in text and "Southfen" not in text  # no label is learned
-    assert result.version is not None, result.decision  # regions went from 0 to 4 on dev
+    assert result.version is not None, result.decision  # regions went from 0 to 8 on dev
     assert result.decision.candidate_score > result.decision.current_score
     serving = Engine(model=agent, library=tmp_path / "lib", tools=[db_tool],
                      methods=["workflows"])

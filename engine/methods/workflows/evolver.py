@@ -213,16 +213,20 @@ class _Fit:
     # -- verify ---------------------------------------------------------------------------
 
     def score(self, workflow: Workflow) -> tuple[int, int, list[str]]:
-        """(hits, tries, ids answered) of ``workflow`` over the training tasks."""
+        """(hits, tries, ids answered) of ``workflow`` over the training tasks its patterns
+        read. A run that gives no value (a file that is not there, an empty result) abstains
+        and is not a try: the runtime then tries the next workflow that reads the task, so
+        workflows for the same question over differently kept items (a service's config in
+        one of several formats) each count where they apply."""
         hits, tries, ids = 0, 0, []
         for task in self.tasks:
             values = read_slots(workflow.patterns, task.question)
             if values is None:
                 continue
-            tries += 1
             done = run_workflow(workflow, values, self.call)
             if done.value is None:
                 continue
+            tries += 1
             try:
                 ok = get_scorer(task.scorer)(done.value, task) >= 1.0
             except Exception:  # noqa: BLE001 -- a scorer that cannot read the value: a miss

@@ -226,10 +226,22 @@ class WorkflowsPlugin(Plugin):
                         and str(given).strip():
                     values[s.name] = str(given).strip()
             done = run_workflow(w, values, self._call)
-            meta = {"workflow": w.name, "slots": values, "calls": done.calls}
-            if done.error is not None:
-                return ToolResult(error=f"workflow {w.name}: {done.error}", metadata=meta)
-            return ToolResult(output=done.value or "", metadata=meta)
+            tried = [{"workflow": w.name, "slots": values, "calls": done.calls,
+                      **({"error": done.error} if done.error else {})}]
+            # Where this one gives no value (the item is kept another way), the other
+            # workflows that read the same task are tried, the most precise first.
+            for alt in (f for f in self.fits(task) if f.strong and f.workflow.name != w.name):
+                if done.value is not None:
+                    break
+                done = run_workflow(alt.workflow, dict(alt.slots or {}), self._call)
+                tried.append({"workflow": alt.workflow.name, "slots": dict(alt.slots or {}),
+                              "calls": done.calls, **({"error": done.error} if done.error
+                                                        else {})})
+            meta = {"workflow": tried[-1]["workflow"], "tried": tried}
+            if done.value is None:
+                return ToolResult(error=f"workflow {w.name}: {tried[0].get('error')}",
+                                  metadata=meta)
+            return ToolResult(output=done.value, metadata=meta)
         return run
 
     def finish_meta(self, state: AgentState) -> Mapping[str, Any]:
