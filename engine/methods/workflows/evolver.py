@@ -184,6 +184,9 @@ class _Fit:
                                    "--mcp-url or --tools module:function")
         self.toolbox = Toolbox.of(self.tools)
         self.host = {t.name for t in self.tools}
+        # Each tool's first required argument: where a steered call starts writing.
+        self.first_args = {t.name: next(iter(t.spec.parameters.get("required") or []), "")
+                           for t in self.tools}
         self.tasks = self._tasks()
         self.wording = Wording(t.question for t in self.tasks)
         self._results: dict[str, ToolResult] = {}
@@ -306,9 +309,11 @@ class _Fit:
                         self.analyst_calls += self.cfg.explore_turns  # reserved
                     found = await explore(
                         self.analyst, system, task.question, task.expected, self.call,
-                        self.host, turns=self.cfg.explore_turns,
+                        self.first_args, turns=self.cfg.explore_turns,
                         seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000,
-                        run_tool=asyncio.to_thread, known=shown)
+                        run_tool=asyncio.to_thread, known=shown,
+                        general=lambda calls, q=task.question, a=task.expected:
+                        induce(q, calls, a, self.wording) is not None)
                 async with lock:
                     self.analyst_calls += found.analyst_calls - self.cfg.explore_turns
                     self.details["explored"] += 1

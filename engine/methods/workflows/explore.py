@@ -22,7 +22,7 @@ from whetstone.engine.errors import BackendError
 from whetstone.engine.methods.workflows import PROMPTS
 from whetstone.engine.methods.workflows.harvest import compact
 from whetstone.engine.methods.workflows.induce import CallRecord
-from whetstone.engine.methods.workflows.values import near_misses, supports
+from whetstone.engine.methods.workflows.values import distinctive, holds, near_misses, supports
 from whetstone.engine.runtime.call_forms import json_calls, tool_call_blocks
 from whetstone.engine.types import Request
 from whetstone.tools.base import Tool, ToolResult
@@ -91,10 +91,39 @@ def parse_call(text: str, names: Collection[str]) -> tuple[str, dict[str, Any]] 
     return "no call found"
 
 
+def _steer(names: Collection[str] | Mapping[str, str], used: Sequence[str], why: str) -> str:
+    """The start of a call that is not the one repeated: of the tool called last that was
+    not the repeated one, else of the first tool not repeated, up to its first argument's
+    value when ``names`` maps each tool to it (begun at ``{`` alone, the 1.5B closed it)."""
+    repeated = why.split(":", 1)[1] if why.startswith("repeated:") else ""
+    order = [*reversed(used), *sorted(names)]
+    tool = next((t for t in order if t != repeated and t in names), "")
+    if not tool:
+        return ""
+    first = names.get(tool, "") if isinstance(names, Mapping) else ""
+    return '{"name": "' + tool + '", "arguments": {' + (f'"{first}": "' if first else "")
+
+
+def _answer_last(calls: Sequence[CallRecord], answer: Any,
+                 general: Callable[[Sequence[CallRecord]], bool]) -> list[CallRecord] | None:
+    """The calls in an order that answers in general: a call whose result holds the answer
+    moved last, after the others (a code looked up where the answer is kept, then the record
+    the question names that holds the code), when that order takes the question's values."""
+    for c in reversed(calls):
+        if holds(c.result, answer) is None:
+            continue
+        order = [x for x in calls if x is not c] + [c]
+        if general(order):
+            return order
+    return None
+
+
 def where_shown(known: Sequence[CallRecord], answer: Any, limit: int = 2) -> list[str]:
     """Lines saying which earlier results hold ``answer`` (as it is, or in another form:
     ``near_misses``), with the line it stands on: where to read it from."""
     out: list[str] = []
+    if not distinctive(answer):  # a 3 or a "yes" stands somewhere in any listing
+        return out
     for c in known:
         text = compact(c.result)
         line = next((ln.strip() for ln in text.splitlines() if supports(ln, answer)), None)
@@ -111,16 +140,21 @@ def where_shown(known: Sequence[CallRecord], answer: Any, limit: int = 2) -> lis
 
 async def explore(analyst: Backend, system: str, question: str, answer: Any,
                   call: Callable[[str, Mapping[str, Any]], ToolResult],
-                  names: Collection[str], *, turns: int = 4, seed: int = 0,
+                  names: Collection[str] | Mapping[str, str], *, turns: int = 4, seed: int = 0,
                   temperature: float = 0.3, max_tokens: int = 300,
                   run_tool: Callable[..., Any] | None = None,
-                  known: Sequence[CallRecord] = (), resamples: int = 2) -> Exploration:
+                  known: Sequence[CallRecord] = (), resamples: int = 2,
+                  general: Callable[[Sequence[CallRecord]], bool] | None = None
+                  ) -> Exploration:
     """Look for the calls that answer ``question`` (see the module docstring). ``call``
     runs a host tool; ``run_tool`` (an awaitable runner such as ``asyncio.to_thread``) keeps
     the event loop free while it does; ``known``: calls whose results the analyst was shown
     (a repeat of one is not run; one that holds the answer is pointed at). A reply that
-    repeats a call, or is no call, is sampled again, hotter, up to ``resamples`` times
-    before it counts as the turn's."""
+    repeats a call, or is no call, is sampled again, hotter and started as a call of the
+    tool the analyst used last (or another), up to ``resamples`` times before it counts as
+    the turn's. ``general(calls)``: whether the calls that reached the answer would answer
+    other questions of the kind (they take the question's values); when not, the analyst is
+    asked for calls that do, and the dialogue goes on."""
     out = Exploration(question)
     made: set[str] = {call_key(c.tool, c.arguments) for c in known}
     task = PROMPTS.render("explore.yaml#task", question=question, answer=str(answer))
@@ -128,13 +162,17 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
     messages: list[dict[str, str]] = [
         {"role": "system", "content": system},
         {"role": "user", "content": "\n".join([task, *hints])}]
+    used: list[str] = []  # the tools this dialogue called, in order
     for turn in range(turns):
         reply, parsed = "", "no reply"
         for attempt in range(resamples + 1):
             # A call is one line of JSON: what follows a blank line is the analyst explaining
-            # it. A repeat is sampled again, hotter (the 0.5B repeats at 0.3).
+            # it. A repeat is sampled again, hotter, and begun as a call of another tool (the
+            # 0.5B and the 1.5B repeat a look they were shown, at any temperature).
+            prefix = "" if attempt == 0 or not analyst.capabilities.prefill \
+                else _steer(names, used, parsed)
             request = Request(messages=tuple(messages),  # type: ignore[arg-type]
-                              max_tokens=max_tokens, stop=("\n\n",),
+                              max_tokens=max_tokens, stop=("\n\n",), prefix=prefix,
                               temperature=min(1.0, temperature + 0.35 * attempt),
                               seed=seed + 100 * turn + attempt)
             out.analyst_calls += 1
@@ -145,13 +183,13 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                 return out
             got = parse_call(reply, names)
             if not isinstance(got, str) and call_key(*got) in made:
-                got = "repeated"
+                got = f"repeated:{got[0]}"
             parsed = got
             if not isinstance(got, str):
                 break
             out.bad_replies += 1
         messages.append({"role": "assistant", "content": reply})
-        if parsed == "repeated":
+        if parsed.startswith("repeated:") if isinstance(parsed, str) else False:
             messages.append({"role": "user", "content": PROMPTS.render(
                 "explore.yaml#repeated", answer=str(answer))})
             continue
@@ -161,6 +199,7 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             continue
         tool, args = parsed
         made.add(call_key(tool, args))
+        used.append(tool)
         result: ToolResult = await run_tool(call, tool, args) if run_tool is not None \
             else call(tool, args)
         if result.error is not None:
@@ -168,9 +207,18 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                 "explore.yaml#error", tool=tool, error=result.error[:RESULT_CHARS])})
             continue
         out.calls.append(CallRecord(tool, args, result.output))
-        if supports(result.output, answer):
+        held = holds(result.output, answer) is not None  # a price in cents is found too
+        if general is None and held:
             out.found = True
             break
+        order = _answer_last(out.calls, answer, general) if general is not None else None
+        if order is not None:
+            out.calls, out.found = order, True
+            break
+        if held:
+            messages.append({"role": "user", "content": PROMPTS.render(
+                "explore.yaml#not_general", question=question)})
+            continue
         text = compact(result.output)
         text = text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + " …"
         misses = near_misses(result.output, answer)

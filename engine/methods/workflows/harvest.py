@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whetstone.engine.methods.workflows.induce import CallRecord, Wording, question_spans
-from whetstone.engine.methods.workflows.values import leaf_values, structured, supports
+from whetstone.engine.methods.workflows.values import holds, leaf_values, structured
 from whetstone.engine.types import Trace
 
 
@@ -55,10 +55,11 @@ class Worked:
 
 def worked_calls(trace: Trace, label: Any, host: Collection[str]) -> Worked | None:
     """The calls of ``trace`` up to the first result that holds ``label`` (the run reached
-    the answer through its tools, whatever it then answered); None when no result does."""
+    the answer through its tools, whatever it then answered), as it is or kept another way
+    (``values.kept_forms``: a price in cents); None when no result does."""
     calls = host_calls(trace, host)
     for i, c in enumerate(calls):
-        if supports(c.result, label):
+        if holds(c.result, label) is not None:  # as it is, or kept another way (in cents)
             return Worked(trace.id, trace.task, label, tuple(calls[:i + 1]))
     return None
 

@@ -23,7 +23,7 @@ from whetstone.engine.methods.workflows.records import (
     Workflow,
     placeholders,
 )
-from whetstone.engine.methods.workflows.values import learn_selector, supports
+from whetstone.engine.methods.workflows.values import holds, learn_selector, supports
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'&./-]*[A-Za-z0-9]|[A-Za-z0-9]")
 _STOP = frozenset((
@@ -212,7 +212,7 @@ def induce(question: str, calls: Sequence[CallRecord], answer: Any, wording: Wor
     slots = [s for s in slots if s.name in used_names]
     if not any(s.from_step is None for s in slots):
         return None  # the same call for every question: nothing of this task in it
-    if any(supports(v, answer) for st in steps for v in _strings(st.arguments)):
+    if any(holds(v, answer) is not None for st in steps for v in _strings(st.arguments)):
         return None  # the call holds its own answer: a lucky or leaked call, not a workflow
     pattern = question
     for span in spans:

@@ -25,7 +25,8 @@ may also pass it) or from an earlier step's result (``from_step`` with a ``selec
 answer is read from the last step's result by ``answer``: ``whole`` (the result is the value),
 ``cell`` (a table or JSON value holding exactly one value) or ``key`` (the value written after
 ``key`` in ``key: value``, ``key = value`` or ``"key": "value"`` form, its ``index``-th
-occurrence).
+occurrence), then converted when the environment keeps it another way (``convert``: money in
+cents read as ``scale:-2``, a date kept as days since 1970 as ``date:days``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ WORKFLOWS_DIR = "workflows"
 TOOL_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 SLOT_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 SELECTOR_KINDS = ("whole", "cell", "key")
+# How a value may be kept in a result when not as asked for: a number scaled by a power of ten
+# (scale:-2: money kept in cents, read back divided by 100), a date kept as a number (the
+# digits YYYYMMDD, days or seconds since 1970-01-01).
+CONVERSIONS = ("", "scale:-1", "scale:-2", "scale:-3", "scale:-4", "scale:-6", "scale:1",
+               "scale:2", "scale:3", "date:yyyymmdd", "date:days", "date:seconds")
 MAX_WORKFLOWS = 200
 MAX_STEPS = 4
 MAX_PATTERNS = 12
@@ -48,11 +54,13 @@ MAX_PATTERNS = 12
 
 @dataclass(frozen=True)
 class Selector:
-    """Where a value sits in a tool's result (see the module docstring)."""
+    """Where a value sits in a tool's result (see the module docstring), and how it is kept
+    there when not as the answer reads it (``convert``, one of ``CONVERSIONS``)."""
 
     kind: str = "whole"
     key: str = ""
     index: int = 0
+    convert: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
@@ -60,11 +68,14 @@ class Selector:
             out["key"] = self.key
             if self.index:
                 out["index"] = self.index
+        if self.convert:
+            out["convert"] = self.convert
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Selector:
-        return cls(str(d.get("kind", "whole")), str(d.get("key", "")), int(d.get("index", 0)))
+        return cls(str(d.get("kind", "whole")), str(d.get("key", "")), int(d.get("index", 0)),
+                   str(d.get("convert", "")))
 
 
 @dataclass(frozen=True)
@@ -220,6 +231,9 @@ def check_workflow(wf: Workflow) -> list[str]:
         problems.append(f"a workflow has 1 to {MAX_STEPS} steps")
     if wf.answer.kind not in SELECTOR_KINDS:
         problems.append(f"answer kind {wf.answer.kind!r} is not one of {SELECTOR_KINDS}")
+    for sel in (wf.answer, *(s.select for s in wf.slots if s.select is not None)):
+        if sel.convert not in CONVERSIONS:
+            problems.append(f"convert {sel.convert!r} is not one of {CONVERSIONS[1:]}")
     names = [s.name for s in wf.slots]
     if len(set(names)) != len(names) or not all(SLOT_RE.fullmatch(n) for n in names):
         problems.append("slot names are distinct lower-case identifiers")
@@ -261,6 +275,6 @@ def fill(template: Any, values: Mapping[str, str]) -> Any:
     return re.sub(pattern, sub, template) if values else template
 
 
-__all__ = ["MAX_STEPS", "SELECTOR_KINDS", "WORKFLOWS_DIR", "CallStep", "Selector", "Slot",
+__all__ = ["CONVERSIONS", "MAX_STEPS", "SELECTOR_KINDS", "WORKFLOWS_DIR", "CallStep", "Selector", "Slot",
            "Workflow", "check_workflow", "fill", "parse_workflows", "placeholders",
            "render_workflows"]

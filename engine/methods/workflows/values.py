@@ -14,6 +14,7 @@ import ast
 import json
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 from whetstone.engine.methods.workflows.records import Selector
@@ -150,51 +151,98 @@ def _value_at(text: str, start: int) -> str:
 
 
 _ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})\Z")
+_EPOCH = "1970-01-01"
+_WORDS = {"date:yyyymmdd": "the date written as the number YYYYMMDD",
+          "date:days": "the number of days since 1970-01-01",
+          "date:seconds": "the number of seconds since 1970-01-01 (midnight UTC)"}
 
 
-def _date_forms(label: str) -> dict[float, str]:
-    """The numbers a date is often stored as, each with its name."""
-    m = _ISO_DATE.match(label.strip())
+def _date(text: str) -> Any:
+    import datetime as dt  # lazy: only for date-shaped values
+
+    m = _ISO_DATE.match(text.strip())
     if not m:
-        return {}
-    import datetime as dt  # lazy: only for date-shaped labels
-
+        return None
     try:
-        day = dt.date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        return dt.date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
     except ValueError:
-        return {}
-    days = (day - dt.date(1970, 1, 1)).days
-    return {float(day.strftime("%Y%m%d")): "the date written as the number YYYYMMDD",
-            float(days): "the number of days since 1970-01-01",
-            float(days * 86400): "the number of seconds since 1970-01-01 (midnight UTC)"}
+        return None
+
+
+def kept_forms(value: Any) -> list[tuple[float, str]]:
+    """The numbers an environment may keep ``value`` as, each with the conversion that reads
+    it back (``records.CONVERSIONS``): a distinctive number scaled by a power of ten, a date
+    as YYYYMMDD, days or seconds since 1970."""
+    import datetime as dt  # lazy: only when a value is looked for in another form
+
+    out: list[tuple[float, str]] = []
+    number = as_number(value)
+    if number is not None and number != 0 and distinctive(value):
+        for k in (2, 1, 3, 4, 6, -1, -2, -3):
+            out.append((number * 10 ** k, f"scale:{-k}"))
+    day = _date(str(value)) if isinstance(value, str) else None
+    if day is not None:
+        days = (day - dt.date(1970, 1, 1)).days
+        out += [(float(day.strftime("%Y%m%d")), "date:yyyymmdd"), (float(days), "date:days"),
+                (float(days * 86400), "date:seconds")]
+    return out
+
+
+def convert(raw: str, how: str) -> str | None:
+    """The value ``raw`` read back by the conversion ``how`` (None when it cannot be)."""
+    if not how:
+        return raw
+    import datetime as dt  # lazy: only for converted values
+
+    number = as_number(raw)
+    if number is None:
+        return None
+    kind, _, arg = how.partition(":")
+    if kind == "scale":
+        value = round(number * 10 ** int(arg), 10)
+        return f"{value:g}" if abs(value) < 1e15 else str(value)
+    try:
+        if arg == "yyyymmdd":
+            return dt.datetime.strptime(str(int(number)), "%Y%m%d").date().isoformat()
+        days = number if arg == "days" else number // 86400
+        return (dt.date(1970, 1, 1) + dt.timedelta(days=int(days))).isoformat()
+    except (ValueError, OverflowError):
+        return None
 
 
 def near_misses(result: str, value: Any) -> list[str]:
-    """How a result holds ``value`` in another form: a number that is it scaled by a power of
-    ten (money kept in cents), a date kept as a number. Said to an analyst looking for the
-    call that answers, as a failing test says what it got."""
+    """How a result holds ``value`` in another form (``kept_forms``), in words: said to an
+    analyst looking for the call that answers, as a failing test says what it got."""
     if result is None or len(result) > MAX_RESULT_CHARS:
         return []
     numbers = {float(m.group()) for m in _NUMBER.finditer(result)}
     out: list[str] = []
-    target = as_number(value)
-    if target is not None and target != 0:
-        for n in sorted(numbers):
-            for k in (1, 2, 3, 4, 6, -1, -2, -3):
-                if same_number(n, target * 10 ** k):
-                    word = f"the expected answer times {10 ** k:g}" if k > 0 else \
-                        f"the expected answer divided by {10 ** -k:g}"
-                    out.append(f"{n:g} in the result is {word}")
-    for number, form in _date_forms(str(value)).items():
-        if number in numbers:
-            out.append(f"{number:g} in the result is the expected date as {form}")
-    return list(dict.fromkeys(out))
+    for raw, how in kept_forms(value):
+        if not any(same_number(raw, n) for n in numbers):
+            continue
+        if how.startswith("scale:"):
+            k = -int(how.split(":")[1])
+            word = f"the expected answer times {10 ** k:g}" if k > 0 else \
+                f"the expected answer divided by {10 ** -k:g}"
+        else:
+            word = f"the expected date as {_WORDS[how]}"
+        out.append(f"{raw:g} in the result is {word}")
+    return out
 
 
-def learn_selector(result: str, value: Any) -> Selector | None:
-    """How to read ``value`` back out of ``result``: the whole result, the value after a key
-    (the first such key that reads it back: it still reads the value when other results of
-    the call hold more), or its one value; None when none does."""
+def holds(result: str, value: Any) -> str | None:
+    """How ``result`` holds ``value``: "" as it is, a conversion (``kept_forms``) when only
+    in another form, None when not at all."""
+    if supports(result, value):
+        return ""
+    for raw, how in kept_forms(value):
+        if supports(result, raw):
+            return how
+    return None
+
+
+def _learn_plain(result: str, value: Any) -> Selector | None:
+    """Where ``value`` stands as it is in ``result`` (see ``learn_selector``)."""
     if result is None or not supports(result, value):
         return None
     if equal_values(result.strip(), value):
@@ -213,8 +261,25 @@ def learn_selector(result: str, value: Any) -> Selector | None:
     return Selector("cell") if cell else None
 
 
-def select(result: str, selector: Selector) -> str | None:
-    """The value ``selector`` reads from ``result``; None when it is not there."""
+def learn_selector(result: str, value: Any) -> Selector | None:
+    """How to read ``value`` back out of ``result``: the whole result, the value after a key
+    (the first such key that reads it back: it still reads the value when other results of
+    the call hold more), or its one value; when the result keeps it only in another form
+    (``kept_forms``), where that form stands and the conversion back. None when none does."""
+    if result is None:
+        return None
+    found = _learn_plain(result, value)
+    if found is not None:
+        return found
+    for raw, how in kept_forms(value):
+        sel = _learn_plain(result, raw)
+        if sel is not None:
+            return replace(sel, convert=how)
+    return None
+
+
+def _select_plain(result: str, selector: Selector) -> str | None:
+    """The value ``selector`` reads, as it stands in ``result``."""
     if result is None:
         return None
     if selector.kind == "whole":
@@ -232,14 +297,12 @@ def select(result: str, selector: Selector) -> str | None:
     return value or None
 
 
-__all__ = [
-    "as_number",
-    "distinctive",
-    "equal_values",
-    "leaf_values",
-    "learn_selector",
-    "near_misses",
-    "select",
-    "structured",
-    "supports",
-]
+def select(result: str, selector: Selector) -> str | None:
+    """The value ``selector`` reads from ``result``, converted back when it says so; None
+    when it is not there."""
+    raw = _select_plain(result, selector)
+    return None if raw is None else convert(raw, selector.convert)
+
+
+__all__ = ["as_number", "convert", "distinctive", "equal_values", "holds", "kept_forms",
+           "leaf_values", "learn_selector", "near_misses", "select", "structured", "supports"]
