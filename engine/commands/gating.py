@@ -144,8 +144,8 @@ def open_library_for(path: Path | None) -> Library:
 
 
 def runtime_methods_for(paths: Mapping[str, Any]) -> list[str]:
-    """The runtime methods that read the folders a change touches (``policies/``:
-    ``nlpg``): the gate runs with them, so the change reaches the prompt."""
+    """The runtime methods that read the folders a change touches (a method's own root,
+    such as the policy notes): the gate runs with them, so the change reaches the prompt."""
     return [s.name for s in default_registry().specs() if s.runtime and any(
         p.startswith(f"{root.name}/") for root in s.roots for p in paths)]
 
