@@ -4,7 +4,6 @@ task's answer is dropped before the gate, and the decision counts it."""
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Any
 
 import pytest
@@ -32,6 +31,7 @@ description: Answer questions about gates.
 - Colours in use: silver, amber, crimson, indigo.
 - A hall of 12 doors is small.
 - The Ostrow hall has 1,204 doors.
+- Call `halls` with {"name": "Ostrow"} -> {"doors": 1204}
 """
 
 EXAMPLES = """# Examples
@@ -64,6 +64,7 @@ def test_lines_that_carry_a_training_answer_are_dropped_and_counted() -> None:
     assert "The expected answer was" not in skill  # an answer presented as one
     assert "Dorsal gate is silver" not in skill  # one item's fact
     assert "The Ostrow hall has 1,204 doors" not in skill  # a number with its item
+    assert 'Call `halls` with {"name": "Ostrow"}' in skill  # a call that worked, with its result
     assert "Colours in use: silver, amber, crimson, indigo." in skill  # layout, not a fact
     assert "A hall of 12 doors is small." in skill  # 12 is too plain to be a copied answer
     assert "Look the gate up" in skill

@@ -110,13 +110,25 @@ def labelled_tasks(pairs: Iterable[tuple[str, Any]]) -> list[Labelled]:
     return out
 
 
+def _called_with(line: str, key: str) -> bool:
+    """Whether ``key`` stands in ``line`` as a quoted value inside an object or a call written
+    out (``f(x="Dorsal")``, ``{"item": "Dorsal"}``): a call, or the record a call returned."""
+    quoted = rf"""\\?["']{re.escape(key)}\\?["']"""  # JSON inside JSON escapes its quotes
+    return re.search(r"[{(][^{}()]*" + quoted, line, re.IGNORECASE) is not None
+
+
 def _leak(line: str, tasks: Sequence[Labelled], own: str | None) -> Labelled | None:
     for t in tasks:
         if own is not None and t.question == own:
             continue
         if not holds(line, t.label):
             continue
-        if _ANSWER_WORDS.search(line) or any(holds(line, k) for k in t.keys):
+        if _ANSWER_WORDS.search(line):
+            return t
+        named = [k for k in t.keys if holds(line, k)]
+        # A verified call and its result (the calls that worked) is what a library keeps;
+        # the item's fact stated in prose is not.
+        if named and not all(_called_with(line, k) for k in named):
             return t
     return None
 

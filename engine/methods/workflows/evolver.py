@@ -31,7 +31,7 @@ import re
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -312,8 +312,7 @@ class _Fit:
                         self.first_args, turns=self.cfg.explore_turns,
                         seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000,
                         run_tool=asyncio.to_thread, known=shown,
-                        general=lambda calls, q=task.question, a=task.expected:
-                        induce(q, calls, a, self.wording) is not None)
+                        general=self._general(task))
                 async with lock:
                     self.analyst_calls += found.analyst_calls - self.cfg.explore_turns
                     self.details["explored"] += 1
@@ -334,6 +333,13 @@ class _Fit:
             self.context.on_progress("workflows explore", done, len(order))
 
         await asyncio.gather(*(one_kind(g) for g in order))
+
+    def _general(self, task: TaskRecord) -> Callable[[Sequence[CallRecord]], bool]:
+        """Whether calls that reached ``task``'s answer make a workflow (they take the
+        question's values, and not the answer itself)."""
+        def check(calls: Sequence[CallRecord]) -> bool:
+            return induce(task.question, calls, task.expected, self.wording) is not None
+        return check
 
     def _look(self, budget: int = 40) -> list[tuple[CallRecord, int]]:
         """The learner's own look around, at most ``budget`` calls: each host tool that needs

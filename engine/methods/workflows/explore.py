@@ -164,13 +164,14 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
         {"role": "user", "content": "\n".join([task, *hints])}]
     used: list[str] = []  # the tools this dialogue called, in order
     for turn in range(turns):
-        reply, parsed = "", "no reply"
+        reply = ""
+        parsed: tuple[str, dict[str, Any]] | str = "no reply"
         for attempt in range(resamples + 1):
             # A call is one line of JSON: what follows a blank line is the analyst explaining
             # it. A repeat is sampled again, hotter, and begun as a call of another tool (the
             # 0.5B and the 1.5B repeat a look they were shown, at any temperature).
             prefix = "" if attempt == 0 or not analyst.capabilities.prefill \
-                else _steer(names, used, parsed)
+                else _steer(names, used, parsed if isinstance(parsed, str) else "")
             request = Request(messages=tuple(messages),  # type: ignore[arg-type]
                               max_tokens=max_tokens, stop=("\n\n",), prefix=prefix,
                               temperature=min(1.0, temperature + 0.35 * attempt),
@@ -189,7 +190,7 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                 break
             out.bad_replies += 1
         messages.append({"role": "assistant", "content": reply})
-        if parsed.startswith("repeated:") if isinstance(parsed, str) else False:
+        if isinstance(parsed, str) and parsed.startswith("repeated:"):
             messages.append({"role": "user", "content": PROMPTS.render(
                 "explore.yaml#repeated", answer=str(answer))})
             continue
