@@ -290,10 +290,13 @@ class _Fit:
         looked += await self._peek(looked)
         known = digest(looked)
         shown = [c for c, _ in looked]
+        # Calls that answered other kinds, newest first: what is found teaches what is next.
         examples = [(x.question, x.calls[-1]) for x in worked][:3]
-        system = PROMPTS.render("explore_system", tools=tools_text(self.tools),
-                                known=known or "(nothing yet)",
-                                examples=examples_text(examples))
+
+        def system() -> str:
+            return PROMPTS.render("explore_system", tools=tools_text(self.tools),
+                                  known=known or "(nothing yet)",
+                                  examples=examples_text(examples[-3:][::-1]))
         sem = asyncio.Semaphore(max(1, self.cfg.concurrency))
         lock = asyncio.Lock()
         done = 0
@@ -308,7 +311,7 @@ class _Fit:
                             return
                         self.analyst_calls += self.cfg.explore_turns  # reserved
                     found = await explore(
-                        self.analyst, system, task.question, task.expected, self.call,
+                        self.analyst, system(), task.question, task.expected, self.call,
                         self.first_args, turns=self.cfg.explore_turns,
                         seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000,
                         run_tool=asyncio.to_thread, known=shown,
@@ -328,6 +331,7 @@ class _Fit:
                     await asyncio.to_thread(self.admit, [w], kept, answered)
                     if len(kept) > before or any(task.id in ids for ids in answered.values()):
                         self.details["explored_kept"] += 1
+                        examples.append((task.question, found.calls[-1]))
                         return
             done += 1
             self.context.on_progress("workflows explore", done, len(order))
