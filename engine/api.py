@@ -173,10 +173,11 @@ class Engine:
 
     def method_env(self, snapshot: Snapshot | None = None) -> MethodEnv:
         """What this engine gives the methods it builds: the library and ``snapshot``
-        (default: the pinned one), the model, second models by spec, the corpora."""
+        (default: the pinned one), the model, second models by spec, the corpora, the tools
+        its runs get."""
         return MethodEnv(library=self.library, snapshot=snapshot or self.pinned_snapshot(),
                          backend=self.backend, corpora=self.corpus,
-                         corpus_name=self.corpus_name)
+                         corpus_name=self.corpus_name, tools=self._tool_list)
 
     def _named(self, name: str) -> Mapping[str, Any] | None:
         """The options of the method named ``name`` in ``methods`` (None: not named)."""

@@ -252,6 +252,14 @@ def _print(result: Any, *, show_diff: bool) -> None:
     calls = result.patch.costs.get("analyst_calls")
     out.print(f"{result.traces} traces" + (f" · {calls} analyst calls" if calls is not None
                                            else ""), markup=False)
+    leaks = result.patch.details.get("label_leaks")
+    if isinstance(leaks, dict) and leaks.get("lines_dropped"):
+        refused = leaks.get("files_refused") or []
+        out.print(f"label leaks: {leaks['lines_dropped']} line(s) that held a training answer "
+                  "dropped" + (f"; refused whole: {', '.join(refused)}" if refused else ""),
+                  markup=False, soft_wrap=True)
+        for line in leaks.get("examples") or ():
+            out.print(f"  - {line}", markup=False, soft_wrap=True)
     summary = default_registry().summary_of(result.patch.method)  # what the method reports
     for line in summary(result.patch.details) if summary is not None else ():
         out.print(line, markup=False, soft_wrap=True)

@@ -34,6 +34,7 @@ from whetstone.engine.evaluation.tasks import (
     split_of,
     tasks_from_traces,
 )
+from whetstone.engine.evolution.leaks import drop_label_leaks, labelled_tasks
 from whetstone.engine.evolution.summary import held_summary
 from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
 from whetstone.engine.runtime.library_tools import validate_library
@@ -396,6 +397,12 @@ def evolve(
     snapshot = library.snapshot()
     patch = evolver.fit(split.train, snapshot, analyst, labels, context=context)
     fit_s = round(time.perf_counter() - start, 3)
+    pairs = [(t.task, (labels or {}).get(t.id, t.label)) for t in split.train]
+    pairs += [(t.question, t.expected) for t in learn or () if t.question]
+    patch, leaks = drop_label_leaks(patch, labelled_tasks(pairs))
+    if leaks.total:
+        say(f"label leaks: {leaks.total} line(s) that held a training answer dropped"
+            + (f", {len(leaks.refused)} file(s) refused" if leaks.refused else ""))
     held = {*(p for p in snapshot.files() if p not in patch.changes),
             *(p for p, text in patch.changes.items() if text is not None)}
     patch = replace(patch, message=held_summary(patch.message, held, patch.changes))

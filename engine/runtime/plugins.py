@@ -74,14 +74,17 @@ class MethodEnv:
     """What a method built by the faces may use (a runtime method's ``build``, the function a
     ``MethodSpec`` names): the library, the version the run reads (``snapshot``; None: follow
     the current one), the agent's model, a second model by spec (``model``) and the library's
-    evidence corpora (``corpora``, by name; ``corpus_name`` is the default one). Each is None
-    where the host has none to give."""
+    evidence corpora (``corpora``, by name; ``corpus_name`` is the default one) and the tools
+    the host gives its runs (``tools()``: the user's functions and MCP servers' tools, with
+    their allow-lists; a method may compose calls of them). Each is None where the host has
+    none to give."""
 
     library: Library | None = None
     snapshot: Snapshot | None = None
     backend: Backend | None = None
     corpora: CorpusFactory | None = None
     corpus_name: str | None = None
+    tools: Callable[[], Sequence[Tool]] | None = None
 
     def require_library(self, method: str) -> Library:
         """The library, for a method that cannot run without one; ``ConfigError`` naming
