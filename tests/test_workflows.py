@@ -225,3 +225,25 @@ def test_evolve_learns_workflows_and_the_agent_calls_them(tmp_path: Path, db_too
     assert "usd_of_title" not in prepare.output["tools"]  # only what fits is offered
     hello = next(s for s in serving.run("Say hello").steps if s.kind == "prepare")
     assert not {"label_of_name", "usd_of_title"} & set(hello.output["tools"])
+
+
+def test_a_host_without_the_tools_is_shown_the_calls_filled_in(tmp_path: Path,
+                                                              db_tool: Tool) -> None:
+    # Chat mode (the caller runs its own tools): the workflow's calls, for this task.
+    w = Workflow("usd_of_title", "", (Slot("title", "Amber Lamp"),),
+                 (CallStep("db_read_query", {"query": "SELECT cents FROM items WHERE title = "
+                                                      "'{title}'"}),),
+                 Selector("key", "cents", 0, "scale:-2"), ("How much does the {title} cost?",),
+                 5, 5)
+    model = ScriptedBackend(responder=lambda r: "ok")
+    engine = Engine(model=model, library=tmp_path / "lib", create=True, methods=["workflows"])
+    engine.library.commit({"workflows/db.yaml": render_workflows([w])}, method="test",
+                          validate=False)
+    reply = engine.chat([{"role": "user", "content": "How much does the Ruby Kettle cost?"}])
+    system = model.requests[-1].messages[0].text  # what the model was sent
+    assert "call db_read_query with" in system
+    assert "WHERE title = 'Ruby Kettle'" in system
+    assert "divide it by 100" in system
+    assert reply.guidance["workflows"]["shown_calls"] == "usd_of_title"
+    engine.chat([{"role": "user", "content": "Say hello"}])
+    assert "db_read_query" not in model.requests[-1].messages[0].text

@@ -196,10 +196,11 @@ _FEATURE_WORDS = {"adjust_config": "per-task budgets (adjust_config)", "tools": 
 
 def unhonoured_features(plugin_class: type[Plugin], host: str) -> list[str]:
     """The features of ``plugin_class`` that ``host`` (a key of ``HOST_FEATURES``) does not
-    run."""
+    run, leaving out those it declares it does without (``Plugin.optional``)."""
     if host not in HOST_FEATURES:
         raise ValueError(f"unknown host {host!r}; hosts: {', '.join(HOST_FEATURES)}")
-    return [f for f in features(plugin_class) if f not in HOST_FEATURES[host]]
+    return [f for f in features(plugin_class)
+            if f not in HOST_FEATURES[host] and f not in plugin_class.optional]
 
 
 def check_host(name: str, plugin_class: type[Plugin], host: str) -> None:
@@ -254,6 +255,9 @@ class Plugin:
     config: Any = None
     stages: ClassVar[tuple[str, ...]] = ()  # the STAGES ``nodes`` adds to
     wraps: ClassVar[tuple[str, ...]] = ()  # the WRAP_POINTS ``wrap`` wraps
+    # Features a host may leave out: the method then does what it can with the rest (tools
+    # it cannot offer in chat mode become guidance). A host runs every other feature or none.
+    optional: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

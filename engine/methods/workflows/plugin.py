@@ -17,6 +17,7 @@ read the task, else from the model's arguments.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -24,8 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whetstone.engine.methods.base import knob
+from whetstone.engine.methods.workflows import PROMPTS
 from whetstone.engine.methods.workflows.induce import read_slots
-from whetstone.engine.methods.workflows.records import WORKFLOWS_DIR, Workflow, parse_workflows
+from whetstone.engine.methods.workflows.records import (
+    WORKFLOWS_DIR,
+    Workflow,
+    fill,
+    parse_workflows,
+)
 from whetstone.engine.methods.workflows.runner import run_workflow
 from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin, ToolOffer
 from whetstone.engine.types import ToolSpec
@@ -90,11 +97,39 @@ def workflow_spec(w: Workflow) -> ToolSpec:
         source=f"workflow:{w.name}", inject={"_task": "task"}, returns_answer=True)
 
 
+def shown_calls(w: Workflow, values: Mapping[str, str]) -> str:
+    """A workflow's calls filled in for a task, as text for a host that runs its own tools
+    (``engine/methods/workflows/prompts/guidance.yaml`` words it)."""
+    lines = [PROMPTS.render("guidance.yaml#head")]
+    for i, step in enumerate(w.steps):
+        args = {k: fill(v, {**values, **{s.name: PROMPTS.render(
+            "guidance.yaml#from_step", slot=s.name, step=str((s.from_step or 0) + 1))
+            for s in w.slots if s.from_step is not None}}) for k, v in step.arguments.items()}
+        lines.append(PROMPTS.render("guidance.yaml#step", n=str(i + 1), tool=step.tool,
+                                    arguments=json.dumps(args, ensure_ascii=False)))
+    where = w.answer.key if w.answer.kind == "key" else ""
+    lines.append(PROMPTS.render("guidance.yaml#answer_key" if where else
+                                "guidance.yaml#answer_whole", key=where))
+    if w.answer.convert:
+        kind, _, arg = w.answer.convert.partition(":")
+        if kind == "scale":
+            k = int(arg)  # read back times 10**k: a price in cents is scale:-2
+            lines.append(PROMPTS.render("guidance.yaml#convert_divide" if k < 0 else
+                                        "guidance.yaml#convert_multiply",
+                                        factor=f"{10 ** abs(k):g}"))
+        else:
+            lines.append(PROMPTS.render("guidance.yaml#convert_date", form=arg))
+    return "\n".join(lines)
+
+
 class WorkflowsPlugin(Plugin):
     """Offer the verified workflows that fit a task (see the module docstring)."""
 
     name = "workflows"
     config_class = WorkflowsRunConfig
+    # Where the host offers no tools (chat mode: the caller runs its own), a fitting
+    # workflow's calls are shown filled in for the task instead.
+    optional = frozenset({"tools"})
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> WorkflowsPlugin:
@@ -206,7 +241,11 @@ class WorkflowsPlugin(Plugin):
                     if f.strong or f.score >= self.config.require_at]
         if required:
             meta["required"] = required
-        return Guidance("", "", meta, library_version=version)
+        text = ""
+        if chosen and chosen[0].strong and chosen[0].workflow.name not in ctx.toolbox.tools:
+            text = shown_calls(chosen[0].workflow, chosen[0].slots or {})
+            meta["shown_calls"] = chosen[0].workflow.name
+        return Guidance("", text, meta, library_version=version)
 
     # -- tools ----------------------------------------------------------------------------
 
@@ -251,4 +290,4 @@ class WorkflowsPlugin(Plugin):
         return {"called": called}
 
 
-__all__ = ["Fit", "WorkflowsPlugin", "WorkflowsRunConfig", "workflow_spec"]
+__all__ = ["Fit", "WorkflowsPlugin", "WorkflowsRunConfig", "shown_calls", "workflow_spec"]
