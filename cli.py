@@ -11,20 +11,20 @@ import os
 
 import click
 
-from whetstone.engine.commands.common import QUIET, configure_logging, handle_errors
-from whetstone.engine.commands.corpus import corpus_group
-from whetstone.engine.commands.data import data_group
-from whetstone.engine.commands.eval import eval_cmd
-from whetstone.engine.commands.evolve import evolve_group
-from whetstone.engine.commands.library import library_group, skill_group
-from whetstone.engine.commands.mcp import mcp
-from whetstone.engine.commands.methods import methods_cmd
-from whetstone.engine.commands.models import models
-from whetstone.engine.commands.run import run
-from whetstone.engine.commands.serve import serve
-from whetstone.engine.commands.tools import tools_group
-from whetstone.engine.commands.traces import traces_group
-from whetstone.engine.methods.registry import default_registry
+from .engine.commands.common import QUIET, configure_logging, handle_errors
+from .engine.commands.corpus import corpus_group
+from .engine.commands.data import data_group
+from .engine.commands.eval import eval_cmd
+from .engine.commands.evolve import evolve_group
+from .engine.commands.library import library_group, skill_group
+from .engine.commands.mcp import mcp
+from .engine.commands.methods import methods_cmd
+from .engine.commands.models import models
+from .engine.commands.run import run
+from .engine.commands.serve import serve
+from .engine.commands.tools import tools_group
+from .engine.commands.traces import traces_group
+from .engine.methods.registry import default_registry
 
 
 class WhetstoneGroup(click.Group):
@@ -36,7 +36,7 @@ class WhetstoneGroup(click.Group):
         found = ctx.meta.get("whetstone.method_commands")
         if found is None:
             # lazy: `whetstone --help` imports every command module
-            from whetstone.engine.commands.kit import Kit
+            from .engine.commands.kit import Kit
 
             registry = ctx.meta.setdefault("whetstone.methods", default_registry())
             found = {c.name: c for c in registry.commands(Kit())

@@ -15,41 +15,41 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.backends import auto_concurrency
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.backends.registry import BackendOptions, get_backend
-from whetstone.engine.backends.registry import default_registry as default_backends
-from whetstone.engine.errors import ConfigError, NotFound
-from whetstone.engine.evaluation.agent_solver import agent_solver
-from whetstone.engine.evaluation.benchmarks import load_tasks
-from whetstone.engine.evaluation.direct import direct_solver
-from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
-from whetstone.engine.evaluation.runner import Solver, with_concurrency
-from whetstone.engine.evaluation.scorers import get_scorer
-from whetstone.engine.methods.base import make_config
-from whetstone.engine.methods.registry import MethodRegistry, Verification, default_registry
-from whetstone.engine.paths import whetstone_home
-from whetstone.engine.runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
-from whetstone.engine.runtime.plugins import MethodEnv, check_host, wrap_calls
-from whetstone.engine.runtime.skills_plugin import SkillsPlugin
-from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
-from whetstone.engine.server.client import WrappedClient, wrap_client
-from whetstone.engine.server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
-from whetstone.engine.types import Message, Trace
-from whetstone.library_store import embeddings
-from whetstone.library_store.corpus import Corpus
-from whetstone.library_store.otel_export import OtelSettings, otel_sinks
-from whetstone.library_store.store import Library, Snapshot
-from whetstone.library_store.traces import TraceQuery, TraceSink, TraceStore, parse_trace_filter
-from whetstone.tools.base import Tool
-from whetstone.tools.toolset import ToolSet
+from ..library_store import embeddings
+from ..library_store.corpus import Corpus
+from ..library_store.otel_export import OtelSettings, otel_sinks
+from ..library_store.store import Library, Snapshot
+from ..library_store.traces import TraceQuery, TraceSink, TraceStore, parse_trace_filter
+from ..tools.base import Tool
+from ..tools.toolset import ToolSet
+from .backends import auto_concurrency
+from .backends.base import Backend
+from .backends.registry import BackendOptions, get_backend
+from .backends.registry import default_registry as default_backends
+from .errors import ConfigError, NotFound
+from .evaluation.agent_solver import agent_solver
+from .evaluation.benchmarks import load_tasks
+from .evaluation.direct import direct_solver
+from .evaluation.gate_rules import DEFAULT_RULE
+from .evaluation.runner import Solver, with_concurrency
+from .evaluation.scorers import get_scorer
+from .methods.base import make_config
+from .methods.registry import MethodRegistry, Verification, default_registry
+from .paths import whetstone_home
+from .runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
+from .runtime.plugins import MethodEnv, check_host, wrap_calls
+from .runtime.skills_plugin import SkillsPlugin
+from .server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
+from .server.client import WrappedClient, wrap_client
+from .server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
+from .types import Message, Trace
 
 if TYPE_CHECKING:
     from typing import Self
 
-    from whetstone.engine.evaluation.tasks import TaskSet
-    from whetstone.engine.evolution.pipeline import EvolveResult
-    from whetstone.engine.methods.base import Evolver
+    from .evaluation.tasks import TaskSet
+    from .evolution.pipeline import EvolveResult
+    from .methods.base import Evolver
 
 # A runtime method for ``Engine(methods=...)``: a registered name, a name with its options, or
 # a ready ``Plugin``.
@@ -331,7 +331,7 @@ class Engine:
         instead of each task's own.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
-        from whetstone.engine.evolution.pipeline import evolve
+        from .evolution.pipeline import evolve
 
         if scorer is not None:
             get_scorer(scorer)  # an unknown name or a broken user scorer fails now
@@ -486,7 +486,7 @@ class Engine:
     def app(self, **server_options: Any) -> Any:
         """The OpenAI-compatible server app for this engine: library applied, traces recorded
         (``whetstone.engine.server.create_app`` options: ``api_keys``, ``max_queue`` ...)."""
-        from whetstone.engine.server import create_app  # heavy: FastAPI, pydantic, starlette
+        from .server import create_app  # heavy: FastAPI, pydantic, starlette
 
         server_options.setdefault("adapter", self.chat_adapter())
         server_options.setdefault("traces", self.traces)

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from whetstone.engine.errors import ParseError
+from .errors import ParseError
 
 
 def extract_json_object(text: str, *, what: str = "a JSON object",

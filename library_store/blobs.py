@@ -10,8 +10,8 @@ import difflib
 from collections.abc import Mapping
 from pathlib import Path
 
-from whetstone.engine.errors import LibraryError
-from whetstone.library_store.fsutil import atomic_write, make_dirs, sha256_bytes
+from ..engine.errors import LibraryError
+from .fsutil import atomic_write, make_dirs, sha256_bytes
 
 
 class BlobStore:

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import LibraryError, NotFound, ValidationError
-from whetstone.engine.types import LibraryVersion
-from whetstone.library_store.fsutil import atomic_write, make_dirs
-from whetstone.library_store.paths import Content, check_path, to_bytes
+from ..engine.errors import LibraryError, NotFound, ValidationError
+from ..engine.types import LibraryVersion
+from .fsutil import atomic_write, make_dirs
+from .paths import Content, check_path, to_bytes
 
 if TYPE_CHECKING:  # the store owns its candidates; this module never imports it at run time
-    from whetstone.library_store.store import Library, Snapshot
-    from whetstone.library_store.validation import Validate
+    from .store import Library, Snapshot
+    from .validation import Validate
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")  # use fullmatch: '$' allows a final '\n'
 

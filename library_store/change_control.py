@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import GateRequired
-from whetstone.library_store.manifest import Manifest, gate_record, passed_gate
+from ..engine.errors import GateRequired
+from .manifest import Manifest, gate_record, passed_gate
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Library
+    from .store import Library
 
 SETTING = "require_gate"
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import ConfigError, LibraryError
-from whetstone.library_store.fsutil import (
+from ..engine.errors import ConfigError, LibraryError
+from .fsutil import (
     NotRegular,
     is_kernel_file,
     kind_of,

@@ -31,12 +31,12 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from whetstone.engine.errors import ConfigError, EmptyCorpus, LibraryError, NotFound
-from whetstone.engine.types import Passage
-from whetstone.library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
-from whetstone.library_store.chunking import DEFAULT_CHUNKS, ChunkSpec, SourceDoc, chunk_document
-from whetstone.library_store.embeddings import Embedder, TextEmbedder, chroma_embedding_function
-from whetstone.library_store.fsutil import atomic_write, clean_dir, sha256_bytes
+from ..engine.errors import ConfigError, EmptyCorpus, LibraryError, NotFound
+from ..engine.types import Passage
+from .chroma_client import SharedChroma, SharedCollection, acquire, release
+from .chunking import DEFAULT_CHUNKS, ChunkSpec, SourceDoc, chunk_document
+from .embeddings import Embedder, TextEmbedder, chroma_embedding_function
+from .fsutil import atomic_write, clean_dir, sha256_bytes
 
 CORPUS_DIR = "corpus"
 DEFAULT_CORPUS = "default"

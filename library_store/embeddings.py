@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from whetstone.engine.errors import ModelLoadError, ModelNotInstalled
-from whetstone.engine.paths import cache_dir as default_cache
+from ..engine.errors import ModelLoadError, ModelNotInstalled
+from ..engine.paths import cache_dir as default_cache
 
 if TYPE_CHECKING:
     from chromadb.api.types import EmbeddingFunction

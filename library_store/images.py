@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import NotFound
-from whetstone.library_store.fsutil import atomic_write, sha256_bytes
+from ..engine.errors import NotFound
+from .fsutil import atomic_write, sha256_bytes
 
 REF_TYPE = "image_ref"
 _DATA_URL = re.compile(r"^data:(image/[\w.+-]+);base64,(.*)$", re.DOTALL)

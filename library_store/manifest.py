@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.errors import NotFound
-from whetstone.engine.types import LibraryVersion
+from ..engine.errors import NotFound
+from ..engine.types import LibraryVersion
 
 FORMAT = 1
 

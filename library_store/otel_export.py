@@ -32,9 +32,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.types import Trace
-from whetstone.library_store.otel_spans import SpanRecord, feedback_span, trace_spans
+from ..engine.errors import ConfigError
+from ..engine.types import Trace
+from .otel_spans import SpanRecord, feedback_span, trace_spans
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.types import Step, Trace
-from whetstone.library_store.trace_build import trace_kind
+from ..engine.types import Step, Trace
+from .trace_build import trace_kind
 
 AttrValue = str | bool | int | float | Sequence[str]
 # A span attribute is capped: a long prompt must not become a multi-megabyte span.

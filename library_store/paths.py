@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from whetstone.engine.errors import ValidationError
+from ..engine.errors import ValidationError
 
 # The top-level folder every library holds. A method that keeps files of its own declares
 # its folder (``MethodSpec.roots``) and the faces open libraries with those as ``roots``.

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from whetstone.engine.errors import NotFound
-from whetstone.engine.types import LibraryVersion
-from whetstone.library_store.manifest import Manifest
+from ..engine.errors import NotFound
+from ..engine.types import LibraryVersion
+from .manifest import Manifest
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Library
+    from .store import Library
 
 
 @dataclass(frozen=True)

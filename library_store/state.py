@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.library_store.fsutil import atomic_write, make_dirs
-from whetstone.library_store.paths import STATE_DIR
+from ..engine.errors import ConfigError
+from .fsutil import atomic_write, make_dirs
+from .paths import STATE_DIR
 
 log = logging.getLogger("whetstone.library")
 

@@ -34,21 +34,21 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from whetstone.engine.errors import LibraryError, NotFound
-from whetstone.engine.types import LibraryVersion
-from whetstone.library_store.blobs import BlobStore, unified_diff
-from whetstone.library_store.candidates import Candidates
-from whetstone.library_store.change_control import check_gated
-from whetstone.library_store.fsutil import FileMemo, atomic_write, clean_dir, make_dirs
-from whetstone.library_store.manifest import Manifest, version_number
-from whetstone.library_store.paths import CORE_ROOTS, Content, check_path, to_bytes
-from whetstone.library_store.snapshot import Snapshot
-from whetstone.library_store.state import MethodState, method_state
-from whetstone.library_store.traces import TraceSink, TraceStore, trace_store
-from whetstone.library_store.transfer import write_folder
-from whetstone.library_store.tree import Trees, group_of
-from whetstone.library_store.validation import Validate, Validator, rejection
-from whetstone.library_store.view import View, ViewEdits, ViewError
+from ..engine.errors import LibraryError, NotFound
+from ..engine.types import LibraryVersion
+from .blobs import BlobStore, unified_diff
+from .candidates import Candidates
+from .change_control import check_gated
+from .fsutil import FileMemo, atomic_write, clean_dir, make_dirs
+from .manifest import Manifest, version_number
+from .paths import CORE_ROOTS, Content, check_path, to_bytes
+from .snapshot import Snapshot
+from .state import MethodState, method_state
+from .traces import TraceSink, TraceStore, trace_store
+from .transfer import write_folder
+from .tree import Trees, group_of
+from .validation import Validate, Validator, rejection
+from .view import View, ViewEdits, ViewError
 
 log = logging.getLogger("whetstone.library")
 

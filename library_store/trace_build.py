@@ -20,8 +20,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.types import Outcome, Step, Trace
+from ..engine.errors import ConfigError
+from ..engine.types import Outcome, Step, Trace
 
 # What made a trace, stored as ``meta["source"]``. "verify" is a verification's kind (its name
 # on disk since the first verification traces, kept so old and new ones read alike).

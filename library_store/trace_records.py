@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.types import Trace
+from ..engine.types import Trace
 
 DEFAULT_MAX_RECORD_BYTES = 256 * 1024
 MIN_MAX_RECORD_BYTES = 4 * 1024

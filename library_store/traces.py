@@ -31,13 +31,13 @@ from typing import Any, Protocol
 
 from filelock import FileLock
 
-from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
-from whetstone.engine.types import Trace
-from whetstone.library_store.images import ImageStore
-from whetstone.library_store.paths import shown
-from whetstone.library_store.trace_build import TRACE_KINDS, trace_kind
-from whetstone.library_store.trace_index import TraceIndex
-from whetstone.library_store.trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_dict
+from ..engine.errors import ConfigError, NotFound, WhetstoneError
+from ..engine.types import Trace
+from .images import ImageStore
+from .paths import shown
+from .trace_build import TRACE_KINDS, trace_kind
+from .trace_index import TraceIndex
+from .trace_records import DEFAULT_MAX_RECORD_BYTES, Record, encode_dict
 
 log = logging.getLogger("whetstone.traces")
 

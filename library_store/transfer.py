@@ -20,15 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from whetstone.engine.errors import ConfigError, NotFound
-from whetstone.library_store.fsutil import (
+from ..engine.errors import ConfigError, NotFound
+from .fsutil import (
     NotRegular,
     atomic_write,
     kind_of,
     read_regular,
     walk_entries,
 )
-from whetstone.library_store.paths import MAX_FILE_BYTES, shown
+from .paths import MAX_FILE_BYTES, shown
 
 SKIPPED_NAMES = {"__pycache__", ".git", ".DS_Store", ".hg", ".svn"}
 

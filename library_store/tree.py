@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
-from whetstone.library_store.blobs import BlobStore
+from .blobs import BlobStore
 
 BUCKET_HEX = 2  # 256 buckets: ~400 skills per bucket at 100k skills
 

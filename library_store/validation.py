@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from whetstone.engine.errors import ValidationError
+from ..engine.errors import ValidationError
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Snapshot
+    from .store import Snapshot
 
 # A validator sees the new version and the paths the change touched (None: check every file,
 # as `whetstone library validate` does); it returns the problems.

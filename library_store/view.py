@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from whetstone.engine.errors import LibraryError
-from whetstone.library_store.blobs import BlobStore
-from whetstone.library_store.fsutil import atomic_write, remove_empty_parents, sha256_bytes
-from whetstone.library_store.paths import shown
-from whetstone.library_store.tree import Trees
+from ..engine.errors import LibraryError
+from .blobs import BlobStore
+from .fsutil import atomic_write, remove_empty_parents, sha256_bytes
+from .paths import shown
+from .tree import Trees
 
 IGNORED_SUFFIXES = ("~", ".swp", ".swo", ".tmp")
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from whetstone.engine.prompts import render_prompt
-from whetstone.library_store.embeddings import Embedder
-from whetstone.skills.format import Example
+from ..engine.prompts import render_prompt
+from ..library_store.embeddings import Embedder
+from .format import Example
 
 TokenCounter = Callable[[str], int]
 MAX_CACHED = 20_000  # task vectors kept (384 floats each: ~30 MB at most)

@@ -37,10 +37,10 @@ from typing import Any
 
 import yaml
 
-from whetstone.engine.errors import ValidationError
-from whetstone.engine.printing import control_chars
-from whetstone.engine.types import Skill
-from whetstone.library_store.paths import MAX_FILE_BYTES, path_problems, shown
+from ..engine.errors import ValidationError
+from ..engine.printing import control_chars
+from ..engine.types import Skill
+from ..library_store.paths import MAX_FILE_BYTES, path_problems, shown
 
 NAME_RE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # use fullmatch: '$' allows a final '\n'
 FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")

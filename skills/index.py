@@ -32,18 +32,18 @@ from typing import Any, Protocol
 import numpy as np
 from filelock import FileLock, Timeout
 
-from whetstone.engine.errors import LibraryError, ValidationError, WhetstoneError
-from whetstone.library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
-from whetstone.library_store.embeddings import (
+from ..engine.errors import LibraryError, ValidationError, WhetstoneError
+from ..library_store.chroma_client import SharedChroma, SharedCollection, acquire, release
+from ..library_store.embeddings import (
     Embedder,
     TextEmbedder,
     chroma_embedding_function,
     skill_embedder,
 )
-from whetstone.library_store.fsutil import FileMemo, atomic_write, clean_dir
-from whetstone.library_store.store import Library, Snapshot
-from whetstone.skills.format import SKILL_FILE, parse_skill_md
-from whetstone.skills.loader import SKILLS_DIR
+from ..library_store.fsutil import FileMemo, atomic_write, clean_dir
+from ..library_store.store import Library, Snapshot
+from .format import SKILL_FILE, parse_skill_md
+from .loader import SKILLS_DIR
 
 # Up to this many documents of a kind are ranked exactly in memory (a matrix-vector product,
 # ~1.5 MB of vectors at 1,000), past it through chromadb's HNSW graph.

@@ -11,10 +11,10 @@ import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from whetstone.engine.errors import NotFound, ValidationError
-from whetstone.engine.types import Skill
-from whetstone.library_store.store import Snapshot, rejection
-from whetstone.skills.format import (
+from ..engine.errors import NotFound, ValidationError
+from ..engine.types import Skill
+from ..library_store.store import Snapshot, rejection
+from .format import (
     SKILL_FILE,
     check_skill_files,
     render_skill_md,

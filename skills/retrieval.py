@@ -19,19 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from whetstone.engine.errors import NotFound
-from whetstone.engine.prompts import render_prompt
-from whetstone.library_store.store import Library, Snapshot
-from whetstone.skills.examples import ExampleRetriever
-from whetstone.skills.format import (
+from ..engine.errors import NotFound
+from ..engine.prompts import render_prompt
+from ..library_store.store import Library, Snapshot
+from .examples import ExampleRetriever
+from .format import (
     EXAMPLES_FILE,
     SKILL_FILE,
     Example,
     parse_examples,
     parse_skill_md,
 )
-from whetstone.skills.index import Hit, LibraryIndex, SkillSource
-from whetstone.skills.loader import SKILLS_DIR, skill_names
+from .index import Hit, LibraryIndex, SkillSource
+from .loader import SKILLS_DIR, skill_names
 
 TokenCounter = Callable[[str], int]
 

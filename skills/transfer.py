@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import ConfigError, ValidationError
-from whetstone.engine.prompts import render_prompt
-from whetstone.engine.types import LibraryVersion, Skill
-from whetstone.library_store.fsutil import sha256_bytes
-from whetstone.library_store.paths import check_path, shown
-from whetstone.library_store.store import Library, Validate, rejection
-from whetstone.library_store.transfer import Refused, read_folder
-from whetstone.skills.format import SKILL_FILE, check_name, check_skill_files, render_skill_md
-from whetstone.skills.loader import skill_path, validate_snapshot
+from ..engine.errors import ConfigError, ValidationError
+from ..engine.prompts import render_prompt
+from ..engine.types import LibraryVersion, Skill
+from ..library_store.fsutil import sha256_bytes
+from ..library_store.paths import check_path, shown
+from ..library_store.store import Library, Validate, rejection
+from ..library_store.transfer import Refused, read_folder
+from .format import SKILL_FILE, check_name, check_skill_files, render_skill_md
+from .loader import skill_path, validate_snapshot
 
 
 @dataclass(frozen=True)

@@ -72,22 +72,42 @@ def our_files() -> list[Path]:
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
-    return imports_of_src(path.read_text())
+    return imports_of_src(path.read_text(), str(path.relative_to(REPO)))
 
 
-def imports_of_src(src: str) -> list[tuple[int, str]]:
+def absolute(rel: str, level: int, module: str | None) -> str:
+    """The installed name an import in the file ``rel`` means: ``from ..skills import x`` in
+    ``engine/api.py`` is ``whetstone.skills`` (the product's relative form, resolved by path:
+    ``engine/`` and ``skills/`` are siblings, as under ``whetstone/``)."""
+    if level == 0:
+        return module or ""
+    parts = Path(rel).parent.parts
+    package = ["whetstone"] if parts[:1] == ("whetstone",) else ["whetstone", *parts]
+    base = package[:len(package) - level + 1]
+    return ".".join([*base, *(module.split(".") if module else [])])
+
+
+def _from_names(node: ast.ImportFrom, rel: str) -> list[str]:
+    """The module of ``from M import a, b`` and each ``M.a``, ``M.b`` (a name may be a module)."""
+    module = absolute(rel, node.level, node.module)
+    if not module:
+        return []
+    return [module, *(f"{module}.{a.name}" for a in node.names)]
+
+
+def imports_of_src(src: str, rel: str = "engine/x.py") -> list[tuple[int, str]]:
+    """(line, installed module name) for every import, relative ones resolved from ``rel``."""
     tree = ast.parse(src)
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
-            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out += [(node.lineno, m) for m in _from_names(node, rel)]
     return out
 
 
-def runtime_imports_of_src(src: str) -> list[tuple[int, str]]:
+def runtime_imports_of_src(src: str, rel: str = "engine/x.py") -> list[tuple[int, str]]:
     """Like ``imports_of_src``, without imports under ``if TYPE_CHECKING:`` (they never run;
     a type-only import back is how two modules name each other's types without a cycle)."""
     tree = ast.parse(src)
@@ -104,9 +124,8 @@ def runtime_imports_of_src(src: str) -> list[tuple[int, str]]:
     def visit_stmt(node: ast.AST) -> None:
         if isinstance(node, ast.Import):
             out.extend((node.lineno, a.name) for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
-            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out.extend((node.lineno, m) for m in _from_names(node, rel))
         visit(node)
 
     visit(tree)
@@ -118,7 +137,7 @@ def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for rel, src in sources.items():
         targets = set()
-        for _, module in runtime_imports_of_src(src):
+        for _, module in runtime_imports_of_src(src, rel):
             target = module_to_path(module)
             if target is not None and target != rel:
                 targets.add(target)
@@ -230,7 +249,7 @@ def method_violations(sources: dict[str, str]) -> list[str]:
     either) of a method file that ``method_import_problem`` refuses."""
     bad: dict[tuple[str, int, str], str] = {}
     for rel, src in sources.items():
-        for lineno, module in imports_of_src(src):  # a module, then each name from it
+        for lineno, module in imports_of_src(src, rel):  # a module, then each name from it
             target = module_to_path(module)
             why = target and method_import_problem(rel, target)
             if why:
@@ -291,6 +310,13 @@ def test_the_check_catches_a_violation() -> None:
     mine = layer_of("engine/types.py")
     theirs = layer_of("engine/runtime/graph.py")
     assert mine and theirs and theirs[1] > mine[1]
+    # the product's relative form names the same modules, resolved from the file's folder
+    assert imports_of_src("from .runtime import graph\n", "engine/types.py") == [
+        (1, "whetstone.engine.runtime"), (1, "whetstone.engine.runtime.graph")]
+    assert imports_of_src("from ...skills import loader\n", "engine/methods/base.py") == [
+        (1, "whetstone.skills"), (1, "whetstone.skills.loader")]
+    assert imports_of_src("from . import METHOD\n", "engine/methods/march/plugin.py") == [
+        (1, "whetstone.engine.methods.march"), (1, "whetstone.engine.methods.march.METHOD")]
 
 
 def test_heavy_libraries_are_imported_lazily() -> None:

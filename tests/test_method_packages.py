@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_layers import absolute
 
 from whetstone.cli import cli
 from whetstone.engine.api import Engine
@@ -139,17 +140,19 @@ KNOWN = {
 }
 
 
-def _references(path: Path, names: list[str]) -> set[str]:
+def _references(path: Path, names: list[str], root: Path = REPO) -> set[str]:
     """The methods ``path``'s code refers to: an import of a method's package, or the
     method's name as a whole string constant or an identifier. Docstrings, comments and
     words inside longer strings do not count ("memory" is also a sandbox limit)."""
     found: set[str] = set()
+    rel = str(path.relative_to(root))
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         modules: list[str] = []
         if isinstance(node, ast.Import):
             modules = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            modules = [node.module]
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute(rel, node.level, node.module)  # relative ones by path
+            modules = [module, *(f"{module}.{a.name}" for a in node.names)]
         for module in modules:
             m = re.match(r"whetstone\.engine\.methods\.([a-z0-9_]+)", module)
             if m and m.group(1) in names:
@@ -197,11 +200,14 @@ def test_a_grep_of_core_finds_no_method_name_even_in_prose() -> None:
 
 
 def test_the_reference_check_can_fail(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.py"
+    bad = tmp_path / "engine" / "evolution" / "bad.py"
+    bad.parent.mkdir(parents=True)
     bad.write_text('"""Mentions memory and march in prose."""\n'
                    "from whetstone.engine.methods.dynamo.evolver import Dynamo\n"
+                   "from ..methods.workflows import METHOD\n"
                    'x = {"nlpg": 1, "sandbox memory": 2}\n')
-    assert _references(bad, ["dynamo", "nlpg", "memory", "march"]) == {"dynamo", "nlpg"}
+    names = ["dynamo", "nlpg", "memory", "march", "workflows"]
+    assert _references(bad, names, tmp_path) == {"dynamo", "nlpg", "workflows"}
 
 
 def test_the_public_open_library_shows_every_methods_folder_and_checks_commits(

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from whetstone.engine.types import ToolSpec
+from ..engine.types import ToolSpec
 
 log = logging.getLogger("whetstone.tools")
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from whetstone.engine.errors import ToolError
-from whetstone.engine.types import ToolSpec
-from whetstone.tools.arguments import check_arguments
+from ..engine.errors import ToolError
+from ..engine.types import ToolSpec
+from .arguments import check_arguments
 
 MAX_OBSERVATION_CHARS = 4000
 

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from whetstone.engine.errors import ToolError
-from whetstone.engine.types import ToolSpec
-from whetstone.tools.base import Tool, ToolResult
-from whetstone.tools.sandbox import (
+from ..engine.errors import ToolError
+from ..engine.types import ToolSpec
+from .base import Tool, ToolResult
+from .sandbox import (
     DEFAULT_MAX_TASKS,
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,

@@ -35,10 +35,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import ConfigError, ToolError
-from whetstone.engine.types import ToolSpec
-from whetstone.tools.base import Tool
-from whetstone.tools.learned import (
+from ..engine.errors import ConfigError, ToolError
+from ..engine.types import ToolSpec
+from .base import Tool
+from .learned import (
     ANSWER_MARK,
     INJECT_SOURCES,
     MAX_DESCRIPTION,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from whetstone.engine.errors import ToolError
+from ..engine.errors import ToolError
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS = 40_000_000  # decoded size bound (PIL's own bomb check is 2x its default)

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from whetstone.tools.privileges import (
+from .privileges import (
     Drop,
     Identity,
     Stage,
@@ -40,7 +40,7 @@ from whetstone.tools.privileges import (
     reachable,
     stage_point,
 )
-from whetstone.tools.seccomp import Filter
+from .seccomp import Filter
 
 SITE_IN_SANDBOX = "/opt/whetstone/site"
 DEFAULT_PACKAGES = ("numpy", "PIL", "sympy", "mpmath")

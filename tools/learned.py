@@ -43,9 +43,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.errors import ValidationError
-from whetstone.engine.types import Skill, ToolSpec
-from whetstone.tools.validate import parse_tool_source
+from ..engine.errors import ValidationError
+from ..engine.types import Skill, ToolSpec
+from .validate import parse_tool_source
 
 SCRIPTS_DIR = "scripts"
 # Where a method that learned a tool records how (its checks, its score), beside the skill.

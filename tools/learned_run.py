@@ -16,11 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import ToolError
-from whetstone.tools.base import Tool, ToolResult
-from whetstone.tools.images import MAX_IMAGE_PIXELS, ImageFiles
-from whetstone.tools.learned import ToolDefinition, check_arguments
-from whetstone.tools.sandbox import DEFAULT_MAX_TASKS, DEFAULT_MEMORY_MB, Sandbox, default_sandbox
+from ..engine.errors import ToolError
+from .base import Tool, ToolResult
+from .images import MAX_IMAGE_PIXELS, ImageFiles
+from .learned import ToolDefinition, check_arguments
+from .sandbox import DEFAULT_MAX_TASKS, DEFAULT_MEMORY_MB, Sandbox, default_sandbox
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 MAX_RESULT_BYTES = 1_000_000

@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from whetstone.engine.errors import ConfigError, ToolError
-from whetstone.engine.types import ToolSpec
-from whetstone.tools.base import Tool, ToolResult
-from whetstone.tools.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
-from whetstone.tools.mcp_config import (
+from ..engine.errors import ConfigError, ToolError
+from ..engine.types import ToolSpec
+from .base import Tool, ToolResult
+from .images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
+from .mcp_config import (
     McpServer,
     allowed,
     check_allow_list,

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from whetstone.engine.backends.redact import redact_text, url_secrets
-from whetstone.engine.errors import ConfigError
+from ..engine.backends.redact import redact_text, url_secrets
+from ..engine.errors import ConfigError
 
 SERVER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 DEFAULT_CALL_TIMEOUT_S = 60.0

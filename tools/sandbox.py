@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from whetstone.engine.errors import ToolError
-from whetstone.tools.isolation import (
+from ..engine.errors import ToolError
+from .isolation import (
     DEFAULT_PACKAGES,
     REPORT_PREFIX,
     SITE_IN_SANDBOX,
@@ -41,7 +41,7 @@ from whetstone.tools.isolation import (
     find_bwrap,
     probe_bwrap,
 )
-from whetstone.tools.limits import (
+from .limits import (
     CgroupPlace,
     LimitKind,
     Limits,
@@ -50,7 +50,7 @@ from whetstone.tools.limits import (
     make_limiter,
     stop_and_kill,
 )
-from whetstone.tools.privileges import (
+from .privileges import (
     Drop,
     Identity,
     chown_tree,
@@ -59,14 +59,14 @@ from whetstone.tools.privileges import (
     remove_stage_dir,
     work_parent,
 )
-from whetstone.tools.sandbox_files import (
+from .sandbox_files import (
     MAX_DISK_ENTRIES,
     SCRIPT,
     collect_outputs,
     disk_use,
     place_files,
 )
-from whetstone.tools.sandbox_io import (
+from .sandbox_io import (
     HARD_OUTPUT_BYTES,
     KILL_GRACE_S,
     MAX_OUTPUT_BYTES,
@@ -75,7 +75,7 @@ from whetstone.tools.sandbox_io import (
     drain,
     pump,
 )
-from whetstone.tools.seccomp import Filter, build_filter
+from .seccomp import Filter, build_filter
 
 __all__ = ["DEFAULT_MAX_TASKS", "DEFAULT_MEMORY_MB", "DEFAULT_TIMEOUT_S", "HARD_OUTPUT_BYTES",
            "MAX_OUTPUT_BYTES", "Sandbox", "SandboxResult", "SandboxStatus", "default_sandbox",

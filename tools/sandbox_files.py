@@ -10,7 +10,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from whetstone.engine.errors import ToolError
+from ..engine.errors import ToolError
 
 SCRIPT = "main.py"
 MAX_DISK_ENTRIES = 10_000

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from whetstone.engine.errors import ToolError, WhetstoneError
-from whetstone.engine.types import Passage, ToolSpec
-from whetstone.tools.base import Tool
+from ..engine.errors import ToolError, WhetstoneError
+from ..engine.types import Passage, ToolSpec
+from .base import Tool
 
 SEARCH_SPEC = ToolSpec(
     name="search",

@@ -21,18 +21,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.tools.base import Tool
-from whetstone.tools.builtin import builtin_tools
-from whetstone.tools.functions import (
+from ..engine.errors import ConfigError
+from .base import Tool
+from .builtin import builtin_tools
+from .functions import (
     function_tool,
     import_function,
     is_langchain_tool,
     langchain_tool,
 )
-from whetstone.tools.mcp_client import McpSessions
-from whetstone.tools.mcp_config import McpServer
-from whetstone.tools.search import make_search_tool
+from .mcp_client import McpSessions
+from .mcp_config import McpServer
+from .search import make_search_tool
 
 if TYPE_CHECKING:
     from typing import Self

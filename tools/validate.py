@@ -42,7 +42,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from whetstone.engine.errors import ValidationError
+from ..engine.errors import ValidationError
 
 MAX_SOURCE_BYTES = 64_000
 MAX_NODES = 20_000

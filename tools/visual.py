@@ -21,11 +21,11 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from whetstone.engine.errors import ToolError
-from whetstone.engine.types import ToolSpec
-from whetstone.tools.base import Tool, ToolResult
-from whetstone.tools.images import MAX_IMAGE_PIXELS, ImageFiles
-from whetstone.tools.visual_ops import (
+from ..engine.errors import ToolError
+from ..engine.types import ToolSpec
+from .base import Tool, ToolResult
+from .images import MAX_IMAGE_PIXELS, ImageFiles
+from .visual_ops import (
     COLOR_NAMES,
     adjust,
     color_at,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from whetstone.engine.errors import ToolError
+from ..engine.errors import ToolError
 
 MAX_ZOOM = 8.0
 MAX_OUTPUT_PIXELS = 16_000_000

@@ -1,7 +1,7 @@
 """Frozen models behind one contract. See ``base.Backend`` and ``registry.get_backend``."""
 
-from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk, auto_concurrency
-from whetstone.engine.backends.registry import (
+from .base import Backend, Capabilities, StreamChunk, auto_concurrency
+from .registry import (
     BackendEntry,
     BackendOptions,
     BackendRegistry,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from whetstone.engine.backends import packaged
-from whetstone.engine.backends.registry import default_registry
+from . import packaged
+from .registry import default_registry
 
 
 def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:

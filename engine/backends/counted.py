@@ -7,8 +7,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from whetstone.engine.backends.base import Backend, StreamChunk
-from whetstone.engine.types import Completion, Request
+from ..types import Completion, Request
+from .base import Backend, StreamChunk
 
 
 class CountedCalls(Backend):

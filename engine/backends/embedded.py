@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.backends.hf import HFBackend
-from whetstone.engine.backends.model_cache import dequantized_packaged
-from whetstone.engine.backends.onnx_backend import load_converted
-from whetstone.engine.backends.packaged import PACKAGED_MODELS, PackagedModel, installed
-from whetstone.engine.backends.registry import BackendOptions, ProgressFn, engine_suffix
-from whetstone.engine.errors import ConfigError
+from ..errors import ConfigError
+from .base import Backend
+from .hf import HFBackend
+from .model_cache import dequantized_packaged
+from .onnx_backend import load_converted
+from .packaged import PACKAGED_MODELS, PackagedModel, installed
+from .registry import BackendOptions, ProgressFn, engine_suffix
 
 DEFAULT_VARIANT = "qwen-0.5b"
 

@@ -27,25 +27,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
-from whetstone.engine.backends.chat_template import template_supports_tools
-from whetstone.engine.backends.hf_vlm import encode_vision_request, is_vision_folder, load_vlm
-from whetstone.engine.backends.local_text import (
+from ..errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
+from ..types import Completion, Request
+from .base import Backend, Capabilities, StreamChunk
+from .chat_template import template_supports_tools
+from .hf_vlm import encode_vision_request, is_vision_folder, load_vlm
+from .local_text import (
     check_prompt_fits,
     completion_from_tokens,
     prompt_text,
 )
-from whetstone.engine.backends.model_cache import cached_folder, dequantize_gguf
-from whetstone.engine.backends.onnx_backend import load_converted
-from whetstone.engine.backends.registry import (
+from .model_cache import cached_folder, dequantize_gguf
+from .onnx_backend import load_converted
+from .registry import (
     LOCAL_ENGINES,
     BackendOptions,
     engine_suffix,
     split_engine,
 )
-from whetstone.engine.backends.toolcall_format import StreamGate
-from whetstone.engine.errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
-from whetstone.engine.types import Completion, Request
+from .toolcall_format import StreamGate
 
 
 def pick_device(requested: str | None) -> str:

@@ -20,22 +20,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk, check_local_request
-from whetstone.engine.backends.chat_template import (
+from ..errors import ConfigError, ModelLoadError, ModelNotInstalled
+from ..types import Completion, Request
+from .base import Backend, Capabilities, StreamChunk, check_local_request
+from .chat_template import (
     render_chat_template,
     template_messages,
     template_supports_tools,
 )
-from whetstone.engine.backends.embedded import embedded_variant
-from whetstone.engine.backends.model_cache import cached_gguf
-from whetstone.engine.backends.registry import BackendOptions
-from whetstone.engine.backends.toolcall_format import (
+from .embedded import embedded_variant
+from .model_cache import cached_gguf
+from .registry import BackendOptions
+from .toolcall_format import (
     StreamGate,
     offered_tool_names,
     parse_tool_calls,
 )
-from whetstone.engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
-from whetstone.engine.types import Completion, Request
 
 INSTALL_HINT = "pip install 'whetstone-engine[llamacpp]'  (builds for ~14 min on 2 cores)"
 

@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.backends.packaged import PackagedModel, assemble, get_packaged
-from whetstone.engine.backends.registry import ProgressFn
-from whetstone.engine.errors import ModelLoadError
+from ..errors import ModelLoadError
+from .packaged import PackagedModel, assemble, get_packaged
+from .registry import ProgressFn
 
 MARKER = "whetstone-complete.json"
 _FORMAT = 1  # bump when the folder layout changes, so old entries are rebuilt

@@ -25,16 +25,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
-from whetstone.engine.backends.chat_template import template_supports_tools
-from whetstone.engine.backends.local_text import completion_from_tokens, prompt_ids
-from whetstone.engine.backends.model_cache import invalidate
-from whetstone.engine.backends.onnx_convert import onnx_model
-from whetstone.engine.backends.onnx_engine import Generation, OnnxDecoder, SamplingParams
-from whetstone.engine.backends.registry import BackendOptions
-from whetstone.engine.backends.toolcall_format import StreamGate
-from whetstone.engine.errors import ConfigError, ModelLoadError
-from whetstone.engine.types import Completion, Request
+from ..errors import ConfigError, ModelLoadError
+from ..types import Completion, Request
+from .base import Backend, Capabilities, StreamChunk
+from .chat_template import template_supports_tools
+from .local_text import completion_from_tokens, prompt_ids
+from .model_cache import invalidate
+from .onnx_convert import onnx_model
+from .onnx_engine import Generation, OnnxDecoder, SamplingParams
+from .registry import BackendOptions
+from .toolcall_format import StreamGate
 
 ENGINE_SETTINGS = ("max_batch", "threads", "prefill_chunk", "kv_budget_mb", "cache_mb",
                    "join_window_s")

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import BackendError, ModelLoadError
+from ..errors import BackendError, ModelLoadError
 
 _KV_BYTES = 4  # float32 keys and values
 

@@ -22,8 +22,17 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
-from whetstone.engine.backends.openai_http import (
+from ..errors import (
+    BackendError,
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigError,
+    WhetstoneError,
+)
+from ..types import Completion, Request
+from .base import Backend, Capabilities, StreamChunk
+from .openai_http import (
     HttpFailure,
     JsonPoster,
     SseParser,
@@ -33,28 +42,19 @@ from whetstone.engine.backends.openai_http import (
     split_userinfo,
     sse_events,
 )
-from whetstone.engine.backends.openai_wire import (
+from .openai_wire import (
     StreamAccumulator,
     completion_from_openai,
     request_to_openai,
 )
-from whetstone.engine.backends.redact import (
+from .redact import (
     redact_text,
     redact_url,
     split_address,
     url_secrets,
     without_address,
 )
-from whetstone.engine.backends.registry import BackendOptions
-from whetstone.engine.errors import (
-    BackendError,
-    BackendRejected,
-    BackendTimeout,
-    BackendUnavailable,
-    ConfigError,
-    WhetstoneError,
-)
-from whetstone.engine.types import Completion, Request
+from .registry import BackendOptions
 
 log = logging.getLogger("whetstone.backends.openai")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.types import Completion, Message, Request, ToolCall
+from ..errors import ConfigError
+from ..types import Completion, Message, Request, ToolCall
 
 # finish_reason values an OpenAI client understands; ours map onto them.
 OPENAI_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from whetstone.engine.errors import ConfigError, ModelLoadError, ModelNotInstalled
+from ..errors import ConfigError, ModelLoadError, ModelNotInstalled
 
 _CHUNK = 8 << 20  # bytes per read while hashing/assembling: big enough to be fast, small in RAM
 

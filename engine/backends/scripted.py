@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
-from whetstone.engine.backends.registry import BackendOptions
-from whetstone.engine.errors import ConfigError, ScriptExhausted
-from whetstone.engine.types import Completion, Request, ToolCall
+from ..errors import ConfigError, ScriptExhausted
+from ..types import Completion, Request, ToolCall
+from .base import Backend, Capabilities, StreamChunk
+from .registry import BackendOptions
 
 Reply = str | Completion | dict
 

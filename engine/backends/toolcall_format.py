@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from whetstone.engine.types import ToolCall
+from ..types import ToolCall
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"

@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from whetstone.engine.backends.base import Backend, Capabilities, check_local_request
-from whetstone.engine.backends.hf import resolve_local_model
-from whetstone.engine.backends.registry import BackendOptions
-from whetstone.engine.backends.toolcall_format import offered_tool_names, parse_tool_calls
-from whetstone.engine.errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
-from whetstone.engine.types import Completion, Request
+from ..errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
+from ..types import Completion, Request
+from .base import Backend, Capabilities, check_local_request
+from .hf import resolve_local_model
+from .registry import BackendOptions
+from .toolcall_format import offered_tool_names, parse_tool_calls
 
 INSTALL_HINT = "pip install 'whetstone-engine[vllm]'  (needs a CUDA GPU)"
 

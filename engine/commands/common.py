@@ -23,17 +23,17 @@ from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.text import Text
 
-from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the commands
+from ..errors import (  # noqa: F401 - EXIT_* re-exported for the commands
     EXIT_INTERRUPTED,
     EXIT_NO_ANSWER,
     EXIT_PARTIAL,
     ConfigError,
     WhetstoneError,
 )
-from whetstone.engine.methods.base import options_from_text
-from whetstone.engine.methods.registry import default_registry
-from whetstone.engine.paths import whetstone_home
-from whetstone.engine.printing import printable
+from ..methods.base import options_from_text
+from ..methods.registry import default_registry
+from ..paths import whetstone_home
+from ..printing import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -234,11 +234,11 @@ def check_before_loading(*, specs: Sequence[str | None] = (),
     for the embedded one): each model spec's family, each task set (read), the scorer, the
     gate rule and the trace filter."""
     # lazy: the registry, the task sets and the scorers; `whetstone --help` imports us
-    from whetstone.engine.backends.registry import default_registry as backends
-    from whetstone.engine.evaluation.benchmarks import load_tasks
-    from whetstone.engine.evaluation.gate_rules import parse_rule
-    from whetstone.engine.evaluation.scorers import get_scorer
-    from whetstone.library_store.traces import parse_trace_filter
+    from ...library_store.traces import parse_trace_filter
+    from ..backends.registry import default_registry as backends
+    from ..evaluation.benchmarks import load_tasks
+    from ..evaluation.gate_rules import parse_rule
+    from ..evaluation.scorers import get_scorer
 
     registry = backends()
     for spec in specs:
@@ -296,7 +296,7 @@ def _check_scorer(ctx: click.Context, param: click.Parameter, value: str | None
     loads: an unknown built-in, a missing file or function."""
     if value is not None:
         # lazy: `whetstone --help` imports every command module; scorers load the evaluation
-        from whetstone.engine.evaluation.scorers import get_scorer
+        from ..evaluation.scorers import get_scorer
 
         try:
             get_scorer(value)
@@ -486,7 +486,7 @@ class SkillScore(click.ParamType):
 def skills_options(k_help: str, score_help: str) -> Callable[[F], F]:
     """``--skills-k`` and ``--skills-min-score``, with the skills method's own defaults."""
     # lazy: loads filelock and 40 more of our modules
-    from whetstone.engine.runtime.skills_plugin import SkillsConfig
+    from ..runtime.skills_plugin import SkillsConfig
 
     defaults = SkillsConfig()
 
@@ -522,7 +522,7 @@ def web_options(fn: F) -> F:
 def check_exposed_bind(host: str, keys: frozenset[str], insecure: bool, command: str) -> None:
     """Refuse to listen beyond this machine with no API key, unless ``--insecure``."""
     # lazy: the server package, `whetstone --help` imports every command module
-    from whetstone.engine.server.hosts import is_loopback
+    from ..server.hosts import is_loopback
 
     if keys or insecure or is_loopback(host):
         return
@@ -543,7 +543,7 @@ def otel_options(fn: F) -> F:
     def wrapper(*args: Any, otel: bool, otel_content: bool, otel_file: Path | None,
                 **kwargs: Any) -> Any:
         # lazy: `whetstone --help` imports every command module
-        from whetstone.library_store.otel_export import otel_settings
+        from ...library_store.otel_export import otel_settings
 
         settings = (otel_settings(content=True if otel_content else None, file=otel_file,
                                   otlp=otel) if otel or otel_file is not None else False)

@@ -17,7 +17,12 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from whetstone.engine.commands.common import (
+from ...library_store import embeddings
+from ...library_store.chunking import ChunkSpec, ReadReport, SourceDoc, jsonl_docs, read_path
+from ...library_store.corpus import DEFAULT_CORPUS, Corpus, list_corpora
+from ...library_store.fsutil import sha256_bytes
+from ..errors import ConfigError, EmptyCorpus
+from .common import (
     console,
     default_library_path,
     emit_json,
@@ -25,11 +30,6 @@ from whetstone.engine.commands.common import (
     json_option,
     library_option,
 )
-from whetstone.engine.errors import ConfigError, EmptyCorpus
-from whetstone.library_store import embeddings
-from whetstone.library_store.chunking import ChunkSpec, ReadReport, SourceDoc, jsonl_docs, read_path
-from whetstone.library_store.corpus import DEFAULT_CORPUS, Corpus, list_corpora
-from whetstone.library_store.fsutil import sha256_bytes
 
 
 def corpus_option(fn: Any) -> Any:
@@ -42,7 +42,7 @@ def corpus_option(fn: Any) -> Any:
 def open_corpus(library_path: Path | None, name: str, *, threads: int | None = 1) -> Corpus:
     """A library's corpus with the fastest packaged embedder (ONNX when installed)."""
     # lazy: `whetstone --help` imports every command module
-    from whetstone.engine.api import open_library
+    from ..api import open_library
 
     # The default library is made on first use; a mistyped --library is an error.
     root = open_library(library_path or default_library_path(), quiet=True).root
@@ -103,8 +103,8 @@ def add_cmd(paths: tuple[str, ...], tasks_spec: str | None, chunk_size: int, ove
         read.refused += got.refused
     if tasks_spec:
         # lazy: `whetstone --help` imports every command module
-        from whetstone.engine.evaluation.benchmarks import load_tasks
-        from whetstone.engine.evaluation.tasks import evidence_documents
+        from ..evaluation.benchmarks import load_tasks
+        from ..evaluation.tasks import evidence_documents
 
         tasks = load_tasks(tasks_spec)
         docs = evidence_documents(tasks.tasks)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
+from .common import console, emit_json, handle_errors, json_option
 
 DATA_SETS = ("bigbench",)
 
@@ -36,7 +36,7 @@ def fetch_cmd(name: str, sdist: Path | None, keep: Path | None, force: bool,
     configuration) with pip 23.2.1 in a throwaway venv: newer pips refuse that sdist's
     metadata. Only bigbench/benchmark_tasks/**/task.json is extracted (about 1.7 GB)."""
     # lazy: loads filelock and 53 more of our modules
-    from whetstone.engine.evaluation import bigbench
+    from ..evaluation import bigbench
 
     err = console(stderr=True)
     if sdist is None and not (bigbench.data_dir().exists() and not force):
@@ -66,7 +66,7 @@ def fetch_cmd(name: str, sdist: Path | None, keep: Path | None, force: bool,
 def ls_cmd(show_tasks: bool, as_json: bool) -> None:
     """What is cached, where, and how to fetch what is not."""
     # lazy: loads filelock and 53 more of our modules
-    from whetstone.engine.evaluation import bigbench
+    from ..evaluation import bigbench
 
     info = bigbench.describe()
     if as_json:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from whetstone.engine.printing import field as _get
-from whetstone.engine.printing import number as _number
-from whetstone.engine.printing import short
+from ..printing import field as _get
+from ..printing import number as _number
+from ..printing import short
 
 
 def _calls(completion: Any) -> list[tuple[Any, Any]]:

@@ -22,7 +22,24 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from whetstone.engine.commands.common import (
+from ...library_store.store import Library
+from ...library_store.traces import TraceStore
+from ..errors import ConfigError, EvalError
+from ..evaluation.benchmarks import BENCHMARKS, load_tasks
+from ..evaluation.bigbench import EXAMPLE_TASK
+from ..evaluation.compare import Comparison, compare
+from ..evaluation.gate import check_no_errors
+from ..evaluation.report import write_report
+from ..evaluation.results import (
+    EvalResult,
+    TaskResult,
+    default_evals_dir,
+    load_results,
+)
+from ..evaluation.runner import Solver, evaluate, solver_concurrency
+from ..evaluation.scorers import USER_SCORER_HELP
+from ..evaluation.tasks import TaskSet
+from .common import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
     EtaColumn,
@@ -43,24 +60,7 @@ from whetstone.engine.commands.common import (
     parse_methods,
     solver_option,
 )
-from whetstone.engine.commands.tool_options import tool_options
-from whetstone.engine.errors import ConfigError, EvalError
-from whetstone.engine.evaluation.benchmarks import BENCHMARKS, load_tasks
-from whetstone.engine.evaluation.bigbench import EXAMPLE_TASK
-from whetstone.engine.evaluation.compare import Comparison, compare
-from whetstone.engine.evaluation.gate import check_no_errors
-from whetstone.engine.evaluation.report import write_report
-from whetstone.engine.evaluation.results import (
-    EvalResult,
-    TaskResult,
-    default_evals_dir,
-    load_results,
-)
-from whetstone.engine.evaluation.runner import Solver, evaluate, solver_concurrency
-from whetstone.engine.evaluation.scorers import USER_SCORER_HELP
-from whetstone.engine.evaluation.tasks import TaskSet
-from whetstone.library_store.store import Library
-from whetstone.library_store.traces import TraceStore
+from .tool_options import tool_options
 
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
 
@@ -75,7 +75,7 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], s
     if factory is not None:
         return factory
     # lazy: numpy and 33 more of our modules; `whetstone --help` imports every command module
-    from whetstone.engine.api import solver_factory
+    from ..api import solver_factory
 
     chosen = parse_methods(methods, method_config)
     made = (solver_factory(methods=chosen, solver=solver, tools=tools) if tools is not None
@@ -275,7 +275,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     lib = Library(library)
     store = lib.traces  # bounded as its library.json says, as every writer is
     # lazy: `whetstone --help` imports every command module
-    from whetstone.library_store.otel_export import otel_sinks
+    from ...library_store.otel_export import otel_sinks
 
     for sink in otel_sinks(otel):  # each scored task as spans (issue 39); flushed at the end
         store.sinks.append(sink)

@@ -20,7 +20,10 @@ import click
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from whetstone.engine.commands.common import (
+from ..errors import ConfigError
+from ..evaluation.benchmarks import load_tasks
+from ..evaluation.gate_rules import DEFAULT_RULE
+from .common import (
     check_before_loading,
     concurrency_option,
     console,
@@ -32,12 +35,9 @@ from whetstone.engine.commands.common import (
     scorer_option,
     solver_option,
 )
-from whetstone.engine.commands.decisions import diff_summary, print_decision
-from whetstone.engine.commands.progress import CommandProgress, choose_mode
-from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.evaluation.benchmarks import load_tasks
-from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
+from .decisions import diff_summary, print_decision
+from .progress import CommandProgress, choose_mode
+from .tool_options import pop_tools, tool_click_options
 
 _CONFIG = "config__"  # prefix of the parameters that come from the evolver's config
 
@@ -165,7 +165,7 @@ class EvolveGroup(click.Group):
 
     def _registry(self, ctx: click.Context) -> Any:
         # lazy: `whetstone --help` imports every command module
-        from whetstone.engine.methods.registry import default_registry
+        from ..methods.registry import default_registry
 
         return ctx.meta.setdefault("whetstone.methods", default_registry())
 
@@ -207,7 +207,7 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          agent_tools: list[Any]) -> None:
     """Build the engine and call ``Engine.evolve``, showing its progress on stderr (bars on a
     terminal, plain lines off one, JSON events with ``--json``)."""
-    from whetstone.engine.api import Engine  # lazy: loads numpy and 31 more of our modules
+    from ..api import Engine  # lazy: loads numpy and 31 more of our modules
 
     check_before_loading(specs=(model, analyst), task_sets=(tasks_spec, gate_tasks),
                          rule=gate_rule, trace_filter=trace_filter)
@@ -235,7 +235,7 @@ def _print(result: Any, *, show_diff: bool) -> None:
     """The verdict first (the gate's decision and where the change went), then what the
     evolver did, then the diff: whole with ``--diff`` (or a dry run), else one line a file."""
     # lazy: `whetstone --help` imports every command module
-    from whetstone.engine.methods.registry import default_registry
+    from ..methods.registry import default_registry
 
     out = console()
     if result.note:

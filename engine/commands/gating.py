@@ -17,8 +17,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from rich.markup import escape
 
-from whetstone.engine.backends.base import auto_concurrency
-from whetstone.engine.commands.common import (
+from ...library_store.change_control import (
+    SETTING,
+    candidate_changes,
+    check_gated,
+    rollback_changes,
+    view_changes,
+)
+from ...library_store.store import Library
+from ..backends.base import auto_concurrency
+from ..errors import EXIT_GATE_REFUSED, ConfigError, LibraryError
+from ..evaluation.gate import gate_tasks
+from ..evaluation.gate_rules import DEFAULT_RULE, parse_rule
+from ..methods.base import LibraryPatch
+from ..methods.registry import default_registry
+from .common import (
     Concurrency,
     console,
     default_library_path,
@@ -29,26 +42,13 @@ from whetstone.engine.commands.common import (
     scorer_option,
     solver_option,
 )
-from whetstone.engine.commands.decisions import print_decision
-from whetstone.engine.commands.progress import CommandProgress, choose_mode
-from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
-from whetstone.engine.errors import EXIT_GATE_REFUSED, ConfigError, LibraryError
-from whetstone.engine.evaluation.gate import gate_tasks
-from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE, parse_rule
-from whetstone.engine.methods.base import LibraryPatch
-from whetstone.engine.methods.registry import default_registry
-from whetstone.library_store.change_control import (
-    SETTING,
-    candidate_changes,
-    check_gated,
-    rollback_changes,
-    view_changes,
-)
-from whetstone.library_store.store import Library
+from .decisions import print_decision
+from .progress import CommandProgress, choose_mode
+from .tool_options import pop_tools, tool_click_options
 
 if TYPE_CHECKING:
-    from whetstone.engine.evolution.landing import GateChoice
-    from whetstone.engine.evolution.pipeline import EvolveResult
+    from ..evolution.landing import GateChoice
+    from ..evolution.pipeline import EvolveResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 _GATE_PARAMS = ("gate_tasks", "gate_rule", "scorer", "model", "solver", "concurrency", "seed",
@@ -74,7 +74,7 @@ class GatedWrite:
     def choice(self, tasks: Any = None, concurrency: int = 1) -> GateChoice:
         """The ``GateChoice`` ``landing.land`` takes (``tasks``: the loaded ones)."""
         # lazy: the evolve path loads the evaluation runner; `whetstone --help` imports us
-        from whetstone.engine.evolution.landing import GateChoice
+        from ..evolution.landing import GateChoice
 
         return GateChoice(tasks=tasks if tasks is not None else self.tasks, rule=self.rule,
                           seed=self.seed, concurrency=concurrency, scorer=self.scorer,
@@ -156,12 +156,12 @@ def run_write(library: Library, patch: LibraryPatch, *, by: str, gate: GatedWrit
     """Land ``patch`` (``landing.land``): ungated without gate tasks (no model loads), else
     through the gate on ``gate.model``, its progress on stderr."""
     # lazy: the evolve path loads the evaluation runner; `whetstone --help` imports us
-    from whetstone.engine.evolution.landing import land
+    from ..evolution.landing import land
 
     if gate.tasks is None:
         return land(patch, library, by=by, gate=gate.choice(), expect_parent=expect_parent,
                     how_to_gate=how_to_gate)
-    from whetstone.engine.api import Engine  # lazy: loads numpy and 31 more of our modules
+    from ..api import Engine  # lazy: loads numpy and 31 more of our modules
 
     tasks = gate_tasks(gate.tasks)  # a bad spec fails before the model loads
     err = console(stderr=True)
@@ -252,8 +252,8 @@ def apply_candidate(lib: Library, name: str, gate: GatedWrite, *, force: bool = 
     marked ungated whatever its gate said before; with them it is gated now, against the
     current version (refused, it stays a candidate, its decision the new one)."""
     # lazy: the evolve path loads the evaluation runner; `whetstone --help` imports us
-    from whetstone.engine.evolution.landing import UNMEASURED, ungated_record
-    from whetstone.engine.evolution.pipeline import EvolveResult
+    from ..evolution.landing import UNMEASURED, ungated_record
+    from ..evolution.pipeline import EvolveResult
 
     cand = lib.candidates.get(name)
     if gate.tasks is None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.commands import common
-from whetstone.library_store.store import Library
+from ...library_store.store import Library
+from . import common
 
 
 class Kit:
@@ -23,11 +23,11 @@ class Kit:
 
     def open_library(self, path: Path | None, *, create: bool | None = None) -> Library:
         # lazy: loads numpy and 65 more of our modules
-        from whetstone.engine.api import open_library
+        from ..api import open_library
 
         return open_library(path or common.default_library_path(), create=create)
 
     def engine(self, model: str, **options: Any) -> Any:
-        from whetstone.engine.api import Engine  # lazy: loads numpy and 65 more of our modules
+        from ..api import Engine  # lazy: loads numpy and 65 more of our modules
 
         return Engine(model, **options)

@@ -17,7 +17,22 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from whetstone.engine.commands.common import (
+from ...library_store.manifest import gate_record
+from ...library_store.store import Library, Manifest
+from ...skills.index import LibraryIndex
+from ...skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
+from ...skills.retrieval import read_skill
+from ...skills.transfer import (
+    export_skills,
+    import_skills,
+    new_skill_changes,
+    scaffold_skill,
+)
+from ..errors import LibraryError, NotFound, ValidationError
+from ..methods.base import LibraryPatch
+from ..methods.registry import default_registry
+from ..runtime.library_tools import import_check, validate_library
+from .common import (
     EXIT_PARTIAL,
     console,
     default_library_path,
@@ -27,8 +42,8 @@ from whetstone.engine.commands.common import (
     json_option,
     library_option,
 )
-from whetstone.engine.commands.decisions import gate_line, print_record
-from whetstone.engine.commands.gating import (
+from .decisions import gate_line, print_record
+from .gating import (
     GatedWrite,
     apply_candidate,
     commit_edits,
@@ -40,21 +55,6 @@ from whetstone.engine.commands.gating import (
     result_dict,
     roll_back,
     run_write,
-)
-from whetstone.engine.errors import LibraryError, NotFound, ValidationError
-from whetstone.engine.methods.base import LibraryPatch
-from whetstone.engine.methods.registry import default_registry
-from whetstone.engine.runtime.library_tools import import_check, validate_library
-from whetstone.library_store.manifest import gate_record
-from whetstone.library_store.store import Library, Manifest
-from whetstone.skills.index import LibraryIndex
-from whetstone.skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
-from whetstone.skills.retrieval import read_skill
-from whetstone.skills.transfer import (
-    export_skills,
-    import_skills,
-    new_skill_changes,
-    scaffold_skill,
 )
 
 _open = open_library_for

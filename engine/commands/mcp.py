@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from whetstone.engine.commands.common import (
+from ..errors import ConfigError
+from .common import (
     check_exposed_bind,
     console,
     handle_errors,
@@ -18,7 +19,6 @@ from whetstone.engine.commands.common import (
     skills_options,
     web_options,
 )
-from whetstone.engine.errors import ConfigError
 
 
 @click.command("mcp")
@@ -61,9 +61,9 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
     import anyio  # lazy: anyio, only when serving
 
     # lazy: the mcp SDK and uvicorn, only when serving
-    from whetstone.engine.integrations.mcp_app import serve_http, serve_stdio
-    from whetstone.engine.integrations.mcp_server import LibraryServer
-    from whetstone.engine.server.guard import load_api_keys
+    from ..integrations.mcp_app import serve_http, serve_stdio
+    from ..integrations.mcp_server import LibraryServer
+    from ..server.guard import load_api_keys
 
     out = console(stderr=True)  # stdout is the stdio transport's
     keys = load_api_keys(api_keys, api_keys_file)
@@ -77,7 +77,7 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
     sock = None
     if transport == "http":
         # lazy: loads anyio, fastapi, numpy, opentelemetry, pydantic and 19 more of our modules
-        from whetstone.engine.server.app import bind
+        from ..server.app import bind
 
         check_exposed_bind(host, keys, insecure, "mcp --transport http")
 
@@ -94,8 +94,8 @@ def mcp(library_path: Path | None, library_version: str | None, transport: str, 
             anyio.run(serve_stdio, library)
             return
         # lazy: `whetstone --help` imports every command module
-        from whetstone.engine.server.connections import ConnectionLimits
-        from whetstone.engine.server.hosts import WebPolicy
+        from ..server.connections import ConnectionLimits
+        from ..server.hosts import WebPolicy
 
         web = WebPolicy.for_bind(host, allowed_hosts=allowed_hosts,
                                  allowed_origins=allowed_origins)

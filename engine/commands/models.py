@@ -16,7 +16,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from whetstone.engine.commands.common import console, emit_json, handle_errors, json_option
+from .common import console, emit_json, handle_errors, json_option
 
 
 def _blocks(rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
@@ -41,7 +41,7 @@ def _state(row: Mapping[str, Any]) -> str:
 def models(as_json: bool) -> None:
     """Every model spec, installed or not, and how to install it."""
     # lazy: the backends' registry and the packaged models' table (the command line's start)
-    from whetstone.engine.backends.catalog import describe_models
+    from ..backends.catalog import describe_models
 
     rows = describe_models()
     if as_json:

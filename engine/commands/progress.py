@@ -25,7 +25,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from whetstone.engine.commands.common import RateColumn, log_events_as_json
+from .common import RateColumn, log_events_as_json
 
 
 class CommandProgress:

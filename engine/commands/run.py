@@ -8,8 +8,10 @@ from typing import Any
 
 import click
 
-from whetstone.engine.backends.registry import BackendOptions
-from whetstone.engine.commands.common import (
+from ..backends.registry import BackendOptions
+from ..errors import BackendError, ConfigError
+from ..runtime import RunConfig, RunFinished, StepEvent, new_trace_id
+from .common import (
     EXIT_NO_ANSWER,
     MethodCommand,
     console,
@@ -22,11 +24,9 @@ from whetstone.engine.commands.common import (
     otel_options,
     parse_methods,
 )
-from whetstone.engine.commands.display import print_result, print_step
-from whetstone.engine.commands.tool_options import tool_options
-from whetstone.engine.commands.traces import trace_store
-from whetstone.engine.errors import BackendError, ConfigError
-from whetstone.engine.runtime import RunConfig, RunFinished, StepEvent, new_trace_id
+from .display import print_result, print_step
+from .tool_options import tool_options
+from .traces import trace_store
 
 
 @click.command("run", cls=MethodCommand)
@@ -67,7 +67,7 @@ def run(ctx: click.Context, task: str | None, model: str, library_path: Path | N
         as_json: bool, agent_tools: list[Any], otel: Any) -> None:
     """Run an agent on TASK and stream its steps; the trace is stored."""
     # lazy: numpy and 78 more of our modules; `whetstone --help` imports every command module
-    from whetstone.engine.api import Engine
+    from ..api import Engine
 
     if not task and not resume_id:
         raise ConfigError("give a TASK or --resume ID", hint='whetstone run "What is 17 * 23?"')

@@ -8,9 +8,13 @@ from typing import Any
 
 import click
 
-from whetstone.engine.backends.redact import redact_spec
-from whetstone.engine.backends.registry import BackendOptions, get_backend
-from whetstone.engine.commands.common import (
+from ...library_store.change_control import newest_gated
+from ...library_store.manifest import gate_record
+from ...library_store.store import Library
+from ..backends.redact import redact_spec
+from ..backends.registry import BackendOptions, get_backend
+from ..errors import ConfigError, WhetstoneError
+from .common import (
     check_exposed_bind,
     console,
     handle_errors,
@@ -20,10 +24,6 @@ from whetstone.engine.commands.common import (
     skills_options,
     web_options,
 )
-from whetstone.engine.errors import ConfigError, WhetstoneError
-from whetstone.library_store.change_control import newest_gated
-from whetstone.library_store.manifest import gate_record
-from whetstone.library_store.store import Library
 
 
 def version_gate(library: Library, version: str) -> dict[str, Any] | None:
@@ -39,7 +39,7 @@ def _newest_gated(library_path: Path | None, version: str | None, no_library: bo
                   out: Any) -> str:
     """The version ``--gated-only`` serves, said on ``out``: the newest a gate accepted."""
     # lazy: numpy and 47 more of our modules; `whetstone --help` imports every command module
-    from whetstone.engine.api import open_library
+    from ..api import open_library
 
     if version is not None or no_library:
         raise ConfigError(f"--gated-only picks the version itself; it cannot go with "
@@ -151,15 +151,15 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
     /v1/completions pass through to an openai: upstream as sent."""
     # lazy: numpy and 47 more of our modules; `whetstone --help` imports every command module
-    from whetstone.engine.api import Engine
+    from ..api import Engine
 
     # heavy: FastAPI, pydantic and starlette, only when serving
-    from whetstone.engine.server.app import bind
-    from whetstone.engine.server.app import serve as run_server
+    from ..server.app import bind
+    from ..server.app import serve as run_server
 
     # lazy: 6 of our modules, `whetstone --help` imports every command module
-    from whetstone.engine.server.connections import ConnectionLimits
-    from whetstone.engine.server.guard import load_api_keys
+    from ..server.connections import ConnectionLimits
+    from ..server.guard import load_api_keys
 
     out = console(stderr=True)
     if gated_only:

@@ -78,8 +78,8 @@ def tool_options(*, with_tools: bool = True) -> Callable[[F], F]:
 
 def _headers(lines: Sequence[str]) -> dict[str, str]:
     # lazy: `whetstone --help` imports every command module
-    from whetstone.engine.errors import ConfigError
-    from whetstone.tools.mcp_config import expand_vars
+    from ...tools.mcp_config import expand_vars
+    from ..errors import ConfigError
 
     out: dict[str, str] = {}
     for line in lines:
@@ -98,7 +98,7 @@ def agent_tools(tools: str, *, mcp: Sequence[str] = (), mcp_url: Sequence[str] =
     """The ``Engine(tools=...)`` list of the options: the names of ``tools`` (built-ins and
     ``module:function`` references), then every MCP server with its allow-list."""
     # lazy: `whetstone --help` imports every command module
-    from whetstone.tools.mcp_config import McpServer, load_mcp_config, with_allowed
+    from ...tools.mcp_config import McpServer, load_mcp_config, with_allowed
 
     timing: dict[str, Any] = {"timeout_s": mcp_timeout} if mcp_timeout is not None else {}
     headers = _headers(mcp_header)
@@ -108,7 +108,7 @@ def agent_tools(tools: str, *, mcp: Sequence[str] = (), mcp_url: Sequence[str] =
         servers += load_mcp_config(path)
     if mcp_header and not mcp_url:
         # lazy: `whetstone --help` imports every command module
-        from whetstone.engine.errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError("--mcp-header is for --mcp-url servers, and none is given",
                           hint="add --mcp-url URL, or put headers in --mcp-config's entries")

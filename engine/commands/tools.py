@@ -22,7 +22,11 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from whetstone.engine.commands.common import (
+from ...library_store.store import Library, Snapshot
+from ...tools.learned import PROVENANCE_FILE
+from ..errors import NotFound, ToolError
+from ..types import ToolSpec
+from .common import (
     console,
     default_library_path,
     emit_json,
@@ -30,11 +34,7 @@ from whetstone.engine.commands.common import (
     json_option,
     library_option,
 )
-from whetstone.engine.commands.tool_options import tool_options
-from whetstone.engine.errors import NotFound, ToolError
-from whetstone.engine.types import ToolSpec
-from whetstone.library_store.store import Library, Snapshot
-from whetstone.tools.learned import PROVENANCE_FILE
+from .tool_options import tool_options
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,11 @@ class ToolEntry:
 def _catalog(snap: Snapshot) -> tuple[list[ToolEntry], list[Any]]:
     """Every tool a run may be given, and the learned tools that failed their checks."""
     # lazy: yaml, `whetstone --help` imports every command module
-    from whetstone.engine.runtime.library_tools import load_library_tools
-    from whetstone.engine.runtime.skills_plugin import READ_SKILL_SPEC
-    from whetstone.tools.builtin import CALCULATOR_SPEC, PYTHON_SPEC
-    from whetstone.tools.images import ImageFiles
-    from whetstone.tools.visual import visual_tools
+    from ...tools.builtin import CALCULATOR_SPEC, PYTHON_SPEC
+    from ...tools.images import ImageFiles
+    from ...tools.visual import visual_tools
+    from ..runtime.library_tools import load_library_tools
+    from ..runtime.skills_plugin import READ_SKILL_SPEC
 
     entries = [ToolEntry(s.name, "builtin", s) for s in (CALCULATOR_SPEC, PYTHON_SPEC,
                                                           READ_SKILL_SPEC)]
@@ -79,7 +79,7 @@ def _find(snap: Snapshot, name: str) -> ToolEntry:
 
 
 def _library(path: Path | None) -> Library:
-    from whetstone.engine.api import open_library  # lazy: loads numpy and 62 more of our modules
+    from ..api import open_library  # lazy: loads numpy and 62 more of our modules
 
     # The default library is made on first use; a mistyped --library is an error.
     return open_library(path or default_library_path())
@@ -94,8 +94,8 @@ def _mcp_rows(agent_tools: list[Any]) -> list[dict[str, Any]]:
     """The tools of the MCP servers the options name, each with whether a run would be
     offered it (the servers start, are listed, and stop)."""
     # lazy: `whetstone --help` imports every command module
-    from whetstone.tools.mcp_client import McpSessions
-    from whetstone.tools.mcp_config import McpServer
+    from ...tools.mcp_client import McpSessions
+    from ...tools.mcp_config import McpServer
 
     servers = [s for s in agent_tools if isinstance(s, McpServer)]
     if not servers:
@@ -131,7 +131,7 @@ def ls_cmd(version: str | None, library_path: Path | None, as_json: bool,
     --mcp-url or --mcp-config also each server's tools, their hints, and whether a run
     would be offered them (--allow-tool as a run takes it)."""
     # lazy: `whetstone --help` imports every command module
-    from whetstone.tools.sandbox import default_sandbox
+    from ...tools.sandbox import default_sandbox
 
     snap = _library(library_path).snapshot(version)
     entries, problems = _catalog(snap)
@@ -226,12 +226,12 @@ def _arguments(text: str, entry: ToolEntry) -> dict[str, Any]:
 def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Library,
          roots: tuple[Path, ...], timeout_s: float | None) -> Any:
     # lazy: `whetstone --help` imports every command module
-    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
-    from whetstone.tools.base import Toolbox
-    from whetstone.tools.builtin import builtin_tools
-    from whetstone.tools.images import ImageFiles
-    from whetstone.tools.learned_run import run_learned
-    from whetstone.tools.visual import visual_tools
+    from ...tools.base import Toolbox
+    from ...tools.builtin import builtin_tools
+    from ...tools.images import ImageFiles
+    from ...tools.learned_run import run_learned
+    from ...tools.visual import visual_tools
+    from ..runtime.skills_plugin import SkillsPlugin
 
     images = ImageFiles(library.scratch("tool-images"), roots)
     if entry.kind == "learned":
@@ -239,7 +239,7 @@ def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Librar
             return run_learned(entry.definition, args, images=images, timeout_s=timeout_s)
         except ToolError as exc:
             # lazy: `whetstone --help` imports every command module
-            from whetstone.tools.base import ToolResult
+            from ...tools.base import ToolResult
 
             return ToolResult(error=exc.message)
     if entry.kind == "visual":

@@ -9,7 +9,12 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from whetstone.engine.commands.common import (
+from ...library_store.store import Library
+from ...library_store.trace_build import check_kind, trace_kind
+from ...library_store.traces import TraceQuery, TraceStore
+from ...library_store.traces import trace_store as open_trace_store
+from ..methods.registry import default_registry
+from .common import (
     console,
     default_library_path,
     emit_json,
@@ -18,12 +23,7 @@ from whetstone.engine.commands.common import (
     library_option,
     scorer_option,
 )
-from whetstone.engine.commands.display import print_result, print_step, short
-from whetstone.engine.methods.registry import default_registry
-from whetstone.library_store.store import Library
-from whetstone.library_store.trace_build import check_kind, trace_kind
-from whetstone.library_store.traces import TraceQuery, TraceStore
-from whetstone.library_store.traces import trace_store as open_trace_store
+from .display import print_result, print_step, short
 
 
 @click.group("traces")
@@ -35,7 +35,7 @@ def trace_store(library_path: Path | None) -> TraceStore:
     """The trace store of the library at ``library_path`` (default: the home library), with
     the bounds its ``library.json`` sets."""
     # lazy: numpy and 78 more of our modules; `whetstone --help` imports every command module
-    from whetstone.engine.api import may_create_library
+    from ..api import may_create_library
 
     root = library_path or default_library_path()
     library = Library(root)
@@ -209,6 +209,6 @@ def traces_import(files: tuple[Path, ...], fmt: str, phoenix: str | None, projec
     (without it, normalised exact match); traces with an expected answer and no score are
     scored by it as they are imported."""
     # lazy: the readers load urllib.request and 8 of our modules; `whetstone --help` imports us
-    from whetstone.engine.commands.trace_import import run_import
+    from .trace_import import run_import
 
     run_import(trace_store(library_path), files, fmt, phoenix, project, as_json, scorer)

@@ -8,10 +8,10 @@
 A solver is ``(task, seed) -> Trace``; the CLI/API build one around the agent runtime.
 """
 
-from whetstone.engine.evaluation.benchmarks import BENCHMARKS, load_benchmark, load_tasks
-from whetstone.engine.evaluation.compare import Comparison, compare
-from whetstone.engine.evaluation.direct import direct_solver
-from whetstone.engine.evaluation.gate import (
+from .benchmarks import BENCHMARKS, load_benchmark, load_tasks
+from .compare import Comparison, compare
+from .direct import direct_solver
+from .gate import (
     DEFAULT_RULE,
     Decision,
     decide_again,
@@ -19,19 +19,19 @@ from whetstone.engine.evaluation.gate import (
     parse_rule,
     run_gate,
 )
-from whetstone.engine.evaluation.report import render_report, write_report
-from whetstone.engine.evaluation.results import (
+from .report import render_report, write_report
+from .results import (
     EvalResult,
     TaskResult,
     default_evals_dir,
     load_result,
     load_results,
 )
-from whetstone.engine.evaluation.runner import Solver, evaluate, task_seed
-from whetstone.engine.evaluation.scorers import BUILTIN as SCORERS
-from whetstone.engine.evaluation.scorers import get_scorer, tool_calls_of
-from whetstone.engine.evaluation.stats import mcnemar_exact, paired_bootstrap, wilson_interval
-from whetstone.engine.evaluation.tasks import (
+from .runner import Solver, evaluate, task_seed
+from .scorers import BUILTIN as SCORERS
+from .scorers import get_scorer, tool_calls_of
+from .stats import mcnemar_exact, paired_bootstrap, wilson_interval
+from .tasks import (
     TaskRecord,
     TaskSet,
     read_jsonl,

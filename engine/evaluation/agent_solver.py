@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from whetstone.engine.evaluation.direct import task_messages
-from whetstone.engine.evaluation.runner import Solver
-from whetstone.engine.evaluation.tasks import TaskRecord
-from whetstone.engine.runtime.agent import Agent
-from whetstone.engine.types import Trace
+from ..runtime.agent import Agent
+from ..types import Trace
+from .direct import task_messages
+from .runner import Solver
+from .tasks import TaskRecord
 
 
 def _label(expected: Any) -> str | None:

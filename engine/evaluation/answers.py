@@ -11,7 +11,7 @@ import re
 import string
 import unicodedata
 
-from whetstone.engine.answer_text import ANSWER_CUE, boxed_contents
+from ..answer_text import ANSWER_CUE, boxed_contents
 
 # A number as people write it: optional sign, thousands commas ("1,234,567"), decimals, ".5",
 # and an exponent. The sign counts only when it does not follow a word or digit, so "3-5" reads

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import EvalError
-from whetstone.engine.evaluation.bigbench import load_bigbench
-from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec, read_jsonl, select
+from ..errors import EvalError
+from .bigbench import load_bigbench
+from .tasks import TaskRecord, TaskSet, parse_spec, read_jsonl, select
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from whetstone.engine.errors import EvalError
-from whetstone.engine.evaluation.answers import extract_number
-from whetstone.engine.evaluation.scorers import words_to_digits
-from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, split_of
-from whetstone.engine.paths import cache_dir
-from whetstone.engine.prompts import render_prompt
+from ..errors import EvalError
+from ..paths import cache_dir
+from ..prompts import render_prompt
+from .answers import extract_number
+from .scorers import words_to_digits
+from .tasks import TaskRecord, TaskSet, split_of
 
 PACKAGE = "bigbench"
 VERSION = "1.0.0"

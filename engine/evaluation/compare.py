@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.errors import EvalError
-from whetstone.engine.evaluation.results import EvalResult
-from whetstone.engine.evaluation.stats import is_binary, mcnemar_exact, paired_bootstrap
+from ..errors import EvalError
+from .results import EvalResult
+from .stats import is_binary, mcnemar_exact, paired_bootstrap
 
 
 @dataclass(frozen=True)

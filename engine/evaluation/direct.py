@@ -14,15 +14,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.evaluation.runner import Solver
-from whetstone.engine.evaluation.tasks import TaskRecord
-from whetstone.engine.prompts import render_prompt
-from whetstone.engine.runtime.plugins import Plugin, collect_guidance
-from whetstone.engine.runtime.state import AgentContext, RunConfig
-from whetstone.engine.types import CUT_REASON, Message, Request, Step, Trace
-from whetstone.library_store.trace_build import make_trace
-from whetstone.tools.base import Toolbox
+from ...library_store.trace_build import make_trace
+from ...tools.base import Toolbox
+from ..backends.base import Backend
+from ..prompts import render_prompt
+from ..runtime.plugins import Plugin, collect_guidance
+from ..runtime.state import AgentContext, RunConfig
+from ..types import CUT_REASON, Message, Request, Step, Trace
+from .runner import Solver
+from .tasks import TaskRecord
 
 
 def task_messages(task: TaskRecord, system: str | None = None,

@@ -50,10 +50,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import EvalError, TasksFailed
-from whetstone.engine.evaluation.benchmarks import load_tasks
-from whetstone.engine.evaluation.compare import Comparison, compare
-from whetstone.engine.evaluation.gate_rules import (
+from ...library_store.traces import TraceStore
+from ..errors import EvalError, TasksFailed
+from .benchmarks import load_tasks
+from .compare import Comparison, compare
+from .gate_rules import (
     DEFAULT_RULE,
     EPS,
     FEW_TASKS,
@@ -68,12 +69,11 @@ from whetstone.engine.evaluation.gate_rules import (
     ratio,
     summary,
 )
-from whetstone.engine.evaluation.results import EvalResult
-from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
-from whetstone.engine.evaluation.scorers import ScoreFn
-from whetstone.engine.evaluation.stats import tasks_to_tell
-from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec
-from whetstone.library_store.traces import TraceStore
+from .results import EvalResult
+from .runner import ProgressFn, Solver, evaluate
+from .scorers import ScoreFn
+from .stats import tasks_to_tell
+from .tasks import TaskRecord, TaskSet, parse_spec
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.errors import EvalError
-from whetstone.engine.evaluation.stats import missed_regression, tasks_to_tell
+from ..errors import EvalError
+from .stats import missed_regression, tasks_to_tell
 
 DEFAULT_RULE = "cost_aware"
 MARGIN = 0.10  # not_worse's margin, and the regression a dev set must rule out (docs/gate.md)

@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.evaluation.compare import Comparison, compare
-from whetstone.engine.evaluation.results import EvalResult
+from .compare import Comparison, compare
+from .results import EvalResult
 
 MAX_BOXES = 12  # tokens plot: the most recent runs only, so labels stay readable
 

@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import EvalError
-from whetstone.engine.evaluation.stats import Interval, score_interval
-from whetstone.engine.paths import whetstone_home
+from ..errors import EvalError
+from ..paths import whetstone_home
+from .stats import Interval, score_interval
 
 log = logging.getLogger("whetstone.eval")
 

@@ -20,18 +20,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import (
+from ...library_store.traces import TraceStore
+from ..errors import (
     ConfigError,
     EvalError,
     ModelLoadError,
     ModelNotInstalled,
     error_text,
 )
-from whetstone.engine.evaluation.results import EvalResult, TaskResult
-from whetstone.engine.evaluation.scorers import NamedScorer, ScoreFn, as_scorer
-from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
-from whetstone.engine.types import Trace
-from whetstone.library_store.traces import TraceStore
+from ..types import Trace
+from .results import EvalResult, TaskResult
+from .scorers import NamedScorer, ScoreFn, as_scorer
+from .tasks import TaskRecord, TaskSet
 
 log = logging.getLogger("whetstone.eval")
 

@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.answer_text import answer_span
-from whetstone.engine.errors import EvalError, WhetstoneError
-from whetstone.engine.evaluation.answers import extract_number, normalise, tokens
-from whetstone.engine.evaluation.bfcl import check_calls
-from whetstone.engine.evaluation.strict import contains_score, value_score
-from whetstone.engine.evaluation.tasks import TaskRecord, is_user_scorer
-from whetstone.engine.types import ToolCall, Trace
+from ..answer_text import answer_span
+from ..errors import EvalError, WhetstoneError
+from ..types import ToolCall, Trace
+from .answers import extract_number, normalise, tokens
+from .bfcl import check_calls
+from .strict import contains_score, value_score
+from .tasks import TaskRecord, is_user_scorer
 
 Prediction = Trace | str | ToolCall | Sequence[Any] | Mapping[str, Any] | None
 ScoreFn = Callable[[Prediction, TaskRecord], float]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Literal
 
-from whetstone.engine.errors import EvalError
+from ..errors import EvalError
 
 IntervalMethod = Literal["wilson", "bootstrap"]
 

@@ -33,8 +33,8 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from whetstone.engine.answer_text import answer_span
-from whetstone.engine.evaluation.answers import normalise, numbers_in
+from ..answer_text import answer_span
+from .answers import normalise, numbers_in
 
 CANDIDATE_KEYS = ("candidates", "options", "choices")
 MONEY_ABS_TOL = 0.005  # half a cent: a money-like value rounded to cents still matches

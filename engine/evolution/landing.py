@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.evaluation.gate import DEFAULT_RULE
-from whetstone.engine.evaluation.runner import ProgressFn, Solver
-from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
-from whetstone.engine.evolution.pipeline import EvolveResult, gate_and_apply, patch_diff
-from whetstone.engine.methods.base import LibraryPatch
-from whetstone.library_store.change_control import SETTING, check_gated
-from whetstone.library_store.store import Library, Snapshot
+from ...library_store.change_control import SETTING, check_gated
+from ...library_store.store import Library, Snapshot
+from ..evaluation.gate import DEFAULT_RULE
+from ..evaluation.runner import ProgressFn, Solver
+from ..evaluation.tasks import TaskRecord, TaskSet
+from ..methods.base import LibraryPatch
+from .pipeline import EvolveResult, gate_and_apply, patch_diff
 
 UNMEASURED = ("went live unmeasured: no gate ran (no --gate-tasks), so nothing says whether it "
               "helps or hurts")

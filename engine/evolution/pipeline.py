@@ -20,28 +20,28 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.backends.counted import CountedCalls
-from whetstone.engine.errors import ConfigError, EvalError, TasksFailed
-from whetstone.engine.evaluation.answers import normalise
-from whetstone.engine.evaluation.gate import DEFAULT_RULE, Decision, run_gate
-from whetstone.engine.evaluation.gate import gate_tasks as resolve_gate_tasks
-from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
-from whetstone.engine.evaluation.tasks import (
+from ...library_store.store import Library, Snapshot
+from ...library_store.traces import TraceQuery
+from ...tools.base import Tool
+from ..backends.base import Backend
+from ..backends.counted import CountedCalls
+from ..errors import ConfigError, EvalError, TasksFailed
+from ..evaluation.answers import normalise
+from ..evaluation.gate import DEFAULT_RULE, Decision, run_gate
+from ..evaluation.gate import gate_tasks as resolve_gate_tasks
+from ..evaluation.runner import ProgressFn, Solver, evaluate
+from ..evaluation.tasks import (
     TaskRecord,
     TaskSet,
     parse_spec,
     split_of,
     tasks_from_traces,
 )
-from whetstone.engine.evolution.leaks import drop_label_leaks, labelled_tasks
-from whetstone.engine.evolution.summary import held_summary
-from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch, Progress
-from whetstone.engine.runtime.library_tools import validate_library
-from whetstone.engine.types import LibraryVersion, Trace
-from whetstone.library_store.store import Library, Snapshot
-from whetstone.library_store.traces import TraceQuery
-from whetstone.tools.base import Tool
+from ..methods.base import EvolveContext, Evolver, LibraryPatch, Progress
+from ..runtime.library_tools import validate_library
+from ..types import LibraryVersion, Trace
+from .leaks import drop_label_leaks, labelled_tasks
+from .summary import held_summary
 
 
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:

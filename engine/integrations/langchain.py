@@ -49,20 +49,20 @@ from langchain_core.runnables import Runnable, RunnableBinding
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, PrivateAttr
 
-from whetstone.engine.api import Engine
-from whetstone.engine.backends.base import Backend, Capabilities
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.integrations.langchain_runs import TRACE_KEY, RunLink, link_of, run_trace
-from whetstone.engine.integrations.langchain_tools import library_tools_for_langchain
-from whetstone.engine.runtime.skills_plugin import SkillsPlugin
-from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
-from whetstone.engine.server.exchange import chat_trace
-from whetstone.engine.types import Completion, Message, Request, ToolCall
-from whetstone.library_store.store import Library
-from whetstone.library_store.trace_build import new_trace_id
+from ...library_store.store import Library
+from ...library_store.trace_build import new_trace_id
+from ..api import Engine
+from ..backends.base import Backend, Capabilities
+from ..errors import ConfigError
+from ..runtime.skills_plugin import SkillsPlugin
+from ..server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
+from ..server.exchange import chat_trace
+from ..types import Completion, Message, Request, ToolCall
+from .langchain_runs import TRACE_KEY, RunLink, link_of, run_trace
+from .langchain_tools import library_tools_for_langchain
 
 if TYPE_CHECKING:
-    from whetstone.engine.types import Trace
+    from ..types import Trace
 
 log = logging.getLogger("whetstone.langchain")
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from whetstone.engine.types import Step, Trace
+from ..types import Step, Trace
 
 TRACE_KEY = "whetstone_trace_id"  # in an AIMessage's response_metadata
 PENDING = "waiting for the results of its tool calls"

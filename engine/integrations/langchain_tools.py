@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
-from whetstone.engine.api import Engine
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.registry import default_registry
-from whetstone.library_store.store import Library, Snapshot
-from whetstone.tools.base import Tool, Toolbox
-from whetstone.tools.images import ImageFiles
+from ...library_store.store import Library, Snapshot
+from ...tools.base import Tool, Toolbox
+from ...tools.images import ImageFiles
+from ..api import Engine
+from ..errors import ConfigError
+from ..methods.registry import default_registry
 
 if TYPE_CHECKING:
-    from whetstone.tools.sandbox import Sandbox
+    from ...tools.sandbox import Sandbox
 
 # What a parameter filled with the task (``Annotated[str, "task"]``) says when the caller, not
 # the runtime, must fill it: a LangChain tool call has no task of its own.
@@ -83,7 +83,7 @@ def library_tools_for_langchain(library: str | Path | Library | Engine, *,
     ``Engine`` pins) as LangChain tools that run in the sandbox. A tool that fails its checks
     is left out, as the agent leaves it out (``whetstone tools ls`` says why)."""
     # lazy: loads yaml and 4 more of our modules
-    from whetstone.engine.runtime.library_tools import library_tools
+    from ..runtime.library_tools import library_tools
 
     snap = _snapshot(library, version)
     images = ImageFiles(snap.library.scratch("tool-images"))

@@ -25,8 +25,14 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from whetstone.engine.errors import NotFound, WhetstoneError
-from whetstone.engine.integrations.mcp_server import (
+from ..errors import NotFound, WhetstoneError
+from ..prompts import load_prompt, render_prompt
+from ..server.connections import ConnectionGuard, guarded_protocol
+from ..server.guard import key_owner
+from ..server.hosts import WebCheck, WebPolicy
+from ..server.metrics import Metrics
+from ..server.service import error_message
+from .mcp_server import (
     OWN_TOOLS,
     SEARCH_TOOL,
     SKILL_FILE,
@@ -34,17 +40,11 @@ from whetstone.engine.integrations.mcp_server import (
     LibraryServer,
     skill_uri,
 )
-from whetstone.engine.prompts import load_prompt, render_prompt
-from whetstone.engine.server.connections import ConnectionGuard, guarded_protocol
-from whetstone.engine.server.guard import key_owner
-from whetstone.engine.server.hosts import WebCheck, WebPolicy
-from whetstone.engine.server.metrics import Metrics
-from whetstone.engine.server.service import error_message
 
 if TYPE_CHECKING:
     import socket
 
-    from whetstone.engine.server.connections import ConnectionLimits
+    from ..server.connections import ConnectionLimits
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

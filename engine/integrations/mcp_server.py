@@ -22,21 +22,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from whetstone.engine.backends.base import Backend, Capabilities
-from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
-from whetstone.engine.prompts import load_prompt
-from whetstone.engine.server.metrics import Metrics
-from whetstone.engine.types import Completion, Message, Request, Step
-from whetstone.library_store.trace_build import make_trace
-from whetstone.tools.base import ToolResult
+from ...library_store.trace_build import make_trace
+from ...tools.base import ToolResult
+from ..backends.base import Backend, Capabilities
+from ..errors import ConfigError, NotFound, WhetstoneError
+from ..prompts import load_prompt
+from ..server.metrics import Metrics
+from ..types import Completion, Message, Request, Step
 
 if TYPE_CHECKING:
-    from whetstone.engine.api import Engine
-    from whetstone.engine.runtime.skills_plugin import SkillsPlugin
-    from whetstone.engine.server.recording import TraceWriter
-    from whetstone.library_store.store import Snapshot
-    from whetstone.tools.base import Tool
-    from whetstone.tools.learned import ToolDefinition
+    from ...library_store.store import Snapshot
+    from ...tools.base import Tool
+    from ...tools.learned import ToolDefinition
+    from ..api import Engine
+    from ..runtime.skills_plugin import SkillsPlugin
+    from ..server.recording import TraceWriter
 
 SCHEME = "whetstone"
 SKILLS = "skills"
@@ -152,7 +152,7 @@ def mime_of(rel: str) -> str:
 def owner_tag(owner: str | None) -> dict[str, str]:
     """The trace meta that ties a run to the API key it was logged with (``serve``'s field)."""
     # lazy: loads filelock and 14 more of our modules
-    from whetstone.engine.server.recording import OWNER_KEY
+    from ..server.recording import OWNER_KEY
 
     return {OWNER_KEY: owner} if owner is not None else {}
 
@@ -163,8 +163,8 @@ class LibraryServer:
 
     def __init__(self, engine: Engine, *, allow_writes: bool = False) -> None:
         # lazy: loads filelock and 35 more of our modules
-        from whetstone.engine.runtime.skills_plugin import SkillsPlugin
-        from whetstone.engine.server.recording import TraceWriter
+        from ..runtime.skills_plugin import SkillsPlugin
+        from ..server.recording import TraceWriter
 
         self.engine = engine
         self.allow_writes = allow_writes
@@ -186,7 +186,7 @@ class LibraryServer:
         ``skills``: the skills method's options (``SkillsConfig``); ``version``: pin one;
         ``otel``: ``Engine``'s (the runs it logs and their feedback as spans)."""
         # lazy: loads filelock, numpy and 82 more of our modules
-        from whetstone.engine.api import Engine
+        from ..api import Engine
 
         engine = Engine(LibraryOnly(), library=library, version=version, checkpointing=False,
                         methods=[("skills", dict(skills or {}))], tools=(), otel=otel)
@@ -208,7 +208,7 @@ class LibraryServer:
     def files(self) -> list[SkillFile]:
         """Every file of every skill in the version the server follows."""
         # lazy: loads filelock, yaml and 21 more of our modules
-        from whetstone.skills.loader import skill_names
+        from ...skills.loader import skill_names
 
         snap = self.snapshot()
         out: list[SkillFile] = []
@@ -229,7 +229,7 @@ class LibraryServer:
     @staticmethod
     def _description(snap: Snapshot, name: str) -> str | None:
         # lazy: loads yaml and 4 more of our modules
-        from whetstone.skills.format import parse_skill_md
+        from ...skills.format import parse_skill_md
 
         path = f"{SKILLS}/{name}/{SKILL_FILE}"
         parsed = parse_skill_md(snap.read_text(path), path=path, folder=name)
@@ -238,7 +238,7 @@ class LibraryServer:
     def read(self, uri: str) -> FileContent:
         """One skill file by URI; ``NotFound`` listing the skills or the skill's files."""
         # lazy: loads filelock, yaml and 21 more of our modules
-        from whetstone.skills.loader import skill_names
+        from ...skills.loader import skill_names
 
         version, name, rel = parse_uri(uri)
         snap = self.snapshot(version)
@@ -360,7 +360,7 @@ class LibraryServer:
         """Label a trace through the server's feedback path (``TraceWriter.label``): on a
         server with API keys only the key a trace was recorded with may label it."""
         # lazy: loads filelock, numpy and 37 more of our modules
-        from whetstone.engine.server.exchange import check_feedback
+        from ..server.exchange import check_feedback
 
         self.check_writes("record_feedback")
         if not isinstance(trace_id, str) or not trace_id.strip():
@@ -384,7 +384,7 @@ class LibraryServer:
         are ``{"thought": ...}`` and ``{"tool", "arguments", "observation", "error"}``
         objects, recorded as the runtime records its think and act steps."""
         # lazy: loads filelock, numpy and 37 more of our modules
-        from whetstone.engine.server.exchange import check_feedback
+        from ..server.exchange import check_feedback
 
         self.check_writes("log_run")
         for key, value in (("task", task), ("answer", answer)):

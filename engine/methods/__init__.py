@@ -3,6 +3,6 @@ gates and applies (``whetstone.engine.evolution``); runtime methods are ``whetst
 Both are found by name through ``registry.py``; the contracts are in ``base.py`` (see
 docs/architecture.md, "Methods and where they live")."""
 
-from whetstone.engine.methods.base import EvolveContext, Evolver, LibraryPatch
+from .base import EvolveContext, Evolver, LibraryPatch
 
 __all__ = ["EvolveContext", "Evolver", "LibraryPatch"]

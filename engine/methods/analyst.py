@@ -12,10 +12,10 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import BackendError, WhetstoneError
-from whetstone.engine.prompts import render_prompt
-from whetstone.engine.types import RUNTIME_STEP_KINDS, Completion, Request, Trace
+from ..backends.base import Backend
+from ..errors import BackendError, WhetstoneError
+from ..prompts import render_prompt
+from ..types import RUNTIME_STEP_KINDS, Completion, Request, Trace
 
 T = TypeVar("T")
 

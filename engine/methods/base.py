@@ -26,17 +26,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from whetstone.engine.errors import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.engine.evaluation.results import EvalResult
-    from whetstone.engine.evaluation.runner import Solver
-    from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
-    from whetstone.engine.types import Trace
-    from whetstone.library_store.store import Library, Snapshot
-    from whetstone.library_store.traces import TraceStore
-    from whetstone.tools.base import Tool
+    from ...library_store.store import Library, Snapshot
+    from ...library_store.traces import TraceStore
+    from ...tools.base import Tool
+    from ..backends.base import Backend
+    from ..evaluation.results import EvalResult
+    from ..evaluation.runner import Solver
+    from ..evaluation.tasks import TaskRecord, TaskSet
+    from ..types import Trace
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -117,7 +117,7 @@ class EvolveContext:
         be committed) are marked ``meta["evolve_preview"]`` and never become training
         traces; runs over the current version do."""
         # lazy: loads filelock and 54 more of our modules
-        from whetstone.engine.evaluation.runner import evaluate
+        from ..evaluation.runner import evaluate
 
         if self.make_solver is None:
             raise ConfigError("this evolve cannot run the agent (no solver was given)",

@@ -26,19 +26,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.base import Evolver, make_config
+from ..errors import ConfigError
+from .base import Evolver, make_config
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from whetstone.engine.errors import ValidationError
-    from whetstone.engine.methods.base import CommandKit
-    from whetstone.engine.prompts import Prompts
-    from whetstone.engine.runtime.plugins import MethodEnv, Plugin
-    from whetstone.engine.types import Trace
-    from whetstone.library_store.store import Library, Snapshot
-    from whetstone.library_store.validation import Validator
+    from ...library_store.store import Library, Snapshot
+    from ...library_store.validation import Validator
+    from ..errors import ValidationError
+    from ..prompts import Prompts
+    from ..runtime.plugins import MethodEnv, Plugin
+    from ..types import Trace
+    from .base import CommandKit
 
 log = logging.getLogger("whetstone.methods")
 _WARNED: set[str] = set()  # each broken entry point is reported once per process
@@ -255,7 +255,7 @@ class MethodRegistry:
         """What every commit of a library opened by the faces runs: the Agent Skills rules and
         the learned-tool check (``validate_library``), then each method's folder validator."""
         # lazy: loads filelock, yaml and 53 more of our modules
-        from whetstone.engine.runtime.library_tools import validate_library
+        from ..runtime.library_tools import validate_library
 
         extra = self.root_validators()
 
@@ -272,7 +272,7 @@ class MethodRegistry:
         """``Library.open`` with these methods' folders and validators: how every face opens
         a library (``create=True`` makes a missing one)."""
         # lazy: loads filelock and 19 more of our modules
-        from whetstone.library_store.store import Library
+        from ...library_store.store import Library
 
         kwargs.setdefault("validator", self.library_validator())
         return Library.open(path, roots=tuple(self.roots()), **kwargs)

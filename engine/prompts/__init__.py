@@ -17,7 +17,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
-from whetstone.engine.errors import ConfigError
+from ..errors import ConfigError
 
 
 @cache

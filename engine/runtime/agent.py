@@ -15,18 +15,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import WhetstoneError, error_text
-from whetstone.engine.runtime.checkpoints import Checkpoints
-from whetstone.engine.runtime.graph import build_graph
-from whetstone.engine.runtime.nodes import build_trace
-from whetstone.engine.runtime.plugins import ModelCall, Plugin, wrap_calls
-from whetstone.engine.runtime.state import AgentContext, AgentState, RunConfig
-from whetstone.engine.types import Step, Trace
-from whetstone.library_store.trace_build import new_trace_id
-from whetstone.library_store.traces import TraceStore
-from whetstone.tools.base import Tool, Toolbox
-from whetstone.tools.builtin import builtin_tools
+from ...library_store.trace_build import new_trace_id
+from ...library_store.traces import TraceStore
+from ...tools.base import Tool, Toolbox
+from ...tools.builtin import builtin_tools
+from ..backends.base import Backend
+from ..errors import WhetstoneError, error_text
+from ..types import Step, Trace
+from .checkpoints import Checkpoints
+from .graph import build_graph
+from .nodes import build_trace
+from .plugins import ModelCall, Plugin, wrap_calls
+from .state import AgentContext, AgentState, RunConfig
 
 log = logging.getLogger("whetstone.runtime")
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from whetstone.engine.replies import json_safe, parse_call_arguments
+from ..replies import json_safe, parse_call_arguments
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 # The start of a call object, JSON or a Python dict: {"name": "...", "arguments": ...

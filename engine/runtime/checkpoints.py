@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.errors import NotFound
+from ..errors import NotFound
 
 _RUNS_TABLE = """CREATE TABLE IF NOT EXISTS whetstone_runs (
     thread_id TEXT PRIMARY KEY, started REAL NOT NULL, finished REAL)"""

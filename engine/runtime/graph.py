@@ -15,8 +15,8 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.runtime.nodes import (
+from ..errors import ConfigError
+from .nodes import (
     act,
     finish,
     prepare,
@@ -24,8 +24,8 @@ from whetstone.engine.runtime.nodes import (
     route_after_think,
     think,
 )
-from whetstone.engine.runtime.plugins import STAGES, NodeFn, Plugin
-from whetstone.engine.runtime.state import AgentContext, AgentState
+from .plugins import STAGES, NodeFn, Plugin
+from .state import AgentContext, AgentState
 
 
 def _adapt(fn: NodeFn) -> Callable[..., Mapping[str, Any]]:

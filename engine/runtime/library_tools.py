@@ -21,10 +21,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import ValidationError
-from whetstone.skills.loader import SKILLS_DIR, load_skill, validate_snapshot
-from whetstone.tools.base import ToolResult
-from whetstone.tools.learned import (
+from ...skills.loader import SKILLS_DIR, load_skill, validate_snapshot
+from ...tools.base import ToolResult
+from ...tools.learned import (
     SCRIPTS_DIR,
     LoadedTools,
     ToolDefinition,
@@ -32,14 +31,15 @@ from whetstone.tools.learned import (
     is_tool_script,
     load_learned_tools,
 )
-from whetstone.tools.learned_run import learned_tool
-from whetstone.tools.visual import VISUAL_TOOL_NAMES
+from ...tools.learned_run import learned_tool
+from ...tools.visual import VISUAL_TOOL_NAMES
+from ..errors import ValidationError
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Snapshot
-    from whetstone.tools.base import Tool
-    from whetstone.tools.images import ImageFiles
-    from whetstone.tools.sandbox import Sandbox
+    from ...library_store.store import Snapshot
+    from ...tools.base import Tool
+    from ...tools.images import ImageFiles
+    from ...tools.sandbox import Sandbox
 
 # Names a learned tool may not take: the tools every run may already have (``search`` is
 # the corpus tool ``--tools search`` gives). The user's own tools, which a library cannot

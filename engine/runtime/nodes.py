@@ -13,17 +13,20 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from whetstone.engine.errors import BackendError, error_text
-from whetstone.engine.prompts import load_prompt, render_prompt
-from whetstone.engine.replies import parse_call_arguments
-from whetstone.engine.runtime.parse import (
+from ...library_store.trace_build import make_trace
+from ...tools.learned import answer_text
+from ..errors import BackendError, error_text
+from ..prompts import load_prompt, render_prompt
+from ..replies import parse_call_arguments
+from ..types import CUT_REASON, Completion, Request, Step, Trace
+from .parse import (
     Parsed,
     ParsedCall,
     ReplyRules,
     output_is_answer,
     parse_reply,
 )
-from whetstone.engine.runtime.prompting import (
+from .prompting import (
     answer_tool_names,
     build_request,
     build_system_prompt,
@@ -34,10 +37,7 @@ from whetstone.engine.runtime.prompting import (
     tool_format,
     with_images,
 )
-from whetstone.engine.runtime.state import AgentContext, AgentState
-from whetstone.engine.types import CUT_REASON, Completion, Request, Step, Trace
-from whetstone.library_store.trace_build import make_trace
-from whetstone.tools.learned import answer_text
+from .state import AgentContext, AgentState
 
 
 def _step(kind: str, module: str, **kw: Any) -> dict[str, Any]:

@@ -13,8 +13,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from whetstone.engine.answer_text import has_answer
-from whetstone.engine.runtime.call_forms import (
+from ..answer_text import has_answer
+from ..types import Completion
+from .call_forms import (
     Found,
     ParsedCall,
     bracket_end,
@@ -26,7 +27,6 @@ from whetstone.engine.runtime.call_forms import (
     tool_call_blocks,
     tool_in_code,
 )
-from whetstone.engine.types import Completion
 
 # "Final Answer:" counts at the start of a line; mid-sentence ("to reach the final answer: I
 # need 17*23") only when the reply has no Action at all.

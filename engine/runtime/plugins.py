@@ -21,15 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.backends.registry import get_backend
-from whetstone.engine.errors import ConfigError
+from ..backends.base import Backend
+from ..backends.registry import get_backend
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from whetstone.engine.runtime.state import AgentContext, AgentState, RunConfig
-    from whetstone.engine.types import Completion, Request, Trace
-    from whetstone.library_store.store import Library, Snapshot
-    from whetstone.tools.base import Tool
+    from ...library_store.store import Library, Snapshot
+    from ...tools.base import Tool
+    from ..types import Completion, Request, Trace
+    from .state import AgentContext, AgentState, RunConfig
 
 # A graph node: (state, context) -> state update. The runtime adapts it to LangGraph.
 NodeFn = Callable[["AgentState", "AgentContext"], Mapping[str, Any]]

@@ -25,10 +25,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from whetstone.engine.prompts import load_prompt, render_prompt
-from whetstone.engine.runtime.plugins import collect_guidance
-from whetstone.engine.runtime.state import AgentContext, AgentState
-from whetstone.engine.types import Request
+from ..prompts import load_prompt, render_prompt
+from ..types import Request
+from .plugins import collect_guidance
+from .state import AgentContext, AgentState
 
 ToolFormat = Literal["native", "tags", "react"]
 CODE_OUTPUT_STOP = "```output"

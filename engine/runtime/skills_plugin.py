@@ -16,20 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import NotFound
-from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin, ToolOffer
-from whetstone.engine.types import ToolSpec
-from whetstone.tools.base import Tool
-from whetstone.tools.images import ImageFiles
+from ...tools.base import Tool
+from ...tools.images import ImageFiles
+from ..errors import NotFound
+from ..types import ToolSpec
+from .plugins import Guidance, MethodEnv, Plugin, ToolOffer
 
 if TYPE_CHECKING:
-    from whetstone.engine.runtime.library_tools import LibraryTools
-    from whetstone.engine.runtime.state import AgentContext, AgentState
-    from whetstone.library_store.store import Library, Snapshot
-    from whetstone.skills.examples import ExampleRetriever
-    from whetstone.skills.format import Example
-    from whetstone.skills.retrieval import SkillRetriever
-    from whetstone.tools.sandbox import Sandbox
+    from ...library_store.store import Library, Snapshot
+    from ...skills.examples import ExampleRetriever
+    from ...skills.format import Example
+    from ...skills.retrieval import SkillRetriever
+    from ...tools.sandbox import Sandbox
+    from .library_tools import LibraryTools
+    from .state import AgentContext, AgentState
 
 READ_SKILL_SPEC = ToolSpec(
     name="read_skill",
@@ -125,9 +125,9 @@ class SkillsPlugin(Plugin):
                  sandbox: Sandbox | None = None, examples: int = 2,
                  turns: bool = False, require_tool_at: float | None = 0.6) -> None:
         # lazy: numpy, yaml
-        from whetstone.library_store.embeddings import skill_embedder
-        from whetstone.skills.index import LibraryIndex
-        from whetstone.skills.retrieval import SkillRetriever
+        from ...library_store.embeddings import skill_embedder
+        from ...skills.index import LibraryIndex
+        from ...skills.retrieval import SkillRetriever
 
         self.library = library
         self.pinned = snapshot
@@ -171,7 +171,7 @@ class SkillsPlugin(Plugin):
 
     def _learned(self) -> tuple[list[Tool], LibraryTools]:
         # lazy: loads yaml and 14 more of our modules
-        from whetstone.engine.runtime.library_tools import library_tools
+        from .library_tools import library_tools
 
         snap = self.snapshot()
         with self._lock:
@@ -202,7 +202,7 @@ class SkillsPlugin(Plugin):
 
     def _read(self, args: Mapping[str, Any]) -> str:
         # lazy: loads numpy, yaml and 18 more of our modules
-        from whetstone.skills.retrieval import read_skill
+        from ...skills.retrieval import read_skill
 
         name = str(args.get("name") or "").strip()
         if not name:
@@ -259,9 +259,9 @@ class SkillsPlugin(Plugin):
         """The nearest worked examples of ``skills`` within ``budget`` (None: none kept);
         an example that calls a tool of ``unoffered`` is not shown."""
         # lazy: numpy, yaml
-        from whetstone.skills.examples import ExampleRetriever
-        from whetstone.skills.format import EXAMPLES_FILE, parse_examples
-        from whetstone.skills.retrieval import names_any
+        from ...skills.examples import ExampleRetriever
+        from ...skills.format import EXAMPLES_FILE, parse_examples
+        from ...skills.retrieval import names_any
 
         pool: list[Example] = []
         for name in skills:

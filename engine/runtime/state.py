@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.engine.runtime.plugins import ModelCall, Plugin
-    from whetstone.engine.types import Completion, Request
-    from whetstone.tools.base import Toolbox
+    from ...tools.base import Toolbox
+    from ..backends.base import Backend
+    from ..types import Completion, Request
+    from .plugins import ModelCall, Plugin
 
 
 class AgentState(TypedDict, total=False):

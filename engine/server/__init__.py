@@ -30,7 +30,7 @@ __all__ = ["create_app", "serve"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from whetstone.engine.server import app  # heavy: FastAPI, only for these two
+        from . import app  # heavy: FastAPI, only for these two
 
         return getattr(app, name)
     raise AttributeError(f"module 'whetstone.engine.server' has no attribute {name!r}")

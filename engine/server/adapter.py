@@ -16,20 +16,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.base import make_config
-from whetstone.engine.runtime.plugins import Collected, Plugin, collect_guidance
-from whetstone.engine.runtime.skills_plugin import SkillsConfig, SkillsPlugin
-from whetstone.engine.runtime.state import AgentContext, RunConfig
-from whetstone.engine.server.embed_cache import CachedEmbedder, normalise
-from whetstone.engine.types import Message, Request
-from whetstone.library_store.embeddings import skill_embedder
-from whetstone.tools.base import Toolbox
+from ...library_store.embeddings import skill_embedder
+from ...tools.base import Toolbox
+from ..errors import ConfigError
+from ..methods.base import make_config
+from ..runtime.plugins import Collected, Plugin, collect_guidance
+from ..runtime.skills_plugin import SkillsConfig, SkillsPlugin
+from ..runtime.state import AgentContext, RunConfig
+from ..types import Message, Request
+from .embed_cache import CachedEmbedder, normalise
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.library_store.embeddings import Embedder
-    from whetstone.library_store.store import Library, Snapshot
+    from ...library_store.embeddings import Embedder
+    from ...library_store.store import Library, Snapshot
+    from ..backends.base import Backend
 
 _SYSTEM_ROLES = ("system", "developer")
 MAX_BUDGET_TOKENS = 32_000
@@ -349,8 +349,8 @@ def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
     wrapped in the cache all the same).
     """
     # lazy: the skills index loads yaml and 16 more of our modules, only for a library's skills
-    from whetstone.skills.index import LibraryIndex
-    from whetstone.skills.retrieval import SkillRetriever
+    from ...skills.index import LibraryIndex
+    from ...skills.retrieval import SkillRetriever
 
     cfg: SkillsConfig = make_config(SkillsConfig, options, method="skills")
     cached = CachedEmbedder(embedder or skill_embedder(threads=embed_threads), maxsize=cache_size)

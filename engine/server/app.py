@@ -18,21 +18,21 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import AddressInUse, ConfigError, WhetstoneError
-from whetstone.engine.server.adapter import ChatAdapter
-from whetstone.engine.server.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
-from whetstone.engine.server.guard import Guard
-from whetstone.engine.server.hosts import WebPolicy
-from whetstone.engine.server.metrics import Metrics
-from whetstone.engine.server.naming import upstream_model_name
-from whetstone.engine.server.passthrough import router as passthrough_router
-from whetstone.engine.server.pipeline import ChatPipeline, Verifier
-from whetstone.engine.server.probes import Readiness
-from whetstone.engine.server.recording import TraceWriter
-from whetstone.engine.server.responses import install_error_handlers
-from whetstone.engine.server.routes import ServerState, router
-from whetstone.engine.server.service import (
+from ..backends.base import Backend
+from ..errors import AddressInUse, ConfigError, WhetstoneError
+from .adapter import ChatAdapter
+from .connections import ConnectionGuard, ConnectionLimits, guarded_protocol
+from .guard import Guard
+from .hosts import WebPolicy
+from .metrics import Metrics
+from .naming import upstream_model_name
+from .passthrough import router as passthrough_router
+from .pipeline import ChatPipeline, Verifier
+from .probes import Readiness
+from .recording import TraceWriter
+from .responses import install_error_handlers
+from .routes import ServerState, router
+from .service import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_STREAM_IDLE_S,
     ChatService,
@@ -40,7 +40,7 @@ from whetstone.engine.server.service import (
 )
 
 if TYPE_CHECKING:
-    from whetstone.library_store.traces import TraceStore
+    from ...library_store.traces import TraceStore
 
 
 def _settings(backend: Backend, *, model_name: str | None, aliases: tuple[str, ...],

@@ -24,9 +24,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from whetstone.engine.backends.openai_wire import StreamAccumulator, completion_from_openai
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.server.adapter import (
+from ...library_store.trace_build import new_trace_id
+from ..backends.openai_wire import StreamAccumulator, completion_from_openai
+from ..errors import ConfigError
+from ..types import Completion, Message, Request
+from .adapter import (
     ADAPTED_HEADER,
     Adapted,
     ChatAdapter,
@@ -35,12 +37,10 @@ from whetstone.engine.server.adapter import (
     inject_guidance_dicts,
     inject_turns_dicts,
 )
-from whetstone.engine.server.exchange import chat_trace
-from whetstone.engine.types import Completion, Message, Request
-from whetstone.library_store.trace_build import new_trace_id
+from .exchange import chat_trace
 
 if TYPE_CHECKING:
-    from whetstone.library_store.traces import TraceStore
+    from ...library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.client")
 

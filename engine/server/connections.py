@@ -34,8 +34,8 @@ from collections import Counter as Tally
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.server.metrics import Metrics
+from ..errors import ConfigError
+from .metrics import Metrics
 
 log = logging.getLogger("whetstone.server")
 

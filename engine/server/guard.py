@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.backends.openai_wire import error_to_openai
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.server.hosts import Refusal, WebPolicy, send_refusal
-from whetstone.engine.server.metrics import Metrics
+from ..backends.openai_wire import error_to_openai
+from ..errors import ConfigError
+from .hosts import Refusal, WebPolicy, send_refusal
+from .metrics import Metrics
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -14,8 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.library_store.paths import shown
+from ...library_store.paths import shown
+from ..errors import ConfigError
 
 MAX_TOKENS_LIMIT = 1_000_000  # more than any model's context; larger asks are typos or probes
 _SEED_LIMIT = 2 ** 63

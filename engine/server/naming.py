@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from whetstone.engine.backends.redact import split_address
+from ..backends.redact import split_address
 
 _PATH_KINDS = ("hf", "llamacpp", "vllm")  # specs whose argument is a file or folder
 

@@ -21,19 +21,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from whetstone.engine.backends.openai_wire import error_to_openai
-from whetstone.engine.errors import BackendError, BackendRejected, ConfigError, WhetstoneError
-from whetstone.engine.server.guard import REQUEST_ID_HEADER
-from whetstone.engine.server.limits import check_ranges
-from whetstone.engine.server.responses import (
+from ..backends.openai_wire import error_to_openai
+from ..errors import BackendError, BackendRejected, ConfigError, WhetstoneError
+from .guard import REQUEST_ID_HEADER
+from .limits import check_ranges
+from .responses import (
     error_reply,
     internal_error_reply,
     json_body,
     request_id,
     whetstone_error_reply,
 )
-from whetstone.engine.server.routes import EventStream, ServerState
-from whetstone.engine.server.service import OpenStream, Relay, client_message, error_status
+from .routes import EventStream, ServerState
+from .service import OpenStream, Relay, client_message, error_status
 
 router = APIRouter()
 

@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from whetstone.engine.errors import ConfigError, WhetstoneError
-from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
-from whetstone.engine.server.metrics import Metrics
-from whetstone.engine.server.recording import TraceWriter
-from whetstone.engine.server.service import error_message, without_paths
-from whetstone.engine.types import Request, Trace
+from ..errors import ConfigError, WhetstoneError
+from ..types import Request, Trace
+from .adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
+from .metrics import Metrics
+from .recording import TraceWriter
+from .service import error_message, without_paths
 
 log = logging.getLogger("whetstone.server")
 

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from whetstone.engine.backends.base import Backend
+from ..backends.base import Backend
 
 log = logging.getLogger("whetstone.server")
 

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from whetstone.engine.errors import NotFound, WhetstoneError
-from whetstone.engine.server.guard import TRACE_HEADER
-from whetstone.engine.server.metrics import Metrics
-from whetstone.engine.types import Trace
-from whetstone.library_store.trace_records import Record
-from whetstone.library_store.traces import TraceStore
+from ...library_store.trace_records import Record
+from ...library_store.traces import TraceStore
+from ..errors import NotFound, WhetstoneError
+from ..types import Trace
+from .guard import TRACE_HEADER
+from .metrics import Metrics
 
 log = logging.getLogger("whetstone.server")
 

@@ -19,11 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from whetstone.engine.backends.openai_wire import error_to_openai
-from whetstone.engine.errors import WhetstoneError
-from whetstone.engine.server.guard import REQUEST_ID_HEADER, BodyTooLarge, read_body
-from whetstone.engine.server.metrics import Metrics
-from whetstone.engine.server.service import (
+from ..backends.openai_wire import error_to_openai
+from ..errors import WhetstoneError
+from .guard import REQUEST_ID_HEADER, BodyTooLarge, read_body
+from .metrics import Metrics
+from .service import (
     client_message,
     error_headers,
     error_param,

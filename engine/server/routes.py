@@ -20,36 +20,39 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.backends.openai_wire import (
+from ...library_store.paths import shown
+from ...library_store.trace_build import new_trace_id
+from ..backends.base import Backend
+from ..backends.openai_wire import (
     ChatCall,
     completion_from_openai,
     completion_to_openai,
     request_to_openai,
 )
-from whetstone.engine.backends.redact import redact_spec
-from whetstone.engine.errors import BackendError, ConfigError, NotFound, WhetstoneError
-from whetstone.engine.server.adapter import (
+from ..backends.redact import redact_spec
+from ..errors import BackendError, ConfigError, NotFound, WhetstoneError
+from ..types import Completion, Trace
+from .adapter import (
     ADAPTED_HEADER,
     Adapted,
     ChatAdapter,
     ChatSwitches,
     last_user_text,
 )
-from whetstone.engine.server.exchange import chat_trace, check_feedback
-from whetstone.engine.server.guard import (
+from .exchange import chat_trace, check_feedback
+from .guard import (
     REQUEST_ID_HEADER,
     TRACE_HEADER,
     VERSION_HEADER,
     key_matches,
     key_owner,
 )
-from whetstone.engine.server.metrics import CONTENT_TYPE, Metrics
-from whetstone.engine.server.naming import public_spec, upstream_model_name
-from whetstone.engine.server.pipeline import ChatPipeline
-from whetstone.engine.server.probes import Readiness
-from whetstone.engine.server.recording import OWNER_KEY, TraceWriter
-from whetstone.engine.server.responses import (
+from .metrics import CONTENT_TYPE, Metrics
+from .naming import public_spec, upstream_model_name
+from .pipeline import ChatPipeline
+from .probes import Readiness
+from .recording import OWNER_KEY, TraceWriter
+from .responses import (
     error_reply,
     failure_text,
     internal_error_reply,
@@ -57,16 +60,13 @@ from whetstone.engine.server.responses import (
     request_id,
     whetstone_error_reply,
 )
-from whetstone.engine.server.service import (
+from .service import (
     ChatService,
     OpenStream,
     Relay,
     ServerSettings,
     error_message,
 )
-from whetstone.engine.types import Completion, Trace
-from whetstone.library_store.paths import shown
-from whetstone.library_store.trace_build import new_trace_id
 
 router = APIRouter()
 

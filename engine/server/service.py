@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from whetstone.engine.backends.base import Backend, StreamChunk
-from whetstone.engine.backends.openai_wire import (
+from ...library_store.paths import shown
+from ..backends.base import Backend, StreamChunk
+from ..backends.openai_wire import (
     ChatCall,
     chunk_to_openai,
     error_to_openai,
@@ -32,7 +33,7 @@ from whetstone.engine.backends.openai_wire import (
     tool_calls_to_openai,
     usage_to_openai,
 )
-from whetstone.engine.errors import (
+from ..errors import (
     BackendError,
     BackendRejected,
     BackendTimeout,
@@ -40,10 +41,9 @@ from whetstone.engine.errors import (
     NotFound,
     WhetstoneError,
 )
-from whetstone.engine.server.limits import MAX_REQUEST_ITEMS, check_ranges, check_size
-from whetstone.engine.server.metrics import Metrics
-from whetstone.engine.types import Completion, Request
-from whetstone.library_store.paths import shown
+from ..types import Completion, Request
+from .limits import MAX_REQUEST_ITEMS, check_ranges, check_size
+from .metrics import Metrics
 
 log = logging.getLogger("whetstone.server")
 _T = TypeVar("_T")

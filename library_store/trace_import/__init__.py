@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.types import Trace
-from whetstone.library_store.trace_import.common import (
+from ...engine.errors import ConfigError
+from ...engine.types import Trace
+from ..traces import TraceStore
+from .common import (
     KIND,
     ORIGIN,
     Imported,
@@ -24,11 +25,10 @@ from whetstone.library_store.trace_import.common import (
     known_keys,
     parse_json,
 )
-from whetstone.library_store.trace_import.langsmith import read_langsmith
-from whetstone.library_store.trace_import.openai_log import read_openai
-from whetstone.library_store.trace_import.otlp import read_otlp
-from whetstone.library_store.trace_import.phoenix import Fetch, http_fetch, read_phoenix
-from whetstone.library_store.traces import TraceStore
+from .langsmith import read_langsmith
+from .openai_log import read_openai
+from .otlp import read_otlp
+from .phoenix import Fetch, http_fetch, read_phoenix
 
 FORMATS = ("auto", "otlp-json", "openai", "langsmith")
 MAX_FILE_BYTES = 1024 ** 3  # a file read whole; past this, split it

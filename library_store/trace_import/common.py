@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, get_args
 
-from whetstone.engine.types import Outcome, Step, Trace
-from whetstone.library_store.trace_build import SOURCE_KEY, make_trace
+from ...engine.types import Outcome, Step, Trace
+from ..trace_build import SOURCE_KEY, make_trace
 
 KIND = "import"  # the trace kind (trace_build.TRACE_KINDS) of every imported trace
 ORIGIN = "origin"  # meta key holding where a trace came from

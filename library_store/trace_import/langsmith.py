@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from whetstone.engine.types import Step
-from whetstone.library_store.trace_import.common import (
+from ...engine.types import Step
+from .common import (
     BadRecord,
     Imported,
     build,

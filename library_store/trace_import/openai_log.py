@@ -23,8 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from whetstone.engine.types import Step
-from whetstone.library_store.trace_import.common import (
+from ...engine.types import Step
+from .common import (
     BadRecord,
     Imported,
     build,

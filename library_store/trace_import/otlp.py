@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from whetstone.library_store.trace_import.common import BadRecord, Imported, parse_json
-from whetstone.library_store.trace_import.spans import Span, trace_of_spans
+from .common import BadRecord, Imported, parse_json
+from .spans import Span, trace_of_spans
 
 _HEX = re.compile(r"[0-9a-fA-F]+")
 

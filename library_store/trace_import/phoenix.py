@@ -23,10 +23,10 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from whetstone.engine.errors import ConfigError, NotFound
-from whetstone.library_store.trace_import.common import BadRecord, Imported, iso_seconds, parse_json
-from whetstone.library_store.trace_import.otlp import group_traces
-from whetstone.library_store.trace_import.spans import Span
+from ...engine.errors import ConfigError, NotFound
+from .common import BadRecord, Imported, iso_seconds, parse_json
+from .otlp import group_traces
+from .spans import Span
 
 PAGE = 1000  # the most spans the API returns per page
 MAX_SPANS = 200_000  # stop paging past this many: an import is not a database dump

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.types import Step
-from whetstone.library_store.trace_import.common import (
+from ...engine.types import Step
+from .common import (
     BadRecord,
     Imported,
     build,

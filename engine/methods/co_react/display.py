@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from whetstone.engine.printing import field, short
+from ...printing import field, short
 
 
 def print_rubric(out: Any, step: Any) -> None:

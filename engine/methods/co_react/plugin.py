@@ -33,10 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import BackendError, ConfigError
-from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.co_react import PROMPTS
-from whetstone.engine.methods.co_react.rubric import (
+from ...errors import BackendError, ConfigError
+from ...runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
+from ...types import Completion, Message, Request, Step
+from ..base import knob
+from . import PROMPTS
+from .rubric import (
     STOP_AFTER_LINES,
     ActionCheck,
     ParsedRubric,
@@ -49,12 +51,10 @@ from whetstone.engine.methods.co_react.rubric import (
     rubric_in_request,
     tried_queries,
 )
-from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
-from whetstone.engine.types import Completion, Message, Request, Step
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.engine.runtime.state import AgentContext, AgentState
+    from ...backends.base import Backend
+    from ...runtime.state import AgentContext, AgentState
 
 NODE = "co_react_rubric"  # the graph names a plugin's node "<plugin>_<function>"
 

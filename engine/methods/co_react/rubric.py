@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ParseError
-from whetstone.engine.methods.analyst import AnalystStats, ask_parsed_sync
-from whetstone.engine.methods.co_react import PROMPTS
-from whetstone.engine.replies import extract_json_object
-from whetstone.engine.types import JsonRecord, Request
+from ...backends.base import Backend
+from ...errors import ParseError
+from ...replies import extract_json_object
+from ...types import JsonRecord, Request
+from ..analyst import AnalystStats, ask_parsed_sync
+from . import PROMPTS
 
 T = TypeVar("T")
 Phase = Literal["early", "mid", "late"]

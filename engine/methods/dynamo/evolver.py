@@ -38,13 +38,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.analyst import ask_parsed, render_trace
-from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.dynamo import PROMPTS
-from whetstone.engine.methods.dynamo.maker import ToolMaker, task_tool_files
-from whetstone.engine.methods.dynamo.parts import (
+from ....skills.format import check_skill_files
+from ....tools.base import Toolbox
+from ....tools.builtin import builtin_tools
+from ....tools.images import ImageFiles
+from ....tools.learned_run import run_learned
+from ....tools.visual import visual_tools
+from ...backends.base import Backend
+from ...errors import ConfigError
+from ...types import Trace
+from ..analyst import ask_parsed, render_trace
+from ..base import EvolveContext, LibraryPatch, knob, library_texts
+from . import PROMPTS
+from .maker import ToolMaker, task_tool_files
+from .parts import (
     Attempt,
     Cluster,
     DynamoState,
@@ -59,7 +66,7 @@ from whetstone.engine.methods.dynamo.parts import (
     parse_when,
     words,
 )
-from whetstone.engine.methods.dynamo.sandbox import (
+from .sandbox import (
     allowed_modules,
     build_patch,
     image_params,
@@ -68,18 +75,11 @@ from whetstone.engine.methods.dynamo.sandbox import (
     skill_files,
     source_parameters,
 )
-from whetstone.engine.types import Trace
-from whetstone.skills.format import check_skill_files
-from whetstone.tools.base import Toolbox
-from whetstone.tools.builtin import builtin_tools
-from whetstone.tools.images import ImageFiles
-from whetstone.tools.learned_run import run_learned
-from whetstone.tools.visual import visual_tools
 
 if TYPE_CHECKING:
-    from whetstone.engine.evaluation.tasks import TaskRecord
-    from whetstone.library_store.store import Snapshot
-    from whetstone.tools.base import Tool
+    from ....library_store.store import Snapshot
+    from ....tools.base import Tool
+    from ...evaluation.tasks import TaskRecord
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class Dynamo:
     def _train_tasks(self, context: EvolveContext, traces: Sequence[Trace]
                      ) -> list[TaskRecord]:
         # lazy: loads filelock and 41 more of our modules
-        from whetstone.engine.evaluation.tasks import tasks_from_traces
+        from ...evaluation.tasks import tasks_from_traces
 
         source = list(context.tasks) if context.tasks is not None else list(
             tasks_from_traces(traces, name="traces"))
@@ -315,7 +315,7 @@ class _Run:
         """Round 1's attempts: the given runs of these tasks (scored by the task's scorer when
         they carry no score), the missing ones run now over the current library."""
         # lazy: loads filelock and 41 more of our modules
-        from whetstone.engine.evaluation.scorers import get_scorer
+        from ...evaluation.scorers import get_scorer
 
         out: dict[str, Attempt] = {}
         for t in traces:
@@ -335,7 +335,7 @@ class _Run:
         """Run the agent on ``ids`` over the current library plus ``changes`` (None: the
         current library); an interrupted run keeps what finished and resumes from it."""
         # lazy: loads filelock and 6 more of our modules
-        from whetstone.library_store.traces import TraceQuery
+        from ....library_store.traces import TraceQuery
 
         st, ctx = self.state, self.context
         done = {i: a for i, a in st.pending.items() if i in ids}
@@ -514,7 +514,7 @@ class _Run:
 
     def _test(self, proposal: Proposal, call: Any, image_params: Sequence[str]) -> None:
         # lazy: loads filelock and 41 more of our modules
-        from whetstone.engine.evaluation.scorers import get_scorer
+        from ...evaluation.scorers import get_scorer
 
         def score(output: str, task_id: str) -> float:
             task = self.tasks[task_id]
@@ -531,7 +531,7 @@ class _Run:
         """The ``toolset`` tools by name: built-in, visual, learned, or the agent's own."""
         if self._given is None:
             # lazy: loads filelock and 38 more of our modules
-            from whetstone.engine.runtime.library_tools import library_tools
+            from ...runtime.library_tools import library_tools
 
             known: dict[str, Tool] = {t.name: t for t in builtin_tools()}
             known.update({t.name: t for t in visual_tools(self.images)})
@@ -556,7 +556,7 @@ class _Run:
 
     def _tool_taken(self) -> set[str]:
         # lazy: loads filelock and 38 more of our modules
-        from whetstone.engine.runtime.library_tools import reserved_tool_names, script_tool_name
+        from ...runtime.library_tools import reserved_tool_names, script_tool_name
 
         paths = [*self.texts, *self.state.changes]
         return set(reserved_tool_names()) | {f[1] for p in paths

@@ -39,11 +39,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ParseError, ToolError
-from whetstone.engine.methods.analyst import AnalystReply, AnalystStats, AskAgain, ask_parsed
-from whetstone.engine.methods.dynamo import PROMPTS
-from whetstone.engine.methods.dynamo.parts import (
+from ....skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
+from ....tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
+from ....tools.validate import ALLOWED_MODULES
+from ...backends.base import Backend
+from ...errors import ParseError, ToolError
+from ...prompts import render_prompt
+from ...types import Skill
+from ..analyst import AnalystReply, AnalystStats, AskAgain, ask_parsed
+from . import PROMPTS
+from .parts import (
     PROVENANCE,
     Cluster,
     Proposal,
@@ -52,15 +57,10 @@ from whetstone.engine.methods.dynamo.parts import (
     code_block,
     skill_name,
 )
-from whetstone.engine.methods.dynamo.sandbox import allowed_modules
-from whetstone.engine.prompts import render_prompt
-from whetstone.engine.types import Skill
-from whetstone.skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
-from whetstone.tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
-from whetstone.tools.validate import ALLOWED_MODULES
+from .sandbox import allowed_modules
 
 if TYPE_CHECKING:
-    from whetstone.engine.evaluation.tasks import TaskRecord
+    from ...evaluation.tasks import TaskRecord
 
 TASK_MARK = 'Annotated[str, "task"]'
 ANSWER_MARK = 'Annotated[str, "answer"]'
@@ -366,7 +366,7 @@ class ToolMaker:
     def _run(self, definition: ToolDefinition, task: TaskRecord) -> ToolTest:
         """One sandboxed call of the tool on ``task``, scored by the task's own scorer."""
         # lazy: loads filelock and 41 more of our modules
-        from whetstone.engine.evaluation.scorers import get_scorer
+        from ...evaluation.scorers import get_scorer
 
         test = ToolTest(task.id, {})
         try:

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from whetstone.engine.errors import ParseError, ValidationError
-from whetstone.engine.methods.analyst import AnalystStats
-from whetstone.engine.replies import extract_json_object, salvage_truncated_json
-from whetstone.skills.format import MAX_DESCRIPTION, NAME_RE
-from whetstone.tools.learned import PROVENANCE_FILE, TOOL_NAME, ToolDefinition, define_tool
+from ....skills.format import MAX_DESCRIPTION, NAME_RE
+from ....tools.learned import PROVENANCE_FILE, TOOL_NAME, ToolDefinition, define_tool
+from ...errors import ParseError, ValidationError
+from ...replies import extract_json_object, salvage_truncated_json
+from ..analyst import AnalystStats
 
 KINDS = ("cognitive", "computational", "perceptual")
 # Words small analysts use for a kind; mapped (and counted as a repair).

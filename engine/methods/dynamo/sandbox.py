@@ -11,10 +11,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import ToolError
-from whetstone.engine.methods.base import LibraryPatch
-from whetstone.engine.methods.dynamo import PROMPTS
-from whetstone.engine.methods.dynamo.parts import (
+from ....skills.format import render_skill_md
+from ....tools.learned import define_tool
+from ....tools.validate import ALLOWED_MODULES
+from ...errors import ToolError
+from ...prompts import render_prompt
+from ...types import Skill
+from ..base import LibraryPatch
+from . import PROMPTS
+from .parts import (
     IMAGE_WORD,
     PROVENANCE,
     Attempt,
@@ -23,14 +28,9 @@ from whetstone.engine.methods.dynamo.parts import (
     Round,
     ToolTest,
 )
-from whetstone.engine.prompts import render_prompt
-from whetstone.engine.types import Skill
-from whetstone.skills.format import render_skill_md
-from whetstone.tools.learned import define_tool
-from whetstone.tools.validate import ALLOWED_MODULES
 
 if TYPE_CHECKING:
-    from whetstone.tools.base import Tool
+    from ....tools.base import Tool
 
 # -- testing tools in the sandbox -------------------------------------------------------------
 

@@ -4,6 +4,6 @@
     controller.py   the budget controller over the library's traces
 """
 
-from whetstone.engine.methods.registry import MethodSpec
+from ..registry import MethodSpec
 
 METHOD = MethodSpec(name="horizon", runtime="whetstone.engine.methods.horizon.plugin:ElasticHorizon")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from whetstone.engine.types import Trace
+from ...types import Trace
 
 LIMIT_OUTCOMES = frozenset({"horizon", "budget", "timeout"})
 _HORIZON_REASON = re.compile(r"step horizon \((\d+) model calls?\)")

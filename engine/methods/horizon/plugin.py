@@ -33,21 +33,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.horizon.controller import (
+from ....library_store import embeddings
+from ...errors import ConfigError
+from ...runtime.plugins import MethodEnv, Plugin
+from ..base import knob
+from .controller import (
     HorizonController,
     HorizonDecision,
     RunRecord,
     record_from_trace,
 )
-from whetstone.engine.runtime.plugins import MethodEnv, Plugin
-from whetstone.library_store import embeddings
 
 if TYPE_CHECKING:
-    from whetstone.engine.runtime.state import AgentState, RunConfig
-    from whetstone.library_store.embeddings import Embedder
-    from whetstone.library_store.traces import TraceStore
+    from ....library_store.embeddings import Embedder
+    from ....library_store.traces import TraceStore
+    from ...runtime.state import AgentState, RunConfig
 
 CENTROID_SAMPLES = 20
 

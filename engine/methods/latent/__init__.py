@@ -6,8 +6,8 @@
     rewards.py   the rewards the search climbs
 """
 
-from whetstone.engine.methods.registry import MethodSpec
-from whetstone.engine.prompts import Prompts
+from ...prompts import Prompts
+from ..registry import MethodSpec
 
 # Its prompts, in prompts/ beside this file.
 PROMPTS = Prompts(__name__)

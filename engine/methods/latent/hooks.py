@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from whetstone.engine.errors import ConfigError
+from ...errors import ConfigError
 
 
 class LatentHooks:

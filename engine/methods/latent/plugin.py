@@ -25,18 +25,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import BackendError, ConfigError
-from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.latent.rewards import Reward, ScorerReward, SelfReward
-from whetstone.engine.methods.latent.tts import LatentConfig, LatentRefiner, RefineRecord
-from whetstone.engine.runtime.parse import ReplyRules, parse_reply
-from whetstone.engine.runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Plugin
-from whetstone.engine.runtime.prompting import CODE_OUTPUT_STOP
-from whetstone.engine.types import Completion, Request
+from ...errors import BackendError, ConfigError
+from ...runtime.parse import ReplyRules, parse_reply
+from ...runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Plugin
+from ...runtime.prompting import CODE_OUTPUT_STOP
+from ...types import Completion, Request
+from ..base import knob
+from .rewards import Reward, ScorerReward, SelfReward
+from .tts import LatentConfig, LatentRefiner, RefineRecord
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.engine.runtime.state import AgentState
+    from ...backends.base import Backend
+    from ...runtime.state import AgentState
 
 _TOTALS = ("steps", "forward", "forward_tokens", "backward", "redecodes", "redecode_tokens")
 _TRANSFORMERS_HINT = ("run it on the transformers engine: --model embedded@transformers or "

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.latent import PROMPTS
+from ...errors import ConfigError
+from . import PROMPTS
 
 ROLES = ("reasoning", "visual")
 _MARKER = "\u2063WHETSTONE-ANSWER\u2063"  # invisible separator: no template rewrites it

@@ -51,10 +51,11 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from whetstone.engine.backends.chat_template import template_supports_tools
-from whetstone.engine.backends.local_text import completion_from_tokens, prompt_text
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.latent.hooks import (
+from ...backends.chat_template import template_supports_tools
+from ...backends.local_text import completion_from_tokens, prompt_text
+from ...errors import ConfigError
+from ...types import Completion, Request
+from .hooks import (
     LatentHooks,
     eager_attention,
     frozen,
@@ -63,7 +64,7 @@ from whetstone.engine.methods.latent.hooks import (
     next_token_entropy,
     top_positions,
 )
-from whetstone.engine.methods.latent.rewards import (
+from .rewards import (
     ROLES,
     Reward,
     RewardContext,
@@ -72,7 +73,6 @@ from whetstone.engine.methods.latent.rewards import (
     SelfReward,
     check_role,
 )
-from whetstone.engine.types import Completion, Request
 
 __all__ = ["ROLES", "LatentConfig", "LatentHooks", "LatentRefiner", "LatentResult",
            "RefineRecord", "Reward", "RewardContext", "RewardDropped", "ScorerReward",

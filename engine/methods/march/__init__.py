@@ -7,8 +7,8 @@
     display.py    how a ``verify`` step prints
 """
 
-from whetstone.engine.methods.registry import MethodSpec
-from whetstone.engine.prompts import Prompts
+from ...prompts import Prompts
+from ..registry import MethodSpec
 
 # Its prompts, in prompts/ beside this file.
 PROMPTS = Prompts(__name__)

@@ -17,9 +17,9 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from whetstone.engine.backends.registry import BackendOptions
-from whetstone.engine.errors import ConfigError, LibraryError
-from whetstone.engine.methods.base import CommandKit
+from ...backends.registry import BackendOptions
+from ...errors import ConfigError, LibraryError
+from ..base import CommandKit
 
 # `verify` exits with it when the answer is flagged (MARCH's MethodSpec.exit_codes says so).
 EXIT_FLAGGED = 9

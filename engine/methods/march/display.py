@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from whetstone.engine.printing import field, short
+from ...printing import field, short
 
 _MARK: dict[Any, str] = {True: "[green]supported[/]", False: "[red]contradicted[/]"}
 

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from whetstone.engine.methods.march.records import Claim, Verdict
+from .records import Claim, Verdict
 
 Vote = str  # agree | disagree | cannot | missing
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from whetstone.engine.types import JsonRecord
+from ...types import JsonRecord
 
 
 @dataclass(frozen=True)

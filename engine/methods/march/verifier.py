@@ -33,25 +33,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ConfigError, ParseError, WhetstoneError
-from whetstone.engine.methods.base import knob, make_config
-from whetstone.engine.methods.march import PROMPTS
-from whetstone.engine.methods.march.format import (
+from ....library_store.trace_build import make_trace
+from ...backends.base import Backend
+from ...errors import ConfigError, ParseError, WhetstoneError
+from ...runtime.plugins import MethodEnv, Node, Plugin
+from ...types import Completion, Passage, Request, Step, Trace
+from ..base import knob, make_config
+from . import PROMPTS
+from .format import (
     CheckLine,
     FormatStats,
     parse_checks,
     parse_claims,
     verdict,
 )
-from whetstone.engine.methods.march.records import CheckRequest, Claim, Verdict
-from whetstone.engine.runtime.plugins import MethodEnv, Node, Plugin
-from whetstone.engine.types import Completion, Passage, Request, Step, Trace
-from whetstone.library_store.trace_build import make_trace
+from .records import CheckRequest, Claim, Verdict
 
 if TYPE_CHECKING:
-    from whetstone.engine.runtime.state import AgentContext, AgentState
-    from whetstone.tools.search import Retriever
+    from ....tools.search import Retriever
+    from ...runtime.state import AgentContext, AgentState
 
 ROLES = ("solver", "proposer", "checker", "reviser")
 # An answer that only says the evidence holds no answer makes no claim to check.

@@ -4,7 +4,7 @@
     files.py    the format and checks of ``memory/<name>.md``, the folder this method owns
 """
 
-from whetstone.engine.methods.registry import LibraryRoot, MethodSpec
+from ..registry import LibraryRoot, MethodSpec
 
 METHOD = MethodSpec(
     name="memory",

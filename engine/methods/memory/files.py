@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from whetstone.engine.errors import ValidationError
-from whetstone.skills.format import NAME_RE, parse_examples
+from ....skills.format import NAME_RE, parse_examples
+from ...errors import ValidationError
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Snapshot
+    from ....library_store.store import Snapshot
 
 MEMORY_DIR = "memory"
 

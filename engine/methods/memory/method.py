@@ -25,20 +25,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.evaluation.examples import ExampleStats, examples_from_traces
-from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.memory.files import MEMORY_DIR
-from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
-from whetstone.engine.types import Trace
-from whetstone.skills.format import NAME_RE, Example, parse_examples, render_examples
+from ....skills.format import NAME_RE, Example, parse_examples, render_examples
+from ...errors import ConfigError
+from ...evaluation.examples import ExampleStats, examples_from_traces
+from ...runtime.plugins import Guidance, MethodEnv, Plugin
+from ...types import Trace
+from ..base import EvolveContext, LibraryPatch, knob, library_texts
+from .files import MEMORY_DIR
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.engine.runtime.state import AgentContext
-    from whetstone.library_store.embeddings import Embedder
-    from whetstone.library_store.store import Library, Snapshot
-    from whetstone.skills.examples import ExampleRetriever
+    from ....library_store.embeddings import Embedder
+    from ....library_store.store import Library, Snapshot
+    from ....skills.examples import ExampleRetriever
+    from ...backends.base import Backend
+    from ...runtime.state import AgentContext
 
 _INTRO = ("Runs of this model that the scorer verified, kept as demonstrations by the memory "
           "method (each under the id of its trace).")
@@ -130,10 +130,10 @@ class MemoryPlugin(Plugin):
 
     def __init__(self, library: Library, config: MemoryRunConfig | None = None, *,
                  snapshot: Snapshot | None = None, embedder: Embedder | None = None) -> None:
-        from whetstone.skills.examples import ExampleRetriever  # lazy: loads numpy
+        from ....skills.examples import ExampleRetriever  # lazy: loads numpy
 
         if embedder is None:
-            from whetstone.library_store.embeddings import query_embedder  # lazy: loads numpy
+            from ....library_store.embeddings import query_embedder  # lazy: loads numpy
 
             embedder = query_embedder(threads=1)
         self.library = library

@@ -10,8 +10,8 @@ feedback backwards through the module graph, with bounded updates.
     commands.py  ``whetstone policies ls | show``
 """
 
-from whetstone.engine.methods.registry import LibraryRoot, MethodSpec
-from whetstone.engine.prompts import Prompts
+from ...prompts import Prompts
+from ..registry import LibraryRoot, MethodSpec
 
 # Its prompts, in prompts/ beside this file.
 PROMPTS = Prompts(__name__)

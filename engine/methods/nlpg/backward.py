@@ -24,14 +24,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ParseError
-from whetstone.engine.methods.analyst import AnalystStats, ask_parsed
-from whetstone.engine.methods.nlpg import PROMPTS
-from whetstone.engine.methods.nlpg.memory import DUPLICATE_SIMILARITY, clean_text, similarity
-from whetstone.engine.methods.nlpg.notes import PolicyNote
-from whetstone.engine.replies import extract_json_object
-from whetstone.engine.types import RUNTIME_STEP_KINDS, Step, Trace
+from ...backends.base import Backend
+from ...errors import ParseError
+from ...replies import extract_json_object
+from ...types import RUNTIME_STEP_KINDS, Step, Trace
+from ..analyst import AnalystStats, ask_parsed
+from . import PROMPTS
+from .memory import DUPLICATE_SIMILARITY, clean_text, similarity
+from .notes import PolicyNote
 
 CORRECTION_CHARS = 300
 UPSTREAM_CHARS = 800

@@ -15,10 +15,10 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from whetstone.engine.errors import NotFound, ValidationError
-from whetstone.engine.methods.base import CommandKit
-from whetstone.engine.methods.nlpg.memory import estimate_tokens, note_tokens
-from whetstone.engine.methods.nlpg.notes import PolicyNote, load_policies
+from ...errors import NotFound, ValidationError
+from ..base import CommandKit
+from .memory import estimate_tokens, note_tokens
+from .notes import PolicyNote, load_policies
 
 version_option = click.option("--version", "version", default=None,
                               help="Library version to read (default: current).")

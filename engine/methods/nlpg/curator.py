@@ -15,12 +15,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ParseError
-from whetstone.engine.methods.analyst import AnalystStats, ask_parsed
-from whetstone.engine.methods.nlpg import PROMPTS
-from whetstone.engine.methods.nlpg.backward import CorrectionGroup
-from whetstone.engine.methods.nlpg.memory import (
+from ...backends.base import Backend
+from ...errors import ParseError
+from ...replies import extract_json_object
+from ..analyst import AnalystStats, ask_parsed
+from . import PROMPTS
+from .backward import CorrectionGroup
+from .memory import (
     OP_KINDS,
     Op,
     TokenCount,
@@ -28,8 +29,7 @@ from whetstone.engine.methods.nlpg.memory import (
     note_tokens,
     rules_curator,
 )
-from whetstone.engine.methods.nlpg.notes import MAX_NOTE_CHARS, ROUTE_RE, PolicyNote
-from whetstone.engine.replies import extract_json_object
+from .notes import MAX_NOTE_CHARS, ROUTE_RE, PolicyNote
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.evaluation.tasks import tasks_from_traces
-from whetstone.engine.methods.analyst import AnalystStats
-from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.nlpg.backward import (
+from ....library_store.traces import TraceQuery
+from ...backends.base import Backend
+from ...errors import ConfigError
+from ...evaluation.tasks import tasks_from_traces
+from ...types import Trace
+from ..analyst import AnalystStats
+from ..base import EvolveContext, LibraryPatch, knob, library_texts
+from .backward import (
     CorrectionGroup,
     Walk,
     WalkSettings,
@@ -46,8 +48,8 @@ from whetstone.engine.methods.nlpg.backward import (
     shown_notes,
     walk_trace,
 )
-from whetstone.engine.methods.nlpg.curator import curate
-from whetstone.engine.methods.nlpg.memory import (
+from .curator import curate
+from .memory import (
     ApplyReport,
     Memory,
     apply_ops,
@@ -59,14 +61,12 @@ from whetstone.engine.methods.nlpg.memory import (
     note_tokens,
     retire_ops,
 )
-from whetstone.engine.methods.nlpg.notes import PolicyNote
-from whetstone.engine.types import Trace
-from whetstone.library_store.traces import TraceQuery
+from .notes import PolicyNote
 
 if TYPE_CHECKING:
-    from whetstone.engine.evaluation.tasks import TaskRecord
-    from whetstone.library_store.state import MethodState
-    from whetstone.library_store.store import Snapshot
+    from ....library_store.state import MethodState
+    from ....library_store.store import Snapshot
+    from ...evaluation.tasks import TaskRecord
 
 StepHook = Callable[[Mapping[str, Any], Memory], None]  # (step report, memory after it)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from whetstone.engine.methods.nlpg.notes import (
+from .notes import (
     MAX_NOTE_CHARS,
     ROUTE_RE,
     PolicyNote,

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from whetstone.engine.errors import ValidationError
-from whetstone.engine.types import JsonRecord
+from ...errors import ValidationError
+from ...types import JsonRecord
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Snapshot
+    from ....library_store.store import Snapshot
 
 POLICIES_DIR = "policies"
 MAX_NOTE_CHARS = 600

@@ -18,15 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.nlpg import PROMPTS
-from whetstone.engine.methods.nlpg.notes import PolicyNote, load_policies
-from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin
+from ...errors import ConfigError
+from ...runtime.plugins import Guidance, MethodEnv, Plugin
+from ..base import knob
+from . import PROMPTS
+from .notes import PolicyNote, load_policies
 
 if TYPE_CHECKING:
-    from whetstone.engine.runtime.state import AgentContext, AgentState
-    from whetstone.library_store.store import Library, Snapshot
+    from ....library_store.store import Library, Snapshot
+    from ...runtime.state import AgentContext, AgentState
 
 ROUTE_ORDER = ("*", "act", "think", "finish")
 THINK = "think"

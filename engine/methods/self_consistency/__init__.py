@@ -3,7 +3,7 @@
     plugin.py   ``SelfConsistency`` (``--methods self_consistency``)
 """
 
-from whetstone.engine.methods.registry import MethodSpec
+from ..registry import MethodSpec
 
 METHOD = MethodSpec(name="self_consistency",
                     runtime="whetstone.engine.methods.self_consistency.plugin:SelfConsistency")

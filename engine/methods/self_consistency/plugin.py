@@ -26,17 +26,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.answer_text import answer_span
-from whetstone.engine.evaluation.answers import extract_number, normalise
-from whetstone.engine.evaluation.scorers import tool_calls_of
-from whetstone.engine.methods.base import knob
-from whetstone.engine.runtime.plugins import Plugin, SolveFn
+from ...answer_text import answer_span
+from ...evaluation.answers import extract_number, normalise
+from ...evaluation.scorers import tool_calls_of
+from ...runtime.plugins import Plugin, SolveFn
+from ..base import knob
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.engine.evaluation.tasks import TaskRecord
-    from whetstone.engine.runtime.state import RunConfig
-    from whetstone.engine.types import Trace
+    from ...backends.base import Backend
+    from ...evaluation.tasks import TaskRecord
+    from ...runtime.state import RunConfig
+    from ...types import Trace
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@
     report.py     what ``whetstone evolve trace2skill`` prints of the map and reduce
 """
 
-from whetstone.engine.methods.registry import MethodSpec
-from whetstone.engine.prompts import Prompts
+from ...prompts import Prompts
+from ..registry import MethodSpec
 
 # Its prompts, in prompts/ beside this file.
 PROMPTS = Prompts(__name__)

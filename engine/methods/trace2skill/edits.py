@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from whetstone.engine.errors import WhetstoneError
-from whetstone.engine.replies import extract_json_object
-from whetstone.skills.format import SKILL_DIRS
+from ....skills.format import SKILL_DIRS
+from ...errors import WhetstoneError
+from ...replies import extract_json_object
 
 Op = Literal["insert_after", "insert_before", "append_to_section", "replace_in_section",
              "add_section", "delete_section", "create", "delete_file"]

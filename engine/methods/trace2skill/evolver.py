@@ -23,13 +23,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import ConfigError
-from whetstone.engine.evaluation.examples import example_from_trace
-from whetstone.engine.methods.analyst import AnalystStats, ask_parsed, render_trace
-from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.trace2skill import PROMPTS
-from whetstone.engine.methods.trace2skill.edits import (
+from ....skills.format import EXAMPLES_FILE, Example, parse_examples
+from ...backends.base import Backend
+from ...errors import ConfigError
+from ...evaluation.examples import example_from_trace
+from ...replies import extract_json_object
+from ...types import Trace
+from ..analyst import AnalystStats, ask_parsed, render_trace
+from ..base import EvolveContext, LibraryPatch, knob, library_texts
+from . import PROMPTS
+from .edits import (
     Edit,
     EditError,
     SkillPatch,
@@ -39,7 +42,7 @@ from whetstone.engine.methods.trace2skill.edits import (
     region_of,
     render_files,
 )
-from whetstone.engine.methods.trace2skill.examples import (
+from .examples import (
     ExampleAction,
     ExampleReport,
     actions_from_reply,
@@ -47,14 +50,11 @@ from whetstone.engine.methods.trace2skill.examples import (
     default_adds,
     listing,
 )
-from whetstone.engine.methods.trace2skill.limits import enforce_limits
-from whetstone.engine.methods.trace2skill.ray_map import map_on_ray
-from whetstone.engine.replies import extract_json_object
-from whetstone.engine.types import Trace
-from whetstone.skills.format import EXAMPLES_FILE, Example, parse_examples
+from .limits import enforce_limits
+from .ray_map import map_on_ray
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Snapshot
+    from ....library_store.store import Snapshot
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 

@@ -23,10 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.errors import WhetstoneError
-from whetstone.engine.methods.trace2skill import PROMPTS
-from whetstone.engine.replies import extract_json_object
-from whetstone.skills.format import (
+from ....skills.format import (
     EXAMPLES_FILE,
     MAX_REFERENCE_LINES,
     Example,
@@ -34,6 +31,9 @@ from whetstone.skills.format import (
     parse_examples,
     render_examples,
 )
+from ...errors import WhetstoneError
+from ...replies import extract_json_object
+from . import PROMPTS
 
 _ACTIONS = {"add": "add", "keep": "add", "include": "add", "new": "add",
             "replace": "replace", "swap": "replace", "update": "replace",

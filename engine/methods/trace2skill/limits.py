@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from whetstone.engine.methods.trace2skill.edits import SkillPatch, apply_patch
-from whetstone.skills.format import MAX_BODY_LINES, MAX_REFERENCE_LINES, parse_skill_md
+from ....skills.format import MAX_BODY_LINES, MAX_REFERENCE_LINES, parse_skill_md
+from .edits import SkillPatch, apply_patch
 
 # Counted over the whole file (front matter included), so an evolved skill stays a little
 # inside the body limit rather than on its edge.

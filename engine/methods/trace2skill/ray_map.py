@@ -15,11 +15,11 @@ import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.backends.registry import get_backend
-from whetstone.engine.errors import ModelNotInstalled
-from whetstone.engine.methods.trace2skill.edits import SkillPatch
-from whetstone.engine.types import Trace
+from ...backends.base import Backend
+from ...backends.registry import get_backend
+from ...errors import ModelNotInstalled
+from ...types import Trace
+from .edits import SkillPatch
 
 
 class BatchAnalyst(Protocol):

@@ -13,8 +13,8 @@ as tools the agent only has to call (Agent Workflow Memory, made callable).
                  offered (and required) as tools
 """
 
-from whetstone.engine.methods.registry import LibraryRoot, MethodSpec
-from whetstone.engine.prompts import Prompts
+from ...prompts import Prompts
+from ..registry import LibraryRoot, MethodSpec
 
 # Its prompts, in prompts/ beside this file.
 PROMPTS = Prompts(__name__)

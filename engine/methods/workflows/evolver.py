@@ -35,47 +35,47 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.errors import BackendError, ConfigError
-from whetstone.engine.evaluation.scorers import get_scorer
-from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
-from whetstone.engine.methods.base import EvolveContext, LibraryPatch, knob, library_texts
-from whetstone.engine.methods.workflows import PROMPTS
-from whetstone.engine.methods.workflows.explore import (
+from ....skills.format import NAME_RE
+from ....tools.base import Tool, Toolbox, ToolResult
+from ...errors import BackendError, ConfigError
+from ...evaluation.scorers import get_scorer
+from ...evaluation.tasks import TaskRecord, tasks_from_traces
+from ...types import Request, Trace
+from ..base import EvolveContext, LibraryPatch, knob, library_texts
+from . import PROMPTS
+from .explore import (
     call_key,
     examples_text,
     explore,
     parse_call,
     tools_text,
 )
-from whetstone.engine.methods.workflows.harvest import (
+from .harvest import (
     Worked,
     digest,
     looked_around,
     names_in,
     worked_calls,
 )
-from whetstone.engine.methods.workflows.induce import (
+from .induce import (
     CallRecord,
     Wording,
     induce,
     name_for,
     read_slots,
 )
-from whetstone.engine.methods.workflows.records import (
+from .records import (
     WORKFLOWS_DIR,
     Workflow,
     parse_workflows,
     render_workflows,
 )
-from whetstone.engine.methods.workflows.runner import run_workflow
-from whetstone.engine.methods.workflows.values import distinctive, supports
-from whetstone.engine.types import Request, Trace
-from whetstone.skills.format import NAME_RE
-from whetstone.tools.base import Tool, Toolbox, ToolResult
+from .runner import run_workflow
+from .values import distinctive, supports
 
 if TYPE_CHECKING:
-    from whetstone.engine.backends.base import Backend
-    from whetstone.library_store.store import Snapshot
+    from ....library_store.store import Snapshot
+    from ...backends.base import Backend
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def _host_tools(context: EvolveContext | None) -> list[Tool]:
     """The user's own tools the agent runs with (MCP servers' and functions'): what a
     workflow may call. Built-in and library tools are not the environment."""
     # lazy: the built-in tools' module loads the sandbox
-    from whetstone.tools.builtin import builtin_tools
+    from ....tools.builtin import builtin_tools
 
     if context is None:
         return []
@@ -129,7 +129,7 @@ def kinds(tasks: Sequence[TaskRecord], wording: Wording, threshold: float = 0.8
     masked (values), each joining the first group whose first question is as close as
     ``threshold`` (cosine). Biggest group first."""
     # lazy: loads numpy and the embedding model
-    from whetstone.library_store.embeddings import query_embedder
+    from ....library_store.embeddings import query_embedder
 
     masked = [" ".join(w if wording.count(w) >= wording.cut else "X"
                        for w in t.question.split()) for t in tasks]

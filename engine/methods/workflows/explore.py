@@ -17,15 +17,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.backends.base import Backend
-from whetstone.engine.errors import BackendError
-from whetstone.engine.methods.workflows import PROMPTS
-from whetstone.engine.methods.workflows.harvest import compact
-from whetstone.engine.methods.workflows.induce import CallRecord
-from whetstone.engine.methods.workflows.values import distinctive, holds, near_misses, supports
-from whetstone.engine.runtime.call_forms import json_calls, tool_call_blocks
-from whetstone.engine.types import Request
-from whetstone.tools.base import Tool, ToolResult
+from ....tools.base import Tool, ToolResult
+from ...backends.base import Backend
+from ...errors import BackendError
+from ...runtime.call_forms import json_calls, tool_call_blocks
+from ...types import Request
+from . import PROMPTS
+from .harvest import compact
+from .induce import CallRecord
+from .values import distinctive, holds, near_misses, supports
 
 RESULT_CHARS = 1500
 

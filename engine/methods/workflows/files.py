@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from whetstone.engine.errors import ValidationError
-from whetstone.engine.methods.workflows.records import WORKFLOWS_DIR, parse_workflows
-from whetstone.skills.format import NAME_RE
+from ....skills.format import NAME_RE
+from ...errors import ValidationError
+from .records import WORKFLOWS_DIR, parse_workflows
 
 if TYPE_CHECKING:
-    from whetstone.library_store.store import Snapshot
+    from ....library_store.store import Snapshot
 
 
 def validate_workflows(snapshot: Snapshot, changed: Sequence[str] | None = None

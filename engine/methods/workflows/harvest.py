@@ -9,9 +9,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.methods.workflows.induce import CallRecord, Wording, question_spans
-from whetstone.engine.methods.workflows.values import holds, leaf_values, structured
-from whetstone.engine.types import Trace
+from ...types import Trace
+from .induce import CallRecord, Wording, question_spans
+from .values import holds, leaf_values, structured
 
 
 def _arguments(raw: Any) -> dict[str, Any]:

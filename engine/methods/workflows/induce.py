@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.engine.methods.workflows.records import (
+from .records import (
     SLOT_RE,
     CallStep,
     Selector,
@@ -23,7 +23,7 @@ from whetstone.engine.methods.workflows.records import (
     Workflow,
     placeholders,
 )
-from whetstone.engine.methods.workflows.values import holds, learn_selector, supports
+from .values import holds, learn_selector, supports
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'&./-]*[A-Za-z0-9]|[A-Za-z0-9]")
 _STOP = frozenset((

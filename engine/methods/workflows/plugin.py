@@ -24,24 +24,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.methods.base import knob
-from whetstone.engine.methods.workflows import PROMPTS
-from whetstone.engine.methods.workflows.induce import read_slots
-from whetstone.engine.methods.workflows.records import (
+from ....tools.base import Tool, Toolbox, ToolResult
+from ...runtime.plugins import Guidance, MethodEnv, Plugin, ToolOffer
+from ...types import ToolSpec
+from ..base import knob
+from . import PROMPTS
+from .induce import read_slots
+from .records import (
     WORKFLOWS_DIR,
     Workflow,
     fill,
     parse_workflows,
 )
-from whetstone.engine.methods.workflows.runner import run_workflow
-from whetstone.engine.runtime.plugins import Guidance, MethodEnv, Plugin, ToolOffer
-from whetstone.engine.types import ToolSpec
-from whetstone.tools.base import Tool, Toolbox, ToolResult
+from .runner import run_workflow
 
 if TYPE_CHECKING:
-    from whetstone.engine.runtime.state import AgentContext, AgentState
-    from whetstone.library_store.embeddings import Embedder
-    from whetstone.library_store.store import Library, Snapshot
+    from ....library_store.embeddings import Embedder
+    from ....library_store.store import Library, Snapshot
+    from ...runtime.state import AgentContext, AgentState
 
 log = logging.getLogger("whetstone.methods.workflows")
 
@@ -182,7 +182,7 @@ class WorkflowsPlugin(Plugin):
             return vectors
         if self._embedder is None:
             # lazy: loads numpy and the embedding model
-            from whetstone.library_store.embeddings import query_embedder
+            from ....library_store.embeddings import query_embedder
 
             self._embedder = query_embedder(threads=1)
         texts, owners = [], []

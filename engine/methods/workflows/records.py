@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.errors import ValidationError
+from ...errors import ValidationError
 
 WORKFLOWS_DIR = "workflows"
 TOOL_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")

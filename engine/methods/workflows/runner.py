@@ -6,9 +6,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.methods.workflows.records import Workflow, fill
-from whetstone.engine.methods.workflows.values import select
-from whetstone.tools.base import ToolResult
+from ....tools.base import ToolResult
+from .records import Workflow, fill
+from .values import select
 
 # A call of a host tool by name: (tool, arguments) -> result (a failure is a result).
 CallFn = Callable[[str, Mapping[str, Any]], ToolResult]

@@ -17,7 +17,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from whetstone.engine.methods.workflows.records import Selector
+from .records import Selector
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\d)")
 _KEY_BEFORE = re.compile(r"""(["']?)([A-Za-z_][\w.-]{0,40})\1\s*[:=]\s*["']?\Z""")
