@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from whetstone.engine.server.adapter import Adapted
-from whetstone.engine.server.exchange import chat_trace
+from whetstone.engine.chat.adapter import Adapted
+from whetstone.engine.chat.exchange import chat_trace
 from whetstone.engine.types import Completion, Message, Request
 from whetstone.library_store.traces import TraceStore
 

@@ -26,6 +26,9 @@ from .backends import auto_concurrency
 from .backends.base import Backend
 from .backends.registry import BackendOptions, get_backend
 from .backends.registry import default_registry as default_backends
+from .chat.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
+from .chat.client import WrappedClient, wrap_client
+from .chat.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from .errors import ConfigError, NotFound
 from .evaluation.agent_solver import agent_solver
 from .evaluation.benchmarks import load_tasks
@@ -39,9 +42,6 @@ from .paths import whetstone_home
 from .runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
 from .runtime.plugins import MethodEnv, check_host, wrap_calls
 from .runtime.skills_plugin import SkillsPlugin
-from .server.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
-from .server.client import WrappedClient, wrap_client
-from .server.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from .types import Message, Trace
 
 if TYPE_CHECKING:
@@ -471,7 +471,7 @@ class Engine:
     def wrap(self, client: Any) -> WrappedClient:
         """An ``openai.OpenAI`` / ``AsyncOpenAI`` client whose ``chat.completions.create``
         applies this engine's library in-process and records each exchange; the trace id is
-        ``response.whetstone_trace_id`` (see ``whetstone.engine.server.client``)."""
+        ``response.whetstone_trace_id`` (see ``whetstone.engine.chat.client``)."""
         return wrap_client(client, self.chat_adapter(), self.traces)
 
     def feedback(self, trace_id: str, score: float, comment: str | None = None) -> Trace:

@@ -2,7 +2,7 @@
 
 Every recorded run is built here, whatever made it: an agent run (``engine/runtime/nodes.py``),
 one direct-solver call (``engine/evaluation/direct.py``), one chat exchange
-(``engine/server/exchange.py``), a verification (``whetstone verify``, ``Engine.verify``) or an
+(``engine/chat/exchange.py``), a verification (``whetstone verify``, ``Engine.verify``) or an
 outside agent's run logged over MCP. Each host only says what it saw (task, steps, answer,
 outcome); ``make_trace`` gives the trace its id (``new_trace_id``, sortable by time) and its
 kind (``meta["source"]``), so ``whetstone traces ls --filter source=chat`` and the evolvers read

@@ -10,6 +10,11 @@ finds without following a link, and still imports ``whetstone.skills`` when inst
 
     .venv/bin/python scripts/relative_imports.py          # rewrite in place, list the files
     .venv/bin/python scripts/relative_imports.py --check  # exit 1 if any file would change
+    .venv/bin/python scripts/relative_imports.py --absolute  # the reverse, for a move (below)
+
+Moving a module: ``--absolute`` writes every product import as ``whetstone.*``, so one
+``sed s/whetstone.engine.old/whetstone.engine.new/`` over the tree (tests and docs included)
+renames it everywhere; ``git mv`` the file; then run this script again.
 
 Only the module part of an import statement changes (``from whetstone.a.b import`` becomes
 ``from ..b import``); the names, their layout and every comment stay as written, so a lazy
@@ -103,6 +108,27 @@ def rewrite(src: str, package: list[str]) -> str:
     return "".join(lines)
 
 
+_REL = re.compile(r"from(\s+)(\.+\s*(?:\w+(?:\s*\.\s*\w+)*)?)(\s+)import\b")
+
+
+def absolutize(src: str, package: list[str]) -> str:
+    """``src`` with its relative imports written as installed names (``--absolute``)."""
+    lines = src.splitlines(keepends=True)
+    edits: list[tuple[int, int, int, str]] = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            line = lines[node.lineno - 1]
+            m = _REL.match(line, _col(line, node.col_offset))
+            if m is None:
+                raise ValueError(f"line {node.lineno}: cannot find the relative module")
+            base = package[:len(package) - node.level + 1]
+            name = ".".join([*base, *([node.module] if node.module else [])])
+            edits.append((node.lineno - 1, m.start(2), m.end(2), name))
+    for index, start, end, text in sorted(edits, reverse=True):
+        lines[index] = lines[index][:start] + text + lines[index][end:]
+    return "".join(lines)
+
+
 def _col(line: str, col_offset: int) -> int:
     """ast's byte offset as a character index into ``line``."""
     return len(line.encode("utf-8")[:col_offset].decode("utf-8"))
@@ -124,12 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1 when a file still has an absolute import")
+    parser.add_argument("--absolute", action="store_true",
+                        help="the reverse: write every product import as whetstone.*")
     parser.add_argument("--repo", type=Path, default=REPO)
     args = parser.parse_args(argv)
     changed = []
+    convert = absolutize if args.absolute else rewrite
     for path in product_files(args.repo):
         src = path.read_text(encoding="utf-8")
-        new = rewrite(src, package_of(path, args.repo))
+        new = convert(src, package_of(path, args.repo))
         if new != src:
             ast.parse(new)  # still Python
             changed.append(path.relative_to(args.repo))

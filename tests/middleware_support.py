@@ -15,8 +15,8 @@ from typing import Any
 from servers import running_server
 
 from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
+from whetstone.engine.chat.adapter import ChatAdapter, chat_skills_plugin
 from whetstone.engine.methods.registry import default_registry
-from whetstone.engine.server.adapter import ChatAdapter, chat_skills_plugin
 from whetstone.engine.types import Completion, Request, Trace
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore

@@ -18,12 +18,12 @@ from servers import Servers
 
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.chat.adapter import ChatAdapter, ChatSwitches
+from whetstone.engine.chat.client import WrappedClient, trace_id_of, wrap_client
+from whetstone.engine.chat.exchange import ChatReply
 from whetstone.engine.errors import ConfigError, NotFound, ScriptExhausted
 from whetstone.engine.runtime.plugins import Guidance, Plugin
 from whetstone.engine.server import create_app
-from whetstone.engine.server.adapter import ChatAdapter, ChatSwitches
-from whetstone.engine.server.client import WrappedClient, trace_id_of, wrap_client
-from whetstone.engine.server.exchange import ChatReply
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore
 
@@ -295,7 +295,7 @@ def test_a_pinned_version_is_what_chat_uses(tmp_path: Path) -> None:
 
 def test_a_repeated_question_is_served_from_the_caches(engine: Engine, library: Library
                                                        ) -> None:
-    from whetstone.engine.server.embed_cache import CachedEmbedder
+    from whetstone.library_store.embed_cache import CachedEmbedder
 
     adapter = engine.chat_adapter()
     embedder = adapter.plugins[0].retriever.index.embedder  # type: ignore[attr-defined]

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 
 from whetstone.cli import cli
-from whetstone.engine.server.adapter import Adapted
-from whetstone.engine.server.exchange import chat_trace
+from whetstone.engine.chat.adapter import Adapted
+from whetstone.engine.chat.exchange import chat_trace
 from whetstone.engine.types import Completion, Message, Request, Trace
 from whetstone.library_store.store import Library
 from whetstone.library_store.trace_import import import_traces

@@ -12,10 +12,10 @@ import pytest
 from tests.test_adaptation import TASKS, WordEmbedder, code_trace
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.chat.adapter import ChatAdapter, inject_turns_dicts
 from whetstone.engine.methods.memory.method import Memory, MemoryConfig
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.plugins import Guidance, Plugin
-from whetstone.engine.server.adapter import ChatAdapter, inject_turns_dicts
 from whetstone.engine.types import Message, Request
 from whetstone.library_store.store import Library
 from whetstone.skills.examples import ExampleRetriever, demo_turns, first_reply

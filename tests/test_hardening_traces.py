@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from whetstone.engine.chat.adapter import Adapted
+from whetstone.engine.chat.exchange import chat_trace
 from whetstone.engine.commands.traces import traces_group
 from whetstone.engine.errors import ConfigError, NotFound
-from whetstone.engine.server.adapter import Adapted
-from whetstone.engine.server.exchange import chat_trace
 from whetstone.engine.server.metrics import Metrics
 from whetstone.engine.server.recording import TraceWriter
 from whetstone.engine.types import Completion, Message, Request, Trace

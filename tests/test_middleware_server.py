@@ -28,9 +28,9 @@ from servers import Servers
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.chat.adapter import ChatAdapter
 from whetstone.engine.runtime.plugins import Guidance, Plugin
 from whetstone.engine.server import create_app
-from whetstone.engine.server.adapter import ChatAdapter
 from whetstone.engine.server.guard import TRACE_HEADER, VERSION_HEADER
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore

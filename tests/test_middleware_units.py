@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 
 from whetstone.engine.backends.scripted import ScriptedBackend
-from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
-from whetstone.engine.runtime.plugins import Guidance, Plugin
-from whetstone.engine.server.adapter import (
+from whetstone.engine.chat.adapter import (
     Adapted,
     ChatAdapter,
     ChatSwitches,
@@ -25,12 +23,14 @@ from whetstone.engine.server.adapter import (
     inject_guidance,
     inject_guidance_dicts,
 )
-from whetstone.engine.server.embed_cache import CachedEmbedder
-from whetstone.engine.server.exchange import chat_trace, check_feedback
+from whetstone.engine.chat.exchange import chat_trace, check_feedback
+from whetstone.engine.errors import ConfigError, NotFound, WhetstoneError
+from whetstone.engine.runtime.plugins import Guidance, Plugin
 from whetstone.engine.server.guard import key_matches, load_api_keys
 from whetstone.engine.server.metrics import Counter, Gauge, Histogram, Metrics
 from whetstone.engine.server.recording import TraceWriter
 from whetstone.engine.types import Completion, Message, Request
+from whetstone.library_store.embed_cache import CachedEmbedder
 from whetstone.library_store.trace_records import encode_trace
 from whetstone.library_store.traces import TraceStore
 

@@ -1,5 +1,5 @@
 """``whetstone traces show`` on every kind of trace the engine writes: agent runs, the direct
-solver (``--solver direct``), chat exchanges (``whetstone.engine.server.exchange.chat_trace``) and MARCH
+solver (``--solver direct``), chat exchanges (``whetstone.engine.chat.exchange.chat_trace``) and MARCH
 verifications (``whetstone.engine.methods.march.verifier.result_trace``). Each trace is made for real through the
 CLI or ``Engine`` with the ``scripted:`` backend, then shown by id."""
 

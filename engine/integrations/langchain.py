@@ -53,10 +53,10 @@ from ...library_store.store import Library
 from ...library_store.trace_build import new_trace_id
 from ..api import Engine
 from ..backends.base import Backend, Capabilities
+from ..chat.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
+from ..chat.exchange import chat_trace
 from ..errors import ConfigError
 from ..runtime.skills_plugin import SkillsPlugin
-from ..server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
-from ..server.exchange import chat_trace
 from ..types import Completion, Message, Request, ToolCall
 from .langchain_runs import TRACE_KEY, RunLink, link_of, run_trace
 from .langchain_tools import library_tools_for_langchain

@@ -360,7 +360,7 @@ class LibraryServer:
         """Label a trace through the server's feedback path (``TraceWriter.label``): on a
         server with API keys only the key a trace was recorded with may label it."""
         # lazy: loads filelock, numpy and 37 more of our modules
-        from ..server.exchange import check_feedback
+        from ..chat.exchange import check_feedback
 
         self.check_writes("record_feedback")
         if not isinstance(trace_id, str) or not trace_id.strip():
@@ -384,7 +384,7 @@ class LibraryServer:
         are ``{"thought": ...}`` and ``{"tool", "arguments", "observation", "error"}``
         objects, recorded as the runtime records its think and act steps."""
         # lazy: loads filelock, numpy and 37 more of our modules
-        from ..server.exchange import check_feedback
+        from ..chat.exchange import check_feedback
 
         self.check_writes("log_run")
         for key, value in (("task", task), ("answer", answer)):

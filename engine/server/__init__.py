@@ -12,10 +12,9 @@
     pipeline.py   around each call: adapt with the library before, record after
     recording.py  the trace writer (batched, off the response path) and feedback labels
     metrics.py    ``/metrics`` in the Prometheus text format
-    adapter.py    the chat adapter: guidance from the runtime methods into the system message
-    embed_cache.py  the chat adapter's query-embedding cache
-    exchange.py   one exchange as a trace, feedback checks, and ``Engine.chat``
-    client.py     ``Engine.wrap``: the adapter in front of an ``openai`` client, in-process
+
+The chat-mode core it serves (the adapter, an exchange as a trace, ``Engine.wrap``'s client)
+is ``engine/chat/``, which ``Engine``, MCP and LangChain use without the HTTP app.
 
 ``create_app`` and ``serve`` are importable from here; FastAPI is imported only when one of
 them is asked for, so ``Engine.chat`` and ``Engine.wrap`` do not load it.

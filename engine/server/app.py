@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from ..backends.base import Backend
+from ..chat.adapter import ChatAdapter
 from ..errors import AddressInUse, ConfigError, WhetstoneError
-from .adapter import ChatAdapter
 from .connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from .guard import Guard
 from .hosts import WebPolicy

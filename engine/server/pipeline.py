@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..chat.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from ..errors import ConfigError, WhetstoneError
 from ..types import Request, Trace
-from .adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from .metrics import Metrics
 from .recording import TraceWriter
 from .service import error_message, without_paths

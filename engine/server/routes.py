@@ -30,16 +30,16 @@ from ..backends.openai_wire import (
     request_to_openai,
 )
 from ..backends.redact import redact_spec
-from ..errors import BackendError, ConfigError, NotFound, WhetstoneError
-from ..types import Completion, Trace
-from .adapter import (
+from ..chat.adapter import (
     ADAPTED_HEADER,
     Adapted,
     ChatAdapter,
     ChatSwitches,
     last_user_text,
 )
-from .exchange import chat_trace, check_feedback
+from ..chat.exchange import chat_trace, check_feedback
+from ..errors import BackendError, ConfigError, NotFound, WhetstoneError
+from ..types import Completion, Trace
 from .guard import (
     REQUEST_ID_HEADER,
     TRACE_HEADER,

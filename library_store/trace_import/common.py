@@ -25,7 +25,7 @@ KIND = "import"  # the trace kind (trace_build.TRACE_KINDS) of every imported tr
 ORIGIN = "origin"  # meta key holding where a trace came from
 # How a finished run may end: the Outcome type's values, less the mark of a run in progress.
 OUTCOMES: tuple[str, ...] = tuple(o for o in get_args(Outcome) if o != "running")
-MAX_COMMENT_CHARS = 4_000  # as /v1/feedback keeps (engine/server/exchange.py)
+MAX_COMMENT_CHARS = 4_000  # as /v1/feedback keeps (engine/chat/exchange.py)
 # A label that is a verdict becomes a score (1 good, 0 bad); any other label is kept as the
 # feedback's comment: a word such as "positive" is read the same from every tool that wrote it.
 VERDICTS: dict[str, float] = {

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ...library_store.embed_cache import CachedEmbedder, normalise
 from ...library_store.embeddings import skill_embedder
 from ...tools.base import Toolbox
 from ..errors import ConfigError
@@ -24,7 +25,6 @@ from ..runtime.plugins import Collected, Plugin, collect_guidance
 from ..runtime.skills_plugin import SkillsConfig, SkillsPlugin
 from ..runtime.state import AgentContext, RunConfig
 from ..types import Message, Request
-from .embed_cache import CachedEmbedder, normalise
 
 if TYPE_CHECKING:
     from ...library_store.embeddings import Embedder

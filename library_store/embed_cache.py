@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ...library_store.embeddings import Embedder
+    from .embeddings import Embedder
 
 
 def normalise(text: str) -> str:
