@@ -26,7 +26,7 @@ from .backends import auto_concurrency
 from .backends.base import Backend
 from .backends.registry import BackendOptions, get_backend
 from .backends.registry import default_registry as default_backends
-from .chat.adapter import ChatAdapter, ChatSwitches, chat_skills_plugin
+from .chat.adapter import ChatAdapter, ChatSwitches
 from .chat.client import WrappedClient, wrap_client
 from .chat.exchange import ChatReply, ChatRunner, chat_request, check_feedback
 from .errors import ConfigError, NotFound
@@ -41,7 +41,6 @@ from .methods.registry import MethodRegistry, Verification, default_registry
 from .paths import whetstone_home
 from .runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
 from .runtime.plugins import MethodEnv, check_host, wrap_calls
-from .runtime.skills_plugin import SkillsPlugin
 from .types import Message, Trace
 
 if TYPE_CHECKING:
@@ -118,9 +117,12 @@ class Engine:
         # "candidate:NAME" scores a kept candidate without applying it.
         self.version = version if version and version.startswith("candidate:") else (
             self.library.resolve(version) if version else None)
-        self.methods = self._check_methods(methods)
+        # ``skills`` is the library's skills method, first, unless ``methods`` names it.
+        named = {m.name if isinstance(m, Plugin) else m if isinstance(m, str) else m[0]
+                 for m in methods}
+        self.methods = self._check_methods(
+            [*(["skills"] if skills and "skills" not in named else []), *methods])
         self.config = config or RunConfig()
-        self.skills = skills
         self._checkpointing = checkpointing
         self.corpus_name = corpus
         self._corpora: dict[str, Corpus] = {}
@@ -140,7 +142,7 @@ class Engine:
             self._toolset.close()  # the servers it started stop with the error
             raise
         self._agent: Agent | None = None
-        self._resources: list[Any] = []  # retrieval indexes the direct solvers opened
+        self._resources: list[Plugin] = []  # the direct solvers' methods (their indexes)
         self.traces: TraceStore = self.library.traces
         self._own_sinks = otel_sinks(otel)  # an OTLP exporter when asked (issue 39)
         self.library.trace_sinks.extend([*trace_sinks, *self._own_sinks])
@@ -162,22 +164,35 @@ class Engine:
 
     # -- the agent -------------------------------------------------------------------------
 
-    def runtime_methods(self, snapshot: Snapshot | None = None, *,
-                        skip: frozenset[str] = frozenset()) -> list[Plugin]:
-        """``methods`` built for one agent reading ``snapshot`` (default: the pinned one);
-        named methods in ``skip`` are left out."""
-        env = self.method_env(snapshot)
-        return [m if isinstance(m, Plugin) else
-                self.registry.runtime_method(m[0], m[1], env)
-                for m in self.methods if isinstance(m, Plugin) or m[0] not in skip]
-
-    def method_env(self, snapshot: Snapshot | None = None) -> MethodEnv:
-        """What this engine gives the methods it builds: the library and ``snapshot``
-        (default: the pinned one), the model, second models by spec, the corpora, the tools
-        its runs get."""
+    def _method_env(self, snapshot: Snapshot | None = None, host: str = "agent",
+                    offers_tools: bool | None = None) -> MethodEnv:
+        """What this engine gives the methods it builds for ``host``: the library and
+        ``snapshot`` (default: the pinned one), the model, second models by spec, the corpora,
+        the tools its runs get."""
         return MethodEnv(library=self.library, snapshot=snapshot or self.pinned_snapshot(),
                          backend=self.backend, corpora=self.corpus,
-                         corpus_name=self.corpus_name, tools=self._tool_list)
+                         corpus_name=self.corpus_name, tools=self._tool_list, host=host,
+                         offers_tools=offers_tools)
+
+    def _host_plugins(self, host: str, snapshot: Snapshot | None = None,
+                      methods: Sequence[Plugin | tuple[str, Mapping[str, Any]]] | None = None,
+                      offers_tools: bool | None = None) -> list[Plugin]:
+        """``methods`` (default: the engine's) built for ``host`` (``HOST_FEATURES``: agent,
+        direct, chat), each by its own ``build``; ``ConfigError`` for a method with a hook the
+        host cannot run (``check_host``), never a silent drop."""
+        chosen = self.methods if methods is None else methods
+        self._check_host(host, chosen)
+        env = self._method_env(snapshot, host, offers_tools)
+        return [m if isinstance(m, Plugin) else self.registry.runtime_method(m[0], m[1], env)
+                for m in chosen]
+
+    def _check_host(self, host: str,
+                    methods: Sequence[Plugin | tuple[str, Mapping[str, Any]]]) -> None:
+        for m in methods:
+            name = m.name if isinstance(m, Plugin) else m[0]
+            cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
+                                                                            name).load()
+            check_host(name, cls, host)
 
     def _named(self, name: str) -> Mapping[str, Any] | None:
         """The options of the method named ``name`` in ``methods`` (None: not named)."""
@@ -185,40 +200,6 @@ class Engine:
             if not isinstance(m, Plugin) and m[0] == name:
                 return m[1]
         return None
-
-    def plugins(self, snapshot: Snapshot | None = None) -> list[Plugin]:
-        """The runtime methods for one agent: skills retrieval first, then ``methods``."""
-        return self._host_plugins("agent", snapshot)[0]
-
-    def _host_plugins(self, host: str, snapshot: Snapshot | None = None
-                      ) -> tuple[list[Plugin], list[Any]]:
-        """The runtime methods ``host`` (``HOST_FEATURES``: agent, direct, chat) runs, the
-        library's skills first, and the retrieval indexes that opened; ``ConfigError`` for a
-        method with a hook the host cannot run (``check_host``), never a silent drop. The
-        agent retrieves skills with ``read_skill`` (``SkillsPlugin``); the one-call hosts
-        show them whole (``chat_skills_plugin``)."""
-        self._check_host(host)
-        snap = snapshot or self.pinned_snapshot()
-        named = self._named("skills")
-        if host == "agent":
-            skills = [SkillsPlugin(self.library, snapshot=snap)] \
-                if self.skills and named is None else []
-            return skills + self.runtime_methods(snap), []
-        plugins: list[Plugin] = []
-        resources: list[Any] = []
-        if self.skills or named is not None:
-            shown, resources = chat_skills_plugin(self.library, snap, **dict(named or {}))
-            plugins.append(shown)
-        return plugins + self.runtime_methods(snap, skip=frozenset({"skills"})), resources
-
-    def _check_host(self, host: str) -> None:
-        for m in self.methods:
-            name = m.name if isinstance(m, Plugin) else m[0]
-            if name == "skills" and host != "agent":
-                continue  # the one-call hosts show the skills without read_skill's tools
-            cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
-                                                                            name).load()
-            check_host(name, cls, host)
 
     def pinned_snapshot(self) -> Snapshot | None:
         """The snapshot ``version`` names (None: follow the current version)."""
@@ -243,7 +224,7 @@ class Engine:
                     checkpoints: Checkpoints | None = None) -> Agent:
         """A new agent over this engine's backend (e.g. for a library snapshot under test)."""
         return Agent(self.backend, tools=self._tool_list(), config=self.config,
-                     plugins=self.plugins(snapshot),
+                     plugins=self._host_plugins("agent", snapshot),
                      trace_store=self.traces if store_traces else None,
                      checkpoints=checkpoints)
 
@@ -269,8 +250,8 @@ class Engine:
             return with_concurrency(wrap_calls("solve", agent_solver(agent), agent.plugins,
                                                self.backend), n, ordered=ordered)
         snap = snapshot or self.pinned_snapshot()
-        plugins, resources = self._host_plugins("direct", snap)
-        self._resources += resources
+        plugins = self._host_plugins("direct", snap)
+        self._resources += plugins  # the indexes their build opened close with the engine
         version = snap.id if snap is not None else None
         return with_concurrency(wrap_calls("solve", direct_solver(
             self.backend, model=self.backend.shown_spec, library_version=version, plugins=plugins,
@@ -403,7 +384,7 @@ class Engine:
         fields: ``policy="revise"``, ``rounds=2``, ``k=4`` ... for the built-in one). The
         check is stored as a trace (``meta.source == "verify"``) unless ``record=False``."""
         name, check = self.registry.verifier()
-        result = check(self.method_env(), question, answer, evidence=evidence, analyst=analyst,
+        result = check(self._method_env(), question, answer, evidence=evidence, analyst=analyst,
                        options={**dict(self._named(name) or {}), **options})
         if record:
             self.traces.append(result.trace(model=self.backend.shown_spec))
@@ -415,7 +396,7 @@ class Engine:
         return self.verify(question, answer, record=False).report()
 
     # -- chat mode ------------------------------------------------------------------------
-    # One adapted completion per call, no agent loop; the logic lives in engine/server/
+    # One adapted completion per call, no agent loop; the logic lives in engine/chat/
     # (adapter, exchange, client), these methods only wire this engine's objects into it.
 
     def chat_adapter(self, *, offers_tools: bool = False) -> ChatAdapter:
@@ -428,15 +409,10 @@ class Engine:
         key = "_chat_adapter_tools" if offers_tools else "_chat_adapter"
         adapter: ChatAdapter | None = self.__dict__.get(key)
         if adapter is None:
-            plugins, resources = self._host_plugins("chat")
-            for p in plugins:
-                if isinstance(p, SkillsPlugin):
-                    p.offers_tools = offers_tools
             adapter = ChatAdapter(
-                plugins, self.backend,
+                self._host_plugins("chat", offers_tools=offers_tools), self.backend,
                 budget_tokens=self.config.guidance_budget_tokens,
-                version_of=lambda: self.version or self.library.current_id(),
-                resources=resources)
+                version_of=lambda: self.version or self.library.current_id())
             self.__dict__[key] = adapter
         return adapter
 
@@ -444,7 +420,7 @@ class Engine:
         """``ConfigError`` for a method chat mode cannot run: a chat completion applies only
         the methods' guidance, so a node before each decision or before finishing, a wrapped
         model call or solver, or a per-task budget would be dropped without a word."""
-        self._check_host("chat")
+        self._check_host("chat", self.methods)
 
     def _chat_runner(self) -> ChatRunner:
         return ChatRunner(self.backend, self.chat_adapter(), self.traces)

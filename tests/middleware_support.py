@@ -15,8 +15,10 @@ from typing import Any
 from servers import running_server
 
 from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
-from whetstone.engine.chat.adapter import ChatAdapter, chat_skills_plugin
+from whetstone.engine.chat.adapter import ChatAdapter
+from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import default_registry
+from whetstone.engine.runtime.skills_plugin import SkillsConfig, SkillsPlugin
 from whetstone.engine.types import Completion, Request, Trace
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore
@@ -82,10 +84,10 @@ def make_adapter(library: Library, backend: Backend, *, skills: dict[str, Any] |
                  **kw: Any) -> ChatAdapter:
     """A chat adapter over ``library``; ``skills``: the skills method's options (``k``,
     ``min_score`` ...)."""
-    plugin, resources = chat_skills_plugin(library, embedder=shared_embedder(),
-                                           **(skills or {}))
-    return ChatAdapter([plugin], backend, version_of=library.current_id, resources=resources,
-                       **kw)
+    plugin = SkillsPlugin.for_host(library, config=make_config(SkillsConfig, skills or {},
+                                                                  method="skills"),
+                                   host="chat", embedder=shared_embedder())
+    return ChatAdapter([plugin], backend, version_of=library.current_id, **kw)
 
 
 def echo(request: Request) -> str:

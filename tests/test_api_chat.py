@@ -327,7 +327,7 @@ def test_chat_refuses_a_method_it_cannot_run(library: Library, method: str) -> N
             e.chat("hello")
         assert f"method {method!r} cannot run in chat mode" in err.value.message
         assert "agent loop" in err.value.message and ".run(task)" in (err.value.hint or "")
-        assert e.plugins()[-1].name == method  # the agent builds it
+        assert e.agent.plugins[-1].name == method  # the agent builds it
     finally:
         e.close()
 

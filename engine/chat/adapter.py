@@ -16,19 +16,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ...library_store.embed_cache import CachedEmbedder, normalise
-from ...library_store.embeddings import skill_embedder
+from ...library_store.embed_cache import normalise
 from ...tools.base import Toolbox
 from ..errors import ConfigError
-from ..methods.base import make_config
 from ..runtime.plugins import Collected, Plugin, collect_guidance
-from ..runtime.skills_plugin import SkillsConfig, SkillsPlugin
 from ..runtime.state import AgentContext, RunConfig
 from ..types import Message, Request
 
 if TYPE_CHECKING:
-    from ...library_store.embeddings import Embedder
-    from ...library_store.store import Library, Snapshot
     from ..backends.base import Backend
 
 _SYSTEM_ROLES = ("system", "developer")
@@ -37,10 +32,6 @@ MAX_BUDGET_TOKENS = 32_000
 # Whetstone server that gets it passes the request through unadapted, so a client wrapped
 # around a server's URL never has guidance put in twice. Other servers ignore the header.
 ADAPTED_HEADER = "X-Whetstone-Adapted"
-
-
-class Closeable(Protocol):
-    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -205,7 +196,7 @@ class ChatAdapter:
     ``plugins`` give the guidance (``Plugin.guidance``); ``budget_tokens`` bounds it all,
     counted with the backend's tokenizer; ``version_of`` says which library version is current
     and ``version_info`` how that version came to be (its gate record; both for ``/health``);
-    ``resources`` are closed by ``close``.
+    ``close`` closes the plugins (what their ``build`` opened).
 
     When every plugin is ``CacheKeyed``, the last ``cache_size`` results are kept, keyed by the
     plugins' keys (library tree hashes), the query and the budget: a repeated question against
@@ -218,7 +209,7 @@ class ChatAdapter:
                  budget_tokens: int = 1_200, query_turns: int = 1,
                  version_of: Callable[[], str | None] | None = None,
                  version_info: Callable[[str], Mapping[str, Any] | None] | None = None,
-                 resources: Sequence[Closeable] = (), cache_size: int = 256) -> None:
+                 cache_size: int = 256) -> None:
         self.plugins = tuple(plugins)
         self.backend = backend
         self.budget_tokens = budget_tokens
@@ -227,7 +218,6 @@ class ChatAdapter:
         self.cache_hits = 0
         self._version_of = version_of
         self.version_info = version_info
-        self._resources = tuple(resources)
         self._cache: OrderedDict[tuple[Any, ...], _Guided] = OrderedDict()
         self._cache_lock = threading.Lock()
         # Plugins are written for the agent and take its context; chat mode has no tools.
@@ -318,47 +308,5 @@ class ChatAdapter:
         return self.adapt(Request(messages=(Message(role="user", content="warm up"),)))
 
     def close(self) -> None:
-        for r in self._resources:
-            r.close()
-
-
-class ChatSkillsPlugin(SkillsPlugin):
-    """``SkillsPlugin`` whose guidance can be cached: for one library tree (its root hash)
-    the same task and budget retrieve the same skills."""
-
-    def cache_key(self) -> str | None:
-        return self.snapshot().root
-
-
-def chat_skills_plugin(library: Library, snapshot: Snapshot | None = None, *,
-                       cache_size: int = 1024, embed_threads: int | None = 1,
-                       embedder: Embedder | None = None, **options: Any
-                       ) -> tuple[SkillsPlugin, list[Closeable]]:
-    """A ``SkillsPlugin`` for chat mode, and what to close when done.
-
-    ``options`` are the skills method's (``SkillsConfig``: ``k``, ``max_bodies``,
-    ``min_score``, ``learned_tools``, ``examples``; left out, its defaults), so
-    ``--method-config whetstone.skills.examples=3`` means the same in the agent, the direct solver and
-    chat mode; an unknown one is a ``ConfigError``.
-
-    It renders ``skills_retrieved_chat`` (no ``read_skill`` tool exists in a plain completion)
-    and embeds queries through a ``CachedEmbedder`` (the skills index's int8 embedder,
-    ``skill_embedder``). ``embed_threads`` defaults to one thread: on a busy 2-core machine two
-    threads spin for ~100 ms a query where one takes a few ms (measured; see
-    benchmarks/bench_library.py). ``embedder``: a loaded model to share (it is
-    wrapped in the cache all the same).
-    """
-    # lazy: the skills index loads yaml and 16 more of our modules, only for a library's skills
-    from ...skills.index import LibraryIndex
-    from ...skills.retrieval import SkillRetriever
-
-    cfg: SkillsConfig = make_config(SkillsConfig, options, method="skills")
-    cached = CachedEmbedder(embedder or skill_embedder(threads=embed_threads), maxsize=cache_size)
-    index = LibraryIndex(library, cached)
-    retriever = SkillRetriever(library, index, k=cfg.k, max_bodies=cfg.max_bodies,
-                               min_score=cfg.min_score, template="skills_retrieved_chat")
-    plugin = ChatSkillsPlugin(library, snapshot=snapshot, retriever=retriever, k=cfg.k,
-                                  max_bodies=cfg.max_bodies, min_score=cfg.min_score,
-                                  learned_tools=cfg.learned_tools, examples=cfg.examples,
-                                  turns=cfg.turns, require_tool_at=cfg.require_tool_at)
-    return plugin, [retriever, index]
+        for p in self.plugins:
+            p.close()

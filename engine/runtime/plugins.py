@@ -74,10 +74,10 @@ class MethodEnv:
     """What a method built by the faces may use (a runtime method's ``build``, the function a
     ``MethodSpec`` names): the library, the version the run reads (``snapshot``; None: follow
     the current one), the agent's model, a second model by spec (``model``) and the library's
-    evidence corpora (``corpora``, by name; ``corpus_name`` is the default one) and the tools
+    evidence corpora (``corpora``, by name; ``corpus_name`` is the default one), the tools
     the host gives its runs (``tools()``: the user's functions and MCP servers' tools, with
-    their allow-lists; a method may compose calls of them). Each is None where the host has
-    none to give."""
+    their allow-lists; a method may compose calls of them) and which host it is. Each is None
+    where the host has none to give."""
 
     library: Library | None = None
     snapshot: Snapshot | None = None
@@ -85,6 +85,11 @@ class MethodEnv:
     corpora: CorpusFactory | None = None
     corpus_name: str | None = None
     tools: Callable[[], Sequence[Tool]] | None = None
+    # The host the method is built for (a key of ``HOST_FEATURES``), and whether it offers
+    # the library's learned tools itself (None: the run's toolbox says; the MCP server and a
+    # LangChain call that binds them: True).
+    host: str = "agent"
+    offers_tools: bool | None = None
 
     def require_library(self, method: str) -> Library:
         """The library, for a method that cannot run without one; ``ConfigError`` naming
@@ -271,6 +276,10 @@ class Plugin:
         """The method for one agent, from its config (how the registry makes it by name).
         Override when the method needs the library or the model from ``env``."""
         return cls(config) if cls.config_class is not None else cls()  # type: ignore[call-arg]
+
+    def close(self) -> None:
+        """Release what ``build`` opened (an index, a second model); the host calls it when
+        it is done with the method. Default: nothing to release."""
 
     def describe(self) -> dict[str, Any]:
         """What the trace records about this method: ``{"name", "config"}``."""

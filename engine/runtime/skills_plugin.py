@@ -23,6 +23,7 @@ from ..types import ToolSpec
 from .plugins import Guidance, MethodEnv, Plugin, ToolOffer
 
 if TYPE_CHECKING:
+    from ...library_store.embeddings import Embedder
     from ...library_store.store import Library, Snapshot
     from ...skills.examples import ExampleRetriever
     from ...skills.format import Example
@@ -109,14 +110,54 @@ class SkillsPlugin(Plugin):
     name = "skills"
     config_class = SkillsConfig
     offers_tools: bool | None = None
+    # The one-call hosts (a chat completion, the direct solver) show the skills whole and run
+    # no tools: ``read_skill`` and the learned tools are what this method does without there.
+    optional = frozenset({"tools"})
 
     @classmethod
     def build(cls, config: Any, env: MethodEnv) -> SkillsPlugin:
+        """The skills for ``env.host``: how every host (the agent, the direct solver, chat
+        mode, MCP, LangChain) gets them, so ``--method-config skills.examples=3`` means the
+        same in each."""
+        return cls.for_host(env.require_library("skills"), env.snapshot, config,
+                            host=env.host, offers_tools=env.offers_tools)
+
+    @classmethod
+    def for_host(cls, library: Library, snapshot: Snapshot | None = None,
+                 config: SkillsConfig | None = None, *, host: str = "agent",
+                 offers_tools: bool | None = None, embedder: Embedder | None = None,
+                 cache_size: int = 1024, embed_threads: int | None = 1) -> SkillsPlugin:
+        """The skill injection of one host, built here and nowhere else.
+
+        The agent lists the skills and opens them with ``read_skill``. A one-call host has no
+        ``read_skill``: its retriever renders ``skills_retrieved_chat`` (the skills shown
+        whole) and embeds queries through a ``CachedEmbedder`` of ``cache_size`` texts (the
+        skills index's int8 embedder, ``skill_embedder``, or ``embedder``: a loaded model to
+        share). ``embed_threads`` defaults to one thread: on a busy 2-core machine two
+        threads spin for ~100 ms a query where one takes a few ms (benchmarks/bench_library.py).
+        The plugin closes the index and retriever it built (``close``).
+        """
+        # lazy: numpy, yaml and 16 more of our modules, only for a library's skills
+        from ...library_store.embed_cache import CachedEmbedder
+        from ...library_store.embeddings import skill_embedder
+        from ...skills.index import LibraryIndex
+        from ...skills.retrieval import SkillRetriever
+
         cfg = config or SkillsConfig()
-        return cls(env.require_library("skills"), snapshot=env.snapshot, k=cfg.k, max_bodies=cfg.max_bodies,
-                   min_score=cfg.min_score, learned_tools=cfg.learned_tools,
-                   examples=cfg.examples, turns=cfg.turns,
-                   require_tool_at=cfg.require_tool_at)
+        retriever = None
+        if host != "agent":
+            cached = CachedEmbedder(embedder or skill_embedder(threads=embed_threads),
+                                    maxsize=cache_size)
+            retriever = SkillRetriever(library, LibraryIndex(library, cached), k=cfg.k,
+                                       max_bodies=cfg.max_bodies, min_score=cfg.min_score,
+                                       template="skills_retrieved_chat")
+        plugin = cls(library, snapshot=snapshot, retriever=retriever, k=cfg.k,
+                     max_bodies=cfg.max_bodies, min_score=cfg.min_score,
+                     learned_tools=cfg.learned_tools, examples=cfg.examples, turns=cfg.turns,
+                     require_tool_at=cfg.require_tool_at)
+        plugin._owned = retriever is not None
+        plugin.offers_tools = offers_tools
+        return plugin
 
     def __init__(self, library: Library, *, snapshot: Snapshot | None = None,
                  retriever: SkillRetriever | None = None, k: int = 5,
@@ -147,6 +188,18 @@ class SkillsPlugin(Plugin):
         self._snapshot: Snapshot | None = snapshot
         self._examples: ExampleRetriever | None = None
         self._parsed: dict[tuple[str, str], list[Example]] = {}  # (version, skill) -> examples
+        self._owned = False  # whether close() closes the retriever and its index
+
+    def cache_key(self) -> str | None:
+        """For one library tree (its root hash) the same task and budget retrieve the same
+        skills: a host may keep the guidance (``ChatAdapter``'s cache)."""
+        return self.snapshot().root
+
+    def close(self) -> None:
+        if self._owned:
+            self._owned = False
+            self.retriever.close()
+            self.retriever.index.close()
 
     def snapshot(self) -> Snapshot:
         """The pinned snapshot, or the current version (re-read when the library moved)."""
@@ -157,9 +210,6 @@ class SkillsPlugin(Plugin):
             if self._snapshot is None or self._snapshot.id != current:
                 self._snapshot = self.library.snapshot(current)
             return self._snapshot
-
-    def has_skills(self) -> bool:
-        return self.snapshot().has("skills/")
 
     def tools(self) -> list[Tool]:
         """``read_skill``, and the learned tools of the version this run reads (loaded once
