@@ -376,13 +376,13 @@ def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
     common = ["--upstream", f"openai:tiny@{upstream}", "--max-concurrency", "1024", "--queue",
               "4096", "--log-level", "warning"]
     (tmp / "plain").mkdir()  # its traces' home: an empty folder becomes a library
-    procs.append(start([sys.executable, str(REPO / "cli.py"), "serve", *common, "--port",
+    procs.append(start([sys.executable, "-m", "whetstone", "serve", *common, "--port",
                         str(plain), "--no-library", "--library", str(tmp / "plain")], env,
                        f"http://127.0.0.1:{plain}/health", "whetstone serve --no-library",
                        log=tmp / "plain.log"))
     configs.append(Config("whetstone serve --no-library", f"http://127.0.0.1:{plain}/v1",
                           "unique", procs[-1].pid))
-    procs.append(start([sys.executable, str(REPO / "cli.py"), "serve", *common, "--port",
+    procs.append(start([sys.executable, "-m", "whetstone", "serve", *common, "--port",
                         str(lib), "--library", str(library)], env,
                        f"http://127.0.0.1:{lib}/health", "whetstone serve", log=tmp / "lib.log"))
     for prompts in ("repeated", "unique"):
@@ -394,7 +394,7 @@ def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
         port = free_port()
         # Run from its own folder: its packages come first on sys.path, before this checkout's
         # editable install.
-        procs.append(start([sys.executable, str(src / "cli.py"), "serve", *common, "--port",
+        procs.append(start([sys.executable, "-m", "whetstone", "serve", *common, "--port",
                             str(port), "--library", str(make_library(tmp / "lib-baseline"))],
                            env, f"http://127.0.0.1:{port}/health", f"whetstone serve @{short}",
                            log=tmp / "baseline.log", cwd=src))

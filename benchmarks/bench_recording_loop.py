@@ -41,7 +41,7 @@ def _serve(repo: Path, tmp: Path) -> Iterator[tuple[str, Path]]:
     replies, lib = tmp / "replies.json", tmp / "lib"
     replies.write_text(json.dumps({"replies": ["ok"] * 1000}))
     env = {**os.environ, "WHETSTONE_HOME": str(tmp / "home"), "WHETSTONE_API_KEY": ""}
-    cli = [sys.executable, str(repo / "cli.py")]
+    cli = [sys.executable, "-m", "whetstone"]  # run from repo (cwd): its package first
     subprocess.run([*cli, "library", "init", "--library", str(lib)], check=True, env=env,
                    capture_output=True, cwd=repo)
     with socket.socket() as s:

@@ -36,6 +36,8 @@ from .evaluation.direct import direct_solver
 from .evaluation.gate_rules import DEFAULT_RULE
 from .evaluation.runner import Solver, with_concurrency
 from .evaluation.scorers import get_scorer
+from .library import opening
+from .library.opening import Pin
 from .methods.base import make_config
 from .methods.registry import MethodRegistry, Verification, default_registry
 from .paths import whetstone_home
@@ -111,12 +113,12 @@ class Engine:
         self.registry = registry or default_registry()
         # Every write through engine.library is checked by the product's rules by default,
         # each method's folder by that method's validator.
-        if create is None:
-            create = may_create_library(self.library_path, self.home)
-        self.library = self.registry.open_library(self.library_path, create=create)
-        # "candidate:NAME" scores a kept candidate without applying it.
-        self.version = version if version and version.startswith("candidate:") else (
-            self.library.resolve(version) if version else None)
+        self.library = opening.open_library(self.library_path, self.registry.folders(),
+                                            create=create, home=self.home)
+        # The version every host reads ("candidate:NAME" scores a kept candidate without
+        # applying it; None follows the current version).
+        self.pin = Pin.of(self.library, version)
+        self.version = self.pin.version
         # ``skills`` is the library's skills method, first, unless ``methods`` names it.
         named = {m.name if isinstance(m, Plugin) else m if isinstance(m, str) else m[0]
                  for m in methods}
@@ -169,7 +171,7 @@ class Engine:
         """What this engine gives the methods it builds for ``host``: the library and
         ``snapshot`` (default: the pinned one), the model, second models by spec, the corpora,
         the tools its runs get."""
-        return MethodEnv(library=self.library, snapshot=snapshot or self.pinned_snapshot(),
+        return MethodEnv(library=self.library, snapshot=snapshot or self.pin.snapshot(),
                          backend=self.backend, corpora=self.corpus,
                          corpus_name=self.corpus_name, tools=self._tool_list, host=host,
                          offers_tools=offers_tools)
@@ -200,14 +202,6 @@ class Engine:
             if not isinstance(m, Plugin) and m[0] == name:
                 return m[1]
         return None
-
-    def pinned_snapshot(self) -> Snapshot | None:
-        """The snapshot ``version`` names (None: follow the current version)."""
-        if self.version is None:
-            return None
-        if self.version.startswith("candidate:"):
-            return self.library.candidates.snapshot(self.version.split(":", 1)[1])
-        return self.library.snapshot(self.version)
 
     def corpus(self, name: str | None = None) -> Corpus:
         """The library's evidence corpus ``name`` (default: ``corpus``), opened once."""
@@ -249,7 +243,7 @@ class Engine:
             agent = self.build_agent(snapshot=snapshot, store_traces=False)
             return with_concurrency(wrap_calls("solve", agent_solver(agent), agent.plugins,
                                                self.backend), n, ordered=ordered)
-        snap = snapshot or self.pinned_snapshot()
+        snap = snapshot or self.pin.snapshot()
         plugins = self._host_plugins("direct", snap)
         self._resources += plugins  # the indexes their build opened close with the engine
         version = snap.id if snap is not None else None
@@ -412,7 +406,7 @@ class Engine:
             adapter = ChatAdapter(
                 self._host_plugins("chat", offers_tools=offers_tools), self.backend,
                 budget_tokens=self.config.guidance_budget_tokens,
-                version_of=lambda: self.version or self.library.current_id())
+                version_of=self.pin.current, version_info=self.pin.gate)
             self.__dict__[key] = adapter
         return adapter
 
@@ -497,20 +491,6 @@ class Engine:
         self.close()
 
 
-def may_create_library(path: Path, home: Path | None = None) -> bool:
-    """Whether opening ``path`` may make a library there when there is none: the default
-    library (``$WHETSTONE_HOME/library``, made on first use, however a face names it) or a
-    folder that exists and is empty (made for it, as ``mktemp -d`` does). Any other missing
-    path is refused: a mistyped ``--library`` must never become a new, empty library."""
-    defaults = {(h / "library").absolute() for h in (home or whetstone_home(), whetstone_home())}
-    if path.absolute() in defaults:
-        return True
-    try:
-        return path.is_dir() and not any(path.iterdir())
-    except OSError:
-        return False
-
-
 def open_library(path: str | Path | None = None, *, create: bool | None = None,
                  registry: MethodRegistry | None = None, **kwargs: Any) -> Library:
     """A library as ``Engine`` and the command line open it: every installed method's folders
@@ -518,10 +498,8 @@ def open_library(path: str | Path | None = None, *, create: bool | None = None,
     every commit. ``path`` defaults to ``$WHETSTONE_HOME/library``; ``create=True`` makes a
     missing one, ``None`` only where ``may_create_library`` says (``False``: never).
     (``Library.open`` alone knows only ``skills/`` and checks only paths.)"""
-    path = Path(path).expanduser() if path is not None else whetstone_home() / "library"
-    if create is None:
-        create = may_create_library(path)
-    return (registry or default_registry()).open_library(path, create=create, **kwargs)
+    return opening.open_library(path, (registry or default_registry()).folders(), create=create,
+                                **kwargs)
 
 
 def solver_factory(*, methods: Sequence[MethodSpec] = (),

@@ -59,7 +59,7 @@ class Library:
 
     ``validator`` checks every write (commit, rollback, hand edits, candidates) unless the
     write passes ``validate=False``; the faces (``Engine``, the CLI) open libraries with the
-    product's rules (``MethodRegistry.open_library``: the Agent Skills rules, the tool check
+    product's rules (``engine/library/opening.py``: the Agent Skills rules, the tool check
     and each method's validator). Without one only the path rules of ``paths.py`` apply.
 
     ``roots`` are the top-level folders a version may hold besides ``skills/``: the folders

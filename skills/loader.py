@@ -105,7 +105,7 @@ def validate_snapshot(snapshot: Snapshot, changed: Sequence[str] | None = None
                       ) -> list[ValidationError]:
     """Problems of the skill files a change touched (every one when ``changed`` is None). The
     folders a method owns (``policies/``, ``memory/``) are checked by that method's validator,
-    which the method registry adds (``MethodRegistry.library_validator``).
+    which the method registry adds (``whetstone.engine.library.checks.library_validator``).
 
     This is the validator ``Library.commit`` takes: only touched skills are parsed, so a
     commit to a library of 100,000 skills costs what the change costs.

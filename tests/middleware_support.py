@@ -14,10 +14,10 @@ from typing import Any
 
 from servers import running_server
 
+from whetstone.engine.api import open_library
 from whetstone.engine.backends.base import Backend, Capabilities, StreamChunk
 from whetstone.engine.chat.adapter import ChatAdapter
 from whetstone.engine.methods.base import make_config
-from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.skills_plugin import SkillsConfig, SkillsPlugin
 from whetstone.engine.types import Completion, Request, Trace
 from whetstone.library_store.store import Library
@@ -67,7 +67,7 @@ WEATHER_TOOL = {
 
 def make_library(path: Path) -> Library:
     """A library at v2 holding the three skills above."""
-    lib = default_registry().open_library(path, create=True)
+    lib = open_library(path, create=True)
     lib.commit(SKILLS, method="test", message="three skills")
     return lib
 

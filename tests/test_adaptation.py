@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from whetstone.engine.api import Engine
+from whetstone.engine.api import Engine, open_library
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.examples import (
     ExampleStats,
@@ -81,7 +81,7 @@ def test_a_broken_example_is_a_problem_with_a_line() -> None:
 
 
 def test_a_library_refuses_a_malformed_memory_file(tmp_path: Path) -> None:
-    lib = default_registry().open_library(tmp_path / "lib", create=True)
+    lib = open_library(tmp_path / "lib", create=True)
     good = render_examples([Example("t1", "q", "a")])
     lib.commit({"memory/gsm8k.md": good}, method="test", validate=True)
     preview = lib.preview({"memory/Bad_Name.md": good, "memory/x.md": "## Example t\n\nTask: q\n"})
@@ -211,7 +211,7 @@ def test_memory_keeps_verified_runs_and_the_runtime_shows_the_nearest(
 
     monkeypatch.setattr(embeddings, "query_embedder",
                         lambda threads=1: WordEmbedder())
-    lib = default_registry().open_library(tmp_path / "lib", create=True)
+    lib = open_library(tmp_path / "lib", create=True)
     train = [code_trace(f"tr{i}", f"Ann has {i} pens and gets {i} more. How many pens?",
                         str(2 * i), label=str(2 * i), score=1.0) for i in range(1, 4)]
     train.append(code_trace("bad", "Ann has 9 pens and 9 more. How many?", "9", label="18",
@@ -385,7 +385,7 @@ def test_the_skills_runtime_shows_the_nearest_examples_of_a_shown_skill(tmp_path
     from whetstone.skills.retrieval import SkillRetriever
     from whetstone.tools.base import Toolbox
 
-    lib = default_registry().open_library(tmp_path / "lib", create=True)
+    lib = open_library(tmp_path / "lib", create=True)
     skill = "---\nname: adding\ndescription: Word problems that add apples.\n---\n# Adding\n"
     exs = [Example("s1", "Tom has 1 apples and 1 more. How many?", "print(2)"),
            Example("t9", "A train goes 60 miles an hour for 2 hours. How far?", "print(120)")]

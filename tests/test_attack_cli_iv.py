@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from whetstone.cli import cli
 from whetstone.engine.errors import ValidationError
-from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.library.checks import validate_library
 from whetstone.library_store.store import Library
 
 # --- finding 6: terminal escapes -----------------------------------------------------------

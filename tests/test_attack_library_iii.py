@@ -370,7 +370,7 @@ def test_a_broken_method_entry_point_is_skipped_with_a_warning(
     listing = json.loads(CliRunner().invoke(cli, ["methods", "--json"]).stdout)
     (row,) = [r for r in listing if r["name"] == "broken"]
     assert row["summary"].startswith("unusable:")
-    warned = subprocess.run([sys.executable, str(ROOT / "cli.py"), "methods"],
+    warned = subprocess.run([sys.executable, "-m", "whetstone", "methods"],
                             capture_output=True, text=True, check=False, timeout=120,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                 [str(tmp_path), str(ROOT)])})

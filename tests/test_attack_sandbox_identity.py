@@ -93,13 +93,13 @@ def relaxed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
 
 def cli(*args: str, home: Path, env: dict[str, str] | None = None,
         timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "whetstone", *args], cwd=REPO,
                           capture_output=True, text=True, check=False, timeout=timeout,
                           env={**os.environ, "WHETSTONE_HOME": str(home), **(env or {})})
 
 
 def probe_library(root: Path, canary: Path) -> Path:
-    from whetstone.engine.runtime.library_tools import validate_library
+    from whetstone.engine.library.checks import validate_library
     from whetstone.library_store.store import Library
 
     lib = Library.open(root, create=True)
@@ -177,7 +177,7 @@ def serving_mcp(lib: Path, env: dict[str, str]) -> Iterator[str]:
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "mcp", "--transport", "http", "--port",
+        [sys.executable, "-m", "whetstone", "mcp", "--transport", "http", "--port",
          str(port), "--library", str(lib), "--api-key", "k1", "--log-level", "warning"],
         cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True)

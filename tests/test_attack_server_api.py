@@ -101,7 +101,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     (root / "library").mkdir()  # an empty folder: serve makes the library there
     with running_server(upstream.app()) as upstream_url, log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "cli.py"), "serve", "--upstream",
+            [sys.executable, "-m", "whetstone", "serve", "--upstream",
              f"openai:tiny@{upstream_url}/v1", "--library", str(root / "library"),
              "--port", str(port), "--served-name", "tiny", "--api-key", KEY_A,
              "--api-key", KEY_B, "--log-level", "warning"],

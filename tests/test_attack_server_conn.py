@@ -56,7 +56,7 @@ def whetstone_serve(tmp_path: Path, upstream: str, *options: str) -> Iterator[tu
     (tmp_path / "lib").mkdir(exist_ok=True)  # an empty folder: serve makes the library there
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "cli.py"), "serve", "--upstream", upstream,
+            [sys.executable, "-m", "whetstone", "serve", "--upstream", upstream,
              "--library", str(tmp_path / "lib"), "--no-library", "--no-record",
              "--port", str(port), "--served-name", "tiny", "--api-key", KEY,
              "--log-level", "warning", *options],

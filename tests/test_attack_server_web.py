@@ -178,7 +178,7 @@ def serve_process(tmp_path: Path, *args: str, env: dict[str, str] | None = None
         full = {**os.environ, "WHETSTONE_API_KEY": "", "OPENAI_API_KEY": "",
                 "WHETSTONE_HOME": str(tmp_path / "home"), **(env or {})}
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([sys.executable, str(REPO / "cli.py"), *args, "--port",
+            proc = subprocess.Popen([sys.executable, "-m", "whetstone", *args, "--port",
                                      str(port), "--log-level", "info"], cwd=REPO, env=full,
                                     stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
@@ -205,7 +205,7 @@ def serve_process(tmp_path: Path, *args: str, env: dict[str, str] | None = None
 
 def init_library(tmp_path: Path) -> Path:
     lib = tmp_path / "lib"
-    subprocess.run([sys.executable, str(REPO / "cli.py"), "library", "init", "--library",
+    subprocess.run([sys.executable, "-m", "whetstone", "library", "init", "--library",
                     str(lib)], check=True, capture_output=True,
                    env={**os.environ, "WHETSTONE_HOME": str(tmp_path / "home")})
     return lib

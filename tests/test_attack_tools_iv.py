@@ -26,7 +26,7 @@ from mcp_support import sdk_server_command
 from whetstone.cli import cli
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
-from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.library.checks import validate_library
 from whetstone.library_store.store import Library
 from whetstone.tools.mcp_config import McpServer
 

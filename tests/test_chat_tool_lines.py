@@ -17,7 +17,7 @@ import pytest
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.tasks import TaskRecord
-from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.library.checks import validate_library
 from whetstone.engine.types import Request
 from whetstone.library_store.store import Library
 from whetstone.skills.format import Example, render_examples

@@ -128,7 +128,7 @@ def test_a_model_path_that_does_not_exist_exits_3_as_the_table_says(tmp_path: Pa
 
 def _whetstone(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from cli import main; main()", *args],
+        [sys.executable, "-c", "from whetstone.cli import main; main()", *args],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -167,7 +167,7 @@ def _interrupt_then_resume(tmp_path: Path, sig: int) -> None:
         assert proc.returncode == -signal.SIGKILL
         assert store_lines[-1]["outcome"] == "running"  # killed: no chance to write more
     rest = script(tmp_path, ["Final Answer: 391"], name="rest.json")
-    res = subprocess.run([sys.executable, "-c", "from cli import main; main()", "run",
+    res = subprocess.run([sys.executable, "-c", "from whetstone.cli import main; main()", "run",
                           "--resume", run_id, "--model", rest, "--json"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
                          check=False)
@@ -176,7 +176,7 @@ def _interrupt_then_resume(tmp_path: Path, sig: int) -> None:
     assert trace["id"] == run_id and trace["answer"] == "391"
     tools = [s["input"]["tool"] for s in trace["steps"] if s["kind"] == "act"]
     assert tools[0] == "calculator"  # the step before the interruption is kept
-    again = subprocess.run([sys.executable, "-c", "from cli import main; main()", "run",
+    again = subprocess.run([sys.executable, "-c", "from whetstone.cli import main; main()", "run",
                             "--resume", run_id, "--model", rest], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 6 and "no checkpoint to resume" in again.stderr

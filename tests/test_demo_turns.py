@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 
 from tests.test_adaptation import TASKS, WordEmbedder, code_trace
-from whetstone.engine.api import Engine
+from whetstone.engine.api import Engine, open_library
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.chat.adapter import ChatAdapter, inject_turns_dicts
 from whetstone.engine.methods.memory.method import Memory, MemoryConfig
-from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.plugins import Guidance, Plugin
 from whetstone.engine.types import Message, Request
 from whetstone.library_store.store import Library
@@ -56,7 +55,7 @@ def _library_with_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Lib
 
     monkeypatch.setattr(embeddings, "query_embedder",
                         lambda threads=1: WordEmbedder())
-    lib = default_registry().open_library(tmp_path / "lib", create=True)
+    lib = open_library(tmp_path / "lib", create=True)
     train = [code_trace(f"tr{i}", f"Ann has {i} pens and gets {i} more. How many pens?",
                         str(2 * i), label=str(2 * i), score=1.0) for i in range(1, 4)]
     patch = Memory(MemoryConfig(name="gsm8k")).fit(train, lib.snapshot(), ScriptedBackend())

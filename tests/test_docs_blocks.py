@@ -159,7 +159,7 @@ def commit_tool_and_notes(home: Path) -> tuple[str, str]:
     """A learned tool and a module's notes in the default library, for the tour's NAME and
     MODULE; (tool, module)."""
     from whetstone import open_library
-    from whetstone.engine.runtime.library_tools import validate_library
+    from whetstone.engine.library.checks import validate_library
 
     library = open_library(home / ".whetstone" / "library")
     library.commit({

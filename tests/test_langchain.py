@@ -26,7 +26,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from whetstone.cli import cli
-from whetstone.engine.api import Engine
+from whetstone.engine.api import Engine, open_library
 from whetstone.engine.errors import ConfigError, NotFound
 from whetstone.engine.integrations.langchain import (
     LangChainBackend,
@@ -35,9 +35,8 @@ from whetstone.engine.integrations.langchain import (
     trace_id_of,
     whetstone_node,
 )
+from whetstone.engine.library.checks import validate_library
 from whetstone.engine.methods.memory.method import Memory, MemoryConfig
-from whetstone.engine.methods.registry import default_registry
-from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.engine.types import Step, Trace
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore
@@ -95,7 +94,7 @@ class ToolCallingFake(FakeMessagesListChatModel):
 
 
 def skills_library(path: Path) -> Library:
-    lib = default_registry().open_library(path, create=True)
+    lib = open_library(path, create=True)
     lib.commit({"skills/unit-conversion/SKILL.md": UNITS,
                 "skills/sum-amounts/SKILL.md": SUM_SKILL,
                 "skills/sum-amounts/scripts/sum_amounts.py": SUM_TOOL},
@@ -289,7 +288,7 @@ def test_a_method_that_needs_the_agent_loop_is_refused_not_dropped(
 
 
 def test_memory_demonstrations_come_before_the_conversation(tmp_path: Path) -> None:
-    lib = default_registry().open_library(tmp_path / "lib", create=True)
+    lib = open_library(tmp_path / "lib", create=True)
     runs = [Trace(id=f"tr{i}", task=f"Ann has {i} pens and gets {i} more. How many pens?",
                   answer=str(2 * i), label=str(2 * i), score=1.0, outcome="answered",
                   steps=(Step(kind="think", module="think",

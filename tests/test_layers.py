@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, int]] = [
     ("library_store", 1),
     ("skills", 2),
     ("tools", 2),
+    ("engine/library", 3),
     ("engine/runtime", 3),
     ("engine/evaluation", 4),
     ("engine/methods", 5),

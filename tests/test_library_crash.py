@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from whetstone.engine.methods.registry import default_registry
+from whetstone.engine.api import open_library
 from whetstone.library_store.fsutil import atomic_write, sha256_bytes
 from whetstone.library_store.store import version_number
 
@@ -59,9 +59,8 @@ def expected_files(k: int) -> dict[str, str]:
 
 
 def writer(root: str, progress: str, mode: str) -> None:
-    from whetstone.engine.methods.registry import default_registry
 
-    lib = default_registry().open_library(root)
+    lib = open_library(root)
     index = None
     if mode == "index":
         from whetstone.skills.index import LibraryIndex
@@ -104,11 +103,10 @@ def run_round(root: Path, progress: Path, mode: str, rng: random.Random) -> list
 
 def check_library(root: Path, lines: list[str]) -> tuple[int, bool]:
     """Asserts the invariants; returns the committed k and whether the kill hit a commit."""
-    from whetstone.engine.methods.registry import default_registry
 
     started = [int(x) for a, x in pairwise(lines) if a == "start"]
     done = [int(x) for a, x in pairwise(lines) if a == "done"]
-    lib = default_registry().open_library(root)  # opening repairs the view after a crash
+    lib = open_library(root)  # opening repairs the view after a crash
     k = version_number(lib.current_id()) - 1
     last_done = max(done, default=k if not started else started[0] - 1)
     mid_commit = bool(started) and started[-1] == last_done + 1
@@ -128,9 +126,9 @@ def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Pa
     from whetstone.skills.index import LibraryIndex
 
     root = tmp_path / "lib"
-    default_registry().open_library(root, create=True)
+    open_library(root, create=True)
     rng = random.Random(1234)
-    index = LibraryIndex(default_registry().open_library(root), TextEmbedder())
+    index = LibraryIndex(open_library(root), TextEmbedder())
     hits_mid_commit = 0
     committed = 0
     for r in range(ROUNDS):
@@ -141,7 +139,7 @@ def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Pa
         committed = k
         # The index (left half-synced by the killed writer in index rounds) must be brought
         # to exactly this version.
-        index.library = default_registry().open_library(root)
+        index.library = open_library(root)
         snap = index.library.snapshot()
         index.ensure(snap)
         assert index.check(snap) == [], f"round {r}"
@@ -155,7 +153,7 @@ def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Pa
     assert committed > ROUNDS  # the writers made progress between kills
     assert hits_mid_commit >= ROUNDS // 3, "kills should often land inside a commit"
     # Temp files a killed writer left are removed by the next write.
-    lib = default_registry().open_library(root)
+    lib = open_library(root)
     lib.commit({"skills/final/SKILL.md": "---\nname: final\ndescription: d\n---\n"},
                method="final")
     assert list((root / ".tmp").iterdir()) == []

@@ -14,10 +14,10 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.commands.library import library_group
 from whetstone.engine.errors import ConfigError, ValidationError
+from whetstone.engine.library.checks import validate_library
 from whetstone.engine.methods.base import EvolveContext
 from whetstone.engine.methods.dynamo.evolver import Dynamo, DynamoConfig, _Run
 from whetstone.engine.methods.nlpg.evolver import NLPG, _Plan, _State
-from whetstone.engine.runtime.library_tools import validate_library
 from whetstone.library_store.store import Library
 
 GOOD = "---\nname: {n}\ndescription: Sort words alphabetically.\n---\n# {n}\nSort them.\n"

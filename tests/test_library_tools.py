@@ -15,7 +15,8 @@ from whetstone.cli import cli
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ValidationError
-from whetstone.engine.runtime.library_tools import load_library_tools, validate_library
+from whetstone.engine.library.checks import validate_library
+from whetstone.engine.runtime.library_tools import load_library_tools
 from whetstone.library_store.store import Library
 
 SKILL = textwrap.dedent("""\

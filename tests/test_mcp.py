@@ -28,7 +28,7 @@ from servers import free_port
 from whetstone.cli import cli
 from whetstone.engine.errors import ConfigError, NotFound
 from whetstone.engine.integrations.mcp_server import LibraryServer, parse_uri, skill_uri
-from whetstone.engine.runtime.library_tools import validate_library
+from whetstone.engine.library.checks import validate_library
 from whetstone.engine.server.guard import key_hash
 from whetstone.library_store.store import Library
 from whetstone.tools.isolation import find_bwrap

@@ -52,7 +52,7 @@ def test_the_readme_line_answers_through_the_server_and_the_trace_shows_the_call
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     line = next(x for x in readme.splitlines() if x.startswith("whetstone run") and "--mcp" in x)
     env = {**os.environ, "WHETSTONE_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, str(REPO / "cli.py"), *shlex.split(line)[1:],
+    done = subprocess.run([sys.executable, "-m", "whetstone", *shlex.split(line)[1:],
                            "--json"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

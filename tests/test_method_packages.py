@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from test_layers import absolute
 
 from whetstone.cli import cli
-from whetstone.engine.api import Engine
+from whetstone.engine.api import Engine, open_library
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.commands.kit import Kit
 from whetstone.engine.errors import ConfigError, ValidationError, WhetstoneError
@@ -93,7 +93,7 @@ def test_an_installed_method_adds_its_folder_command_evolver_and_plugin(
     res = runner.invoke(cli, ["evolve", "glossary", "--help"])
     assert res.exit_code == 0 and "min-score" in res.output
     # its folder is checked by its own validator on every commit
-    lib = registry.open_library(lib_path)
+    lib = open_library(lib_path, registry=registry)
     with pytest.raises(ValidationError, match="term :: meaning"):
         lib.commit({"glossary/terms.md": "no separator here\n"}, method="hand")
     # its runtime plugin shows the folder's contents to the model
@@ -124,7 +124,8 @@ def test_one_registry_line_adds_a_method_and_two_owners_of_a_folder_are_refused(
 # --- core names no method ---------------------------------------------------------------
 
 CORE = ["library_store", "skills", "tools", "engine/runtime", "engine/evaluation", "engine/evolution",
-        "engine/server", "engine/chat", "engine/commands", "engine/integrations",
+        "engine/server", "engine/chat", "engine/library", "engine/commands",
+        "engine/integrations",
         "engine/backends",
         "engine/api.py", "engine/types.py", "engine/errors.py", "engine/paths.py",
         "engine/replies.py", "engine/answer_text.py", "cli.py", "whetstone/__init__.py"]

@@ -85,7 +85,7 @@ def test_whetstone_serve_end_to_end(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "WHETSTONE_API_KEY": "", "OPENAI_API_KEY": ""}
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "serve", "--upstream", f"scripted:{replies}",
+        [sys.executable, "-m", "whetstone", "serve", "--upstream", f"scripted:{replies}",
          "--library", str(lib.root), "--port", str(port), "--served-name", "tiny",
          "--api-key", "sk-test", "--max-body-bytes", "4000", "--queue", "4"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

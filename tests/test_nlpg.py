@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from nlpg_support import RUBRIC, analyst, trace
 
+from whetstone.engine.api import open_library
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ValidationError
 from whetstone.engine.methods.nlpg.backward import (
@@ -33,7 +34,6 @@ from whetstone.engine.methods.nlpg.memory import (
 )
 from whetstone.engine.methods.nlpg.notes import PolicyNote, parse_policy, read_policy, render_policy
 from whetstone.engine.methods.nlpg.plugin import NLPGPlugin, policy_notes
-from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.state import AgentContext
 from whetstone.tools.base import Toolbox
 
@@ -93,7 +93,7 @@ def test_a_repeated_id_is_refused_and_the_writer_never_writes_what_the_reader_re
 
 
 def test_a_commit_with_a_malformed_policy_file_is_refused(tmp_path: Path) -> None:
-    lib = default_registry().open_library(tmp_path / "lib", create=True)
+    lib = open_library(tmp_path / "lib", create=True)
     with pytest.raises(ValidationError, match="note-syntax") as err:
         lib.commit({"policies/think.md": "[n1] :: ok\njust prose\n"}, method="hand",
                    validate=True)

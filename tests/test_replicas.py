@@ -59,7 +59,7 @@ def start_replica(upstream: str, library: Path, port: int, log: Path) -> subproc
     env = {**os.environ, "WHETSTONE_API_KEY": "", "OPENAI_API_KEY": ""}
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, str(REPO / "cli.py"), "serve", "--upstream",
+            [sys.executable, "-m", "whetstone", "serve", "--upstream",
              f"openai:up@{upstream}/v1", "--library", str(library), "--port", str(port),
              "--log-level", "warning"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -111,7 +111,7 @@ def test_three_replicas_share_one_library_and_one_trace_store(tmp_path: Path) ->
                 while len(served) < REQUESTS // 3:
                     time.sleep(0.05)
                 done = subprocess.run(
-                    [sys.executable, str(REPO / "cli.py"), "library", "import", str(incoming),
+                    [sys.executable, "-m", "whetstone", "library", "import", str(incoming),
                      "--library", str(lib.root)], cwd=REPO, capture_output=True, text=True,
                     timeout=300, check=False)
                 imported.update(code=done.returncode, out=done.stdout + done.stderr,

@@ -29,6 +29,7 @@ from ..backends.base import auto_concurrency
 from ..errors import EXIT_GATE_REFUSED, ConfigError, LibraryError
 from ..evaluation.gate import gate_tasks
 from ..evaluation.gate_rules import DEFAULT_RULE, parse_rule
+from ..library.opening import open_library
 from ..methods.base import LibraryPatch
 from ..methods.registry import default_registry
 from .common import (
@@ -133,7 +134,8 @@ def open_library_for(path: Path | None) -> Library:
     """The library, opened even when its view is broken (the versions are the truth); a
     broken view is reported on stderr with what to do. Every write through it is checked by
     ``validate_library`` (the Library's default)."""
-    lib = default_registry().open_library(path or default_library_path(), quiet=True)
+    lib = open_library(path or default_library_path(), default_registry().folders(),
+                       create=False, quiet=True)
     if lib.view_problem is not None:
         err = console(stderr=True)
         err.print(f"[yellow]warning:[/] {escape(lib.view_problem.message)}", markup=True,

@@ -29,9 +29,10 @@ from ...skills.transfer import (
     scaffold_skill,
 )
 from ..errors import LibraryError, NotFound, ValidationError
+from ..library.checks import import_check, library_validator, validate_library
+from ..library.opening import open_library
 from ..methods.base import LibraryPatch
 from ..methods.registry import default_registry
-from ..runtime.library_tools import import_check, validate_library
 from .common import (
     EXIT_PARTIAL,
     console,
@@ -99,7 +100,7 @@ def init_cmd(library_path: Path | None, as_json: bool) -> None:
     """Create an empty library (nothing happens if one exists)."""
     path = library_path or default_library_path()
     existed = Library(path).is_initialized()
-    lib = default_registry().open_library(path, create=True)
+    lib = open_library(path, default_registry().folders(), create=True)
     if as_json:
         emit_json({"library": str(lib.root), "version": lib.current_id(), "created": not existed})
         return
@@ -396,7 +397,7 @@ def repair_cmd(library_path: Path | None, as_json: bool) -> None:
     disk or a file that could not be written)."""
     registry = default_registry()
     lib = Library(library_path or default_library_path(), roots=tuple(registry.roots()),
-                  validator=registry.library_validator())
+                  validator=library_validator(registry.root_validators()))
     if not lib.is_initialized():
         lib = Library.open(lib.root)  # raises: no library there
     stashed = lib.repair_view()  # blocking: a file that still fails raises ViewError

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +9,9 @@ import click
 
 from ...library_store.change_control import newest_gated
 from ...library_store.manifest import gate_record
-from ...library_store.store import Library
 from ..backends.redact import redact_spec
 from ..backends.registry import BackendOptions, get_backend
-from ..errors import ConfigError, WhetstoneError
+from ..errors import ConfigError
 from .common import (
     check_exposed_bind,
     console,
@@ -26,26 +24,18 @@ from .common import (
 )
 
 
-def version_gate(library: Library, version: str) -> dict[str, Any] | None:
-    """How ``version`` came to be (``gate_record``), for ``/health``; None for a candidate
-    or a version that cannot be read."""
-    try:
-        return gate_record(library.manifest(version))
-    except WhetstoneError:
-        return None
-
-
 def _newest_gated(library_path: Path | None, version: str | None, no_library: bool,
                   out: Any) -> str:
     """The version ``--gated-only`` serves, said on ``out``: the newest a gate accepted."""
-    # lazy: numpy and 47 more of our modules; `whetstone --help` imports every command module
-    from ..api import open_library
+    # lazy: filelock, yaml and 30 more modules; `whetstone --help` imports every command
+    from ..library.opening import open_library
+    from ..methods.registry import default_registry
 
     if version is not None or no_library:
         raise ConfigError(f"--gated-only picks the version itself; it cannot go with "
                           f"{'--version' if version is not None else '--no-library'}",
                           hint="drop one of the two")
-    lib = open_library(library_path)
+    lib = open_library(library_path, default_registry().folders())
     chosen, current = newest_gated(lib), lib.current_id()
     if gate_record(chosen)["gated"] is None:
         said = (f"no version has passed a gate: serving {chosen.id}, the empty library it "
@@ -182,7 +172,6 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
                             methods=() if no_library else [("skills", skills)], otel=otel)
             adapter = None if no_library else engine.chat_adapter()
             if adapter is not None:
-                adapter.version_info = functools.partial(version_gate, engine.library)
                 adapter.warm_up()  # load the embedder and sync the index before a request
         version = adapter.library_version() if adapter is not None else None
         traces = None if no_record else engine.traces

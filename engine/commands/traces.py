@@ -35,7 +35,7 @@ def trace_store(library_path: Path | None) -> TraceStore:
     """The trace store of the library at ``library_path`` (default: the home library), with
     the bounds its ``library.json`` sets."""
     # lazy: numpy and 78 more of our modules; `whetstone --help` imports every command module
-    from ..api import may_create_library
+    from ..library.opening import may_create_library
 
     root = library_path or default_library_path()
     library = Library(root)

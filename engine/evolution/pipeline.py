@@ -37,8 +37,8 @@ from ..evaluation.tasks import (
     split_of,
     tasks_from_traces,
 )
+from ..library.checks import validate_library
 from ..methods.base import EvolveContext, Evolver, LibraryPatch, Progress
-from ..runtime.library_tools import validate_library
 from ..types import LibraryVersion, Trace
 from .leaks import drop_label_leaks, labelled_tasks
 from .summary import held_summary

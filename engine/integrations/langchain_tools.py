@@ -25,6 +25,7 @@ from ...tools.base import Tool, Toolbox
 from ...tools.images import ImageFiles
 from ..api import Engine
 from ..errors import ConfigError
+from ..library.opening import open_library
 from ..methods.registry import default_registry
 
 if TYPE_CHECKING:
@@ -37,9 +38,9 @@ TASK_PARAMETER = "The whole task, word for word as the user asked it."
 
 def _snapshot(library: str | Path | Library | Engine, version: str | None) -> Snapshot:
     if isinstance(library, Engine):
-        return library.pinned_snapshot() or library.library.snapshot()
+        return library.pin.snapshot() or library.library.snapshot()
     if isinstance(library, (str, Path)):
-        library = default_registry().open_library(Path(library))
+        library = open_library(Path(library), default_registry().folders(), create=False)
     if not isinstance(library, Library):
         raise ConfigError(f"library must be a folder, a Library or an Engine, got "
                           f"{type(library).__name__}", hint='library_tools_for_langchain("lib")')

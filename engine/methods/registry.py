@@ -22,19 +22,17 @@ import dataclasses
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..errors import ConfigError
+from ..library.folders import Folders
 from .base import Evolver, make_config
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
-    from ...library_store.store import Library, Snapshot
     from ...library_store.validation import Validator
-    from ..errors import ValidationError
     from ..prompts import Prompts
     from ..runtime.plugins import MethodEnv, Plugin
     from ..types import Trace
@@ -251,31 +249,10 @@ class MethodRegistry:
         return [load_target(r.validator, f"the validator of {r.name}/")
                 for r in self.roots().values() if r.validator]
 
-    def library_validator(self) -> Validator:
-        """What every commit of a library opened by the faces runs: the Agent Skills rules and
-        the learned-tool check (``validate_library``), then each method's folder validator."""
-        # lazy: loads filelock, yaml and 53 more of our modules
-        from ..runtime.library_tools import validate_library
-
-        extra = self.root_validators()
-
-        def validate(snapshot: Snapshot, changed: Sequence[str] | None = None
-                     ) -> list[ValidationError]:
-            problems = list(validate_library(snapshot, changed))
-            for check in extra:
-                problems += check(snapshot, changed)
-            return problems
-
-        return validate
-
-    def open_library(self, path: Path | str, **kwargs: Any) -> Library:
-        """``Library.open`` with these methods' folders and validators: how every face opens
-        a library (``create=True`` makes a missing one)."""
-        # lazy: loads filelock and 19 more of our modules
-        from ...library_store.store import Library
-
-        kwargs.setdefault("validator", self.library_validator())
-        return Library.open(path, roots=tuple(self.roots()), **kwargs)
+    def folders(self) -> Folders:
+        """The library folders these methods own and their validators, as ``open_library``
+        takes them."""
+        return Folders(tuple(self.roots()), tuple(self.root_validators()))
 
     def commands(self, kit: CommandKit) -> list[Any]:
         """The ``click`` commands the methods add to the command line, built with the faces'

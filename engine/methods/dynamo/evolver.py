@@ -556,7 +556,7 @@ class _Run:
 
     def _tool_taken(self) -> set[str]:
         # lazy: loads filelock and 38 more of our modules
-        from ...runtime.library_tools import reserved_tool_names, script_tool_name
+        from ...library.checks import reserved_tool_names, script_tool_name
 
         paths = [*self.texts, *self.state.changes]
         return set(reserved_tool_names()) | {f[1] for p in paths
