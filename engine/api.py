@@ -10,7 +10,6 @@ reads configuration and builds objects.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -214,11 +213,14 @@ class Engine:
     def _tool_list(self) -> list[Tool]:
         return self._toolset.tools()
 
-    def build_agent(self, *, snapshot: Snapshot | None = None, store_traces: bool = True,
-                    checkpoints: Checkpoints | None = None) -> Agent:
-        """A new agent over this engine's backend (e.g. for a library snapshot under test)."""
+    def _build_agent(self, *, snapshot: Snapshot | None = None, store_traces: bool = True,
+                     checkpoints: Checkpoints | None = None,
+                     methods: Sequence[Plugin | tuple[str, Mapping[str, Any]]] | None = None
+                     ) -> Agent:
+        """A new agent over this engine's backend (e.g. for a library snapshot under test)
+        with ``methods`` (default: the engine's)."""
         return Agent(self.backend, tools=self._tool_list(), config=self.config,
-                     plugins=self._host_plugins("agent", snapshot),
+                     plugins=self._host_plugins("agent", snapshot, methods),
                      trace_store=self.traces if store_traces else None,
                      checkpoints=checkpoints)
 
@@ -228,7 +230,7 @@ class Engine:
         if self._agent is None:
             checkpoints = (Checkpoints(self.home / "checkpoints.sqlite")
                            if self._checkpointing else None)
-            self._agent = self.build_agent(checkpoints=checkpoints)
+            self._agent = self._build_agent(checkpoints=checkpoints)
         return self._agent
 
     def solver(self, snapshot: Snapshot | None = None, kind: str | None = None) -> Solver:
@@ -238,13 +240,17 @@ class Engine:
         system message; a method with a hook that needs the loop (a node before each decision
         or before finishing, a wrapped model call) is a ``ConfigError`` there. Tagged with the
         backend's batch for ``-j auto``."""
+        return self._solver(snapshot, kind or self.solver_kind, self.methods)
+
+    def _solver(self, snapshot: Snapshot | None, kind: str,
+                methods: Sequence[Plugin | tuple[str, Mapping[str, Any]]]) -> Solver:
         n, ordered = auto_concurrency(self.backend), self.backend.capabilities.ordered
-        if check_solver(kind or self.solver_kind) == "agent":
-            agent = self.build_agent(snapshot=snapshot, store_traces=False)
+        if check_solver(kind) == "agent":
+            agent = self._build_agent(snapshot=snapshot, store_traces=False, methods=methods)
             return with_concurrency(wrap_calls("solve", agent_solver(agent), agent.plugins,
                                                self.backend), n, ordered=ordered)
         snap = snapshot or self.pin.snapshot()
-        plugins = self._host_plugins("direct", snap)
+        plugins = self._host_plugins("direct", snap, methods)
         self._resources += plugins  # the indexes their build opened close with the engine
         version = snap.id if snap is not None else None
         return with_concurrency(wrap_calls("solve", direct_solver(
@@ -328,35 +334,30 @@ class Engine:
         kind = check_solver(solver or self.solver_kind)
         task_set = load_tasks(tasks) if isinstance(tasks, str) else tasks
         analyst_backend, own = self._analyst(analyst)
-        # Runs and the gate read the library through the runtime methods the evolver's
-        # changes need (a method's own folder reaches a prompt only through its runtime plugin).
-        runner = self._with_methods(getattr(evolver, "runtime_methods", ()))
         try:
             return evolve(
                 evolver, self.library, analyst=analyst_backend,
-                make_solver=lambda snap: runner.solver(snapshot=snap, kind=kind), traces=traces,
+                make_solver=self._solver_factory(getattr(evolver, "runtime_methods", ()), kind),
+                traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
                 max_agent_runs=max_agent_runs, on_progress=on_progress, on_phase=on_phase,
-                allow_errors=allow_errors, agent_tools=runner._tool_list, scorer=scorer)
+                allow_errors=allow_errors, agent_tools=self._tool_list, scorer=scorer)
         finally:
             if own:
                 analyst_backend.close()
 
-    def _with_methods(self, names: Sequence[str]) -> Engine:
-        """This engine, or a copy sharing its backend and library whose runs also use the
-        registered runtime methods ``names`` it does not use yet (with their defaults)."""
+    def _solver_factory(self, names: Sequence[str], kind: str
+                        ) -> Callable[[Snapshot | None], Solver]:
+        """``snapshot -> solver`` for the evolve path: this engine's solver of ``kind`` over
+        that library version, with the registered runtime methods ``names`` added where the
+        engine does not use them yet (with their defaults). Runs and the gate read the library
+        through the runtime methods the evolver's changes need: a method's own folder reaches
+        a prompt only through its runtime plugin."""
         have = {m.name if isinstance(m, Plugin) else m[0] for m in self.methods}
-        extra = [n for n in names if n not in have]
-        if not extra:
-            return self
-        clone = copy.copy(self)
-        clone.methods = self.methods + self._check_methods(extra)
-        clone._agent = None
-        clone.__dict__.pop("_chat_adapter", None)
-        clone.__dict__.pop("_chat_adapter_tools", None)
-        return clone
+        methods = self.methods + self._check_methods([n for n in names if n not in have])
+        return lambda snapshot: self._solver(snapshot, kind, methods)
 
     def _analyst(self, analyst: Backend | str | None) -> tuple[Backend, bool]:
         """The analyst backend, and whether this call built it (and so closes it): the
