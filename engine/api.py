@@ -38,7 +38,12 @@ from .evaluation.scorers import get_scorer
 from .library import opening
 from .library.opening import Pin
 from .methods.base import make_config
-from .methods.registry import MethodRegistry, Verification, default_registry
+from .methods.registry import (
+    MethodEndpoints,
+    MethodRegistry,
+    MethodResult,
+    default_registry,
+)
 from .paths import whetstone_home
 from .runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
 from .runtime.plugins import MethodEnv, check_host, wrap_calls
@@ -194,13 +199,6 @@ class Engine:
             cls = type(m) if isinstance(m, Plugin) else self.registry.entry("runtime",
                                                                             name).load()
             check_host(name, cls, host)
-
-    def _named(self, name: str) -> Mapping[str, Any] | None:
-        """The options of the method named ``name`` in ``methods`` (None: not named)."""
-        for m in self.methods:
-            if not isinstance(m, Plugin) and m[0] == name:
-                return m[1]
-        return None
 
     def corpus(self, name: str | None = None) -> Corpus:
         """The library's evidence corpus ``name`` (default: ``corpus``), opened once."""
@@ -367,28 +365,24 @@ class Engine:
     def trace(self, trace_id: str) -> Trace:
         return self.traces.get(trace_id)
 
-    # -- verification (the method whose spec has ``verify``) --------------------------------
+    # -- the methods' endpoints ------------------------------------------------------------
 
-    def verify(self, question: str, answer: str | None = None, *,
-               evidence: Sequence[str] | None = None, analyst: Backend | str | None = None,
-               record: bool = True, **options: Any) -> Verification:
-        """Check ``answer`` to ``question`` against ``evidence`` with the installed verifier
-        (default evidence: the top passages of the corpus ``options["corpus"]`` or
-        ``corpus``); with no ``answer`` the solver answers from the evidence first.
-        ``options`` are the verifier's knobs over those ``methods`` gives it (its config's
-        fields: ``policy="revise"``, ``rounds=2``, ``k=4`` ... for the built-in one). The
-        check is stored as a trace (``meta.source == "verify"``) unless ``record=False``."""
-        name, check = self.registry.verifier()
-        result = check(self._method_env(), question, answer, evidence=evidence, analyst=analyst,
-                       options={**dict(self._named(name) or {}), **options})
+    def endpoint(self, name: str, *, record: bool = True, **params: Any) -> MethodResult:
+        """Call the endpoint ``name`` of the installed method that answers it
+        (``MethodSpec.endpoints``; ``whetstone methods`` lists them) with ``params``, and store
+        the call as a trace unless ``record=False``. The method gets this engine's model,
+        corpora and second models, and its options from ``methods`` (a call's ``options=``
+        win), e.g. ``endpoint("verify", question=q, answer=a)``."""
+        result = self.endpoints().call(name, **params)
         if record:
             self.traces.append(result.trace(model=self.backend.shown_spec))
         return result
 
-    def verify_report(self, question: str, answer: str) -> dict[str, Any]:
-        """The hallucination report of one answer (what the server's ``{"whetstone":
-        {"verify": true}}`` returns); not stored as a trace of its own."""
-        return self.verify(question, answer, record=False).report()
+    def endpoints(self) -> MethodEndpoints:
+        """The installed methods' endpoints bound to this engine (what its server calls on a
+        reply; calls through it are not recorded)."""
+        return MethodEndpoints(self.registry, self._method_env(),
+                               {m[0]: m[1] for m in self.methods if not isinstance(m, Plugin)})
 
     # -- chat mode ------------------------------------------------------------------------
     # One adapted completion per call, no agent loop; the logic lives in engine/chat/
@@ -461,7 +455,7 @@ class Engine:
 
         server_options.setdefault("adapter", self.chat_adapter())
         server_options.setdefault("traces", self.traces)
-        server_options.setdefault("verifier", self.verify_report)
+        server_options.setdefault("endpoints", self.endpoints())
         return create_app(self.backend, **server_options)
 
     # -- end of chat mode -----------------------------------------------------------------------

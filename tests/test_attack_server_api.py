@@ -202,9 +202,9 @@ def test_health_with_a_key_names_states_not_paths(served: Served) -> None:
 
 
 def test_verify_with_an_empty_corpus_does_not_name_its_folder(served: Served) -> None:
-    r = served.chat(KEY_A, whetstone={"verify": True})
+    r = served.chat(KEY_A, whetstone={"endpoints": ["verify"]})
     assert r.status_code == 200, r.text
-    error = r.json()["whetstone"]["verification"]["error"]
+    error = r.json()["whetstone"]["endpoints"]["verify"]["error"]
     assert "corpus 'default' is empty" in error and "whetstone corpus add" in error
     _assert_no_host_paths(r.text, served)  # was: "... is empty (/tmp/.../corpus/default)"
 

@@ -82,8 +82,8 @@ def cli_exit_codes() -> set[int]:
     files = [REPO / "cli.py", *sorted((REPO / "engine" / "commands").glob("*.py")),
              *sorted((REPO / "engine" / "methods").glob("*/commands.py"))]
     for path in files:
-        module = importlib.import_module(
-            ".".join(path.relative_to(REPO).with_suffix("").parts))
+        module = importlib.import_module(  # under its installed name, as the product is
+            ".".join(("whetstone", *path.relative_to(REPO).with_suffix("").parts)))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and node.args and (
                     (isinstance(node.func, ast.Attribute) and node.func.attr == "exit")

@@ -316,7 +316,7 @@ def test_switches_per_call_and_a_bad_one_says_what_is_known(library: Library) ->
     unrecorded = model.bind(whetstone={"record": False}).invoke(TASK)
     assert trace_id_of(unrecorded) is None and "unit-conversion" in system_text(seen.calls[1])
     with pytest.raises(ConfigError, match="server"):
-        model.bind(whetstone={"verify": True}).invoke(TASK)
+        model.bind(whetstone={"endpoints": ["verify"]}).invoke(TASK)
     with pytest.raises(ConfigError, match="librar") as err:
         model.bind(whetstone={"libary": False}).invoke(TASK)
     assert "known" in err.value.hint

@@ -339,7 +339,8 @@ def test_engine_verify_stores_a_trace_and_uses_the_corpus(library: Path) -> None
 
     with Engine(ScriptedBackend(responder=responder()), library=library, skills=False,
                 checkpointing=False, corpus="oberoi") as engine:
-        result = engine.verify(QUESTION, ANSWER, k=1)
+        result = engine.endpoint("verify", question=QUESTION, answer=ANSWER,
+                                 options={"k": 1})
         stored = engine.traces.get(next(iter(engine.traces.latest())))
     assert result.flagged and len(result.evidence) == 1
     assert result.evidence[0].source == "doc0"
@@ -383,43 +384,6 @@ def test_march_is_a_registered_runtime_method() -> None:
     assert March.config_class is MarchConfig
 
 
-def test_the_server_verifies_a_reply_on_request() -> None:
-    from whetstone.engine.server import create_app
-
-    seen: list[tuple[str, str]] = []
-
-    def verifier(question: str, answer: str) -> dict[str, Any]:
-        seen.append((question, answer))
-        if question == "boom":
-            raise EmptyCorpus("the corpus 'default' is empty")
-        return {"flagged": True, "claims": []}
-
-    body = {"messages": [{"role": "user", "content": QUESTION}]}
-    with Servers() as servers:
-        url = servers.start(create_app(ScriptedBackend(responder=lambda r: ANSWER),
-                                       verifier=verifier)) + "/v1/chat/completions"
-        plain = httpx.post(url, json=body, timeout=30).json()
-        assert plain["choices"][0]["message"]["content"] == ANSWER
-        assert "whetstone" not in plain and seen == []
-        checked = httpx.post(url, json={**body, "whetstone": {"verify": True}}, timeout=30)
-        assert checked.json()["whetstone"] == {"verification": {"flagged": True, "claims": []}}
-        assert seen == [(QUESTION, ANSWER)]
-        failed = httpx.post(url, json={**body, "messages": [{"role": "user",
-                                                              "content": "boom"}],
-                                       "whetstone": {"verify": True}}, timeout=30)
-        assert failed.status_code == 200
-        assert "is empty" in failed.json()["whetstone"]["verification"]["error"]
-        streamed = httpx.post(url, json={**body, "stream": True,
-                                         "whetstone": {"verify": True}}, timeout=30)
-        assert streamed.status_code == 400 and "stream" in streamed.text
-        bad = httpx.post(url, json={**body, "whetstone": {"verify": "yes"}}, timeout=30)
-        assert bad.status_code == 400 and "must be true or false" in bad.text
-        url2 = servers.start(create_app(ScriptedBackend(responder=lambda r: ANSWER))) \
-            + "/v1/chat/completions"
-        off = httpx.post(url2, json={**body, "whetstone": {"verify": True}}, timeout=30)
-        assert off.status_code == 400 and "does not verify" in off.text
-
-
 def test_engine_app_verifies_against_the_library_corpus(library: Path) -> None:
     from middleware_support import wait_for_trace
 
@@ -428,16 +392,16 @@ def test_engine_app_verifies_against_the_library_corpus(library: Path) -> None:
     with Engine(ScriptedBackend(responder=responder(answer=ANSWER)), library=library,
                 skills=False, checkpointing=False, corpus="oberoi") as engine, Servers() as s:
         url = s.start(engine.app()) + "/v1/chat/completions"
-        r = httpx.post(url, json={"whetstone": {"verify": True},
+        r = httpx.post(url, json={"whetstone": {"endpoints": ["verify"]},
                                   "messages": [{"role": "user", "content": QUESTION}]},
                        timeout=60)
-        report = r.json()["whetstone"]["verification"]
+        report = r.json()["whetstone"]["endpoints"]["verify"]
         assert report["flagged"] is True and report["flagged_claims"] == 1
         trace = wait_for_trace(engine.traces, r.headers["x-whetstone-trace-id"])
-        assert trace.meta["verification"]["flagged"] is True
+        assert trace.meta["endpoints"]["verify"]["flagged"] is True
 
 
-def test_a_wrapped_client_refuses_verify_rather_than_ignore_it(tmp_path: Path) -> None:
+def test_a_wrapped_client_refuses_endpoints_rather_than_ignore_them(tmp_path: Path) -> None:
     import openai
 
     from whetstone.engine.api import Engine
@@ -450,8 +414,8 @@ def test_a_wrapped_client_refuses_verify_rather_than_ignore_it(tmp_path: Path) -
         with pytest.raises(ConfigError, match="answered by the Whetstone server") as err:
             client.chat.completions.create(model="m", messages=[{"role": "user",
                                                                  "content": "hi"}],
-                                            extra_body={"whetstone": {"verify": True}})
-        assert "engine.verify" in err.value.hint
+                                            extra_body={"whetstone": {"endpoints": ["verify"]}})
+        assert "engine.endpoint" in err.value.hint
 
 
 def test_a_question_line_then_an_answer_line_is_one_claim() -> None:

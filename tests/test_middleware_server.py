@@ -29,6 +29,7 @@ from servers import Servers
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.chat.adapter import ChatAdapter
+from whetstone.engine.errors import EmptyCorpus
 from whetstone.engine.runtime.plugins import Guidance, Plugin
 from whetstone.engine.server import create_app
 from whetstone.engine.server.guard import TRACE_HEADER, VERSION_HEADER
@@ -547,3 +548,60 @@ def test_shutdown_writes_every_queued_trace(library: Library, tmp_path: Path) ->
     stored = store.latest()
     assert sorted(stored) == sorted(ids)
     assert {stored[i].answer for i in ids} == {f"echo: q{i}" for i in range(40)}
+
+
+# --- the methods' endpoints on a reply -------------------------------------------------------
+
+_QUESTION, _ANSWER = "Who founded the group?", "Its founder."
+
+
+class _Endpoints:
+    """A server's method endpoints (any method's: nothing here is MARCH): ``verify`` reports
+    what it was asked, and fails as an empty corpus does for the question ``boom``."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def names(self) -> list[str]:
+        return ["verify"]
+
+    def report(self, name: str, question: str, answer: str) -> dict[str, Any]:
+        self.seen.append((question, answer))
+        if question == "boom":
+            raise EmptyCorpus("the corpus 'default' is empty")
+        return {"flagged": True, "claims": []}
+
+
+def test_the_server_calls_an_endpoint_on_a_reply_on_request() -> None:
+    from whetstone.engine.server import create_app
+
+    endpoints = _Endpoints()
+    seen = endpoints.seen
+    ask = {"endpoints": ["verify"]}
+    body = {"messages": [{"role": "user", "content": _QUESTION}]}
+    with Servers() as servers:
+        url = servers.start(create_app(ScriptedBackend(responder=lambda r: _ANSWER),
+                                       endpoints=endpoints)) + "/v1/chat/completions"
+        plain = httpx.post(url, json=body, timeout=30).json()
+        assert plain["choices"][0]["message"]["content"] == _ANSWER
+        assert "whetstone" not in plain and seen == []
+        checked = httpx.post(url, json={**body, "whetstone": ask}, timeout=30)
+        assert checked.json()["whetstone"] == {
+            "endpoints": {"verify": {"flagged": True, "claims": []}}}
+        assert seen == [(_QUESTION, _ANSWER)]
+        failed = httpx.post(url, json={**body, "messages": [{"role": "user",
+                                                              "content": "boom"}],
+                                       "whetstone": ask}, timeout=30)
+        assert failed.status_code == 200
+        assert "is empty" in failed.json()["whetstone"]["endpoints"]["verify"]["error"]
+        streamed = httpx.post(url, json={**body, "stream": True, "whetstone": ask}, timeout=30)
+        assert streamed.status_code == 400 and "stream" in streamed.text
+        bad = httpx.post(url, json={**body, "whetstone": {"endpoints": "verify"}}, timeout=30)
+        assert bad.status_code == 400 and "must be a list" in bad.text
+        unknown = httpx.post(url, json={**body, "whetstone": {"endpoints": ["nope"]}},
+                             timeout=30)
+        assert unknown.status_code == 400 and "'nope'" in unknown.text
+        url2 = servers.start(create_app(ScriptedBackend(responder=lambda r: _ANSWER))) \
+            + "/v1/chat/completions"
+        off = httpx.post(url2, json={**body, "whetstone": ask}, timeout=30)
+        assert off.status_code == 400 and "calls no method endpoints" in off.text

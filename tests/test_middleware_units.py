@@ -437,24 +437,34 @@ def test_create_app_refuses_bad_limits() -> None:
 # --- the retrieval threads -------------------------------------------------------------------
 
 
-async def test_a_slow_verification_does_not_hold_up_retrieval() -> None:
-    """One retrieval thread and a verifier that takes its time: a request adapted meanwhile
+class _SlowEndpoints:
+    """One endpoint, ``check``, that waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def names(self) -> list[str]:
+        return ["check"]
+
+    def report(self, name: str, question: str, answer: str) -> dict[str, Any]:
+        self.release.wait(10)
+        return {"question": question}
+
+
+async def test_a_slow_endpoint_does_not_hold_up_retrieval() -> None:
+    """One retrieval thread and an endpoint that takes its time: a request adapted meanwhile
     does not wait for it."""
     from whetstone.engine.server.pipeline import ChatPipeline
 
-    release = threading.Event()
-
-    def verifier(question: str, answer: str) -> dict[str, Any]:
-        release.wait(10)
-        return {"question": question}
-
+    endpoints = _SlowEndpoints()
+    release = endpoints.release
     pipe = ChatPipeline(ChatAdapter([], ScriptedBackend()), None, Metrics(), workers=1,
-                        verifier=verifier)
-    checking = asyncio.create_task(pipe.verify("q", "a"))
-    await asyncio.sleep(0.05)  # the verifier now holds a thread
+                        endpoints=endpoints)
+    checking = asyncio.create_task(pipe.call_endpoints(("check",), "q", "a"))
+    await asyncio.sleep(0.05)  # the endpoint now holds a thread
     request = Request(messages=(Message(role="user", content="hello"),))
     adapted = await asyncio.wait_for(pipe.adapt(request, ChatSwitches()), timeout=5)
     assert adapted.applied and not checking.done()
     release.set()
-    assert (await checking) == {"question": "q"}
+    assert (await checking) == {"check": {"question": "q"}}
     await pipe.stop()

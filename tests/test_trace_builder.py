@@ -72,8 +72,8 @@ def test_every_kind_is_built_with_one_id_scheme_and_its_kind(tmp_path: Path) -> 
     check = "1. Evidence: The head office is in Delhi. [Answer: Delhi]"
     with Engine(script(tmp_path, [proposed, check, check, check], "verify"), skills=False,
                 checkpointing=False) as engine:
-        engine.verify("Where is the head office?", "In Mumbai.",
-                      evidence=["The head office is in Delhi."])
+        engine.endpoint("verify", question="Where is the head office?", answer="In Mumbai.",
+                        evidence=["The head office is in Delhi."])
         verified = engine.traces.query(TraceQuery(source="verify"))
     assert len(verified) == 1
     assert_built(verified[0], "verify")

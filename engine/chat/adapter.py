@@ -50,14 +50,15 @@ class ChatSwitches:
 
     ``library``: inject guidance (default on); ``record``: store the exchange as a trace;
     ``budget_tokens``: the guidance budget for this request (default: the adapter's);
-    ``verify``: check the reply for hallucination with the installed verifier and return
-    the report.
+    ``endpoints``: the methods' endpoints to call on the reply (each with the question and
+    the reply, ``MethodSpec.endpoints``; a verifier checks it for hallucination),
+    whose reports come back beside it.
     """
 
     library: bool = True
     record: bool = True
     budget_tokens: int | None = None
-    verify: bool = False
+    endpoints: tuple[str, ...] = ()
 
     @classmethod
     def from_body(cls, value: Any) -> ChatSwitches:
@@ -67,15 +68,16 @@ class ChatSwitches:
         """
         if value is None:
             return cls()
-        known = "library (bool), record (bool), budget_tokens (int), verify (bool)"
+        known = ("library (bool), record (bool), budget_tokens (int), endpoints (a list of "
+                 "endpoint names)")
         if not isinstance(value, Mapping):
             raise ConfigError(f"'whetstone' must be an object, got {type(value).__name__}",
                               hint=f'e.g. {{"whetstone": {{"library": false}}}}; keys: {known}')
-        unknown = sorted(set(value) - {"library", "record", "budget_tokens", "verify"})
+        unknown = sorted(set(value) - {"library", "record", "budget_tokens", "endpoints"})
         if unknown:
             raise ConfigError(f"unknown 'whetstone' option(s): {', '.join(map(repr, unknown))}",
                               hint=f"known: {known}")
-        for key in ("library", "record", "verify"):
+        for key in ("library", "record"):
             if key in value and not isinstance(value[key], bool):
                 raise ConfigError(f"'whetstone.{key}' must be true or false, "
                                   f"got {value[key]!r}")
@@ -84,8 +86,13 @@ class ChatSwitches:
                                    or not 0 <= budget <= MAX_BUDGET_TOKENS):
             raise ConfigError(f"'whetstone.budget_tokens' must be an integer from 0 to "
                               f"{MAX_BUDGET_TOKENS}, got {budget!r}")
+        endpoints = value.get("endpoints", [])
+        if not isinstance(endpoints, list) or not all(
+                isinstance(e, str) and e for e in endpoints) or len(endpoints) > 8:
+            raise ConfigError(f"'whetstone.endpoints' must be a list of at most 8 endpoint "
+                              f"names, got {endpoints!r}", hint='e.g. ["verify"]')
         return cls(library=value.get("library", True), record=value.get("record", True),
-                   budget_tokens=budget, verify=value.get("verify", False))
+                   budget_tokens=budget, endpoints=tuple(dict.fromkeys(endpoints)))
 
 
 # --- the conversation ------------------------------------------------------------------------

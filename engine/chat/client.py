@@ -79,10 +79,11 @@ class _Exchange:
             rest = {k: v for k, v in extra.items() if k != "whetstone"}
             kwargs["extra_body"] = rest or None  # never sent to the upstream
         self.switches = ChatSwitches.from_body(switches)
-        if self.switches.verify:  # refused, not ignored: the app would think it was checked
-            raise ConfigError("'whetstone.verify' is answered by the Whetstone server, not by "
-                              "a wrapped client",
-                              hint="check the reply with engine.verify(question, answer)")
+        if self.switches.endpoints:  # refused, not ignored: the app would think it was done
+            raise ConfigError("'whetstone.endpoints' are answered by the Whetstone server, "
+                              "not by a wrapped client",
+                              hint='call them with engine.endpoint(name, question=..., '
+                                   'answer=...)')
         self.kwargs = kwargs
         self.request: Request | None = None
         self.adapted: Adapted | None = None

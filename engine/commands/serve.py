@@ -72,8 +72,8 @@ def _newest_gated(library_path: Path | None, version: str | None, no_library: bo
               help="Do not inject the library (a plain proxy that still records traces).")
 @click.option("--no-record", is_flag=True, help="Do not store exchanges as traces.")
 @click.option("--corpus", "corpus_name", envvar="WHETSTONE_CORPUS", default="default",
-              show_default=True, help='The evidence corpus {"whetstone": {"verify": true}} '
-                                      "checks replies against (`whetstone verify`).")
+              show_default=True, help=("The evidence corpus the methods read (the endpoints a "
+                                       'request names in {"whetstone": {"endpoints": [...]}}).'))
 @skills_options("Skills retrieved for each request (the k nearest).",
                 "The lowest retrieval score (cosine) a skill needs to be shown")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -184,7 +184,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
         run_server(engine.backend, host=host, port=port, log_level=log_level, sock=sock,
                    limits=limits, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,
                    model_name=served_name, adapter=adapter, traces=traces,
-                   verifier=engine.verify_report,
+                   endpoints=engine.endpoints(),
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
                    max_queue=max_queue, request_timeout_s=upstream_timeout,
                    retrieval_workers=retrieval_workers,

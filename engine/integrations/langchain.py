@@ -293,10 +293,11 @@ class WhetstoneChatModel(BaseChatModel):
     def _switches(self, value: Any) -> ChatSwitches:
         """This model's defaults, overridden by a call's ``whetstone`` switches."""
         given = ChatSwitches.from_body(value)
-        if given.verify:  # refused, not ignored: the caller would think the reply was checked
-            raise ConfigError("'whetstone.verify' is answered by the Whetstone server, not by "
-                              "a chat model",
-                              hint="check the reply with model.engine.verify(question, answer)")
+        if given.endpoints:  # refused, not ignored: the caller would think they were called
+            raise ConfigError("'whetstone.endpoints' are answered by the Whetstone server, "
+                              "not by a chat model",
+                              hint="call them with model.engine.endpoint(name, question=..., "
+                                   "answer=...)")
         value = value or {}
         return dataclasses.replace(given, record=value.get("record", self.record),
                                    budget_tokens=value.get("budget_tokens", self.budget_tokens))

@@ -61,10 +61,10 @@ BUILTIN_METHODS: tuple[str, ...] = (
 )
 
 
-class Verification(Protocol):
-    """What the function a ``MethodSpec.verify`` names returns: the report the faces show
-    (``whetstone verify``, the server's verification switch), and the check as a trace
-    (``make_trace("verify", ...)``) that ``Engine.verify`` stores."""
+class MethodResult(Protocol):
+    """What a method's endpoint (``MethodSpec.endpoints``) returns: the report the faces show
+    (a command, the server's ``endpoints`` switch), and the call as a trace
+    (``make_trace(...)``) that ``Engine.endpoint`` stores."""
 
     def report(self) -> dict[str, Any]: ...
 
@@ -101,10 +101,12 @@ class MethodSpec:
     ``evolver`` and ``runtime`` name classes; ``commands`` names a function that takes the
     faces' ``CommandKit`` (``whetstone.engine.methods.base``) and returns the ``click``
     commands to mount on the ``whetstone`` command line; ``prompts`` is its prompt files
-    (``Prompts(__name__)``: the ``prompts/`` folder of its package). ``verify`` names the
-    function ``Engine.verify`` calls to check an answer, ``f(env: MethodEnv, question,
-    answer, *, evidence, analyst, options) -> Verification`` (``env`` gives the engine's
-    model, second models and evidence corpora; ``options`` are the method's knobs).
+    (``Prompts(__name__)``: the ``prompts/`` folder of its package). ``endpoints`` names the
+    functions the method answers calls with, by endpoint name: ``Engine.endpoint(name,
+    **params)`` calls ``f(env: MethodEnv, *, options, **params) -> MethodResult`` (``env``
+    gives the engine's model, second models and evidence corpora; ``options`` are the
+    method's knobs). An endpoint that takes ``question`` and ``answer`` also answers the
+    server's ``{"whetstone": {"endpoints": [name]}}`` on a reply.
 
     What the faces show of the method is its own too: ``step_kinds`` maps each step kind its
     runtime records to the printer of such a step (``f(console, step)``; ``engine/printing.py``
@@ -122,7 +124,7 @@ class MethodSpec:
     exit_codes: Mapping[int, str] = field(default_factory=dict)
     options: tuple[KnobOption, ...] = ()
     prompts: Prompts | None = None
-    verify: str | None = None
+    endpoints: Mapping[str, str] = field(default_factory=dict)
 
     def entries(self) -> list[MethodEntry]:
         out = []
@@ -233,16 +235,21 @@ class MethodRegistry:
                 out[root.name], owner[root.name] = root, spec.name
         return out
 
-    def verifier(self) -> tuple[str, Any]:
-        """The method that verifies answers (the last registered with ``verify``) and its
-        function; ``ConfigError`` when no installed method does."""
-        found = [s for s in self._specs.values() if s.verify]
-        if not found:
-            raise ConfigError("no installed method verifies answers",
-                              hint="install a method whose MethodSpec names a verify function "
-                                   "(`whetstone methods` lists those installed)")
-        spec = found[-1]
-        return spec.name, load_target(spec.verify or "", f"the verifier of {spec.name}")
+    def endpoints(self) -> dict[str, str]:
+        """Endpoint name -> the method that answers it (the last registered of a name)."""
+        return {name: spec.name for spec in self._specs.values() for name in spec.endpoints}
+
+    def endpoint(self, name: str) -> tuple[str, Any]:
+        """The method that answers the endpoint ``name`` and its function (loaded now);
+        ``ConfigError`` naming those installed when no method does."""
+        method = self.endpoints().get(name)
+        if method is None:
+            known = ", ".join(sorted(self.endpoints())) or "none"
+            raise ConfigError(f"no installed method answers the endpoint {name!r}",
+                              hint=f"endpoints: {known} (`whetstone methods` lists the "
+                                   "methods installed)")
+        target = self._specs[method].endpoints[name]
+        return method, load_target(target, f"the {name} endpoint of {method}")
 
     def root_validators(self) -> list[Validator]:
         """The validators of the methods' library folders, loaded now."""
@@ -355,3 +362,28 @@ def default_registry() -> MethodRegistry:
             registry.register(MethodEntry(ep.name, kind, ep.value))
     return registry
 
+
+class MethodEndpoints:
+    """The installed methods' endpoints for one host: each called with the host's
+    ``MethodEnv`` and its method's options (``options``: method -> its knobs, as the host's
+    ``methods`` give them; a call's own ``options`` win)."""
+
+    def __init__(self, registry: MethodRegistry, env: MethodEnv,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.registry = registry
+        self.env = env
+        self.options = dict(options or {})
+
+    def names(self) -> list[str]:
+        return sorted(self.registry.endpoints())
+
+    def call(self, name: str, *, options: Mapping[str, Any] | None = None,
+             **params: Any) -> MethodResult:
+        method, fn = self.registry.endpoint(name)
+        merged = {**dict(self.options.get(method) or {}), **dict(options or {})}
+        result: MethodResult = fn(self.env, options=merged, **params)
+        return result
+
+    def report(self, name: str, question: str, answer: str) -> dict[str, Any]:
+        """The report of the endpoint ``name`` on one reply (the server's switch)."""
+        return self.call(name, question=question, answer=answer).report()

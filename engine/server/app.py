@@ -27,7 +27,7 @@ from .hosts import WebPolicy
 from .metrics import Metrics
 from .naming import upstream_model_name
 from .passthrough import router as passthrough_router
-from .pipeline import ChatPipeline, Verifier
+from .pipeline import ChatPipeline, Endpoints
 from .probes import Readiness
 from .recording import TraceWriter
 from .responses import install_error_handlers
@@ -84,7 +84,7 @@ def create_app(
     adapter: ChatAdapter | None = None,
     traces: TraceStore | None = None,
     retrieval_workers: int = 4,
-    verifier: Verifier | None = None,
+    endpoints: Endpoints | None = None,
     web: WebPolicy | None = None,
 ) -> FastAPI:
     """Build the app serving ``backend`` as ``model_name`` (default: the upstream's own model
@@ -97,7 +97,8 @@ def create_app(
     many more may wait (429 past it; None: no limit); ``max_body_bytes`` refuses bigger bodies
     (413); ``api_keys``, when given, are required as ``Authorization: Bearer`` on ``/v1/*``.
     ``adapter`` applies the library to each request; ``traces`` records every exchange;
-    ``verifier`` answers ``{"whetstone": {"verify": true}}`` (the verifier's report on the reply);
+    ``endpoints`` answers ``{"whetstone": {"endpoints": [name]}}`` (each endpoint's report on
+    the reply; ``Engine.app`` gives the installed methods');
     ``retrieval_workers`` threads embed queries. ``web`` says which Host and Origin headers are
     answered (``hosts.WebPolicy``; default: a server on 127.0.0.1's, the loopback names).
     """
@@ -114,7 +115,7 @@ def create_app(
     service = ChatService(backend, settings, metrics)
     writer = TraceWriter(traces, metrics) if traces is not None else None
     pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers,
-                            verifier=verifier)
+                            endpoints=endpoints)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -4,7 +4,7 @@ the finished exchange to the trace writer after.
 Retrieval embeds the query, which would stall the event loop, so ``ChatPipeline`` adapts in a
 thread pool (a cached question is answered on the loop); when retrieval fails the request is
 served without the library (logged and counted): the model answering matters more than the
-guidance. A failed ``verify`` is reported to the client without the paths its error names.
+guidance. A failed endpoint is reported to the client without the paths its error names.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from ..chat.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from ..errors import ConfigError, WhetstoneError
@@ -24,19 +24,23 @@ from .service import error_message, without_paths
 
 log = logging.getLogger("whetstone.server")
 
-# (question, answer) -> a hallucination report (``Engine.verify_report``).
-Verifier = Callable[[str, str], Mapping[str, Any]]
+class Endpoints(Protocol):
+    """The methods' endpoints a server calls on a reply (``MethodEndpoints``)."""
+
+    def names(self) -> list[str]: ...
+
+    def report(self, name: str, question: str, answer: str) -> Mapping[str, Any]: ...
 
 
-VERIFY_WORKERS = 4
+ENDPOINT_WORKERS = 4
 
 
-def verify_error(exc: Exception) -> str:
-    """What the client is told of a failed check: the error and its hint without the paths
+def endpoint_error(exc: Exception) -> str:
+    """What the client is told of a failed endpoint: the error and its hint without the paths
     it names (an empty corpus's folder), or, for a bug, only where the details are."""
     if isinstance(exc, WhetstoneError):
         return without_paths(error_message(exc))
-    return "the verification failed (the details are in the server log)"
+    return "the endpoint failed (the details are in the server log)"
 
 
 class ChatPipeline:
@@ -44,21 +48,22 @@ class ChatPipeline:
 
     ``adapter`` None: requests pass unchanged (still recorded when ``traces`` is given).
     ``workers``: threads for retrieval (each query embedding is one single-threaded ONNX run;
-    on 2 cores 1 thread and 4 served unique prompts alike). Verification calls the model for
-    seconds, so it has threads of its own and never holds up retrieval.
+    on 2 cores 1 thread and 4 served unique prompts alike). An endpoint (a verification)
+    calls the model for seconds, so endpoints have threads of their own and never hold up
+    retrieval.
     """
 
     def __init__(self, adapter: ChatAdapter | None, traces: TraceWriter | None,
                  metrics: Metrics, *, workers: int = 4,
-                 verifier: Verifier | None = None) -> None:
+                 endpoints: Endpoints | None = None) -> None:
         self.adapter = adapter
         self.traces = traces
         self.metrics = metrics
-        self.verifier = verifier
+        self.endpoints = endpoints
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers),
                                             thread_name_prefix="whetstone-retrieval")
-        self._verify_executor = ThreadPoolExecutor(max_workers=VERIFY_WORKERS,
-                                                   thread_name_prefix="whetstone-verify")
+        self._endpoint_executor = ThreadPoolExecutor(max_workers=ENDPOINT_WORKERS,
+                                                     thread_name_prefix="whetstone-endpoint")
 
     def library_version(self) -> str | None:
         return self.adapter.library_version() if self.adapter is not None else None
@@ -90,33 +95,44 @@ class ChatPipeline:
         self.metrics.library.inc(applied="true")
         return adapted
 
-    def check_verify(self, switches: ChatSwitches, stream: bool, n: int = 1) -> None:
-        """Refuse ``verify`` where it cannot be done (a 400 before any work)."""
-        if not switches.verify:
+    def check_endpoints(self, switches: ChatSwitches, stream: bool, n: int = 1) -> None:
+        """Refuse ``endpoints`` where they cannot be called (a 400 before any work)."""
+        if not switches.endpoints:
             return
         if n > 1:
-            raise ConfigError(f"'whetstone.verify' checks one reply; it cannot be combined "
-                              f"with n = {n}", hint="send n: 1 to verify the reply")
-        if self.verifier is None:
-            raise ConfigError("this server does not verify answers",
+            raise ConfigError(f"'whetstone.endpoints' act on one reply; they cannot be "
+                              f"combined with n = {n}", hint="send n: 1")
+        known = self.endpoints.names() if self.endpoints is not None else []
+        if not known:
+            raise ConfigError("this server calls no method endpoints",
                               hint="serve with `whetstone serve` or Engine(...).app(), or "
-                                   "pass verifier= to create_app")
+                                   "pass endpoints= to create_app")
+        unknown = [e for e in switches.endpoints if e not in known]
+        if unknown:
+            raise ConfigError(f"no method here answers the endpoint(s) "
+                              f"{', '.join(map(repr, unknown))}",
+                              hint=f"endpoints: {', '.join(known)}")
         if stream:
-            raise ConfigError("'whetstone.verify' needs the whole reply: it cannot be "
-                              "combined with stream", hint="send stream: false to verify")
+            raise ConfigError("'whetstone.endpoints' need the whole reply: they cannot be "
+                              "combined with stream", hint="send stream: false")
 
-    async def verify(self, question: str, answer: str) -> dict[str, Any]:
-        """The verifier's report on one reply, computed off the event loop. A failed check (an
+    async def call_endpoints(self, names: tuple[str, ...], question: str, answer: str
+                             ) -> dict[str, Any]:
+        """Each endpoint's report on one reply, computed off the event loop. A failed one (an
         empty corpus, an unreadable proposer reply) is reported, and the reply still sent."""
-        assert self.verifier is not None
+        assert self.endpoints is not None
         loop = asyncio.get_running_loop()
-        try:
-            return dict(await loop.run_in_executor(self._verify_executor, self.verifier,
-                                                   question, answer))
-        except Exception as exc:  # noqa: BLE001 - the answer matters more than its check
-            log.warning("verification failed: %s", getattr(exc, "message", None) or repr(exc))
-            self.metrics.errors.inc(code="verify_failed")
-            return {"error": verify_error(exc)}
+        out: dict[str, Any] = {}
+        for name in names:
+            try:
+                out[name] = dict(await loop.run_in_executor(
+                    self._endpoint_executor, self.endpoints.report, name, question, answer))
+            except Exception as exc:  # noqa: BLE001 - the answer matters more than its check
+                log.warning("endpoint %s failed: %s", name,
+                            getattr(exc, "message", None) or repr(exc))
+                self.metrics.errors.inc(code="endpoint_failed")
+                out[name] = {"error": endpoint_error(exc)}
+        return out
 
     def record(self, trace_id: str, build: Callable[[], Trace]) -> None:
         """Queue the trace ``build()`` makes, built off the loop (``TraceWriter.submit``)."""
@@ -132,4 +148,4 @@ class ChatPipeline:
         if self.traces is not None:
             await self.traces.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._verify_executor.shutdown(wait=False, cancel_futures=True)
+        self._endpoint_executor.shutdown(wait=False, cancel_futures=True)

@@ -139,7 +139,7 @@ async def chat_completions(request: Request) -> Response:
         switches = ChatSwitches.from_body(body.get("whetstone"))
         if request.headers.get(ADAPTED_HEADER):  # a wrapped client applied its library
             switches = replace(switches, library=False)
-        state.pipeline.check_verify(switches, call.stream, call.request.n)
+        state.pipeline.check_endpoints(switches, call.stream, call.request.n)
     except WhetstoneError as exc:
         return whetstone_error_reply(state.metrics, exc, headers)
     except Exception as exc:  # noqa: BLE001 - a validation bug: still a proper 500
@@ -202,9 +202,9 @@ class _Exchange:
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
             return await self._failed(exc)
         body, meta = completion_to_openai(completion, model=self.model), {}
-        if switches.verify:
-            meta["verification"] = await state.pipeline.verify(
-                last_user_text(self.call.request.messages), completion.text)
+        if switches.endpoints:
+            meta["endpoints"] = await state.pipeline.call_endpoints(
+                switches.endpoints, last_user_text(self.call.request.messages), completion.text)
             body["whetstone"] = dict(meta)
         self._record(completion, None, **meta)
         await self._settle()

@@ -108,9 +108,10 @@ def commands(kit: CommandKit) -> list[click.Command]:
                                 backend_options=BackendOptions(api_key=api_key), corpus=corpus_name)
         try:
             with out.status("checking claims …", spinner="dots"):
-                result = engine.verify(question, answer, evidence=given or None, analyst=analyst,
-                                       k=k, policy=policy, rounds=rounds, samples=samples,
-                                       seed=seed)
+                result = engine.endpoint(
+                    "verify", question=question, answer=answer, evidence=given or None,
+                    analyst=analyst, options={"k": k, "policy": policy, "rounds": rounds,
+                                              "samples": samples, "seed": seed})
         finally:
             engine.close()
         if as_json:

@@ -391,12 +391,12 @@ def result_trace(result: MarchResult, trace_id: str | None = None, *, model: str
                       total_tokens=result.usage.total_tokens, meta={"march": report})
 
 
-def verify_answer(env: MethodEnv, question: str, answer: str | None, *,
-                  evidence: Sequence[str] | None, analyst: Any,
+def verify_answer(env: MethodEnv, question: str, answer: str | None = None, *,
+                  evidence: Sequence[str] | None = None, analyst: Any = None,
                   options: Mapping[str, Any]) -> MarchResult:
-    """``Engine.verify`` through MARCH (``MethodSpec.verify``): check ``answer`` against
-    ``evidence`` (default: the top passages of the corpus ``options["corpus"]``); with no
-    ``answer`` the solver answers from the evidence first."""
+    """MARCH's ``verify`` endpoint (``Engine.endpoint("verify", question=..., answer=...)``):
+    check ``answer`` against ``evidence`` (default: the top passages of the corpus
+    ``options["corpus"]``); with no ``answer`` the solver answers from the evidence first."""
     options = dict(options)
     if env.corpus_name:
         options.setdefault("corpus", env.corpus_name)
