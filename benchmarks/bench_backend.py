@@ -151,7 +151,8 @@ def overhead(spec: str, tokens: int, rounds: int) -> None:
 
     backend = get_backend(spec)
     with tempfile.TemporaryDirectory(prefix="whetstone-bench-home-") as home:
-        engine = Engine(backend, home=home, tools=(), skills=False, checkpointing=False,
+        engine = Engine(backend, library=Path(home) / "library", create=True, tools=(),
+                        skills=False, checkpointing=False,
                         config=RunConfig(max_steps=1, max_tokens_per_call=tokens))
         engine.run("warm-up")
         bare, ours = [], []
@@ -173,7 +174,7 @@ def overhead(spec: str, tokens: int, rounds: int) -> None:
 
 def cli_eval(spec: str, tasks: str, concurrency: int, home: Path) -> dict[str, Any]:
     env = {**os.environ, "WHETSTONE_HOME": str(home)}
-    cmd = [sys.executable, "-c", "import cli; cli.main()", "eval", "--tasks", tasks, "--model",
+    cmd = [sys.executable, "-m", "whetstone", "eval", "--tasks", tasks, "--model",
            spec, "-j", str(concurrency), "--json"]
     start = time.perf_counter()
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)

@@ -90,7 +90,7 @@ class SectionRunner(Runner):
             tools.append(make_search_tool(self.corpus()))
         return Engine(self.backend, library=library, version=version,
                       methods=row.methods if row else (), tools=tools, checkpointing=False,
-                      registry=self.registry, home=self.work_dir, create=True)
+                      registry=self.registry, create=True)
 
     def corpus(self) -> Any:
         if "_corpus" not in self.__dict__:

@@ -100,7 +100,6 @@ class Engine:
         methods: Sequence[MethodSpec] = (),
         tools: Sequence[Any] = ("calculator", "python"),
         config: RunConfig | None = None,
-        home: str | Path | None = None,
         backend_options: BackendOptions | None = None,
         checkpointing: bool = True,
         registry: MethodRegistry | None = None,
@@ -111,14 +110,13 @@ class Engine:
         otel: bool | OtelSettings | None = None,
     ) -> None:
         self.solver_kind = check_solver(solver)
-        self.home = Path(home).expanduser() if home is not None else whetstone_home()
         self.library_path = (Path(library).expanduser() if library is not None
-                             else self.home / "library")
+                             else whetstone_home() / "library")
         self.registry = registry or default_registry()
         # Every write through engine.library is checked by the product's rules by default,
         # each method's folder by that method's validator.
         self.library = opening.open_library(self.library_path, self.registry.folders(),
-                                            create=create, home=self.home)
+                                            create=create)
         # The version every host reads ("candidate:NAME" scores a kept candidate without
         # applying it; None follows the current version).
         self.pin = Pin.of(self.library, version)
@@ -226,7 +224,8 @@ class Engine:
     def agent(self) -> Agent:
         """Built on first use (opening the checkpoint database is not free)."""
         if self._agent is None:
-            checkpoints = (Checkpoints(self.home / "checkpoints.sqlite")
+            # The library's own (outside every version): a run resumes against its library.
+            checkpoints = (Checkpoints(self.library.scratch("checkpoints") / "runs.sqlite")
                            if self._checkpointing else None)
             self._agent = self._build_agent(checkpoints=checkpoints)
         return self._agent

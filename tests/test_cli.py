@@ -191,7 +191,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
 
 
 def test_help_is_instant_and_imports_nothing_heavy() -> None:
-    code = ("import sys; from cli import cli; "
+    code = ("import sys; from whetstone.cli import cli; "
             "print(sorted(m for m in ('torch','transformers','chromadb','langgraph') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

@@ -412,7 +412,7 @@ class Runner:
         # otherwise refused as a mistyped --library).
         return Engine(self.backend_for(row), library=library, version=version,
                       methods=row.methods if row else (), tools=tools, create=True,
-                      checkpointing=False, registry=self.registry, home=self.work_dir)
+                      checkpointing=False, registry=self.registry)
 
     def mcp_tools(self, row: RowPlan) -> Any:
         """The row's MCP servers as one ``ToolSet``: every engine of the row (its training
