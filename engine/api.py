@@ -265,10 +265,9 @@ class Engine:
         ``whetstone.engine.runtime.Agent.stream``)."""
         return self.agent.stream(task, **kwargs)
 
-    def resume(self, trace_id: str) -> Trace:
-        return self.agent.resume(trace_id)
-
     def resume_stream(self, trace_id: str) -> Iterator[AgentEvent]:
+        """An interrupted run's steps from where it stopped, then its finished trace
+        (``whetstone run --resume ID``)."""
         return self.agent.resume_stream(trace_id)
 
     async def arun(self, task: str, **kwargs: Any) -> Trace:

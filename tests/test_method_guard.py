@@ -13,9 +13,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 METHODS = REPO / "engine" / "methods"
 # The modules whose public names the core offers every part (records, errors and exit codes,
-# the step kinds, the shared command-line options, the command kit).
+# the step kinds, the shared command-line options, the command kit), and the two the methods
+# are reached through: the registry (what a ``MethodSpec`` may declare) and ``Engine``.
 DEFINITIONS = ("engine/types.py", "engine/errors.py", "engine/commands/common.py",
-               "engine/commands/kit.py")
+               "engine/commands/kit.py", "engine/methods/registry.py", "engine/api.py")
+# Of these, the modules whose classes' public members count too: a field of ``MethodSpec`` or
+# a method of ``Engine`` that one method alone uses is a hook for that method in the core.
+MEMBERS = ("engine/methods/registry.py", "engine/api.py")
 CORE_ROOTS = ("engine", "library_store", "skills", "tools", "cli.py", "whetstone/__init__.py")
 
 
@@ -36,8 +40,9 @@ def product_files(repo: Path = REPO) -> list[Path]:
     return files
 
 
-def public_names(tree: ast.Module) -> set[str]:
-    """The names a module defines at its top level and does not mark private."""
+def public_names(tree: ast.Module, members: bool = False) -> set[str]:
+    """The names a module defines at its top level and does not mark private; with
+    ``members``, its classes' public methods and fields too."""
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
@@ -46,6 +51,8 @@ def public_names(tree: ast.Module) -> set[str]:
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
+        if members and isinstance(node, ast.ClassDef):
+            names |= public_names(ast.Module(body=node.body, type_ignores=[]))
     return {n for n in names if not n.startswith("_")}
 
 
@@ -60,8 +67,8 @@ def step_kinds(types_tree: ast.Module) -> set[str]:
 
 
 def used_words(tree: ast.AST) -> tuple[set[str], set[str]]:
-    """(identifiers, whole string constants) a module's code uses: names, attributes and
-    imported names; strings that are whole words (a step kind is written as its string)."""
+    """(identifiers, whole string constants) a module's code uses: names, attributes, keyword
+    arguments and imported names; strings that are whole words (a step kind is written as its string)."""
     names: set[str] = set()
     strings: set[str] = set()
     for node in ast.walk(tree):
@@ -71,6 +78,8 @@ def used_words(tree: ast.AST) -> tuple[set[str], set[str]]:
             names.add(node.attr)
         elif isinstance(node, ast.ImportFrom):
             names |= {a.name for a in node.names}
+        elif isinstance(node, ast.keyword) and node.arg:  # a field given by name
+            names.add(node.arg)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and re.fullmatch(r"[a-z_]+", node.value):
             strings.add(node.value)
@@ -85,7 +94,8 @@ def single_method_names(files: Iterable[Path], repo: Path = REPO) -> dict[str, s
     offered: list[tuple[Path, str, bool]] = []  # (defining file, name, is a string)
     for rel in DEFINITIONS:
         path = repo / rel
-        offered += [(path, n, False) for n in sorted(public_names(trees[path]))]
+        offered += [(path, n, False) for n in sorted(public_names(trees[path],
+                                                                 members=rel in MEMBERS))]
     offered += [(repo / "engine/types.py", k, True) for k in sorted(step_kinds(
         trees[repo / "engine/types.py"]))]
     found: dict[str, str] = {}
@@ -131,6 +141,30 @@ def test_the_guard_finds_a_name_only_one_method_uses(tmp_path: Path) -> None:
     core.parent.mkdir(parents=True)
     core.write_text("from whetstone.engine.types import Verdict\n")
     assert "engine/types.py:Verdict" not in single_method_names([*files, core], tmp_path)
+
+
+def test_the_guard_covers_the_registry_and_engine_members(tmp_path: Path) -> None:
+    """A ``MethodSpec`` field or an ``Engine`` method only one method uses is a hook for it in
+    the core (as ``MethodSpec.verify`` and ``Engine.verify_report`` were for MARCH)."""
+    for rel in DEFINITIONS:
+        dst = tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text((REPO / rel).read_text(encoding="utf-8"), encoding="utf-8")
+    registry = tmp_path / "engine/methods/registry.py"
+    registry.write_text(registry.read_text(encoding="utf-8").replace(
+        "    prompts: Prompts | None = None\n",
+        "    prompts: Prompts | None = None\n    hallucination_check: str | None = None\n"))
+    api = tmp_path / "engine/api.py"
+    api.write_text(api.read_text(encoding="utf-8").replace(
+        "    def close(self) -> None:\n",
+        "    def claims_report(self) -> None:\n        pass\n\n    def close(self) -> None:\n"))
+    user = tmp_path / "engine/methods/march/__init__.py"
+    user.parent.mkdir(parents=True)
+    user.write_text("METHOD = MethodSpec('march', hallucination_check='x')\n"
+                    "def f(engine):\n    return engine.claims_report()\n")
+    found = single_method_names([*(tmp_path / r for r in DEFINITIONS), user], tmp_path)
+    assert found["engine/methods/registry.py:hallucination_check"] == "march"
+    assert found["engine/api.py:claims_report"] == "march"
 
 
 # --- imports inside functions ------------------------------------------------------------

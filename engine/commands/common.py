@@ -31,7 +31,7 @@ from ..errors import (  # noqa: F401 - EXIT_* re-exported for the commands
     WhetstoneError,
 )
 from ..methods.base import options_from_text
-from ..methods.registry import default_registry
+from ..methods.registry import KnobOption, default_registry
 from ..paths import whetstone_home
 from ..printing import printable
 
@@ -341,19 +341,19 @@ class MethodGroup(_WithMethodShortcuts, click.Group):
 
 
 def _shortcut_params() -> list[click.Parameter]:
-    params: list[click.Parameter] = []
-    for method, opt in default_registry().knob_options():
-        def remember(ctx: click.Context, _: click.Parameter, value: str | None,
-                     key: tuple[str, str] = (method, opt.knob), flag: str = opt.flag
-                     ) -> str | None:
-            if value is not None:
-                ctx.meta.setdefault(_SHORTCUTS, {})[key] = (flag, value)
-            return value
-        params.append(click.Option([opt.flag], default=None, metavar=opt.metavar,
-                                   expose_value=False, callback=remember,
-                                   help=f"{opt.help} Same as --method-config "
-                                        f"{method}.{opt.knob}=…"))
-    return params
+    return [_shortcut_param(method, opt) for method, opt in default_registry().knob_options()]
+
+
+def _shortcut_param(method: str, opt: KnobOption) -> click.Option:
+    """``opt.flag VALUE``, remembered as ``--method-config <method>.<knob>=VALUE``."""
+    def remember(ctx: click.Context, _: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            ctx.meta.setdefault(_SHORTCUTS, {})[(method, opt.knob)] = (opt.flag, value)
+        return value
+
+    return click.Option([opt.flag], default=None, metavar=opt.metavar, expose_value=False,
+                        callback=remember,
+                        help=f"{opt.help} Same as --method-config {method}.{opt.knob}=…")
 
 
 def methods_option(fn: F) -> F:
