@@ -14,9 +14,7 @@ import asyncio
 import json
 import logging
 import os
-import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -36,7 +34,6 @@ from .openai_http import (
     HttpFailure,
     JsonPoster,
     SseParser,
-    close_on_loop,
     server_message,
     should_retry,
     split_userinfo,
@@ -145,13 +142,8 @@ class OpenAICompatBackend(Backend):
             max_concurrency=max_concurrency,
         )
         self._openai = openai
-        self._api_key = api_key
         self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0,
                                      timeout=timeout_s)
-        # An async client's connection pool belongs to one event loop; keep one per loop.
-        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary())
-        self._lock = threading.Lock()
         self._poster = JsonPoster(base_url, api_key)
 
     # --- errors and retries ------------------------------------------------------------------
@@ -294,16 +286,6 @@ class OpenAICompatBackend(Backend):
                             attempt + 1, self.retry.max_retries, wait)
                 await asyncio.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _aclient(self) -> Any:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            client = self._aclients.get(loop)
-            if client is None:
-                client = self._openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url,
-                                                  max_retries=0, timeout=self.timeout_s)
-                self._aclients[loop] = client
-            return client
 
     # --- the contract ------------------------------------------------------------------------
 
@@ -494,23 +476,14 @@ class OpenAICompatBackend(Backend):
             await chunks.aclose()  # type: ignore[attr-defined]
 
     async def aclose(self) -> None:
-        """Close the async client of the running loop (a server calls this as it shuts down,
-        while its loop still runs)."""
-        with self._lock:
-            client = self._aclients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.close()
+        """Close the async poster's session of the running loop (a server calls this as it
+        shuts down, while its loop still runs)."""
         await self._poster.aclose()
 
     def close(self) -> None:
-        """Close the HTTP clients. Async clients whose loop is gone are left to the GC."""
+        """Close the HTTP clients."""
         self._client.close()
         self._poster.close()
-        with self._lock:
-            clients = list(self._aclients.items())
-            self._aclients.clear()
-        for loop, client in clients:
-            close_on_loop(loop, client.close)
 
 def make_openai(arg: str, options: BackendOptions) -> OpenAICompatBackend:
     """Factory for ``openai:<model>[@<base_url>]``.

@@ -177,9 +177,6 @@ class BackendRegistry:
     def entries(self) -> list[BackendEntry]:
         return list(self._entries.values())
 
-    def known_specs(self) -> list[str]:
-        return [e.example for e in self._entries.values()]
-
     def entry_for(self, spec: str) -> tuple[BackendEntry, str]:
         """Split ``spec`` into its registered entry and the argument after the prefix."""
         if not spec or not spec.strip():

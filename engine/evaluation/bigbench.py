@@ -79,11 +79,6 @@ class FetchResult:
     replaced: bool = False
 
 
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as f:
-        return _sha256_stream(f)
-
-
 def _sha256_stream(f: BinaryIO) -> str:
     h = hashlib.sha256()
     while chunk := f.read(_CHUNK):
