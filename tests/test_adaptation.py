@@ -23,13 +23,7 @@ from whetstone.engine.evaluation.examples import (
 from whetstone.engine.evaluation.runner import evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
 from whetstone.engine.evolution.pipeline import gate_and_apply
-from whetstone.engine.methods.memory.method import Memory, MemoryConfig
 from whetstone.engine.methods.registry import default_registry
-from whetstone.engine.methods.self_consistency.plugin import (
-    SelfConsistency,
-    SelfConsistencyConfig,
-    vote_of,
-)
 from whetstone.engine.types import Request, Step, Trace
 from whetstone.skills.examples import ExampleRetriever
 from whetstone.skills.format import Example, parse_examples, render_examples
@@ -205,8 +199,10 @@ def model_that_copies(request: Request) -> str:
     return f"Final Answer: {2 * n if 'Solution:' in system else n}"
 
 
+@pytest.mark.memory
 def test_memory_keeps_verified_runs_and_the_runtime_shows_the_nearest(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from whetstone.engine.methods.memory.method import Memory, MemoryConfig
     from whetstone.library_store import embeddings
 
     monkeypatch.setattr(embeddings, "query_embedder",
@@ -235,6 +231,8 @@ def test_memory_keeps_verified_runs_and_the_runtime_shows_the_nearest(
     assert again.empty
 
 
+@pytest.mark.memory
+@pytest.mark.self_consistency
 def test_memory_is_registered_as_an_evolver_and_a_runtime_method() -> None:
     reg = default_registry()
     assert "memory" in reg.names("evolver") and "memory" in reg.names("runtime")
@@ -245,6 +243,7 @@ def test_memory_is_registered_as_an_evolver_and_a_runtime_method() -> None:
 # -- self-consistency --------------------------------------------------------------------------
 
 
+@pytest.mark.self_consistency
 def test_self_consistency_answers_with_the_majority_and_counts_every_sample(
         tmp_path: Path) -> None:
     answers = iter(["The answer is 7", "Final Answer: 8", "so 7.0", "no idea at all", "8"])
@@ -269,8 +268,14 @@ def test_self_consistency_answers_with_the_majority_and_counts_every_sample(
     assert len({s["trace_id"] for s in sc["samples"]}) == 5
 
 
+@pytest.mark.self_consistency
 def test_self_consistency_stops_at_its_token_budget_and_leaves_single_runs_greedy(
         tmp_path: Path) -> None:
+    from whetstone.engine.methods.self_consistency.plugin import (
+        SelfConsistency,
+        SelfConsistencyConfig,
+    )
+
     temps: list[float] = []
 
     def model(request: Request) -> str:
@@ -288,7 +293,10 @@ def test_self_consistency_stops_at_its_token_budget_and_leaves_single_runs_greed
     assert temps and set(temps) == {0.0}
 
 
+@pytest.mark.self_consistency
 def test_a_tool_task_votes_with_its_calls() -> None:
+    from whetstone.engine.methods.self_consistency.plugin import vote_of
+
     tools = ({"type": "function", "function": {"name": "area", "parameters": {}}},)
     task = TaskRecord(id="b", question="area of 3", tools=tools, expected=[], scorer="bfcl")
     call = Step(kind="act", module="act", input={"tool": "area", "arguments": {"r": 3}})
@@ -297,9 +305,12 @@ def test_a_tool_task_votes_with_its_calls() -> None:
     assert vote_of(t.with_(steps=()), task) is None
 
 
+@pytest.mark.self_consistency
 @pytest.mark.parametrize("answer,vote", [("The answer is 1,200.", "1200"), ("", None),
                                          ("Final Answer: Paris", "paris")])
 def test_votes_read_answers_like_the_scorers(answer: str, vote: str | None) -> None:
+    from whetstone.engine.methods.self_consistency.plugin import vote_of
+
     assert vote_of(Trace(id="x", task="q", answer=answer, outcome="answered")) == vote
 
 
@@ -336,6 +347,7 @@ def t2s_analyst(request: Request) -> str:
     return "not json at all"  # run 3: the reply is dropped, the run is still a default add
 
 
+@pytest.mark.trace2skill
 @pytest.mark.parametrize("sequential", [False, True])
 def test_trace2skill_keeps_verified_examples_chosen_by_the_analysts(sequential: bool) -> None:
     from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig
@@ -355,6 +367,7 @@ def test_trace2skill_keeps_verified_examples_chosen_by_the_analysts(sequential: 
     assert "- Add both amounts." in patch.changes["skills/adding/SKILL.md"]
 
 
+@pytest.mark.trace2skill
 def test_trace2skill_retires_and_replaces_examples_and_respects_the_cap() -> None:
     from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig
 

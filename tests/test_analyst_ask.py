@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import BackendError, ParseError
 from whetstone.engine.methods.analyst import AnalystReply, AskAgain, ask_parsed, ask_parsed_sync
-from whetstone.engine.methods.co_react import rubric
 from whetstone.engine.types import Completion, Request
 
 
@@ -89,7 +90,10 @@ def test_a_method_words_its_own_retry_and_asks_again_for_a_reply_that_parses() -
     assert reply.value is None and reply.error.startswith("not a number")
 
 
+@pytest.mark.co_react
 def test_rubric_ask_is_the_shared_loop() -> None:
+    from whetstone.engine.methods.co_react import rubric
+
     backend = ScriptedBackend(["no", "3"])
     value, stats, raw = rubric.ask(backend, "How many?", as_int, max_tokens=50,
                                    temperature=0.0, seed=1, stop=("\n6.",))

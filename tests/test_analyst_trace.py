@@ -11,6 +11,7 @@ def test_a_checking_step_is_shown_with_its_kind() -> None:
     """A rubric or verify step with an output reads ``[kind] output``: the template's ``kind``
     placeholder is a keyword like any other (it once clashed with the prompt section's name
     and raised TypeError for every trace with such a step)."""
+    # names, not uses: co_react, march
     steps = (Step("think", "agent", output={"text": "17 * 23 = 391"}),
              Step("rubric", "co_react", output={"score": 0.5}),
              Step("verify", "march", output={"claims": 1}))

@@ -127,6 +127,7 @@ async def test_achat(engine: Engine) -> None:
 
 # --- Engine.wrap -----------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_wrap_applies_the_library_and_strips_the_switches(engine: Engine, upstream: Any) -> None:
     url, backend, _ = upstream
     sent: list[dict[str, Any]] = []
@@ -149,6 +150,7 @@ def test_wrap_applies_the_library_and_strips_the_switches(engine: Engine, upstre
     assert [m["role"] for m in sent[1]["messages"]] == ["user"]
 
 
+@pytest.mark.integration
 def test_wrap_keeps_the_clients_signature_and_other_attributes(engine: Engine, upstream: Any
                                                                ) -> None:
     url, _, _ = upstream
@@ -166,6 +168,7 @@ def test_wrap_keeps_the_clients_signature_and_other_attributes(engine: Engine, u
         engine.wrap(object())
 
 
+@pytest.mark.integration
 def test_wrap_streams_and_records_the_whole_reply(engine: Engine, upstream: Any) -> None:
     url, _, _ = upstream
     client = engine.wrap(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
@@ -180,6 +183,7 @@ def test_wrap_streams_and_records_the_whole_reply(engine: Engine, upstream: Any)
     assert engine.traces.get(trace_id_of(cut) or "").outcome == "interrupted"
 
 
+@pytest.mark.integration
 def test_wrap_passes_tool_calls_and_records_failures(engine: Engine, upstream: Any) -> None:
     url, backend, _ = upstream
     client = engine.wrap(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
@@ -207,6 +211,7 @@ class _BrokenLibrary(Plugin):
         raise RuntimeError("embedder failed to load")
 
 
+@pytest.mark.integration
 def test_wrap_sends_the_request_unadapted_when_the_library_fails(
         upstream: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     url, backend, _ = upstream
@@ -227,6 +232,7 @@ def test_wrap_sends_the_request_unadapted_when_the_library_fails(
     assert "library_error" in store.get(trace_id_of(stream) or "").meta
 
 
+@pytest.mark.integration
 async def test_an_async_wrap_sends_the_request_unadapted_when_the_library_fails(
         upstream: Any, tmp_path: Path) -> None:
     url, backend, _ = upstream
@@ -242,6 +248,7 @@ async def test_an_async_wrap_sends_the_request_unadapted_when_the_library_fails(
     await client.close()
 
 
+@pytest.mark.integration
 def test_wrap_with_raw_response(engine: Engine, upstream: Any) -> None:
     url, _, _ = upstream
     client = engine.wrap(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
@@ -252,6 +259,7 @@ def test_wrap_with_raw_response(engine: Engine, upstream: Any) -> None:
     assert engine.traces.get(trace_id_of(raw) or "").answer == parsed.choices[0].message.content
 
 
+@pytest.mark.integration
 async def test_wrap_an_async_client(engine: Engine, upstream: Any) -> None:
     url, _, _ = upstream
     sent: list[dict[str, Any]] = []
@@ -273,6 +281,7 @@ async def test_wrap_an_async_client(engine: Engine, upstream: Any) -> None:
     await client.close()
 
 
+@pytest.mark.integration
 def test_engine_app_serves_this_engines_library(engine: Engine) -> None:
     with Servers() as servers:
         url = servers.start(engine.app(model_name="tiny")) + "/v1"
@@ -316,6 +325,8 @@ def test_a_repeated_question_is_served_from_the_caches(engine: Engine, library: 
     assert "baking-recipes" not in moved.guidance["skills"]["shown"]
 
 
+@pytest.mark.co_react
+@pytest.mark.self_consistency
 @pytest.mark.parametrize("method", ["co_react", "self_consistency", "horizon"])
 def test_chat_refuses_a_method_it_cannot_run(library: Library, method: str) -> None:
     # Chat mode applies only guidance; Co-ReAct's rubric node and the others were dropped
@@ -332,6 +343,7 @@ def test_chat_refuses_a_method_it_cannot_run(library: Library, method: str) -> N
         e.close()
 
 
+@pytest.mark.memory
 def test_chat_keeps_methods_that_add_guidance(library: Library) -> None:
     e = Engine(ScriptedBackend(responder=echo), library=library.root, methods=["memory"],
                checkpointing=False)
@@ -341,6 +353,7 @@ def test_chat_keeps_methods_that_add_guidance(library: Library) -> None:
         e.close()
 
 
+@pytest.mark.integration
 def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_reply(
         engine: Engine, upstream: Any, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -358,3 +371,20 @@ def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_reply(
     assert r.choices[0].message.content.startswith("echo:") and trace_id_of(r) is None
     logged = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
     assert len(logged) == 2 and all("No space left on device" in m for m in logged)
+
+
+def test_a_wrapped_client_refuses_endpoints_rather_than_ignore_them(tmp_path: Path) -> None:
+    import openai
+
+    from whetstone.engine.api import Engine
+    from whetstone.engine.errors import ConfigError
+
+    with Engine(ScriptedBackend([]), library=tmp_path / "lib", create=True,
+                checkpointing=False) as engine:
+        client = engine.wrap(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x",
+                                           max_retries=0))
+        with pytest.raises(ConfigError, match="answered by the Whetstone server") as err:
+            client.chat.completions.create(model="m", messages=[{"role": "user",
+                                                                 "content": "hi"}],
+                                            extra_body={"whetstone": {"endpoints": ["verify"]}})
+        assert "engine.endpoint" in err.value.hint

@@ -141,6 +141,7 @@ def test_corpus_add_refuses_a_path_through_a_linked_folder(tmp_path: Path,
 
 # --- finding 7: a relayed upstream 4xx keeps no address ------------------------------------
 
+@pytest.mark.integration
 def test_a_relayed_upstream_error_names_no_upstream_address() -> None:
     import httpx
     from servers import Servers

@@ -161,6 +161,7 @@ def _probe(archive: Path) -> dict[str, object]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", [tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE])
 def test_a_huge_long_name_or_pax_header_is_refused_with_bounded_memory(
         tmp_path: Path, kind: bytes) -> None:
@@ -257,6 +258,7 @@ SWAPPER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_swapping_a_file_and_a_link_during_import_never_commits_the_target(
         tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"

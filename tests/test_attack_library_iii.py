@@ -130,6 +130,7 @@ def _chained_headers(tmp_path: Path) -> Path:
     return _gz(tmp_path / "chain.tar.gz", [chain + _folder(f"d{i:05d}") for i in range(1000)])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("build", [_global_keys_then_folders, _records_per_entry,
                                    _globals_between_folders, _chained_headers])
 def test_pax_records_are_bounded_before_tarfile_parses_them(tmp_path: Path, build) -> None:
@@ -236,6 +237,7 @@ def _bigbench_sdist(path: Path, sorting_task: bytes) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.integration
 def test_a_swapped_sdist_is_never_extracted(tmp_path: Path) -> None:
     # A real racer flipping the path between the pinned sdist and another: whether it wins
     # on the code before depends on scheduling; the next test puts it at its best moment.
@@ -343,6 +345,8 @@ def test_corpus_add_of_a_link_to_an_added_folder_removes_nothing(tmp_path: Path)
 
 # --- Also: one broken method package never stops the other commands ---------------------------
 
+@pytest.mark.integration
+@pytest.mark.trace2skill
 @pytest.mark.parametrize("broken", ["missing", "raises"])
 def test_a_broken_method_entry_point_is_skipped_with_a_warning(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str) -> None:

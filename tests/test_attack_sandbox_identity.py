@@ -121,6 +121,7 @@ def test_the_frame_road_is_refused_at_admission() -> None:
                            '    return image.format == "PNG"\n') == []
 
 
+@pytest.mark.integration
 def test_python_tool_by_tools_test(tmp_path: Path, core_before: str) -> None:
     canary = canary_path()
     res = cli("tools", "test", "python", json.dumps({"code": program(canary)}), "--json",
@@ -131,6 +132,7 @@ def test_python_tool_by_tools_test(tmp_path: Path, core_before: str) -> None:
     assert out["metadata"]["sandbox"]["isolation"] == "bwrap"
 
 
+@pytest.mark.integration
 def test_python_tool_called_by_the_model_in_run(tmp_path: Path, core_before: str) -> None:
     canary = canary_path()
     script = tmp_path / "model.json"
@@ -147,6 +149,7 @@ def test_python_tool_called_by_the_model_in_run(tmp_path: Path, core_before: str
     assert_unprivileged(parse_report(acts[0]["output"]["observation"]))
 
 
+@pytest.mark.integration
 def test_learned_tool_by_tools_test(tmp_path: Path, core_before: str,
                                     relaxed_check: dict[str, str]) -> None:
     canary = canary_path()
@@ -197,6 +200,7 @@ def serving_mcp(lib: Path, env: dict[str, str]) -> Iterator[str]:
         proc.wait(timeout=20)
 
 
+@pytest.mark.integration
 async def test_learned_tool_over_mcp_http_with_a_key(tmp_path: Path, core_before: str,
                                                      relaxed_check: dict[str, str]) -> None:
     from mcp import ClientSession
@@ -313,6 +317,7 @@ def run_as_user(tree: Path, code: str) -> subprocess.CompletedProcess[str]:
                           "HOME": str(tree), "TMPDIR": "/tmp"})
 
 
+@pytest.mark.integration
 def test_as_a_normal_user_the_sandbox_holds_too(normal_user_tree: Path,
                                                 core_before: str) -> None:
     canary = canary_path()

@@ -32,6 +32,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+pytestmark = [pytest.mark.integration]  # every test here uses it
+
 REPO = Path(__file__).resolve().parent.parent
 KEY_A, KEY_B = "sk-attack-owner-a", "sk-attack-owner-b"
 START_TIMEOUT_S = 180.0  # two busy cores; the process usually answers within seconds

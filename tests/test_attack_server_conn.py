@@ -178,6 +178,7 @@ class Herd:
         self.selector.close()
 
 
+@pytest.mark.integration
 def test_slow_headers_are_cut_and_no_address_holds_the_server(tmp_path: Path) -> None:
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps({"replies": ["ok"] * 40}))
@@ -243,6 +244,7 @@ def probe(base: str, source: str) -> int | str:
             return type(exc).__name__
 
 
+@pytest.mark.integration
 def test_a_flood_from_many_addresses_leaves_room_for_everyone_else(tmp_path: Path) -> None:
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps({"replies": ["ok"]}))
@@ -273,6 +275,7 @@ def test_a_flood_from_many_addresses_leaves_room_for_everyone_else(tmp_path: Pat
         assert metric(base, closed % "header_timeout") > 0
 
 
+@pytest.mark.integration
 def test_a_kept_alive_connection_must_send_its_next_headers_in_time(tmp_path: Path) -> None:
     """The deadline is re-armed by the first byte after a reply, so a client cannot get a
     connection with one quick request and then drip the next."""
@@ -346,6 +349,7 @@ async def usage_upstream(request: HttpRequest) -> Response:
 
 # --- 8. absurd usage -------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_an_upstreams_absurd_usage_is_dropped_not_counted(tmp_path: Path) -> None:
     app = Starlette(routes=[Route("/v1/chat/completions", usage_upstream, methods=["POST"])])
     with Servers() as servers:
@@ -410,6 +414,7 @@ def peak_rss_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
 def test_a_gzip_bomb_from_the_upstream_is_cut_at_the_cap(tmp_path: Path, path: str) -> None:
     app = Starlette(routes=[Route(path, bomb_upstream, methods=["POST"])])

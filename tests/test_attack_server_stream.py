@@ -113,6 +113,7 @@ def _stream(base: str, content: str) -> httpx.Response:
                             "messages": [{"role": "user", "content": content}]})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["bomb", "endless", "bomb-after-text", "endless-after-text"])
 def test_a_hostile_streamed_reply_is_cut_with_bounded_memory_and_time(
         served: tuple[str, int, str], kind: str) -> None:
@@ -136,6 +137,7 @@ def test_a_hostile_streamed_reply_is_cut_with_bounded_memory_and_time(
     assert peak - before < 150, (before, peak)  # the 4 MiB event cap, not 256 MiB
 
 
+@pytest.mark.integration
 def test_the_blocking_stream_is_cut_too(served: tuple[str, int, str]) -> None:
     from whetstone.engine.backends import BackendOptions, get_backend
     from whetstone.engine.errors import BackendError
@@ -153,6 +155,7 @@ def test_the_blocking_stream_is_cut_too(served: tuple[str, int, str]) -> None:
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before < 150
 
 
+@pytest.mark.integration
 def test_a_stream_that_stalls_past_the_deadline_is_cut_on_both_paths(
         served: tuple[str, int, str]) -> None:
     """The text so far, then ``finish_reason="timeout"``; was: httpx's own ReadTimeout from
@@ -191,6 +194,7 @@ def test_the_event_parser_keeps_events_whole_and_bounded() -> None:
             whole.feed(b"data: {}\n\n" * 2)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("route", "extra", "status"), [
     ("/v1/completions", {"logprobs": 1}, 200),  # lm-eval's local-completions
     ("/v1/completions", {"logprobs": 0}, 200),

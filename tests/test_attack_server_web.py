@@ -79,6 +79,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Scrip
         yield base, backend, store
 
 
+@pytest.mark.integration
 def test_a_web_page_cannot_post_to_the_server_or_label_a_trace(
         local: tuple[str, ScriptedBackend, TraceStore]) -> None:
     base, backend, store = local
@@ -119,6 +120,7 @@ def test_a_web_page_cannot_post_to_the_server_or_label_a_trace(
     assert same.status_code == 200, same.text
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", ["/health", "/livez", "/readyz", "/metrics", "/v1/models"])
 def test_a_rebound_name_gets_nothing(local: tuple[str, ScriptedBackend, TraceStore],
                                      path: str) -> None:
@@ -132,6 +134,7 @@ def test_a_rebound_name_gets_nothing(local: tuple[str, ScriptedBackend, TraceSto
         assert httpx.get(base + path, headers={"Host": host}, timeout=10).status_code == 200
 
 
+@pytest.mark.integration
 def test_a_rebound_name_cannot_chat(local: tuple[str, ScriptedBackend, TraceStore]) -> None:
     base, backend, _ = local
     before = len(backend.requests)
@@ -211,6 +214,7 @@ def init_library(tmp_path: Path) -> Path:
     return lib
 
 
+@pytest.mark.integration
 def test_the_command_lines_take_allowed_hosts_and_mcp_checks_a_wildcard_bind(
         tmp_path: Path) -> None:
     lib = init_library(tmp_path)
@@ -291,6 +295,7 @@ def probe_health(base: str, until: threading.Event, seconds: float = 12.0) -> li
     return took
 
 
+@pytest.mark.integration
 def test_health_answers_while_a_big_recording_is_built(tmp_path: Path) -> None:
     store = SlowStore(tmp_path / "traces")
     with running_server(create_app(ok_backend(), traces=store, model_name="tiny")) as base:
@@ -314,6 +319,7 @@ def test_health_answers_while_a_big_recording_is_built(tmp_path: Path) -> None:
     assert trace is not None and trace.task.startswith("x")
 
 
+@pytest.mark.integration
 def test_a_request_of_a_hundred_thousand_messages_is_refused_before_any_work(
         tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
@@ -386,6 +392,7 @@ def assert_no_secret(text: str, where: str) -> None:
         assert secret not in text, f"{secret!r} shown in {where}: {text[:2000]}"
 
 
+@pytest.mark.integration
 def test_upstream_credentials_are_never_shown(tmp_path: Path) -> None:
     echo = Echo()
     lib = init_library(tmp_path)
@@ -420,6 +427,7 @@ def test_upstream_credentials_are_never_shown(tmp_path: Path) -> None:
         assert_no_secret(stored, "the traces")
 
 
+@pytest.mark.integration
 def test_an_upstream_echoing_its_key_is_redacted_on_every_route() -> None:
     echo = Echo()
     with Servers() as servers:
@@ -480,6 +488,7 @@ async def bomb(request: HttpRequest) -> Response:
                              headers={"content-encoding": "gzip"})
 
 
+@pytest.mark.integration
 def test_a_streamed_completion_is_cut_at_the_reply_cap() -> None:
     with Servers() as servers:
         upstream = servers.start(Starlette(routes=[Route("/v1/completions", bomb,
@@ -501,6 +510,7 @@ def test_a_streamed_completion_is_cut_at_the_reply_cap() -> None:
 
 # --- 37.6 liveness and readiness ------------------------------------------------------------
 
+@pytest.mark.integration
 def test_readiness_follows_the_upstream_and_liveness_does_not() -> None:
     from whetstone.engine.server.probes import Readiness
 
@@ -540,6 +550,7 @@ def test_readiness_follows_the_upstream_and_liveness_does_not() -> None:
         gone.close()
 
 
+@pytest.mark.integration
 def test_a_model_in_this_process_is_ready_and_the_documented_probes_answer() -> None:
     import re
     import textwrap
@@ -564,6 +575,7 @@ def test_a_model_in_this_process_is_ready_and_the_documented_probes_answer() -> 
 
 # --- 37.9 n -----------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_n_goes_to_an_upstream_that_decodes_it(tmp_path: Path) -> None:
     sent: list[dict[str, Any]] = []
 

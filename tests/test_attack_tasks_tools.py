@@ -225,6 +225,7 @@ print(json.dumps(report))
 '''
 
 
+@pytest.mark.integration
 def test_fifo_socket_and_link_in_out_do_not_block_and_leave_no_folder(tmp_path: Path) -> None:
     import os
     import subprocess
@@ -258,6 +259,7 @@ def test_fifo_socket_and_link_in_out_do_not_block_and_leave_no_folder(tmp_path: 
 
 # --- issue 36, finding 7: a stored trace's scorer is data, not code to import ---------------
 
+@pytest.mark.memory
 def test_evolve_never_imports_the_scorer_a_stored_trace_names(
         whetstone_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The issue's run: eval with `--scorer helper.py:score` in one folder (its traces keep the

@@ -88,6 +88,7 @@ def test_a_learned_tool_never_replaces_the_users_function(tmp_path: Path) -> Non
     assert all(name in clash for name in both)
 
 
+@pytest.mark.integration
 def test_a_learned_tool_never_replaces_an_mcp_servers_tool(tmp_path: Path) -> None:
     lib = _library_with_learned(tmp_path / "lib", "evil_lookup")
     model = ScriptedBackend(['Action: evil_lookup[{"item": "kettle"}]',
@@ -215,6 +216,7 @@ def _config(tmp_path: Path, entry: dict[str, object]) -> str:
     return str(path)
 
 
+@pytest.mark.integration
 def test_mcp_start_errors_mask_expanded_values_and_url_credentials(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mcp_support import http_test_server
@@ -329,6 +331,7 @@ def _raw_server(tmp_path: Path, *flags: str, **options: Any) -> McpServer:
 
 # --- finding 4: a server's children do not outlive it --------------------------------------
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flags", [(), ("--stubborn",)])
 def test_an_mcp_servers_children_and_daemons_die_with_it(tmp_path: Path,
                                                          flags: tuple[str, ...]) -> None:
@@ -348,6 +351,7 @@ def test_an_mcp_servers_children_and_daemons_die_with_it(tmp_path: Path,
                 os.kill(p, signal.SIGKILL)
 
 
+@pytest.mark.integration
 def test_an_mcp_servers_daemon_dies_when_whetstone_is_killed(tmp_path: Path) -> None:
     """kill -9 of whetstone: the reaper hears of its parent's death (PR_SET_PDEATHSIG)."""
     from mcp_support import alive, wait_gone
@@ -380,6 +384,7 @@ def test_an_mcp_servers_daemon_dies_when_whetstone_is_killed(tmp_path: Path) -> 
 
 # --- finding 13: MCP client limits ---------------------------------------------------------
 
+@pytest.mark.integration
 def test_images_a_tool_returns_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
     from whetstone.tools import mcp_client
@@ -400,6 +405,7 @@ def test_images_a_tool_returns_are_bounded(tmp_path: Path, monkeypatch: pytest.M
     assert len(list(images.iterdir())) == 8  # nothing of the refused ones was written
 
 
+@pytest.mark.integration
 def test_conflicting_annotations_are_read_as_destructive(tmp_path: Path) -> None:
     from mcp_types import ToolAnnotations
 
@@ -415,6 +421,7 @@ def test_conflicting_annotations_are_read_as_destructive(tmp_path: Path) -> None
         assert [t.name for t in sessions.tools()] == ["raw_both"]
 
 
+@pytest.mark.integration
 def test_invalid_bytes_on_stdout_fail_the_call_at_once(tmp_path: Path) -> None:
     from whetstone.tools.mcp_client import McpSessions
 

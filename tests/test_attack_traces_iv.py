@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -180,6 +181,7 @@ def _echo_upstream() -> FastAPI:
     return app
 
 
+@pytest.mark.integration
 def test_a_replica_killed_after_its_replies_has_stored_every_acknowledged_trace(
         tmp_path: Path) -> None:
     import os

@@ -33,6 +33,8 @@ from whetstone.engine.errors import BackendError, ConfigError
 from whetstone.engine.server import create_app
 from whetstone.engine.types import Completion, Message, Request
 
+pytestmark = [pytest.mark.integration]  # every test here uses it
+
 CALC = {
     "type": "function",
     "function": {

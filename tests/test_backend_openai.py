@@ -250,6 +250,7 @@ def test_stream_accumulator_joins_tool_call_fragments() -> None:
 
 # --- against a live Whetstone server ---------------------------------------------------------
 
+@pytest.mark.integration
 def test_complete(upstream: Callable[..., Any]) -> None:
     scripted, backend = upstream(ScriptedBackend(["Hello there!"]))
     c = backend.complete(ASK)
@@ -258,6 +259,7 @@ def test_complete(upstream: Callable[..., Any]) -> None:
     assert scripted.requests[0].messages == ASK.messages
 
 
+@pytest.mark.integration
 def test_sampling_options_and_seed_pass_through(upstream: Callable[..., Any]) -> None:
     scripted, backend = upstream(ScriptedBackend(["a"]))
     backend.complete(ASK.with_(seed=1234, temperature=0.6, top_p=0.7, stop=("###",),
@@ -267,6 +269,7 @@ def test_sampling_options_and_seed_pass_through(upstream: Callable[..., Any]) ->
         1234, 0.6, 0.7, ("###",), 21)
 
 
+@pytest.mark.integration
 def test_native_tool_calls(upstream: Callable[..., Any]) -> None:
     scripted, backend = upstream(ScriptedBackend(
         [{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "c9"}]}],
@@ -278,12 +281,14 @@ def test_native_tool_calls(upstream: Callable[..., Any]) -> None:
     assert scripted.requests[0].tools == (WEATHER_TOOL,)
 
 
+@pytest.mark.integration
 def test_logprobs_pass_through(upstream: Callable[..., Any]) -> None:
     scripted, backend = upstream(ScriptedBackend([Completion("hi", logprobs=(-0.1, -2.0))]))
     c = backend.complete(ASK.with_(logprobs=True))
     assert c.logprobs == (-0.1, -2.0) and scripted.requests[0].logprobs
 
 
+@pytest.mark.integration
 def test_stream(upstream: Callable[..., Any]) -> None:
     _, backend = upstream(ScriptedBackend(["alpha beta gamma"]))
     chunks = list(backend.stream(ASK))
@@ -293,6 +298,7 @@ def test_stream(upstream: Callable[..., Any]) -> None:
     assert final.completion_tokens > 0 and final.prompt_tokens > 0  # from the usage chunk
 
 
+@pytest.mark.integration
 def test_stream_with_tool_calls(upstream: Callable[..., Any]) -> None:
     _, backend = upstream(ScriptedBackend(
         [{"tool_calls": [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]}],
@@ -303,6 +309,7 @@ def test_stream_with_tool_calls(upstream: Callable[..., Any]) -> None:
         ("get_weather", {"city": "Oslo"})]
 
 
+@pytest.mark.integration
 def test_async_complete_stream_and_batch(upstream: Callable[..., Any]) -> None:
     _, backend = upstream(ScriptedBackend(
         responder=lambda r: f"echo {r.messages[-1].text}", delay_s=0.05))
@@ -324,6 +331,7 @@ def test_async_complete_stream_and_batch(upstream: Callable[..., Any]) -> None:
     backend.close()
 
 
+@pytest.mark.integration
 def test_a_whetstone_server_can_serve_an_openai_backend(servers: Servers,
                                                         upstream: Callable[..., Any]) -> None:
     import openai
@@ -371,6 +379,7 @@ def _recording_app(bodies: list[dict[str, Any]]) -> FastAPI:
     return app
 
 
+@pytest.mark.integration
 def test_tool_choice_and_response_format_reach_the_upstream(servers: Servers) -> None:
     """A proxy that drops ``tool_choice`` turns a forced call into "auto" (found in front of
     vLLM: the 0.5B then answered with the call as text). Fields Whetstone does not interpret
@@ -462,6 +471,7 @@ def _flaky_app(statuses: list[int], hits: list[float], headers: dict[str, str] |
     return app
 
 
+@pytest.mark.integration
 def test_5xx_is_retried_then_unavailable(servers: Servers) -> None:
     hits: list[float] = []
     url = servers.start(_flaky_app([503] * 10, hits))
@@ -473,6 +483,7 @@ def test_5xx_is_retried_then_unavailable(servers: Servers) -> None:
     assert "after 4 attempts" in info.value.message
 
 
+@pytest.mark.integration
 def test_429_and_500_are_retried_and_retry_after_is_honoured(servers: Servers) -> None:
     hits: list[float] = []
     url = servers.start(_flaky_app([429, 500], hits, headers={"Retry-After": "0.3"}))
@@ -486,6 +497,7 @@ def test_429_and_500_are_retried_and_retry_after_is_honoured(servers: Servers) -
     assert c.prompt_tokens > 0 and c.completion_tokens > 0
 
 
+@pytest.mark.integration
 def test_an_upstream_that_says_do_not_retry_is_not_retried(servers: Servers) -> None:
     """``x-should-retry: false`` (the header the ``openai`` client obeys) stops our retries
     too, on both transports, and the error says retrying will not help."""
@@ -507,6 +519,7 @@ def test_an_upstream_that_says_do_not_retry_is_not_retried(servers: Servers) -> 
     assert len(hits) == 3 and info.value.no_retry
 
 
+@pytest.mark.integration
 def test_a_chain_of_whetstone_servers_makes_one_round_of_retries(servers: Servers) -> None:
     """client -> Whetstone B -> Whetstone A -> an upstream that is always rate limiting. A
     retries its upstream, then answers 429 with ``x-should-retry: false``: B does not retry A
@@ -527,6 +540,7 @@ def test_a_chain_of_whetstone_servers_makes_one_round_of_retries(servers: Server
     assert len(hits) == 4  # A's one round: a call and three retries
 
 
+@pytest.mark.integration
 def test_4xx_is_not_retried_and_carries_the_servers_message(upstream: Callable[..., Any]
                                                            ) -> None:
     scripted, backend = upstream(ScriptedBackend(["never"]))
@@ -537,6 +551,7 @@ def test_4xx_is_not_retried_and_carries_the_servers_message(upstream: Callable[.
     assert scripted.requests == []
 
 
+@pytest.mark.integration
 def test_a_wrong_model_name_is_a_404_with_a_hint(servers: Servers) -> None:
     url = servers.start(create_app(ScriptedBackend(["x"]), model_name="tiny"))
     backend = get_backend(f"openai:huge@{url}", BackendOptions(max_retries=0))
@@ -546,6 +561,7 @@ def test_a_wrong_model_name_is_a_404_with_a_hint(servers: Servers) -> None:
     assert "/models" in (info.value.hint or "")
 
 
+@pytest.mark.integration
 def test_an_upstream_failure_reaches_the_caller_as_a_backend_error(
         upstream: Callable[..., Any]) -> None:
     _, backend = upstream(ScriptedBackend([]), max_retries=1, extra=FAST_RETRY)
@@ -554,6 +570,7 @@ def test_an_upstream_failure_reaches_the_caller_as_a_backend_error(
         backend.complete(ASK)
 
 
+@pytest.mark.integration
 def test_a_slow_server_is_a_timeout(upstream: Callable[..., Any],
                                     caplog: pytest.LogCaptureFixture) -> None:
     _, backend = upstream(ScriptedBackend(responder=lambda r: "late", delay_s=1.5),
@@ -572,6 +589,7 @@ def test_a_slow_server_is_a_timeout(upstream: Callable[..., Any],
         asyncio.run(backend.acomplete(ASK))
 
 
+@pytest.mark.integration
 def test_the_async_path_fails_and_retries_as_the_blocking_one(
         servers: Servers, upstream: Callable[..., Any],
         caplog: pytest.LogCaptureFixture) -> None:
@@ -606,6 +624,7 @@ def test_the_async_path_fails_and_retries_as_the_blocking_one(
     assert "404" in info.value.message and "/models" in (info.value.hint or "")
 
 
+@pytest.mark.integration
 def test_one_event_loop_after_another_leaves_no_session_open(
         upstream: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
     import gc
@@ -618,6 +637,7 @@ def test_one_event_loop_after_another_leaves_no_session_open(
     assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("reply, excerpt", [
     (JSONResponse([]), "[]"),
     (PlainTextResponse("hello from nginx"), "hello from nginx"),

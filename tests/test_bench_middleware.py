@@ -26,6 +26,7 @@ def test_a_revision_that_is_not_one_says_so(tmp_path: Path) -> None:
     assert (tmp_path / "head" / "cli.py").is_file() and len(short) >= 7
 
 
+@pytest.mark.integration
 def test_the_benchmark_runs_with_a_baseline_beside_it() -> None:
     out = subprocess.run(
         [sys.executable, str(BENCH), "--requests", "2", "--throughput-requests", "8",

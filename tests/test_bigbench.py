@@ -105,6 +105,7 @@ def test_force_replaces_and_existing_cache_is_kept(tmp_path: Path) -> None:
     assert sorted(p.name for p in c.iterdir()) == ["bigbench-1.0.0"]
 
 
+@pytest.mark.integration
 def test_download_uses_a_pinned_pip_by_package_name(tmp_path: Path) -> None:
     calls: list[list[str]] = []
 
@@ -122,6 +123,7 @@ def test_download_uses_a_pinned_pip_by_package_name(tmp_path: Path) -> None:
     assert not (tmp_path / "pip-venv").exists()  # the throwaway venv is gone
 
 
+@pytest.mark.integration
 def test_pip_failure_says_what_to_do(tmp_path: Path) -> None:
     def run(cmd: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         failed = "download" in cmd

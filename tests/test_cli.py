@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from whetstone.cli import cli
@@ -182,14 +183,17 @@ def _interrupt_then_resume(tmp_path: Path, sig: int) -> None:
     assert again.returncode == 6 and "no checkpoint to resume" in again.stderr
 
 
+@pytest.mark.integration
 def test_ctrl_c_saves_an_interrupted_trace_and_resume_continues(tmp_path: Path) -> None:
     _interrupt_then_resume(tmp_path, signal.SIGINT)
 
 
+@pytest.mark.integration
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     _interrupt_then_resume(tmp_path, signal.SIGKILL)
 
 
+@pytest.mark.integration
 def test_help_is_instant_and_imports_nothing_heavy() -> None:
     code = ("import sys; from whetstone.cli import cli; "
             "print(sorted(m for m in ('torch','transformers','chromadb','langgraph') "

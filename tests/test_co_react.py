@@ -22,6 +22,8 @@ from whetstone.engine.runtime.checkpoints import Checkpoints
 from whetstone.engine.types import Request
 from whetstone.library_store.traces import TraceStore
 
+pytestmark = [pytest.mark.co_react]  # every test here uses it
+
 HEADING = "Rubric for your next step"
 RUBRIC = ("1. [0.5] Multiplies 17 by 23 with the calculator\n"
           "2. [0.3] Uses the exact numbers from the task\n"
@@ -320,6 +322,7 @@ def _replies(path: Path, replies: list[Any]) -> str:
     return f"scripted:{path}"
 
 
+@pytest.mark.horizon
 def test_cli_runs_co_react_with_a_rubric_model_and_records_it(tmp_path: Path) -> None:
     agent_spec = _replies(tmp_path / "agent.json", ["Action: calculator[17*23]",
                                                     "Final Answer: 391"])

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from test_evolve import HELD, LESSON, TASKS, analyst_reply
 
@@ -49,6 +50,7 @@ RIGHT = [str(2 * i) for i in range(11, 17)]
 WRONG = [str(i) for i in range(11, 17)]
 
 
+@pytest.mark.trace2skill
 def test_evolve_shows_progress_then_the_verdict_figures_flips_and_a_diff_summary(
         tmp_path: Path) -> None:
     res = evolve(tmp_path, (WRONG, RIGHT))
@@ -80,6 +82,7 @@ def test_evolve_shows_progress_then_the_verdict_figures_flips_and_a_diff_summary
     assert out[-1].strip().startswith("skills/adding/SKILL.md: +") and LESSON not in res.stdout
 
 
+@pytest.mark.trace2skill
 def test_evolve_json_gives_one_event_a_line_and_diff_prints_it_whole(tmp_path: Path) -> None:
     res = evolve(tmp_path, (WRONG, RIGHT), "--json")
     assert res.exit_code == 0, res.output
@@ -95,6 +98,7 @@ def test_evolve_json_gives_one_event_a_line_and_diff_prints_it_whole(tmp_path: P
     assert "+" + LESSON in again.stdout
 
 
+@pytest.mark.trace2skill
 def test_a_clear_loss_prints_no_could_have_missed_and_candidates_show_reads_as_text(
         tmp_path: Path) -> None:
     res = evolve(tmp_path, (RIGHT, WRONG))
@@ -111,6 +115,7 @@ def test_a_clear_loss_prints_no_could_have_missed_and_candidates_show_reads_as_t
     assert "- d16: 1 -> 0" in shown.stdout
 
 
+@pytest.mark.trace2skill
 def test_a_few_tasks_that_could_not_tell_say_so_and_never_read_as_a_gain(tmp_path: Path) -> None:
     # 2 better of 6, 4 unchanged: +0.333 [+0.000, +0.667], McNemar p = 0.5.
     res = evolve(tmp_path, (WRONG[:2] + RIGHT[2:], RIGHT))

@@ -13,7 +13,6 @@ from tests.test_adaptation import TASKS, WordEmbedder, code_trace
 from whetstone.engine.api import Engine, open_library
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.chat.adapter import ChatAdapter, inject_turns_dicts
-from whetstone.engine.methods.memory.method import Memory, MemoryConfig
 from whetstone.engine.runtime.plugins import Guidance, Plugin
 from whetstone.engine.types import Message, Request
 from whetstone.library_store.store import Library
@@ -51,6 +50,7 @@ def test_turns_are_chosen_within_the_budget_and_skip_examples_with_no_reply() ->
 
 
 def _library_with_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Library:
+    from whetstone.engine.methods.memory.method import Memory, MemoryConfig
     from whetstone.library_store import embeddings
 
     monkeypatch.setattr(embeddings, "query_embedder",
@@ -63,6 +63,7 @@ def _library_with_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Lib
     return lib
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("solver", ["agent", "direct"])
 def test_every_solver_shows_memory_as_turns_before_the_task(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, solver: str) -> None:
@@ -88,6 +89,7 @@ def test_every_solver_shows_memory_as_turns_before_the_task(
     assert trace.task == TASKS[0].question
 
 
+@pytest.mark.memory
 def test_the_agent_keeps_the_turns_on_every_call(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lib = _library_with_memory(tmp_path, monkeypatch)

@@ -180,6 +180,7 @@ def commit_tool_and_notes(home: Path) -> tuple[str, str]:
     return "sum_amounts", "think"
 
 
+@pytest.mark.integration
 def test_the_quick_start_targets_exist() -> None:
     (block,) = [b for b in blocks("README.md", "bash") if "make demo" in b]
     for target in re.findall(r"^make (\w+)", block, flags=re.MULTILINE):
@@ -188,6 +189,7 @@ def test_the_quick_start_targets_exist() -> None:
         assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.integration
 def test_the_readme_tour_runs_as_written(home: Path, tmp_path: Path) -> None:
     tour = next(b for b in blocks("README.md", "bash") if "whetstone run" in b)
     fills: dict[str, str] = {}
@@ -277,6 +279,7 @@ def test_the_cli_page_examples_are_a_task_and_a_script_that_work(home: Path) -> 
     assert "Answer: 391" in out
 
 
+@pytest.mark.integration
 def test_the_mcp_page_runs_as_written(home: Path, tmp_path: Path) -> None:
     invoke(["library", "init"])
     # The page's first blocks serve the library; its client section (the other way round)

@@ -21,6 +21,8 @@ from whetstone.engine.methods.dynamo.evolver import Dynamo, DynamoConfig
 from whetstone.engine.methods.dynamo.parts import Cluster, Repairs, parse_clusters, parse_tool
 from whetstone.engine.types import Request
 
+pytestmark = [pytest.mark.dynamo]  # every test here uses it
+
 
 def shop(i: int, prefix: str = "t") -> TaskRecord:
     a, b, c = i + 1, 2 * i + 3, 3 * i + 2

@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ParseError
@@ -19,6 +21,8 @@ from whetstone.engine.methods.dynamo.parts import Repairs
 from whetstone.engine.types import Request
 from whetstone.skills.format import parse_examples, parse_skill_md
 from whetstone.tools.learned import define_tool
+
+pytestmark = [pytest.mark.dynamo]  # every test here uses it
 
 
 def shop(i: int, prefix: str = "t") -> TaskRecord:

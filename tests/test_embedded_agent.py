@@ -28,6 +28,7 @@ def calculator_calls(trace: Trace) -> list[Any]:
     return [s for s in trace.steps if s.kind == "act" and s.input.get("tool") == "calculator"]
 
 
+@pytest.mark.trace2skill
 def test_embedded_agent_calls_the_calculator_and_answers_391(embedded_backend: Any,
                                                              tmp_path: Path) -> None:
     engine = Engine(embedded_backend, library=tmp_path / "lib", create=True, checkpointing=False)
@@ -40,6 +41,8 @@ def test_embedded_agent_calls_the_calculator_and_answers_391(embedded_backend: A
     assert calculator_calls(stored)[0].input["arguments"] == calls[0].input["arguments"]
 
 
+@pytest.mark.trace2skill
+@pytest.mark.integration
 def test_full_agent_run_through_whetstone_serve_with_the_openai_backend(
         embedded_backend: Any, tmp_path: Path) -> None:
     with Servers() as servers:
@@ -70,6 +73,7 @@ def _evolved_library(path: Path) -> Path:
     return path
 
 
+@pytest.mark.trace2skill
 @pytest.mark.parametrize("spec", ["embedded", "embedded:smollm2"])
 def test_an_evolved_skill_runs_unchanged_on_other_backends(spec: str, embedded_backend: Any,
                                                            tmp_path: Path) -> None:

@@ -167,6 +167,7 @@ eval_cmd.main(["--tasks", {tasks!r}], obj={{"solver_factory": factory}})
 """
 
 
+@pytest.mark.integration
 def test_ctrl_c_exits_130_and_saves_the_tasks_scored_so_far(whetstone_home: Path,
                                                             tmp_path: Path) -> None:
     marker = tmp_path / "done.txt"

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from whetstone import open_library
@@ -146,6 +147,8 @@ def _trace(outcome: str, score: float | None = None, **meta: Any) -> Trace:
                  meta={"task_id": "add-00", **meta})
 
 
+@pytest.mark.horizon
+@pytest.mark.nlpg
 def test_evolvers_learn_nothing_from_a_failed_run() -> None:
     from whetstone.engine.evolution.pipeline import training_traces
     from whetstone.engine.methods.horizon.controller import record_from_trace
@@ -158,6 +161,7 @@ def test_evolvers_learn_nothing_from_a_failed_run() -> None:
     assert record_from_trace(failed) is None and record_from_trace(limit) is not None
 
 
+@pytest.mark.dynamo
 def test_dynamo_check_runs_leave_failed_tasks_out_of_the_training_accuracy() -> None:
     """A check run's failed task used to be an attempt scored 0 (and shown to the analyst)."""
     from whetstone.engine.methods.dynamo.evolver import _Run

@@ -203,6 +203,7 @@ def test_token_boxes_tell_two_runs_of_one_version_and_file_apart() -> None:
     assert "n=1" in la
 
 
+@pytest.mark.trace2skill
 def test_evolve_keeps_the_patch_as_a_candidate_when_gate_tasks_fail(tmp_path: Path) -> None:
     """The fit's work is not lost when the gate cannot decide; --allow-errors decides."""
     from whetstone.engine.evolution.pipeline import gate_and_apply
@@ -233,6 +234,7 @@ def test_evolve_keeps_the_patch_as_a_candidate_when_gate_tasks_fail(tmp_path: Pa
     assert out.version is not None
 
 
+@pytest.mark.memory
 def test_evolve_takes_allow_errors_from_the_command_line() -> None:
     from click.testing import CliRunner
 

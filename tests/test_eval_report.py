@@ -81,6 +81,7 @@ def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str
         capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which("chromium") is None,
                     reason="needs Debian's chromium (/usr/bin/chromium); .ci/run installs it")
 def test_report_renders_in_headless_chromium_with_its_plots(tmp_path: Path) -> None:

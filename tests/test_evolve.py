@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from whetstone.cli import cli
@@ -16,6 +17,8 @@ from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
 from whetstone.engine.evolution.pipeline import gate_and_apply
 from whetstone.engine.methods.trace2skill.evolver import Trace2Skill, Trace2SkillConfig
 from whetstone.engine.types import Request
+
+pytestmark = [pytest.mark.trace2skill]  # every test here uses it
 
 LESSON = "- Add the two quantities before answering."
 # A description a task must match to see the skill (the skills floor, SkillsConfig.min_score):

@@ -260,6 +260,7 @@ def test_a_saved_decision_is_decided_again_from_its_figures() -> None:
     assert decide_again(TRACKING_3, "mean_not_worse")[0] is True
 
 
+@pytest.mark.trace2skill
 def test_whetstone_evolve_prints_the_decision_with_its_reasons(tmp_path: Path) -> None:
     from tests.test_evolve import HELD, TASKS, analyst_reply
 

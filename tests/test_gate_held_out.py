@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from whetstone.cli import cli
@@ -44,6 +45,7 @@ def evolve(tmp_path: Path, replies: list[str], *args: str) -> Any:
         "--library", str(tmp_path / "lib"), "--tools", "", "-j", "1", "--json", *args])
 
 
+@pytest.mark.memory
 def test_the_gate_holds_out_the_dev_split_and_decides_on_it_alone(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "apples.jsonl", range(1, N + 1))
     split = by_split()
@@ -72,6 +74,7 @@ def test_the_gate_holds_out_the_dev_split_and_decides_on_it_alone(tmp_path: Path
     assert not [i for i in split["dev"] + split["test"] if question(i) in memory]
 
 
+@pytest.mark.memory
 def test_no_held_out_task_refuses_with_the_command_to_run(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "apples.jsonl", range(1, N + 1))
     (tmp_path / "lib").mkdir()
@@ -96,6 +99,7 @@ def test_no_held_out_task_refuses_with_the_command_to_run(tmp_path: Path) -> Non
     assert "--gate-tasks SET@dev:0:30" in res.output
 
 
+@pytest.mark.memory
 def test_named_gate_tasks_are_kept_from_the_evolver(tmp_path: Path) -> None:
     train = by_split()["train"][:6]
     tasks = write_tasks(tmp_path / "apples.jsonl", train)

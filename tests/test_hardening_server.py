@@ -30,6 +30,8 @@ from whetstone.engine.server import create_app
 from whetstone.engine.server.guard import TRACE_HEADER
 from whetstone.library_store.traces import TraceStore
 
+pytestmark = [pytest.mark.integration]  # every test here uses it
+
 SECRET = 'Traceback (most recent call last):\n  File "/srv/internal/model_server.py", line 9'
 
 

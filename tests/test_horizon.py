@@ -38,6 +38,7 @@ def rec(i: int, length: int, *, success: bool = True, censored: bool = False,
 # -- the estimate ----------------------------------------------------------------------------
 
 
+@pytest.mark.horizon
 def test_uncensored_successes_give_the_nearest_rank_p90() -> None:
     lengths = [1, 2, 2, 3, 3, 3, 4, 4, 5, 7] * 3
     records = [rec(i, n, budget=10) for i, n in enumerate(lengths)]
@@ -48,6 +49,7 @@ def test_uncensored_successes_give_the_nearest_rank_p90() -> None:
     assert success_quantile(records + wrong, 0.9).quantile == 5
 
 
+@pytest.mark.horizon
 def test_runs_cut_off_by_a_tight_budget_do_not_drag_the_estimate_down() -> None:
     # 40 runs had room for 10 steps; 160 later ones were cut at 3 (their long tails hidden).
     wide = [rec(i, n, budget=10) for i, n in enumerate([2, 2, 3, 5] * 10)]
@@ -59,6 +61,7 @@ def test_runs_cut_off_by_a_tight_budget_do_not_drag_the_estimate_down() -> None:
     assert success_quantile(wide + tight, 0.9).quantile == 5
 
 
+@pytest.mark.horizon
 def test_the_edge_is_how_far_enough_runs_could_see() -> None:
     records = [rec(i, 2, budget=4) for i in range(30)] + [rec(99, 2, budget=12)]
     assert success_quantile(records, 0.9, min_runs=20).edge == 4
@@ -99,6 +102,7 @@ def simulate(start: int, seed: int, runs: int = 900) -> list[tuple[int, str]]:
     return decisions
 
 
+@pytest.mark.horizon
 @pytest.mark.parametrize("start", [2, 20], ids=["under-capacity", "over-capacity"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_budget_converges_to_the_p90_of_successful_lengths(start: int, seed: int) -> None:
@@ -112,6 +116,7 @@ def test_the_budget_converges_to_the_p90_of_successful_lengths(start: int, seed:
     assert all(abs(b - TRUE_P90) <= 1 or reason == "probe" for b, reason in decisions[-300:])
 
 
+@pytest.mark.horizon
 def test_no_data_holds_the_start_and_all_runs_cut_off_probes_upwards() -> None:
     c = HorizonController(budget=8, min_steps=2, max_steps=16)
     assert c.update([]).reason == "cold start" and c.budget == 8
@@ -122,6 +127,7 @@ def test_no_data_holds_the_start_and_all_runs_cut_off_probes_upwards() -> None:
     assert HorizonController(budget=8).update(wrong).reason == "hold"
 
 
+@pytest.mark.horizon
 def test_the_budget_stays_within_its_bounds() -> None:
     short = [rec(i, 1, budget=10) for i in range(50)]
     c = HorizonController(budget=10, min_steps=3, max_steps=6, gain=1.0)
@@ -148,6 +154,7 @@ def run_trace(i: int, calls: int, *, outcome: str = "answered", score: float | N
                  started=started if started is not None else 1000.0 + i)
 
 
+@pytest.mark.horizon
 def test_records_from_traces() -> None:
     r = record_from_trace(run_trace(1, 3))
     assert r is not None and (r.length, r.success, r.censored, r.budget, r.family) == \
@@ -163,6 +170,7 @@ def test_records_from_traces() -> None:
                                      None)] == ["gsm8k", "bfcl-simple", "my_set", ""]
 
 
+@pytest.mark.horizon
 def test_the_store_reads_only_what_was_written_since_the_last_read(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
     assert store.read_since(None) == ([], {})
@@ -188,6 +196,7 @@ def test_the_store_reads_only_what_was_written_since_the_last_read(tmp_path: Pat
     assert store.read_since(cursor) == ([], {})
 
 
+@pytest.mark.horizon
 def test_the_controller_reads_traces_through_the_store_only() -> None:
     # The controller parses no trace files itself: the store hands it Trace objects.
     from whetstone.engine.methods.horizon import controller, plugin
@@ -229,6 +238,7 @@ def library_with(tmp_path: Path, families: dict[str, tuple[str, list[int]]]) -> 
     return store
 
 
+@pytest.mark.horizon
 def test_each_task_gets_the_budget_of_its_own_family(tmp_path: Path) -> None:
     store = library_with(tmp_path, {"gsm8k": (MATH, [1, 2, 2, 2, 3] * 8),
                                     "halueval": (FACTS, [3, 4, 5, 6, 6] * 8)})
@@ -240,6 +250,7 @@ def test_each_task_gets_the_budget_of_its_own_family(tmp_path: Path) -> None:
     assert other.max_steps == 8  # like no family: the configured budget
 
 
+@pytest.mark.horizon
 def test_a_named_family_skips_the_embedder(tmp_path: Path) -> None:
     store = library_with(tmp_path, {"gsm8k": (MATH, [1, 2, 2, 2, 3] * 8)})
 
@@ -252,11 +263,13 @@ def test_a_named_family_skips_the_embedder(tmp_path: Path) -> None:
     assert horizon.adjust_config("anything at all", RunConfig(max_steps=8)).max_steps == 3
 
 
+@pytest.mark.horizon
 def test_bad_bounds_are_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="min_steps"):
         ElasticHorizon(TraceStore(tmp_path / "t"), HorizonConfig(min_steps=9, max_steps=4))
 
 
+@pytest.mark.horizon
 def test_a_run_cut_at_the_elastic_horizon_records_what_it_saved(tmp_path: Path) -> None:
     store = library_with(tmp_path, {"gsm8k": (MATH, [1, 2, 2, 2, 3] * 8)})
     horizon = ElasticHorizon(store, HorizonConfig(gain=1.0), embedder=WordEmbedder())
@@ -277,6 +290,7 @@ def test_a_run_cut_at_the_elastic_horizon_records_what_it_saved(tmp_path: Path) 
     assert trace.id in horizon._records and horizon._records[trace.id].censored
 
 
+@pytest.mark.horizon
 def test_budgets_are_recorded_and_a_resumed_run_keeps_its_own(tmp_path: Path) -> None:
     store, cps = TraceStore(tmp_path / "traces"), Checkpoints(tmp_path / "cp.sqlite")
     replies = iter(["Action: calculator[1+1]"])
@@ -299,6 +313,7 @@ def test_budgets_are_recorded_and_a_resumed_run_keeps_its_own(tmp_path: Path) ->
     assert sum(s.kind == "think" for s in trace.steps) == 3
 
 
+@pytest.mark.horizon
 def test_the_horizon_is_selectable_by_name_and_recorded(tmp_path: Path) -> None:
     from whetstone.engine.api import Engine
 
@@ -312,6 +327,7 @@ def test_the_horizon_is_selectable_by_name_and_recorded(tmp_path: Path) -> None:
     assert json.loads(json.dumps(trace.meta["horizon"])) == trace.meta["horizon"]
 
 
+@pytest.mark.horizon
 def test_splits_keep_a_test_run_from_learning_from_test_labels(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
     for i, n in enumerate([2] * 30):

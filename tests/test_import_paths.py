@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 DOOR = "whetstone/"  # the namespace's two files: they name the product by its installed names
 
@@ -47,6 +49,7 @@ def test_the_door_names_only_what_the_namespace_places() -> None:
     assert stripped == []
 
 
+@pytest.mark.integration
 def test_the_codemod_has_nothing_left_to_do() -> None:
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "relative_imports.py"),
                           "--check"], capture_output=True, text=True, timeout=120, check=False)
@@ -55,6 +58,7 @@ def test_the_codemod_has_nothing_left_to_do() -> None:
 
 
 def test_the_codemod_rewrites_only_the_module_and_is_idempotent() -> None:
+    # names, not uses: march
     src = ("from __future__ import annotations\n\n"
            "from whetstone.engine.errors import ConfigError  # why it is here\n"
            "from whetstone.engine.methods.march import (\n    METHOD,\n)\n"

@@ -54,6 +54,8 @@ Its neighbour, the Dorsal gate, is silver; the Kelvin gate is amber.
 """
 
 
+@pytest.mark.trace2skill
+@pytest.mark.workflows
 def test_lines_that_carry_a_training_answer_are_dropped_and_counted() -> None:
     patch = LibraryPatch("trace2skill", {"skills/gates/SKILL.md": SKILL,
                                          "skills/gates/references/examples.md": EXAMPLES,

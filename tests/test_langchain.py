@@ -36,7 +36,6 @@ from whetstone.engine.integrations.langchain import (
     whetstone_node,
 )
 from whetstone.engine.library.checks import validate_library
-from whetstone.engine.methods.memory.method import Memory, MemoryConfig
 from whetstone.engine.types import Step, Trace
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore
@@ -267,6 +266,9 @@ async def test_async_calls_and_streams_are_recorded(library: Library) -> None:
     assert (await model.afeedback(streamed, 0.0)).score == 0.0
 
 
+@pytest.mark.co_react
+@pytest.mark.march
+@pytest.mark.self_consistency
 @pytest.mark.parametrize(("method", "hooks"), [
     ("co_react", ("a node before every model decision, a wrapper around one model call of "
                   "the think node")),
@@ -287,7 +289,10 @@ def test_a_method_that_needs_the_agent_loop_is_refused_not_dropped(
     engine.close()
 
 
+@pytest.mark.memory
 def test_memory_demonstrations_come_before_the_conversation(tmp_path: Path) -> None:
+    from whetstone.engine.methods.memory.method import Memory, MemoryConfig
+
     lib = open_library(tmp_path / "lib", create=True)
     runs = [Trace(id=f"tr{i}", task=f"Ann has {i} pens and gets {i} more. How many pens?",
                   answer=str(2 * i), label=str(2 * i), score=1.0, outcome="answered",

@@ -37,6 +37,8 @@ from whetstone.engine.runtime.prompting import CODE_OUTPUT_STOP
 from whetstone.engine.runtime.state import RunConfig
 from whetstone.engine.types import Completion, Message, Request, ToolCall
 
+pytestmark = [pytest.mark.latent]  # every test here uses it
+
 TASK = "w1 w2 w3 w4 w5"
 # native: no stop strings (transformers cannot build its stop-string matcher for the word-level
 # test tokenizer)

@@ -34,6 +34,8 @@ from whetstone.engine.methods.latent.tts import (
 )
 from whetstone.engine.types import Message, Request
 
+pytestmark = [pytest.mark.latent]  # every test here uses it
+
 WORDS = ["<unk>", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant", "Yes", "No"] + [
     f"w{i}" for i in range(120)]
 TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "

@@ -306,6 +306,7 @@ def test_the_cycle_check_catches_a_cycle_and_ignores_type_only_imports() -> None
 
 
 def test_the_check_catches_a_violation() -> None:
+    # names, not uses: march
     # A bad import placed in the lowest layer must be reported (the check can fail).
     src = "from whetstone.engine.runtime import graph\n"
     assert imports_of_src(src) == [(1, "whetstone.engine.runtime"), (1, "whetstone.engine.runtime.graph")]

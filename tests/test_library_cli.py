@@ -136,6 +136,7 @@ def test_show_names_the_known_skills(runner: CliRunner, tmp_path: Path) -> None:
     assert res.exit_code == 6 and "library log" in res.stderr
 
 
+@pytest.mark.trace2skill
 def test_candidates_commands(runner: CliRunner, tmp_path: Path) -> None:
     lib = Library.init(tmp_path / "lib")
     lib.commit({"skills/a/SKILL.md": "---\nname: a\ndescription: d\n---\n"}, method="m")

@@ -14,6 +14,8 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
+
 from whetstone.library_store.store import Library, version_number
 
 WRITERS = 4
@@ -36,6 +38,7 @@ def writer(root: str, wid: str, n: str, go: str) -> None:
         time.sleep(rng.uniform(0, 0.01))  # a writer does some work between commits
 
 
+@pytest.mark.integration
 def test_concurrent_writers_all_land_in_order(tmp_path: Path) -> None:
     root = tmp_path / "lib"
     Library.init(root)

@@ -121,6 +121,7 @@ def check_library(root: Path, lines: list[str]) -> tuple[int, bool]:
     return k, mid_commit
 
 
+@pytest.mark.integration
 def test_sigkill_at_random_points_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
     from whetstone.library_store.embeddings import TextEmbedder
     from whetstone.skills.index import LibraryIndex
@@ -163,6 +164,7 @@ if __name__ == "__main__":
     writer(*sys.argv[1:4])
 
 
+@pytest.mark.integration
 def test_a_file_memo_reads_again_whenever_the_file_is_replaced(tmp_path: Path) -> None:
     """CURRENT and the index state are read on every request through a stat-keyed memo: a
     replace (what every writer does) is seen at once; a missing file raises as open does."""

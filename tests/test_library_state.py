@@ -16,8 +16,6 @@ from whetstone.engine.commands.library import library_group
 from whetstone.engine.errors import ConfigError, ValidationError
 from whetstone.engine.library.checks import validate_library
 from whetstone.engine.methods.base import EvolveContext
-from whetstone.engine.methods.dynamo.evolver import Dynamo, DynamoConfig, _Run
-from whetstone.engine.methods.nlpg.evolver import NLPG, _Plan, _State
 from whetstone.library_store.store import Library
 
 GOOD = "---\nname: {n}\ndescription: Sort words alphabetically.\n---\n# {n}\nSort them.\n"
@@ -32,6 +30,7 @@ def lib(tmp_path: Path) -> Library:
 # -- resume state ---------------------------------------------------------------------------
 
 
+@pytest.mark.dynamo
 def test_state_saves_loads_and_lists_json_documents(lib: Library) -> None:
     state = lib.state("dynamo")
     assert state.folder == lib.root / "state" / "dynamo"
@@ -46,6 +45,7 @@ def test_state_saves_loads_and_lists_json_documents(lib: Library) -> None:
     assert state.stored_keys() == []
 
 
+@pytest.mark.nlpg
 def test_a_damaged_state_file_reads_as_missing(lib: Library) -> None:
     state = lib.state("nlpg")
     state.save("k", {"a": 1})
@@ -55,6 +55,7 @@ def test_a_damaged_state_file_reads_as_missing(lib: Library) -> None:
     assert state.load("k") is None
 
 
+@pytest.mark.dynamo
 @pytest.mark.parametrize("method,key", [("../up", "k"), ("Dynamo", "k"), ("", "k"),
                                         ("dynamo", "../../CURRENT"), ("dynamo", "a/b")])
 def test_bad_state_names_are_refused(lib: Library, method: str, key: str) -> None:
@@ -63,6 +64,8 @@ def test_bad_state_names_are_refused(lib: Library, method: str, key: str) -> Non
     assert (lib.root / "CURRENT").read_text().strip() == "v1"
 
 
+@pytest.mark.dynamo
+@pytest.mark.nlpg
 def test_an_old_librarys_state_folders_move_on_first_use(lib: Library) -> None:
     old_dynamo = lib.root / "work" / "dynamo"
     (old_dynamo / "tool-images").mkdir(parents=True)
@@ -87,6 +90,7 @@ def test_an_old_librarys_state_folders_move_on_first_use(lib: Library) -> None:
     assert lib.state("dynamo", legacy=("work/dynamo",)).stored_keys() == ["k1"]  # idempotent
 
 
+@pytest.mark.nlpg
 def test_a_move_into_an_existing_state_folder_keeps_the_newer_files(lib: Library) -> None:
     new = lib.state("nlpg")
     new.save("same", {"from": "new"})
@@ -100,12 +104,16 @@ def test_a_move_into_an_existing_state_folder_keeps_the_newer_files(lib: Library
     assert (old / "same.json").exists()  # the clash is kept for a person to see
 
 
+@pytest.mark.dynamo
 def test_a_legacy_folder_must_lie_inside_the_library(lib: Library) -> None:
     with pytest.raises(ConfigError, match="inside the library"):
         lib.state("dynamo", legacy=("../elsewhere",))
 
 
+@pytest.mark.dynamo
 def test_dynamo_resumes_from_a_save_an_older_whetstone_left_in_work(lib: Library) -> None:
+    from whetstone.engine.methods.dynamo.evolver import Dynamo, DynamoConfig, _Run
+
     def run() -> _Run:
         return _Run(Dynamo(DynamoConfig()), EvolveContext(library=lib, model="m"),
                     ScriptedBackend([]), [], lib.snapshot(), lib.current_id())
@@ -123,8 +131,11 @@ def test_dynamo_resumes_from_a_save_an_older_whetstone_left_in_work(lib: Library
     assert resumed.path == first.path and resumed.path.exists() and not old.exists()
 
 
+@pytest.mark.nlpg
 def test_nlpg_resumes_from_a_checkpoint_an_older_whetstone_left_in_dot_state(
         lib: Library) -> None:
+    from whetstone.engine.methods.nlpg.evolver import NLPG, _Plan, _State
+
     nlpg, context = NLPG(), EvolveContext(library=lib, model="m")
     plan = _Plan([], [], 8)
     first = nlpg._checkpoint(lib.snapshot(), context, plan)

@@ -318,6 +318,7 @@ def test_a_commit_rewrites_only_the_tree_buckets_it_touches(lib: Library) -> Non
     assert len(root) > 100 and bucket_of("skills/s7/SKILL.md") in root
 
 
+@pytest.mark.trace2skill
 def test_candidates_are_kept_listed_diffed_and_applied(lib: Library) -> None:
     lib.commit({"skills/a/SKILL.md": skill("a")}, method="m")
     store = lib.candidates

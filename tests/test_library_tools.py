@@ -137,6 +137,7 @@ def test_a_new_version_with_a_tool_reaches_an_agent_built_before_it(tmp_path: Pa
     assert act.output["observation"] == "3" and act.error is None
 
 
+@pytest.mark.dynamo
 def test_tools_cli_ls_show_and_test(tmp_path: Path) -> None:
     lib = Library.open(tmp_path / "lib", create=True)
     files = skill_files()

@@ -12,6 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_ruff_is_clean() -> None:
     ruff = Path(sys.executable).parent / "ruff"
     exe = str(ruff) if ruff.exists() else shutil.which("ruff")

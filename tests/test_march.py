@@ -64,6 +64,7 @@ def verifier(proposer: list[Any], checker: list[Any], solver: list[Any] = (), **
 
 # --- information asymmetry ---------------------------------------------------------------------
 
+@pytest.mark.march
 def test_the_answer_never_reaches_the_checker() -> None:
     v, _, proposer, checker = verifier([PROPOSED], [CHECK_DELHI] * 3)
     result = v.verify(QUESTION, ANSWER, EVIDENCE)
@@ -79,6 +80,7 @@ def test_the_answer_never_reaches_the_checker() -> None:
     assert result.flagged and result.report()["flagged_claims"] == 1
 
 
+@pytest.mark.march
 def test_the_isolation_is_structural() -> None:
     # The checker's prompt is built from a record that has no place for an answer.
     assert [f.name for f in dataclasses.fields(CheckRequest)] == ["questions", "evidence"]
@@ -93,12 +95,14 @@ def test_the_isolation_is_structural() -> None:
 CLAIM = Claim("Where is the head office?", "Delhi")
 
 
+@pytest.mark.march
 def test_the_records_round_trip_through_json() -> None:
     for record in (Claim("Who?", "Ann", ("Ann", "Bob")), Verdict("Ann wrote it", None, ("Ann",)),
                    CheckRequest(("Q1?",), ("E1",))):
         assert type(record).from_dict(json.loads(json.dumps(record.to_dict()))) == record
 
 
+@pytest.mark.march
 @pytest.mark.parametrize("answers, supported, votes", [
     (["Delhi", "Delhi", "Mumbai"], True, ("agree", "agree", "disagree")),
     (["Mumbai", None, "Mumbai"], False, ("disagree", "cannot", "disagree")),
@@ -116,6 +120,7 @@ def test_a_claims_verdict_is_the_majority_of_three_samples(
         assert v.checked == "Mumbai" and v.evidence == "quote for Mumbai"
 
 
+@pytest.mark.march
 def test_the_vote_through_the_verifier() -> None:
     v, *_ = verifier([PROPOSED], [CHECK_AGREES, CHECK_DELHI, CHECK_AGREES])
     first = v.verify(QUESTION, ANSWER, EVIDENCE).rounds[0].verdicts[0]
@@ -128,6 +133,7 @@ def test_the_vote_through_the_verifier() -> None:
     assert not v.verify(QUESTION, ANSWER, EVIDENCE).flagged
 
 
+@pytest.mark.march
 def test_one_sample_is_greedy_and_three_are_sampled_with_their_own_seeds() -> None:
     v, _, _, checker = verifier([PROPOSED], [CHECK_DELHI] * 3)
     v.verify(QUESTION, ANSWER, EVIDENCE)
@@ -140,6 +146,7 @@ def test_one_sample_is_greedy_and_three_are_sampled_with_their_own_seeds() -> No
 
 # --- the revise loop ---------------------------------------------------------------------------
 
+@pytest.mark.march
 def test_revise_is_bounded_by_rounds() -> None:
     # A solver that keeps hallucinating: two revisions, three checks, then the report.
     v, solver, proposer, checker = verifier(
@@ -156,6 +163,7 @@ def test_revise_is_bounded_by_rounds() -> None:
         assert SECRET not in text and "Revised" not in text
 
 
+@pytest.mark.march
 def test_revise_stops_once_the_answer_is_supported() -> None:
     fixed = ("- Question: In what city is the head office of the Oberoi Group? [Answer: Delhi]\n"
              "- Question: What kind of company is the Oberoi Group? [Answer: hotel company]")
@@ -166,6 +174,7 @@ def test_revise_stops_once_the_answer_is_supported() -> None:
     assert result.answer == "It is based in Delhi." and len(solver.requests) == 1
 
 
+@pytest.mark.march
 def test_report_policy_never_revises_and_an_abstention_makes_no_claim() -> None:
     v, solver, *_ = verifier([PROPOSED], [CHECK_DELHI] * 3, policy="report", rounds=5)
     result = v.verify(QUESTION, ANSWER, EVIDENCE)
@@ -175,6 +184,7 @@ def test_report_policy_never_revises_and_an_abstention_makes_no_claim() -> None:
     assert not result.flagged and proposer.requests == [] and "abstains" in result.report()["note"]
 
 
+@pytest.mark.march
 def test_solve_answers_from_the_evidence_then_checks() -> None:
     v, solver, _, _ = verifier([PROPOSED], [CHECK_AGREES] * 3, solver=[ANSWER])
     result = v.solve(QUESTION, EVIDENCE)
@@ -185,6 +195,7 @@ def test_solve_answers_from_the_evidence_then_checks() -> None:
 
 # --- clear errors and malformed output ---------------------------------------------------------
 
+@pytest.mark.march
 def test_an_unparseable_proposer_is_retried_then_a_clear_error_with_the_raw_reply() -> None:
     v, _, proposer, checker = verifier(["Looks right to me!", "Still fine, no facts."], [])
     with pytest.raises(ParseError) as err:
@@ -194,12 +205,14 @@ def test_an_unparseable_proposer_is_retried_then_a_clear_error_with_the_raw_repl
     assert "could not be used" in texts(proposer.requests)[1] and checker.requests == []
 
 
+@pytest.mark.march
 def test_a_retry_that_works_is_counted() -> None:
     v, *_ = verifier(["no format here", PROPOSED], [CHECK_DELHI] * 3)
     result = v.verify(QUESTION, ANSWER, EVIDENCE)
     assert result.rounds[0].proposer["retries"] == 1 and len(result.rounds[0].claims) == 2
 
 
+@pytest.mark.march
 def test_malformed_checker_lines_are_repaired_or_dropped_with_a_count() -> None:
     unnumbered = ("Evidence: head office in Delhi [Answer: Delhi]\n"
                   "Evidence: a hotel company [Answer: hotel company]")
@@ -214,6 +227,7 @@ def test_malformed_checker_lines_are_repaired_or_dropped_with_a_count() -> None:
     assert second.votes == ("agree", "agree", "missing") and second.supported is True
 
 
+@pytest.mark.march
 def test_an_empty_corpus_is_a_clear_error(tmp_path: Path) -> None:
     from whetstone.library_store.corpus import Corpus
 
@@ -228,6 +242,7 @@ def test_an_empty_corpus_is_a_clear_error(tmp_path: Path) -> None:
 
 # --- the formats -------------------------------------------------------------------------------
 
+@pytest.mark.march
 def test_claims_are_read_repaired_and_dropped_with_counts() -> None:
     text = ("Here you go:\n- Question: Who directed Jaws? [Answer: Steven Spielberg]\n"
             "- Question: When was Jaws released? [Answer: 1975\n"
@@ -242,6 +257,7 @@ def test_claims_are_read_repaired_and_dropped_with_counts() -> None:
     assert (stats.read, stats.repaired, stats.dropped) == (3, 2, 3)
 
 
+@pytest.mark.march
 def test_checker_lines_cannot_answer_in_its_forms() -> None:
     got, stats = parse_checks("1. Evidence: none [Cannot answer]\n2. Not mentioned.\n"
                               "3. Evidence: x [Answer: unknown]\n3. Evidence: y [Answer: z]", 3)
@@ -249,6 +265,7 @@ def test_checker_lines_cannot_answer_in_its_forms() -> None:
     assert stats.dropped == 1
 
 
+@pytest.mark.march
 @pytest.mark.parametrize("claimed, checked, agree", [
     ("Steven Spielberg", "Spielberg", True), ("President Richard Nixon", "Richard Nixon", True),
     ("Paris", "Paris, France", True), ("8,849 metres", "8849 m", True),
@@ -288,6 +305,7 @@ def library(tmp_path: Path) -> Path:
     return lib
 
 
+@pytest.mark.march
 def test_the_runtime_verify_node_checks_the_agents_answer(library: Path) -> None:
     from whetstone.engine.api import Engine
 
@@ -307,6 +325,7 @@ def test_the_runtime_verify_node_checks_the_agents_answer(library: Path) -> None
     assert all(EVIDENCE[0] in t for t in checker_prompts)
 
 
+@pytest.mark.march
 def test_the_runtime_node_revises_and_records_failures(library: Path) -> None:
     from whetstone.engine.api import Engine
 
@@ -334,6 +353,7 @@ def test_the_runtime_node_revises_and_records_failures(library: Path) -> None:
     assert "is empty" in trace.meta["march"]["error"]
 
 
+@pytest.mark.march
 def test_engine_verify_stores_a_trace_and_uses_the_corpus(library: Path) -> None:
     from whetstone.engine.api import Engine
 
@@ -358,6 +378,7 @@ def run_verify(*args: str, replies: list[Any], tmp_path: Path) -> Any:
                                        str(tmp_path / "lib")], catch_exceptions=False)
 
 
+@pytest.mark.march
 def test_the_verify_command(tmp_path: Path) -> None:
     args = ["-q", QUESTION, "-a", ANSWER, "-e", EVIDENCE[0], "-e", EVIDENCE[1]]
     res = run_verify(*args, replies=[PROPOSED, *[CHECK_DELHI] * 3], tmp_path=tmp_path)
@@ -377,6 +398,7 @@ def test_the_verify_command(tmp_path: Path) -> None:
     assert res.exit_code == 5 and "cannot read evidence file" in res.stderr
 
 
+@pytest.mark.march
 def test_march_is_a_registered_runtime_method() -> None:
     from whetstone.engine.methods.registry import default_registry
 
@@ -384,6 +406,8 @@ def test_march_is_a_registered_runtime_method() -> None:
     assert March.config_class is MarchConfig
 
 
+@pytest.mark.march
+@pytest.mark.integration
 def test_engine_app_verifies_against_the_library_corpus(library: Path) -> None:
     from middleware_support import wait_for_trace
 
@@ -401,23 +425,7 @@ def test_engine_app_verifies_against_the_library_corpus(library: Path) -> None:
         assert trace.meta["endpoints"]["verify"]["flagged"] is True
 
 
-def test_a_wrapped_client_refuses_endpoints_rather_than_ignore_them(tmp_path: Path) -> None:
-    import openai
-
-    from whetstone.engine.api import Engine
-    from whetstone.engine.errors import ConfigError
-
-    with Engine(ScriptedBackend([]), library=tmp_path / "lib", create=True,
-                checkpointing=False) as engine:
-        client = engine.wrap(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x",
-                                           max_retries=0))
-        with pytest.raises(ConfigError, match="answered by the Whetstone server") as err:
-            client.chat.completions.create(model="m", messages=[{"role": "user",
-                                                                 "content": "hi"}],
-                                            extra_body={"whetstone": {"endpoints": ["verify"]}})
-        assert "engine.endpoint" in err.value.hint
-
-
+@pytest.mark.march
 def test_a_question_line_then_an_answer_line_is_one_claim() -> None:
     """The 0.5B proposer wrote "Answer:" on the line after its question in 3 of the 4
     HaluEval answers it failed (benchmarks/results/march-halueval.json); that is a claim."""

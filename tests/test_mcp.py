@@ -78,6 +78,7 @@ def stdio_params(lib: Library, home: Path, *args: str) -> StdioServerParameters:
 
 # --- over stdio ------------------------------------------------------------------------------
 
+@pytest.mark.integration
 async def test_a_stdio_session_lists_reads_searches_and_labels_a_run(
         tmp_path: Path, whetstone_home: Path) -> None:
     lib = make_library(tmp_path / "lib")
@@ -136,6 +137,7 @@ async def test_a_stdio_session_lists_reads_searches_and_labels_a_run(
     assert trace.meta["feedback"] == "right" and trace.model == "outside-agent"
 
 
+@pytest.mark.integration
 async def test_a_learned_tool_runs_under_bubblewrap_with_its_schema(
         tmp_path: Path, whetstone_home: Path) -> None:
     if find_bwrap() is None:
@@ -187,6 +189,7 @@ def http_server(tmp_path: Path, whetstone_home: Path) -> Iterator[tuple[str, Lib
         proc.wait(timeout=20)
 
 
+@pytest.mark.integration
 async def test_http_needs_the_key_caps_bodies_and_a_read_only_server_refuses_writes(
         http_server: tuple[str, Library]) -> None:
     import httpx2

@@ -45,6 +45,7 @@ from whetstone.tools.mcp_config import (
 # --- from PyPI: mcp-server-sqlite -------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_sqlite_server_from_pypi_lists_its_tools_and_answers_a_query(tmp_path: Path) -> None:
     db = tmp_path / "shop.db"
     shutil.copy(SHOP_DB, db)
@@ -68,6 +69,7 @@ def test_sqlite_server_from_pypi_lists_its_tools_and_answers_a_query(tmp_path: P
         assert "Only SELECT queries are allowed" in refused.output  # the server's own words
 
 
+@pytest.mark.integration
 def test_an_allow_list_offers_only_the_tools_it_names(tmp_path: Path) -> None:
     db = tmp_path / "shop.db"
     shutil.copy(SHOP_DB, db)
@@ -83,6 +85,7 @@ def test_an_allow_list_offers_only_the_tools_it_names(tmp_path: Path) -> None:
 # --- from npm: @modelcontextprotocol/server-filesystem --------------------------------------
 
 
+@pytest.mark.integration
 def test_filesystem_server_from_npm_refuses_its_destructive_tools_and_returns_structure(
         tmp_path: Path) -> None:
     folder = tmp_path / "files"
@@ -110,6 +113,7 @@ def test_filesystem_server_from_npm_refuses_its_destructive_tools_and_returns_st
         assert Path(saved).read_bytes() == red_png() and saved in image.output
 
 
+@pytest.mark.integration
 def test_an_allowed_destructive_tool_is_offered_and_runs(tmp_path: Path) -> None:
     folder = tmp_path / "files"
     folder.mkdir()
@@ -127,6 +131,7 @@ def test_an_allowed_destructive_tool_is_offered_and_runs(tmp_path: Path) -> None
 # --- built with the SDK: over HTTP, with a token ---------------------------------------------
 
 
+@pytest.mark.integration
 def test_http_server_needs_its_token(tmp_path: Path) -> None:
     with http_test_server(token="s3cret") as url:
         with pytest.raises(ToolError, match=r"MCP server local .* did not start") as err:
@@ -142,6 +147,7 @@ def test_http_server_needs_its_token(tmp_path: Path) -> None:
                 "item": "kettle", "price": 24.5, "server": "web"}
 
 
+@pytest.mark.integration
 def test_over_http_errors_time_outs_and_a_killed_server_are_observations(tmp_path: Path
                                                                           ) -> None:
     log = tmp_path / "starts.log"
@@ -170,6 +176,7 @@ def test_over_http_errors_time_outs_and_a_killed_server_are_observations(tmp_pat
 # --- built with the SDK: over stdio ----------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_stdio_server_killed_mid_call_is_reported_at_once_and_then_gone(tmp_path: Path
                                                                            ) -> None:
     log = tmp_path / "starts.log"
@@ -188,6 +195,7 @@ def test_a_stdio_server_killed_mid_call_is_reported_at_once_and_then_gone(tmp_pa
         assert time.monotonic() - start < 1
 
 
+@pytest.mark.integration
 def test_two_servers_with_a_same_named_tool_are_told_apart(tmp_path: Path) -> None:
     log = tmp_path / "starts.log"
     servers = [McpServer.stdio(sdk_server_command(n, log)) for n in ("north", "south")]
@@ -203,6 +211,7 @@ def test_two_servers_with_a_same_named_tool_are_told_apart(tmp_path: Path) -> No
         McpSessions([McpServer.stdio(sdk_server_command("north"))] * 2)
 
 
+@pytest.mark.integration
 def test_images_come_back_as_files_and_destructive_tools_stay_out(tmp_path: Path) -> None:
     with McpSessions([McpServer.stdio(sdk_server_command("art"))],
                      images_dir=tmp_path / "images") as sessions:
@@ -217,6 +226,7 @@ def test_images_come_back_as_files_and_destructive_tools_stay_out(tmp_path: Path
         assert box.call("art_count", {"words": ["a", "b", "c"]}).output == "3"
 
 
+@pytest.mark.integration
 def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
     broken = McpServer.stdio(f"broken={sys.executable} -c "
                              "\"import sys; sys.stderr.write('no database given'); sys.exit(2)\"")
@@ -241,6 +251,7 @@ def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
 # --- naming and configuration ---------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_server_names_come_from_commands_and_urls() -> None:
     assert command_name(["mcp-server-sqlite", "--db-path", "x.db"]) == "sqlite"
     assert command_name(["npx", "-y", "@modelcontextprotocol/server-filesystem", "."]) \
@@ -260,6 +271,7 @@ def test_server_names_come_from_commands_and_urls() -> None:
         McpServer.stdio("mcp-server-sqlite 'unclosed")
 
 
+@pytest.mark.integration
 def test_allow_tool_goes_to_the_server_it_names() -> None:
     servers = [McpServer.stdio("docs=a"), McpServer.stdio("docs_search=b")]
     out = with_allowed(servers, ["docs_search_query", "docs_read"])
@@ -302,6 +314,7 @@ def test_the_mcp_servers_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         load_mcp_config(config)
 
 
+@pytest.mark.integration
 def test_the_sessions_can_be_used_from_many_threads(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -45,6 +45,7 @@ def stock(name: str) -> int:
         return int(db.execute("SELECT stock FROM products WHERE name = ?", (name,)).fetchone()[0])
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_readme_line_answers_through_the_server_and_the_trace_shows_the_call(
         tmp_path: Path) -> None:
@@ -141,6 +142,7 @@ def test_the_pages_python_block_runs_on_the_embedded_model(tmp_path: Path,
     assert str(stock("Coral Puzzle")) in act[0].output["observation"]
 
 
+@pytest.mark.integration
 def test_the_stage_data_is_what_its_script_makes(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "mcp_shop.py"), "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=120,

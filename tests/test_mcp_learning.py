@@ -90,6 +90,8 @@ def engine_at(path: Path, shop: McpServer, agent: Any = shopper) -> Engine:
                   checkpointing=False, tools=[shop])
 
 
+@pytest.mark.integration
+@pytest.mark.dynamo
 def test_dynamo_learns_when_to_call_an_mcp_servers_tool_and_the_next_run_calls_it(
         tmp_path: Path, shop: McpServer) -> None:
     from mcp_support import starts, wait_gone
@@ -119,6 +121,8 @@ def test_dynamo_learns_when_to_call_an_mcp_servers_tool_and_the_next_run_calls_i
     assert wait_gone(pid)
 
 
+@pytest.mark.integration
+@pytest.mark.memory
 def test_memory_keeps_verified_runs_that_called_the_server(tmp_path: Path,
                                                            shop: McpServer) -> None:
     def caller(request: Request) -> str:  # always uses the tool
@@ -138,6 +142,8 @@ def test_memory_keeps_verified_runs_that_called_the_server(tmp_path: Path,
     assert text.count("shop_lookup") >= 3 and '"price": 31.0' in text
 
 
+@pytest.mark.integration
+@pytest.mark.dynamo
 def test_the_learned_skill_reaches_langgraph_and_mcp_clients(tmp_path: Path,
                                                               shop: McpServer) -> None:
     from langchain_core.messages import AIMessage, HumanMessage

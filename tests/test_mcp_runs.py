@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from mcp_support import sdk_server_command, starts, wait_gone
 
@@ -18,6 +19,8 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.library_store.store import Library
 from whetstone.tools.mcp_config import McpServer
+
+pytestmark = [pytest.mark.integration]  # every test here uses it
 
 
 def script(tmp_path: Path, replies: list[str]) -> str:
@@ -94,6 +97,7 @@ def test_eval_comparing_two_versions_starts_the_server_once(tmp_path: Path) -> N
     assert wait_gone(pid)
 
 
+@pytest.mark.memory
 def test_evolve_runs_the_agent_with_the_servers_tools_and_starts_it_once(tmp_path: Path
                                                                            ) -> None:
     log = tmp_path / "starts.log"

@@ -118,6 +118,7 @@ def test_no_core_name_has_exactly_one_method_user() -> None:
 def test_the_guard_finds_a_name_only_one_method_uses(tmp_path: Path) -> None:
     """A copy of the definitions and two users: a record only ``march`` uses is found; one a
     core module uses too, or two methods use, is not."""
+    # names, not uses: march, nlpg
     for rel in DEFINITIONS:
         dst = tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -146,6 +147,7 @@ def test_the_guard_finds_a_name_only_one_method_uses(tmp_path: Path) -> None:
 def test_the_guard_covers_the_registry_and_engine_members(tmp_path: Path) -> None:
     """A ``MethodSpec`` field or an ``Engine`` method only one method uses is a hook for it in
     the core (as ``MethodSpec.verify`` and ``Engine.verify_report`` were for MARCH)."""
+    # names, not uses: march
     for rel in DEFINITIONS:
         dst = tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)

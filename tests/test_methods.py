@@ -22,7 +22,6 @@ from whetstone.engine.evaluation.runner import evaluate
 from whetstone.engine.evaluation.tasks import TaskRecord
 from whetstone.engine.methods.base import EvolveContext, make_config, options_from_text
 from whetstone.engine.methods.registry import MethodEntry, MethodRegistry, default_registry
-from whetstone.engine.methods.trace2skill.evolver import Trace2SkillConfig
 from whetstone.engine.types import Request
 
 TOY = Path(__file__).parent / "fixtures" / "toy_methods"
@@ -60,6 +59,8 @@ def collected(library: Path) -> Engine:
 # -- registration ---------------------------------------------------------------------------
 
 
+@pytest.mark.dynamo
+@pytest.mark.trace2skill
 def test_installed_methods_are_found_by_name(toy_installed: None) -> None:
     registry = default_registry()
     # Built-ins first, in registration order, then installed plugins.
@@ -72,6 +73,7 @@ def test_installed_methods_are_found_by_name(toy_installed: None) -> None:
     assert ", ".join(names) in (err.value.hint or "")
 
 
+@pytest.mark.trace2skill
 def test_whetstone_evolve_help_lists_every_registered_evolver(toy_installed: None) -> None:
     res = CliRunner().invoke(cli, ["evolve", "--help"])
     assert res.exit_code == 0, res.output
@@ -139,6 +141,7 @@ def test_a_runtime_method_is_chosen_by_name_and_recorded_in_the_trace(
                                      "config": {"max_steps": 3, "tag": "fig"}}]
 
 
+@pytest.mark.memory
 def test_bad_method_names_and_options_fail_before_any_model_loads(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown runtime method 'co-react'"):
         Engine("embedded", library=tmp_path / "lib", create=True, methods=["co-react"])
@@ -153,7 +156,10 @@ def test_bad_method_names_and_options_fail_before_any_model_loads(tmp_path: Path
     assert stray.exit_code == 2 and "--methods does not list" in stray.output
 
 
+@pytest.mark.trace2skill
 def test_configs_are_built_and_typed_with_errors_that_name_the_knob() -> None:
+    from whetstone.engine.methods.trace2skill.evolver import Trace2SkillConfig
+
     cfg = make_config(Trace2SkillConfig, {"skill": "s", "workers": 2}, method="trace2skill")
     assert cfg.workers == 2 and cfg.batch_size == 1
     with pytest.raises(ConfigError, match="trace2skill needs skill"):
@@ -169,6 +175,7 @@ def test_configs_are_built_and_typed_with_errors_that_name_the_knob() -> None:
         options_from_text(Trace2SkillConfig, {"create": "maybe"}, method="trace2skill")
 
 
+@pytest.mark.trace2skill
 def test_a_registry_can_be_given_and_a_plugin_of_the_same_name_replaces_a_builtin() -> None:
     registry = MethodRegistry((MethodEntry("trace2skill", "evolver", "toy_methods:ToyEvolver"),))
     assert registry.entry("evolver", "trace2skill").target == "toy_methods:ToyEvolver"
@@ -184,6 +191,7 @@ def test_an_evolve_context_without_an_agent_says_so() -> None:
 # -- one path: the CLI and the API give the same patch ----------------------------------------
 
 
+@pytest.mark.trace2skill
 def test_cli_and_api_evolve_give_the_same_patch_on_the_same_traces(tmp_path: Path) -> None:
     collected(tmp_path / "a").close()
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # the very same traces in both libraries
@@ -227,6 +235,7 @@ def test_runs_an_evolver_makes_on_a_preview_never_become_training_traces(
     assert len(kept) == 5 and not any("evolve_preview" in t.meta for t in kept)
 
 
+@pytest.mark.trace2skill
 def test_an_evolver_that_cannot_load_is_reported_not_a_crash(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:

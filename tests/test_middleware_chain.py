@@ -31,6 +31,8 @@ from whetstone.engine.server.guard import TRACE_HEADER, VERSION_HEADER
 from whetstone.library_store.store import Library
 from whetstone.library_store.traces import TraceStore
 
+pytestmark = [pytest.mark.integration]  # every test here uses it
+
 
 @pytest.fixture
 def library(tmp_path: Path) -> Library:

@@ -77,6 +77,7 @@ def test_skills_options_reach_the_retriever(tmp_path: Path, monkeypatch: pytest.
                    (default.k, default.min_score, default.min_score)]
 
 
+@pytest.mark.integration
 def test_whetstone_serve_end_to_end(tmp_path: Path) -> None:
     lib = Library.open(tmp_path / "lib", create=True)
     lib.commit(SKILLS, method="test", message="skills")

@@ -38,6 +38,7 @@ Answer with the name of the capital city only, no sentence around it.
 """
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_embedded_model_behind_the_middleware(embedded_backend: Any, tmp_path: Path
                                                   ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import psutil
+import pytest
 from middleware_support import make_adapter, make_library
 from servers import Servers
 
@@ -45,6 +46,7 @@ async def one_round(url: str, r: int) -> list[tuple[str, str, str]]:
         return list(await asyncio.gather(*(ask(i) for i in range(CONCURRENT))))
 
 
+@pytest.mark.integration
 async def test_200_concurrent_requests_are_answered_recorded_and_memory_stays_flat(
         tmp_path: Path) -> None:
     library = make_library(tmp_path / "lib")

@@ -47,6 +47,7 @@ GOOD = """# Policy notes: think
 """
 
 
+@pytest.mark.nlpg
 def test_a_policy_file_reads_and_writes_back() -> None:
     notes = parse_policy(GOOD, "think")
     assert [(n.id, n.route, n.helpful, n.harmful) for n in notes] == [
@@ -57,11 +58,13 @@ def test_a_policy_file_reads_and_writes_back() -> None:
     assert parse_policy(text, "think") == notes
 
 
+@pytest.mark.nlpg
 def test_a_policy_note_round_trips_through_json() -> None:
     note = PolicyNote("n1", "think", "Check units", "act", 2, 1)
     assert PolicyNote.from_dict(json.loads(json.dumps(note.to_dict()))) == note
 
 
+@pytest.mark.nlpg
 @pytest.mark.parametrize(("line", "rule", "advice"), [
     ("Recompute before answering.", "note-syntax", "one note per line"),
     ("[n 1] :: text", "note-id", "an id is"),
@@ -83,6 +86,7 @@ def test_a_malformed_line_is_a_clear_error_with_its_line(line: str, rule: str,
     assert [n.id for n in notes] == ["n0"] and len(problems) == 1
 
 
+@pytest.mark.nlpg
 def test_a_repeated_id_is_refused_and_the_writer_never_writes_what_the_reader_refuses() -> None:
     _, problems = read_policy("[n1] :: a\n[n1] :: b\n", "think")
     assert [p.rule for p in problems] == ["note-duplicate-id"]
@@ -92,6 +96,7 @@ def test_a_repeated_id_is_refused_and_the_writer_never_writes_what_the_reader_re
         render_policy("Think!", [])
 
 
+@pytest.mark.nlpg
 def test_a_commit_with_a_malformed_policy_file_is_refused(tmp_path: Path) -> None:
     lib = open_library(tmp_path / "lib", create=True)
     with pytest.raises(ValidationError, match="note-syntax") as err:
@@ -108,6 +113,7 @@ def test_a_commit_with_a_malformed_policy_file_is_refused(tmp_path: Path) -> Non
 # -- the backward pass -------------------------------------------------------------------------
 
 
+@pytest.mark.nlpg
 def test_blame_flows_from_the_last_module_backwards_with_rewritten_feedback() -> None:
     asked: list[dict[str, str]] = []
 
@@ -138,6 +144,7 @@ def test_blame_flows_from_the_last_module_backwards_with_rewritten_feedback() ->
     assert "tool calculator returned: 7" in asked[2]["text"]
 
 
+@pytest.mark.nlpg
 def test_the_walk_stops_where_the_problem_started() -> None:
     replies = iter([{"blame": 1.0, "correction": "Add, do not subtract.", "upstream": ""}])
     backend = analyst(lambda parts: next(replies))
@@ -147,6 +154,7 @@ def test_the_walk_stops_where_the_problem_started() -> None:
     assert walk.corrections[0].weight == 1.0
 
 
+@pytest.mark.nlpg
 def test_malformed_verdicts_are_repaired_or_dropped_with_a_count() -> None:
     got = parse_blame('Sure! ```json\n{"share": "70%", "rule": ["Check units", "twice"], '
                       '"feedback": 3, "misleading_notes": "n1"}\n```', shown={"n1"})
@@ -166,6 +174,7 @@ def test_malformed_verdicts_are_repaired_or_dropped_with_a_count() -> None:
     assert walk.corrections == [] and walk.visits[0]["dropped"] is True
 
 
+@pytest.mark.nlpg
 def test_corrections_fold_per_module_and_route() -> None:
     groups = aggregate([
         Correction("think", "finish", "Check the units before answering.", 0.5, "a"),
@@ -190,6 +199,7 @@ def note(i: int, text: str | None = None, **kw: object) -> PolicyNote:
                       **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.nlpg
 def test_the_update_never_applies_more_than_four_ops_nor_goes_over_budget() -> None:
     notes = [note(1), note(2)]
     ops = [Op("ADD", text=distinct(k)) for k in range(10)]
@@ -205,6 +215,7 @@ def test_the_update_never_applies_more_than_four_ops_nor_goes_over_budget() -> N
     assert [o.kind for o in rep.applied] == ["AGREE"] and kept[0].id == "n2"
 
 
+@pytest.mark.nlpg
 def test_edit_remove_and_unknown_ids() -> None:
     ops = [Op("EDIT", id="n1", text="A better rule."), Op("REMOVE", id="n2"),
            Op("REMOVE", id="n9"), Op("EDIT", id="n3", text="")]
@@ -215,6 +226,7 @@ def test_edit_remove_and_unknown_ids() -> None:
     assert rep.refused == Counter({"unknown_id": 1, "invalid": 1})
 
 
+@pytest.mark.nlpg
 def test_a_library_over_budget_is_trimmed_lowest_value_first() -> None:
     notes = [note(1, helpful=3), note(2), note(3, harmful=1)]
     kept, rep = apply_ops("think", notes, [], max_ops=4, budget=12, count=estimate_tokens)
@@ -222,6 +234,7 @@ def test_a_library_over_budget_is_trimmed_lowest_value_first() -> None:
     assert [o.id for o in rep.applied] == ["n3", "n2"] and [n.id for n in kept] == ["n1"]
 
 
+@pytest.mark.nlpg
 def test_a_module_far_over_budget_is_trimmed_past_the_bound_and_says_so() -> None:
     notes = [note(i) for i in range(8)]
     kept, rep = apply_ops("think", notes, [Op("ADD", text=distinct(50))], max_ops=4,
@@ -231,6 +244,7 @@ def test_a_module_far_over_budget_is_trimmed_past_the_bound_and_says_so() -> Non
     assert rep.refused["over_ops"] == 1  # nothing else lands in that step
 
 
+@pytest.mark.nlpg
 def test_a_harmful_note_is_retired() -> None:
     notes = [note(1), note(2), note(3, helpful=2)]
     counted = count_uses({"think": notes}, Counter({("think", "n3"): 1}),
@@ -242,6 +256,7 @@ def test_a_harmful_note_is_retired() -> None:
     assert [n.id for n in kept] == ["n2", "n3"]
 
 
+@pytest.mark.nlpg
 def test_the_rules_curator_makes_room_only_from_unproven_notes() -> None:
     groups = aggregate([Correction("think", "finish", "Say the unit with the number.", 1.0,
                                    "a")])["think"]
@@ -253,6 +268,7 @@ def test_the_rules_curator_makes_room_only_from_unproven_notes() -> None:
     assert rules_curator(proven, groups, max_ops=4, budget=budget, count=estimate_tokens) == []
 
 
+@pytest.mark.nlpg
 def test_curator_replies_are_repaired_or_dropped_with_a_count() -> None:
     got = parse_ops('[{"op": "add", "route": "nowhere", "text": "- Check the sign."}, '
                     '{"op": "AGREE", "id": "[n1]"}, {"op": "EDIT", "id": "n7", "text": "x"}, '
@@ -275,6 +291,7 @@ def _ctx(plugin: NLPGPlugin) -> AgentContext:
     return AgentContext(backend=ScriptedBackend(), toolbox=Toolbox([]), plugins=[plugin])
 
 
+@pytest.mark.nlpg
 def test_each_module_sees_only_its_own_notes_and_only_for_its_route() -> None:
     memory = {"think": [note(1, "Use the calculator for every product.", route="act"),
                         note(2, "State the number alone.", route="finish"),

@@ -22,6 +22,8 @@ from whetstone.engine.methods.nlpg.memory import Memory, estimate_tokens, note_t
 from whetstone.engine.methods.nlpg.notes import parse_policy
 from whetstone.engine.types import Request
 
+pytestmark = [pytest.mark.nlpg]  # every test here uses it
+
 LESSON = "Add the two quantities before answering."
 TASKS = TaskSet("apples", tuple(
     TaskRecord(id=f"q{i}", question=f"Tom has {i} apples and gets {i} more. How many?",

@@ -66,6 +66,7 @@ def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_run_sends_one_tree_per_trace_over_grpc(grpc_receiver: tuple[Receiver, str],
                                                 tmp_path: Path) -> None:
     receiver, endpoint = grpc_receiver
@@ -109,6 +110,7 @@ def test_run_sends_one_tree_per_trace_over_grpc(grpc_receiver: tuple[Receiver, s
         assert not any("17 * 23" in str(v) for v in s.attrs.values()), s.name
 
 
+@pytest.mark.integration
 def test_content_capture_and_the_otlp_json_file(tmp_path: Path) -> None:
     # --otel-file alone: no endpoint needed, nothing sent over the network
     out = tmp_path / "spans.jsonl"
@@ -134,6 +136,7 @@ def test_content_capture_and_the_otlp_json_file(tmp_path: Path) -> None:
     assert tool_attrs["gen_ai.tool.call.result"] == "391"
 
 
+@pytest.mark.integration
 def test_export_off_sends_nothing_and_loads_no_exporter(
         grpc_receiver: tuple[Receiver, str], tmp_path: Path) -> None:
     receiver, endpoint = grpc_receiver
@@ -163,12 +166,14 @@ def test_export_off_sends_nothing_and_loads_no_exporter(
     assert helped.stdout.strip().splitlines()[-1] == "[]", helped.stderr
 
 
+@pytest.mark.integration
 def test_otel_without_an_endpoint_is_a_clear_error(tmp_path: Path) -> None:
     res = _run(tmp_path, "--otel")
     assert res.returncode == 2, res.stderr
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in res.stderr
 
 
+@pytest.mark.integration
 def test_serve_sends_each_exchange_and_its_feedback_over_http(
         http_receiver: tuple[Receiver, str], tmp_path: Path) -> None:
     receiver, endpoint = http_receiver
@@ -271,6 +276,7 @@ def test_span_attributes_of_skills_errors_and_content() -> None:
     assert (root.start_ns, root.end_ns) == (10_000_000_000, 12_000_000_000)
 
 
+@pytest.mark.integration
 def test_eval_exports_each_scored_task(grpc_receiver: tuple[Receiver, str],
                                        tmp_path: Path) -> None:
     receiver, endpoint = grpc_receiver
@@ -311,6 +317,7 @@ async def test_mcp_log_run_and_feedback_join_one_trace(tmp_path: Path) -> None:
     assert (fb["traceId"], fb["parentSpanId"]) == (root["traceId"], root["spanId"])
 
 
+@pytest.mark.integration
 def test_an_exported_file_imports_back_as_the_same_run(tmp_path: Path) -> None:
     out = tmp_path / "spans.jsonl"
     res = _run(tmp_path, "--otel-file", str(out), "--otel-content")

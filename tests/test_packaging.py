@@ -20,6 +20,8 @@ import pytest
 
 import whetstone
 
+pytestmark = [pytest.mark.integration]  # every test here uses it
+
 REPO = Path(__file__).resolve().parent.parent
 FOLDERS = {"engine": "whetstone.engine", "skills": "whetstone.skills",
            "tools": "whetstone.tools", "library_store": "whetstone.library_store"}
@@ -204,6 +206,7 @@ def _build(src: Path, out: Path, *what: str) -> None:
         pytest.skip(f"pip could not build a wheel here: {res.stderr[-500:]}")
 
 
+@pytest.mark.march
 def test_the_wheel_holds_only_the_namespace_and_works_from_it(tmp_path: Path) -> None:
     """Built from the tree, setuptools follows the links: every file under ``whetstone/`` is
     a real file with the tree's content (``cli.py``, the prompts as package data), nothing at

@@ -135,6 +135,7 @@ def _script(tmp_path: Path, name: str, replies: list[str]) -> str:
     return f"scripted:{path}"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("content", [False, True], ids=["content-off-grpc", "content-on-http"])
 def test_run_spans_read_back_through_phoenix(phoenix_server: Phoenix, tmp_path: Path,
                                              content: bool) -> None:
@@ -191,6 +192,7 @@ def test_run_spans_read_back_through_phoenix(phoenix_server: Phoenix, tmp_path: 
         assert "input.value" not in attrs and "whetstone.task" not in attrs
 
 
+@pytest.mark.integration
 def test_serve_exchange_and_feedback_read_back_through_phoenix(phoenix: str,
                                                                tmp_path: Path) -> None:
     project = "whetstone-serve"
@@ -223,6 +225,8 @@ def test_serve_exchange_and_feedback_read_back_through_phoenix(phoenix: str,
     assert summed["token_count_total"] == usage["total_tokens"]
 
 
+@pytest.mark.integration
+@pytest.mark.memory
 def test_round_trip_eval_to_phoenix_import_back_and_evolve(phoenix: str,
                                                            tmp_path: Path) -> None:
     """An eval's traces (content on) in Phoenix, annotated there, imported into another

@@ -124,6 +124,9 @@ def test_a_guidance_only_method_runs_in_all_three_hosts(library: Path) -> None:
         e.close()
 
 
+@pytest.mark.co_react
+@pytest.mark.latent
+@pytest.mark.march
 @pytest.mark.parametrize("method", ["co_react", "march", "latent"])
 def test_registered_loop_methods_are_refused_by_the_direct_solver(library: Path,
                                                                   method: str) -> None:
@@ -135,6 +138,7 @@ def test_registered_loop_methods_are_refused_by_the_direct_solver(library: Path,
         e.close()
 
 
+@pytest.mark.self_consistency
 def test_the_direct_solver_keeps_what_it_can_run(library: Path) -> None:
     # self-consistency wraps the whole solve and sets the sampling: the direct solver runs
     # both hooks, so it is built there; chat mode cannot, and says where it runs.

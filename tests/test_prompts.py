@@ -28,6 +28,7 @@ def test_a_dollar_that_starts_no_name_is_plain_text_and_values_are_not_expanded(
     assert "costs $1.50 and ${skill} and $error" in out
 
 
+@pytest.mark.trace2skill
 def test_yaml_tables_hold_short_templates() -> None:
     assert load_prompt("analyst_trace.yaml#task") == "Task: $task"
     assert placeholders("whetstone.engine.methods.trace2skill:batch_run.yaml#failure") == {
@@ -39,6 +40,8 @@ def test_yaml_tables_hold_short_templates() -> None:
         load_prompt("no_such_prompt")
 
 
+@pytest.mark.march
+@pytest.mark.nlpg
 def test_a_method_reads_its_own_prompts_by_short_name() -> None:
     from whetstone.engine.methods.march import PROMPTS
 

@@ -22,6 +22,8 @@ from whetstone.engine.backends import BackendOptions, get_backend
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.server import create_app
 
+pytestmark = [pytest.mark.integration]  # every test here uses it
+
 openai = pytest.importorskip("openai")
 
 TOO_LONG = ("This model's maximum context length is 2048 tokens. However, you requested "

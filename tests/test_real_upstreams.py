@@ -95,6 +95,7 @@ def front(spec: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
         engine.close()
 
 
+@pytest.mark.integration
 def test_the_served_name_is_the_upstreams_and_a_reply_is_adapted(front: dict[str, Any]
                                                                  ) -> None:
     name = upstream_model_name(front["spec"])
@@ -110,6 +111,7 @@ def test_the_served_name_is_the_upstreams_and_a_reply_is_adapted(front: dict[str
     assert trace.meta["skills"]["shown"] == ["unit-conversion"]
 
 
+@pytest.mark.integration
 def test_a_stream_arrives_in_chunks_and_ends_with_done(front: dict[str, Any]) -> None:
     body = {"model": upstream_model_name(front["spec"]), "max_tokens": 48, "stream": True,
             "temperature": 0, "messages": [{"role": "user", "content": "Count from 1 to 8."}]}
@@ -123,6 +125,7 @@ def test_a_stream_arrives_in_chunks_and_ends_with_done(front: dict[str, Any]) ->
     assert text.strip()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_named_tool_call_passes_through(front: dict[str, Any], stream: bool) -> None:
     """A forced (named) tool choice: the server must return a call, whatever the model's

@@ -82,6 +82,7 @@ def new_skill_folder(root: Path) -> Path:
     return skill.parent
 
 
+@pytest.mark.integration
 def test_three_replicas_share_one_library_and_one_trace_store(tmp_path: Path) -> None:
     lib = Library.open(tmp_path / "lib", create=True)
     lib.commit(SKILLS, method="test", message="skills")  # v2

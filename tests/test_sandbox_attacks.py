@@ -122,6 +122,7 @@ def test_cannot_read_files_outside_its_folder(tmp_path: Path, python_box: Toolbo
     still_works(python_box)
 
 
+@pytest.mark.integration
 def test_cannot_read_the_callers_environment(python_box: Toolbox) -> None:
     # /proc/<pid>/environ shows a process's initial environment, so the caller must be a
     # process started with the key in it, as a user's shell starts `whetstone`.

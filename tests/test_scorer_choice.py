@@ -57,6 +57,7 @@ def evolve_memory(tmp_path: Path, answers: list[str], *args: str) -> dict[str, A
     return dict(json.loads(res.stdout))
 
 
+@pytest.mark.memory
 def test_a_gate_on_a_scorer_that_does_not_fit_says_so_and_scorer_fixes_it(
         tmp_path: Path) -> None:
     Library.init(tmp_path / "lib")
@@ -83,6 +84,7 @@ def test_a_gate_on_a_scorer_that_does_not_fit_says_so_and_scorer_fixes_it(
     assert not any("may not fit" in why for why in d["reasons"])
 
 
+@pytest.mark.memory
 def test_traces_import_scorer_scores_the_log_and_the_gate_uses_it(tmp_path: Path) -> None:
     Library.init(tmp_path / "lib")
     log = imported_log(tmp_path, 30)
@@ -105,6 +107,7 @@ def test_traces_import_scorer_scores_the_log_and_the_gate_uses_it(tmp_path: Path
     assert {t.score for t in Library.open(tmp_path / "plain").traces.query()} == {None}
 
 
+@pytest.mark.memory
 def test_an_unknown_scorer_fails_before_anything_loads(tmp_path: Path) -> None:
     res = invoke("evolve", "memory", "--scorer", "nosuch", "--model", "embedded",
                  "--library", str(tmp_path / "lib"))

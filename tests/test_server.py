@@ -21,6 +21,8 @@ from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.server import create_app
 from whetstone.engine.types import Completion, Request
 
+pytestmark = [pytest.mark.integration]  # every test here uses it
+
 USER = [{"role": "user", "content": "Say hello."}]
 
 

@@ -47,17 +47,20 @@ def edited(**kw: str) -> str:
     return apply_edit(files(), Edit(**kw))["SKILL.md"]  # type: ignore[arg-type]
 
 
+@pytest.mark.trace2skill
 def test_sections_skip_front_matter_and_code_fences() -> None:
     titles = [(s.title, s.level) for s in sections(SKILL.split("\n"))]
     assert titles == [("Units", 1), ("Procedure", 2), ("Pitfalls", 2), ("Deep detail", 3)]
 
 
+@pytest.mark.trace2skill
 def test_append_to_section_lands_before_the_next_heading() -> None:
     out = edited(file="SKILL.md", op="append_to_section", target_section="## Procedure",
                  content="3. Check the unit of the answer.")
     assert "2. Convert to one unit before adding.\n3. Check the unit of the answer.\n\n## Pitfalls" in out
 
 
+@pytest.mark.trace2skill
 def test_insert_after_and_before_anchor_on_text() -> None:
     out = edited(file="SKILL.md", op="insert_after", target_text="1. List every quantity",
                  content="   (write them down)")
@@ -67,6 +70,7 @@ def test_insert_after_and_before_anchor_on_text() -> None:
     assert "- Read twice.\n- Minutes are not hours." in out
 
 
+@pytest.mark.trace2skill
 def test_replace_in_section_only_touches_that_section() -> None:
     out = edited(file="SKILL.md", op="replace_in_section", target_section="Pitfalls",
                  target_text="Minutes are not hours.", content="60 minutes make an hour.")
@@ -76,12 +80,14 @@ def test_replace_in_section_only_touches_that_section() -> None:
                target_text="Minutes are not hours.", content="x")
 
 
+@pytest.mark.trace2skill
 def test_whitespace_lenient_anchor() -> None:
     out = edited(file="SKILL.md", op="insert_after", target_text="2.  Convert to one unit  before adding.",
                  content="3. New.")
     assert "before adding.\n3. New." in out
 
 
+@pytest.mark.trace2skill
 def test_add_and_delete_sections() -> None:
     out = edited(file="SKILL.md", op="add_section", target_section="Examples", content="- 2 h = 120 min")
     assert out.endswith("## Examples\n\n- 2 h = 120 min\n")
@@ -93,6 +99,7 @@ def test_add_and_delete_sections() -> None:
     assert "2. Convert to one unit before adding." in out
 
 
+@pytest.mark.trace2skill
 def test_create_and_delete_files_one_level_deep() -> None:
     out = apply_edit(files(), Edit("references/tables.md", "create", content="# Tables"))
     assert out["references/tables.md"] == "# Tables\n"
@@ -104,12 +111,14 @@ def test_create_and_delete_files_one_level_deep() -> None:
         apply_edit(files(), Edit("SKILL.md", "delete_file"))
 
 
+@pytest.mark.trace2skill
 def test_unknown_section_lists_the_real_ones() -> None:
     with pytest.raises(EditError) as err:
         edited(file="SKILL.md", op="append_to_section", target_section="Mistakes", content="x")
     assert "'Pitfalls'" in (err.value.hint or "")
 
 
+@pytest.mark.trace2skill
 def test_shape_errors_name_the_missing_field() -> None:
     for d, msg in [({"op": "explode"}, "unknown op"),
                    ({"op": "insert_after", "content": "x"}, "needs target_text"),
@@ -119,11 +128,13 @@ def test_shape_errors_name_the_missing_field() -> None:
             Edit.from_dict(d)
 
 
+@pytest.mark.trace2skill
 def test_front_matter_is_never_an_anchor_target() -> None:
     with pytest.raises(EditError, match="not found"):
         edited(file="SKILL.md", op="insert_after", target_text="name: units", content="x: y")
 
 
+@pytest.mark.trace2skill
 def test_json_is_found_in_fences_prose_and_repaired() -> None:
     raw = 'Sure!\n```json\n{"reasoning": "r", "edits": [], "changelog": "c",}\n```'
     assert extract_json_object(raw)["changelog"] == "c"
@@ -138,6 +149,7 @@ def test_json_is_found_in_fences_prose_and_repaired() -> None:
         patch_from_json_text('{"reasoning": "r"}')
 
 
+@pytest.mark.trace2skill
 def test_apply_patch_collects_failures_or_raises_when_strict() -> None:
     patch = SkillPatch(edits=(
         Edit("SKILL.md", "append_to_section", "Pitfalls", content="- ok"),
@@ -149,12 +161,14 @@ def test_apply_patch_collects_failures_or_raises_when_strict() -> None:
         apply_patch(files(), patch, strict=True)
 
 
+@pytest.mark.trace2skill
 def test_latex_backslashes_that_are_not_json_escapes_are_repaired() -> None:
     # Seen from the embedded 0.5B analyst: "Invalid \escape" on \$ inside a JSON string.
     raw = r'{"reasoning": "7 lemons * \$1.5 = \$10.50", "edits": [], "changelog": "c"}'
     assert extract_json_object(raw)["reasoning"] == r"7 lemons * \$1.5 = \$10.50"
 
 
+@pytest.mark.trace2skill
 def test_support_is_the_analysed_traces_whatever_the_model_wrote() -> None:
     raw = ('{"reasoning": "r", "changelog": "c", "edits": [{"op": "append_to_section", '
            '"target_section": "Pitfalls", "content": "- x", "support": "trace-7"}]}')
@@ -166,6 +180,7 @@ def test_support_is_the_analysed_traces_whatever_the_model_wrote() -> None:
     assert saved.edits[0].support == ("t-1",)  # a saved patch keeps its own; one id, not 3
 
 
+@pytest.mark.trace2skill
 def test_an_insert_the_section_already_says_is_refused() -> None:
     with pytest.raises(EditError, match="already says this"):
         edited(file="SKILL.md", op="append_to_section", target_section="Pitfalls",
@@ -176,6 +191,7 @@ def test_an_insert_the_section_already_says_is_refused() -> None:
     assert md.count("Minutes are not hours") == 2 and "Days are not weeks" in md
 
 
+@pytest.mark.trace2skill
 def test_latex_in_a_json_reply_keeps_its_backslashes() -> None:
     # Seen in the 0.5B analyst's changelogs: "\text" and "\boxed" read as a tab and a
     # backspace ("60 	ext{ m}", "oxed{540}"). Real escapes stay what they are.

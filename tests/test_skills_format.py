@@ -162,6 +162,7 @@ def test_changing_one_field_rewrites_only_its_lines() -> None:
 
 
 def test_a_new_skill_renders_and_parses_back_to_itself() -> None:
+    # names, not uses: trace2skill
     skill = Skill(name="new-one", description="Does: things, with 'quotes' and # hashes",
                   body="# New\n\nText.\n", metadata={"origin": "trace2skill"},
                   allowed_tools="Read")

@@ -93,6 +93,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]
             proc.stderr.close()  # type: ignore[union-attr]
 
 
+@pytest.mark.integration
 def test_soak_1mb_bodies_and_unknown_feedback_stay_bounded(
         server: tuple[str, subprocess.Popen[bytes], Path]) -> None:
     url, proc, traces = server

@@ -87,6 +87,7 @@ def test_eval_solver_direct_from_the_command_line(tmp_path: Path, whetstone_home
     assert bad.exit_code == 2 and "'loop' is not one of 'agent', 'direct'" in bad.output
 
 
+@pytest.mark.trace2skill
 def test_the_evolve_gate_runs_the_solver_it_is_given(tmp_path: Path) -> None:
     roles: list[list[str]] = []
 
@@ -172,6 +173,7 @@ def test_an_unrelated_task_gets_no_skill_by_default(tmp_path: Path) -> None:
     assert trace.meta["skills"]["matches"][0][0] == "unit-conversion"  # scored, under the floor
 
 
+@pytest.mark.memory
 def test_skills_options_need_no_methods_flag() -> None:
     """Skill retrieval runs by default, so ``--method-config skills.k=3`` alone sets it."""
     from whetstone.engine.commands.common import parse_methods

@@ -20,6 +20,8 @@ from whetstone.engine.methods.trace2skill.evolver import (
 )
 from whetstone.engine.types import Request, Trace
 
+pytestmark = [pytest.mark.trace2skill]  # every test here uses it
+
 BASE = draft_skill("word-math", "Solve arithmetic word problems.")
 LIB = {f"skills/word-math/{k}": v for k, v in BASE.items()}
 

@@ -49,6 +49,7 @@ def assert_built(trace: Trace, kind: str) -> None:
     assert trace.meta["source"] == kind and trace_kind(trace) == kind
 
 
+@pytest.mark.march
 def test_every_kind_is_built_with_one_id_scheme_and_its_kind(tmp_path: Path) -> None:
     with Engine(script(tmp_path, ["Final Answer: 391"], "agent"), skills=False,
                 checkpointing=False) as engine:

@@ -113,6 +113,7 @@ def test_otlp_json_imports_whole_traces_keeps_origin_and_skips_the_broken(tmp_pa
     assert len(imported(lib)) == 2
 
 
+@pytest.mark.memory
 def test_otlp_round_trip_evolve_memory_learns_and_the_gate_runs(tmp_path: Path) -> None:
     lib = new_library(tmp_path)
     assert run("traces", "import", str(FIXTURES / "otlp_traces.json"), "--library",
@@ -189,6 +190,7 @@ def openai_log(path: Path, n: int = 200) -> list[str]:
     return answers
 
 
+@pytest.mark.memory
 def test_openai_log_of_200_records_imports_and_evolve_memory_gates_on_it(tmp_path: Path) -> None:
     log = tmp_path / "chat-log.jsonl"
     answers = openai_log(log)
@@ -269,6 +271,7 @@ def test_openai_request_response_shape_and_feedback_mapping(tmp_path: Path) -> N
 
 # --- LangSmith ----------------------------------------------------------------------------------
 
+@pytest.mark.memory
 def test_langsmith_export_imports_and_evolve_memory_gates_on_it(tmp_path: Path) -> None:
     lib = new_library(tmp_path)
     code, out, text = run("traces", "import", str(FIXTURES / "langsmith_runs.json"),
@@ -457,6 +460,7 @@ def doc_blocks() -> list[tuple[str, str, str | None]]:
     return out
 
 
+@pytest.mark.memory
 def test_every_block_of_the_observability_page_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phoenix: tuple[str, list[str]]) -> None:
     """The examples are saved under their names and every command runs as written, in a fresh
@@ -524,6 +528,7 @@ def run_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phoenix_url: s
     return ran
 
 
+@pytest.mark.memory
 def test_round_trip_traces_exported_from_a_run_import_back_and_evolve(tmp_path: Path) -> None:
     """An eval's traces written as OTLP JSON by the exporter (``--otel-file``'s sink, with
     content), imported into another library, learned from by ``evolve memory`` with the gate

@@ -111,6 +111,7 @@ def test_a_march_verification_trace(tmp_path: Path) -> None:
 
 
 def test_a_step_of_an_unknown_shape_prints_a_line_not_a_crash(whetstone_home: Path) -> None:
+    # names, not uses: co_react
     from whetstone.engine.types import Step, Trace
     from whetstone.library_store.traces import TraceStore
 

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from test_eval_cli import ARITH, factory
 from test_evolve import LESSON, agent_that_needs_the_lesson, collect
@@ -64,6 +65,7 @@ def test_a_reply_cut_at_the_length_limit_is_the_length_outcome(tmp_path: Path) -
     assert [t["outcome"] for t in listed] == ["length"]
 
 
+@pytest.mark.memory
 def test_eval_counts_cut_answers_and_memory_keeps_none_of_them(tmp_path: Path) -> None:
     """Two tasks answered right, one of them in a reply cut at the length limit: ``eval``
     scores both as written and says one was cut (the saved result and the report too); the
@@ -91,6 +93,7 @@ def test_eval_counts_cut_answers_and_memory_keeps_none_of_them(tmp_path: Path) -
     assert "What is 6 * 7?" in res.stdout and "17 * 23" not in res.stdout, res.stdout
 
 
+@pytest.mark.trace2skill
 def test_an_evolve_summary_names_no_file_its_candidate_does_not_hold(tmp_path: Path) -> None:
     """The analyst's changelog says it added a script; its only edit is to SKILL.md. The
     summary ``evolve`` prints (and the candidate keeps) leaves that clause out."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from whetstone.cli import cli
@@ -48,6 +49,7 @@ def test_traces_ls_ids_prints_whole_ids_one_a_line(tmp_path: Path) -> None:
     assert all(i in table for i in ids) and "…" not in table, table
 
 
+@pytest.mark.trace2skill
 def test_candidates_ls_prints_whole_names_and_a_short_verdict(tmp_path: Path) -> None:
     lib = open_library(tmp_path / "lib", create=True)
     name = "trace2skill-arithmetic-word-problems-with-units-20261207-101500-second-try"

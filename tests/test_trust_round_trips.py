@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from click.testing import CliRunner
 from mcp_support import sdk_server_command, starts, wait_gone
 from middleware_support import USER, echo, make_library
@@ -39,6 +40,7 @@ def script(tmp_path: Path, *replies: Any) -> str:
     return f"scripted:{path}"
 
 
+@pytest.mark.integration
 def test_an_allow_tool_that_names_no_tool_of_the_live_server_lists_its_tools(
         tmp_path: Path) -> None:
     """``--allow-tool test_lokup``: the run went on with no tool of the server offered."""
@@ -53,6 +55,7 @@ def test_an_allow_tool_that_names_no_tool_of_the_live_server_lists_its_tools(
     assert wait_gone(pid)  # stopped with the error
 
 
+@pytest.mark.integration
 def test_tools_ls_previews_a_servers_tools_and_what_a_run_would_be_offered(
         tmp_path: Path) -> None:
     server = sdk_server_command("test")
@@ -71,6 +74,7 @@ def test_tools_ls_previews_a_servers_tools_and_what_a_run_would_be_offered(
     assert "read-only" in lookup and "no: not on the server's allow-list" in lookup, lookup
 
 
+@pytest.mark.integration
 def test_arguments_that_do_not_fit_the_schema_come_back_naming_the_field(
         tmp_path: Path) -> None:
     """A built-in, a function and an MCP tool, each called with an argument of the wrong
@@ -134,6 +138,7 @@ def test_library_validate_checks_the_drafts_too(tmp_path: Path) -> None:
     assert invoke("library", "commit", "-m", "units", "--library", lib)[0] == 5  # agrees
 
 
+@pytest.mark.integration
 def test_tools_module_function_is_found_in_the_current_folder(tmp_path: Path) -> None:
     """As the installed ``whetstone`` script runs: its own folder is on sys.path, the one it
     was started in is not (``-P``), and ``--tools shoptools:price`` beside shoptools.py was
@@ -153,6 +158,7 @@ def test_tools_module_function_is_found_in_the_current_folder(tmp_path: Path) ->
     assert "Observation: 24.5" in run.stdout and "Answer: 24.5" in run.stdout
 
 
+@pytest.mark.integration
 def test_mistakes_in_tools_and_mcp_servers_are_reported_before_the_model_loads(
         tmp_path: Path) -> None:
     """With a model that cannot load, the error is the mistyped tool's (2), not the model's
@@ -171,6 +177,7 @@ def test_mistakes_in_tools_and_mcp_servers_are_reported_before_the_model_loads(
     assert code == 2 and "unknown model spec" in out, out
 
 
+@pytest.mark.trace2skill
 def test_mistyped_options_are_reported_before_the_model_loads(tmp_path: Path) -> None:
     """eval's scorer and version, evolve's task sets, gate rule, analyst and trace filter:
     each was read after the model loaded (exit 3 here, seconds later with a real one)."""
@@ -195,6 +202,7 @@ def test_mistyped_options_are_reported_before_the_model_loads(tmp_path: Path) ->
         assert code != 3 and said in out, (args, out)
 
 
+@pytest.mark.integration
 def test_a_wrapped_client_of_a_whetstone_server_applies_the_library_once(
         tmp_path: Path) -> None:
     """The client's engine and the server each apply a library: the guidance went in twice.

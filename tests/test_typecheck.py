@@ -57,6 +57,7 @@ def _module(path: str) -> str:
     return path.replace("/", ".").removesuffix(".__init__")
 
 
+@pytest.mark.integration
 def test_the_product_type_checks_from_the_checkout(tmp_path: Path) -> None:
     exe = _mypy()
     if exe is None:

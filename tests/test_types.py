@@ -25,6 +25,7 @@ def roundtrip(obj: object) -> object:
 
 
 def test_every_record_round_trips() -> None:
+    # names, not uses: trace2skill
     call = ToolCall("calculator", '{"expression": "1+1"}', "c1")
     msgs = (Message("system", "be brief"), Message("user", "hi"),
             Message("assistant", "", tool_calls=(call,)),

@@ -8,6 +8,7 @@ import base64
 import time
 from pathlib import Path
 
+import pytest
 from PIL import Image
 from servers import Servers
 
@@ -18,6 +19,7 @@ from whetstone.engine.types import Message, Request
 from whetstone.library_store.traces import TraceStore
 
 
+@pytest.mark.integration
 def test_an_openai_request_with_an_image_part_is_well_formed(tmp_path: Path) -> None:
     img = tmp_path / "red.png"
     Image.new("RGB", (16, 16), "red").save(img)

@@ -35,6 +35,8 @@ from whetstone.engine.types import Request
 from whetstone.tools.base import Tool
 from whetstone.tools.functions import function_tool
 
+pytestmark = [pytest.mark.workflows]  # every test here uses it
+
 # -- values and induction --------------------------------------------------------------------
 
 
