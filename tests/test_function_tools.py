@@ -189,9 +189,9 @@ def test_functions_by_import_path(tmp_path: Path) -> None:
     path.write_text(textwrap.dedent(SOURCES[0]))
     assert import_function(f"{path}:order_total")([1.0, 2.0]) == 3.0
     assert import_function("json:dumps") is json.dumps
-    for ref, says in [(f"{path}:missing", "has no 'missing'"),
+    for ref, says in [(f"{path}:missing", "has no function 'missing'"),
                       (f"{tmp_path}/nope.py:f", "does not exist"),
-                      ("no_such_module_x:f", "cannot import 'no_such_module_x'"),
+                      ("no_such_module_x:f", "cannot import tool module 'no_such_module_x'"),
                       ("order_total", "unknown tool 'order_total'")]:
         with pytest.raises(ConfigError, match=says):
             ToolSet([ref])

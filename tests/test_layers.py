@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/replies.py", 0),
     ("engine/answer_text.py", 0),
     ("engine/printing.py", 0),
+    ("engine/loading.py", 0),
     ("engine/backends", 1),
     ("library_store", 1),
     ("skills", 2),

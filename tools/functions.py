@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
-import importlib.util
 import inspect
 import json
 import re
-import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..engine.errors import ConfigError, ToolError
+from ..engine.loading import load_function
 from ..engine.types import ToolSpec
 from .base import Tool
 from .learned import (
@@ -232,50 +229,10 @@ def langchain_tool(tool: Any) -> Tool:
     return Tool(spec, run)
 
 
-def _find_in_cwd(module_name: str) -> None:
-    """Put the current folder on ``sys.path`` when ``module_name`` is found nowhere else but
-    there, as ``python -m`` does: the ``whetstone`` script's own folder is on the path, the
-    folder it was started in is not, and ``--tools mytools:lookup`` beside ``mytools.py``
-    must find it."""
-    top = module_name.partition(".")[0]
-    cwd = Path.cwd()
-    here = (cwd / f"{top}.py").is_file() or (cwd / top).is_dir()
-    if here and importlib.util.find_spec(top) is None and str(cwd) not in sys.path:
-        sys.path.insert(0, str(cwd))
-        importlib.invalidate_caches()
-
-
 def import_function(ref: str) -> Callable[..., Any]:
     """The function ``module:function`` or ``path/to/file.py:function`` names (what
     ``whetstone run --tools`` takes); ``ConfigError`` when it cannot be found."""
-    module_name, sep, attr = ref.strip().rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"cannot read the tool {ref!r}",
-                          hint="name a function as module:function or path/to/file.py:function")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"tool file {path} does not exist",
-                                  hint="give path/to/file.py:function or module:function")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            _find_in_cwd(module_name)
-            module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} for the tool {ref!r} ({exc})",
-                          hint="check the module is importable (on PYTHONPATH) or give a .py "
-                               "path") from exc
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise ConfigError(f"{module_name!r} has no {attr!r}",
-                          hint="name a function defined in that module")
-    if not callable(fn):
-        raise ConfigError(f"{ref} is not a function", hint="name a function")
-    return fn
+    return load_function(ref, what="tool")
 
 
 __all__ = ["function_spec", "function_tool", "import_function", "is_langchain_tool",

@@ -26,8 +26,6 @@ the runtime writes its act steps in that shape.
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -36,11 +34,11 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..answer_text import answer_span
 from ..errors import EvalError, WhetstoneError
+from ..loading import load_function
 from ..types import ToolCall, Trace
 from .answers import extract_number, normalise, tokens
 from .bfcl import check_calls
@@ -505,26 +503,7 @@ def user_scorer(fn: Callable[..., Any]) -> ScoreFn:
 
 
 def _user_scorer(name: str) -> ScoreFn:
-    module_name, _, attr = name.rpartition(":")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise EvalError(f"scorer file {path} does not exist",
-                                hint="give path/to/file.py:function or module:function")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EvalError(f"cannot import scorer module {module_name!r} ({exc})",
-                        hint="check the module is importable (on PYTHONPATH) or give a .py path"
-                        ) from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise EvalError(f"{module_name!r} has no function {attr!r}", hint=USER_SCORER_HELP)
+    fn = load_function(name, what="scorer", error=EvalError, hint=USER_SCORER_HELP)
     _check_arity(fn, name)
     return user_scorer(fn)
 
