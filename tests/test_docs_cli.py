@@ -145,3 +145,53 @@ def test_every_environment_variable_is_documented() -> None:
 
 def test_the_readme_links_the_page() -> None:
     assert "docs/cli.md" in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+# --- method options as the docs write them -------------------------------------------------
+
+_KNOB = re.compile(r"`(?:--method-config\s+)?([A-Za-z_][\w.]*)\.(\w+)=([^`\s]+)`")
+_FLAG = re.compile(r"--method-config[ =]([A-Za-z_][\w.]*)\.(\w+)=(\S+?)[`\"'\s)]")
+
+
+def documented_knobs() -> list[tuple[str, str, str, str]]:
+    """(where, method, knob, value) for each ``method.knob=value`` the docs, the README and
+    the product's own text write as a ``--method-config`` option."""
+    files = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", *sources()]
+    out = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for m in [*_KNOB.finditer(text), *_FLAG.finditer(text)]:
+            out.append((str(path.relative_to(REPO)), *m.groups()))
+    return out
+
+
+def test_every_documented_method_option_is_one_the_method_takes() -> None:
+    """``--method-config skills.examples=3`` as written works: the method is a runtime method
+    (the skills one included), the knob a field of its config, the value one it accepts. The
+    namespace's name is no part of it (``whetstone.skills.examples`` was written once)."""
+    from whetstone.engine.commands.common import parse_methods
+    from whetstone.engine.methods.base import make_config
+    from whetstone.engine.methods.registry import default_registry
+
+    registry = default_registry()
+    runtime = set(registry.names("runtime"))
+    bad, checked = [], 0
+    for where, method, knob, value in documented_knobs():
+        if method.startswith("whetstone."):
+            bad.append(f"{where}: {method}.{knob} (the option is {method.split('.')[-1]}.{knob})")
+        if method not in runtime or knob.isupper():
+            continue  # another dotted name (a span attribute), or a placeholder (KEY=VALUE)
+        cls = registry.entry("runtime", method).load()
+        option = f"{method}.{knob}={value}"
+        try:
+            if value.isupper():  # a placeholder (N, NAME): the knob must exist
+                make_config(cls.config_class, {knob: None}, method=method)
+            else:
+                ((_, options),) = parse_methods("" if method == "skills" else method,
+                                                (option,))
+                make_config(cls.config_class, options, method=method)
+            checked += 1
+        except Exception as exc:  # noqa: BLE001 - each failure is listed with its reason
+            bad.append(f"{where}: --method-config {option}: {exc}")
+    assert not bad, "\n".join(bad)
+    assert checked >= 5

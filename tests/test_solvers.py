@@ -141,7 +141,7 @@ def test_text_scorers_read_the_answer_span_too() -> None:
 
 
 def test_skills_options_reach_the_direct_solver_and_chat_mode(tmp_path: Path) -> None:
-    """``whetstone.skills.examples`` and ``skills.learned_tools`` pass the config check, so every host
+    """``skills.examples`` and ``skills.learned_tools`` pass the config check, so every host
     must take them (the direct and chat paths raised a TypeError), and they act there."""
     lib = Library.open(tmp_path / "lib", create=True)
     lib.commit({"skills/unit-conversion/SKILL.md": UNITS}, method="test", message="units")
@@ -182,3 +182,18 @@ def test_skills_options_need_no_methods_flag() -> None:
         ("skills", {"k": 3, "turns": True})]
     with pytest.raises(ConfigError, match="which --methods does not list"):
         parse_methods("", ("memory.k=3",))
+
+
+def test_method_config_skills_examples_as_documented_reaches_the_run(tmp_path: Path) -> None:
+    """``whetstone run --method-config skills.examples=3`` (docs/architecture.md) sets the
+    skills method's knob for the run, with no ``--methods``; the trace records it."""
+    replies = tmp_path / "replies.json"
+    replies.write_text(json.dumps({"replies": ["Final Answer: 4"]}))
+    res = CliRunner().invoke(cli, ["run", "2+2", "--model", f"scripted:{replies}", "--json",
+                                   "--method-config", "skills.examples=3"])
+    assert res.exit_code == 0, res.output
+    methods = json.loads(res.stdout)["meta"]["methods"]
+    assert methods[0]["name"] == "skills" and methods[0]["config"]["examples"] == 3
+    bad = CliRunner().invoke(cli, ["run", "2+2", "--model", f"scripted:{replies}",
+                                   "--method-config", "whetstone.skills.examples=3"])
+    assert bad.exit_code == 2 and "one knob: skills.examples=3" in bad.output  # the hint

@@ -437,6 +437,12 @@ def parse_methods(methods: str, method_config: tuple[str, ...] = ()
         if not eq or not dot or not key:
             raise ConfigError(f"cannot read --method-config {item!r}",
                               hint="write NAME.KEY=VALUE, e.g. skills.k=3")
+        if "." in key:  # whetstone.skills.examples: a module's name, not a method's
+            short = target.strip().rsplit(".", 2)
+            raise ConfigError(f"cannot read --method-config {item!r}: {target.strip()!r} is "
+                              "not METHOD.KNOB",
+                              hint=f"the method's name and one knob: "
+                                   f"{short[-2]}.{short[-1]}={value}")
         if name not in raw and name == "skills":
             # Skill retrieval runs by default; setting its options must not require naming it.
             names.append(name)
