@@ -15,13 +15,13 @@ import pytest
 
 from whetstone.engine.api import Engine, open_library
 from whetstone.engine.backends.scripted import ScriptedBackend
-from whetstone.engine.evaluation.examples import (
+from whetstone.engine.evaluation.runner import evaluate
+from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
+from whetstone.engine.evaluation.verified_examples import (
     ExampleStats,
     example_from_trace,
     examples_from_traces,
 )
-from whetstone.engine.evaluation.runner import evaluate
-from whetstone.engine.evaluation.tasks import TaskRecord, tasks_from_traces
 from whetstone.engine.evolution.pipeline import gate_and_apply
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.types import Request, Step, Trace

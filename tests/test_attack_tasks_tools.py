@@ -282,7 +282,7 @@ def test_evolve_never_imports_the_scorer_a_stored_trace_names(
                                     f"scripted:{replies}", "-j", "1", "--scorer",
                                     "helper.py:score"])
     assert res.exit_code == 0, res.output
-    from whetstone.engine.evaluation.examples import rescore
+    from whetstone.engine.evaluation.verified_examples import rescore
     from whetstone.library_store.store import Library
 
     stored = Library.open(whetstone_home / "library").traces.query()

@@ -142,7 +142,7 @@ KNOWN = {
     ("engine/types.py", "horizon"),
     ("engine/runtime/nodes.py", "horizon"),
     # and "memory" the sandbox's limit (the cgroup controller, what a killed tool exceeded)
-    ("tools/limits.py", "memory"),
+    ("tools/sandbox_limits.py", "memory"),
     ("tools/sandbox.py", "memory"),
 }
 

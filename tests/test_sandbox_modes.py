@@ -18,8 +18,8 @@ from whetstone.engine.errors import ToolError
 from whetstone.tools.base import Toolbox
 from whetstone.tools.builtin import make_python
 from whetstone.tools.isolation import find_bwrap
-from whetstone.tools.limits import find_cgroup_place
 from whetstone.tools.sandbox import Sandbox
+from whetstone.tools.sandbox_limits import find_cgroup_place
 
 MODES = [("bwrap", "cgroup"), ("bwrap", "watchdog"), ("process", "cgroup"),
          ("process", "watchdog")]

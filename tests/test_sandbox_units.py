@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from whetstone.engine.errors import ToolError
-from whetstone.tools.limits import (
+from whetstone.tools.sandbox import default_sandbox
+from whetstone.tools.sandbox_io import MAX_OUTPUT_BYTES, Sink
+from whetstone.tools.sandbox_limits import (
     CgroupPlace,
     cgroup_candidates,
     parse_mountinfo,
     parse_proc_cgroup,
 )
-from whetstone.tools.sandbox import default_sandbox
-from whetstone.tools.sandbox_io import MAX_OUTPUT_BYTES, Sink
 
 V1_MOUNTS = """\
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory

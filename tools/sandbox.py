@@ -2,7 +2,7 @@
 
 Each call is a fresh process tree in a fresh temporary directory with a wall-clock timeout,
 output read as it comes (only the head is kept; a flood is killed), and limits on memory and
-process count for the whole call (``tools/limits.py``: a cgroup where one is writable, else a
+process count for the whole call (``tools/sandbox_limits.py``: a cgroup where one is writable, else a
 watchdog), and never as root (``tools/privileges.py``: where Whetstone is root, each call gives
 root up for uid 65534 first). Where bubblewrap works, the call also runs in its own namespaces,
 under a seccomp filter, with a read-only view of only what it needs (``tools/isolation.py``):
@@ -41,15 +41,6 @@ from .isolation import (
     find_bwrap,
     probe_bwrap,
 )
-from .limits import (
-    CgroupPlace,
-    LimitKind,
-    Limits,
-    children,
-    find_cgroup_place,
-    make_limiter,
-    stop_and_kill,
-)
 from .privileges import (
     Drop,
     Identity,
@@ -74,6 +65,15 @@ from .sandbox_io import (
     close_pipes,
     drain,
     pump,
+)
+from .sandbox_limits import (
+    CgroupPlace,
+    LimitKind,
+    Limits,
+    children,
+    find_cgroup_place,
+    make_limiter,
+    stop_and_kill,
 )
 from .seccomp import Filter, build_filter
 

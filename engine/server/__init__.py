@@ -6,7 +6,7 @@
     service.py    upstream calls: slots, the queue, deadlines, SSE, errors -> HTTP statuses
     guard.py      auth and limits: web checks, API keys, request metrics, the body size limit
     hosts.py      what a web page may ask: Host, Origin, Content-Type (shared with MCP)
-    limits.py     what a request body may ask for: field ranges, the items one chat holds
+    body_limits.py  what a request body may ask for: field ranges, the items one chat holds
     probes.py     readiness (``/readyz``): whether the upstream answers, cached
     connections.py  connection limits under uvicorn: header deadline, fair caps
     pipeline.py   around each call: adapt with the library before, record after

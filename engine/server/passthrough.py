@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ..backends.openai_wire import error_to_openai
 from ..errors import BackendError, BackendRejected, ConfigError, WhetstoneError
+from .body_limits import check_ranges
 from .guard import REQUEST_ID_HEADER
-from .limits import check_ranges
 from .responses import (
     error_reply,
     internal_error_reply,

@@ -42,7 +42,7 @@ from ..errors import (
     WhetstoneError,
 )
 from ..types import Completion, Request
-from .limits import MAX_REQUEST_ITEMS, check_ranges, check_size
+from .body_limits import MAX_REQUEST_ITEMS, check_ranges, check_size
 from .metrics import Metrics
 
 log = logging.getLogger("whetstone.server")

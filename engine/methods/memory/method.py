@@ -4,7 +4,7 @@ No analyst, no advice: the way ExpeL's insight-free memory and DSPy's bootstrapp
 adapt a frozen model. Two halves under one name, like NLPG:
 
 - the **evolver** ``memory``: ``fit`` keeps every training run the scorer verifies
-  (``whetstone.engine.evaluation.examples``) as a worked example in ``memory/<name>.md`` (the examples
+  (``whetstone.engine.evaluation.verified_examples``) as a worked example in ``memory/<name>.md`` (the examples
   format of ``whetstone.skills.format``, each example under the id of the trace it came from), merged
   with the examples already there (one per task, the cheaper solution kept), at most
   ``max_examples``;
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ....skills.format import NAME_RE, Example, parse_examples, render_examples
 from ...errors import ConfigError
-from ...evaluation.examples import ExampleStats, examples_from_traces
+from ...evaluation.verified_examples import ExampleStats, examples_from_traces
 from ...runtime.plugins import Guidance, MethodEnv, Plugin
 from ...types import Trace
 from ..base import EvolveContext, LibraryPatch, knob, library_texts

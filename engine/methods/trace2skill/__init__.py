@@ -2,9 +2,9 @@
 
     evolver.py    ``Trace2Skill`` (``whetstone evolve trace2skill``): map, merge, apply
     edits.py      the section-anchored patch format its analysts write, and applying it
-    limits.py     keeping an evolved skill inside the Agent Skills rules
+    skill_limits.py  keeping an evolved skill inside the Agent Skills rules
     ray_map.py    the map on a Ray cluster (``--executor ray``)
-    examples.py   worked examples kept from verified runs (``examples=True``)
+    example_edits.py  worked examples kept from verified runs (``examples=True``)
     report.py     what ``whetstone evolve trace2skill`` prints of the map and reduce
 """
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ....skills.format import EXAMPLES_FILE, Example, parse_examples
 from ...backends.base import Backend
 from ...errors import ConfigError
-from ...evaluation.examples import example_from_trace
+from ...evaluation.verified_examples import example_from_trace
 from ...replies import extract_json_object
 from ...types import Trace
 from ..analyst import AnalystStats, ask_parsed, render_trace
@@ -42,7 +42,7 @@ from .edits import (
     region_of,
     render_files,
 )
-from .examples import (
+from .example_edits import (
     ExampleAction,
     ExampleReport,
     actions_from_reply,
@@ -50,8 +50,8 @@ from .examples import (
     default_adds,
     listing,
 )
-from .limits import enforce_limits
 from .ray_map import map_on_ray
+from .skill_limits import enforce_limits
 
 if TYPE_CHECKING:
     from ....library_store.store import Snapshot
@@ -80,7 +80,7 @@ class Trace2SkillConfig:
     examples: bool = knob(False, help="Keep worked examples (references/examples.md) taken "
                                       "from verified runs; analysts add, replace, retire them.")
     example_form: str = knob("all", help="What of a verified run an example keeps: all or "
-                             "program (see engine/evaluation/examples.py).",
+                             "program (see engine/evaluation/verified_examples.py).",
                              choices=("all", "program"))
     max_examples: int = knob(6, help="Most worked examples the skill keeps.", min=1)
 

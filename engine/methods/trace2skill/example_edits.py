@@ -2,7 +2,7 @@
 
 With ``examples=true`` a skill keeps ``references/examples.md`` (``whetstone.skills.format``'s examples
 format). The example text is never written by an analyst: it is taken by code from a run the
-scorer verifies (``whetstone.engine.evaluation.examples``), so it is the model's own output, exactly, under
+scorer verifies (``whetstone.engine.evaluation.verified_examples``), so it is the model's own output, exactly, under
 its trace id. The analysts only choose, with an optional ``examples`` list in their JSON reply:
 
     {"action": "add", "trace": "<id>"}                 keep this run as an example
