@@ -16,7 +16,7 @@ from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.errors import ParseError
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
-from whetstone.engine.methods.dynamo.maker import normalise_tool, parse_made, parse_naming
+from whetstone.engine.methods.dynamo.maker_code import normalise_tool, parse_made, parse_naming
 from whetstone.engine.methods.dynamo.parts import Repairs
 from whetstone.engine.types import Request
 from whetstone.skills.format import parse_examples, parse_skill_md

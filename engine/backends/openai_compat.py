@@ -20,15 +20,6 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ..errors import (
-    BackendError,
-    BackendRejected,
-    BackendTimeout,
-    BackendUnavailable,
-    ConfigError,
-    WhetstoneError,
-)
-from ..types import Completion, Request
 from .base import Backend, Capabilities, StreamChunk
 from .openai_http import (
     HttpFailure,
@@ -52,6 +43,15 @@ from .redact import (
     without_address,
 )
 from .registry import BackendOptions
+from ..errors import (
+    BackendError,
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigError,
+    WhetstoneError,
+)
+from ..types import Completion, Request
 
 log = logging.getLogger("whetstone.backends.openai")
 

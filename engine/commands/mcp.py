@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError
 from .common import (
     check_exposed_bind,
     console,
@@ -19,6 +18,7 @@ from .common import (
     skills_options,
     web_options,
 )
+from ..errors import ConfigError
 
 
 @click.command("mcp")

@@ -7,11 +7,8 @@ from typing import Any
 
 import click
 
-from ...library_store.change_control import newest_gated
-from ...library_store.manifest import gate_record
 from ..backends.redact import redact_spec
 from ..backends.registry import BackendOptions, get_backend
-from ..errors import ConfigError
 from .common import (
     check_exposed_bind,
     console,
@@ -22,6 +19,9 @@ from .common import (
     skills_options,
     web_options,
 )
+from ..errors import ConfigError
+from ...library_store.change_control import newest_gated
+from ...library_store.manifest import gate_record
 
 
 def _newest_gated(library_path: Path | None, version: str | None, no_library: bool,

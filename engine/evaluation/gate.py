@@ -50,7 +50,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ...library_store.traces import TraceStore
 from ..errors import EvalError, TasksFailed
 from .benchmarks import load_tasks
 from .compare import Comparison, compare
@@ -74,6 +73,7 @@ from .runner import ProgressFn, Solver, evaluate
 from .scorers import ScoreFn
 from .stats import tasks_to_tell
 from .tasks import TaskRecord, TaskSet, parse_spec
+from ...library_store.traces import TraceStore
 
 
 @dataclass(frozen=True)

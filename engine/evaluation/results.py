@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EvalError
-from ..paths import whetstone_home
 from .stats import Interval, score_interval
+from ..paths import whetstone_home
 
 log = logging.getLogger("whetstone.eval")
 

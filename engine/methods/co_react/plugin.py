@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendError, ConfigError
-from ...runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
-from ...types import Completion, Message, Request, Step
 from ..base import knob
 from . import PROMPTS
 from .rubric import (
@@ -51,6 +49,8 @@ from .rubric import (
     rubric_in_request,
     tried_queries,
 )
+from ...runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
+from ...types import Completion, Message, Request, Step
 
 if TYPE_CHECKING:
     from ...backends.base import Backend

@@ -29,56 +29,28 @@ the analyst only writes when to call each. Progress is saved after every phase u
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ....skills.format import check_skill_files
-from ....tools.base import Toolbox
-from ....tools.builtin import builtin_tools
-from ....tools.images import ImageFiles
-from ....tools.learned_run import run_learned
-from ....tools.visual import visual_tools
 from ...backends.base import Backend
 from ...errors import ConfigError
 from ...types import Trace
-from ..analyst import ask_parsed, render_trace
-from ..base import EvolveContext, LibraryPatch, knob, library_texts
-from . import PROMPTS
-from .maker import ToolMaker, task_tool_files
+from ..base import EvolveContext, LibraryPatch, knob
+from .attempts import AttemptPhase
+from .diagnosis import DiagnosePhase
 from .parts import (
-    Attempt,
-    Cluster,
-    DynamoState,
-    Proposal,
     Round,
     accuracy,
-    dropped,
-    merge,
-    parse_clusters,
-    parse_reasoning,
-    parse_tool,
-    parse_when,
-    words,
 )
 from .sandbox import (
-    allowed_modules,
     build_patch,
-    image_params,
-    judge_tests,
-    run_tests,
-    skill_files,
-    source_parameters,
 )
+from .writing import WritePhase
 
 if TYPE_CHECKING:
     from ....library_store.store import Snapshot
-    from ....tools.base import Tool
     from ...evaluation.tasks import TaskRecord
 
 
@@ -177,49 +149,8 @@ class Dynamo:
         return source[:self.config.train]
 
 
-class _Run:
-    """One fit in progress: the state, the phases, and saving after each of them."""
-
-    def __init__(self, method: Dynamo, context: EvolveContext, analyst: Backend,
-                 tasks: list[TaskRecord], library: Snapshot | Mapping[str, str],
-                 base_id: str) -> None:
-        self.cfg = method.config
-        self.method = method
-        self.context = context
-        self.analyst = analyst
-        self.tasks = {t.id: t for t in tasks}
-        self.library = library
-        self.texts = library_texts(library, "skills/")
-        key = hashlib.sha256(json.dumps({
-            "config": {k: v for k, v in asdict(self.cfg).items() if k != "fresh"},
-            "tasks": list(self.tasks), "base": base_id, "model": context.model,
-            "analyst": analyst.spec}, sort_keys=True).encode()).hexdigest()[:20]
-        # Libraries from before the state/ layout kept this under work/dynamo/.
-        self.saved = (context.library.state("dynamo", legacy=("work/dynamo",))
-                      if context.library is not None else None)
-        self.path = self.saved.path(key) if self.saved is not None else None
-        self.state = self._load(key)
-        self.images = self._images()
-        self._given: dict[str, Tool] | None = None
-
-    # -- saving -----------------------------------------------------------------------------
-
-    def _load(self, key: str) -> DynamoState:
-        data = self.saved.load(key) if self.saved is not None and not self.cfg.fresh else None
-        if data is not None:
-            try:
-                state = DynamoState.from_dict(data)
-                if state.key == key:
-                    return state
-            except (KeyError, TypeError, ValueError):
-                pass  # a damaged save: start over rather than fail
-        return DynamoState(key)
-
-    def save(self) -> None:
-        if self.saved is not None:
-            self.saved.save(self.state.key, self.state.to_dict())
-
-    # -- the loop ---------------------------------------------------------------------------
+class _Run(AttemptPhase, DiagnosePhase, WritePhase):
+    """One fit in progress: the phases round by round, saving after each of them."""
 
     def loop(self, traces: Sequence[Trace]) -> None:
         st = self.state
@@ -297,302 +228,6 @@ class _Run:
         else:
             rnd.kept = False
             st.stop = f"round {rnd.number}: no gain ({rnd.note})"
-
-    def _ask(self, coro: Any) -> Any:
-        return asyncio.run(coro)
-
-    # -- attempts ---------------------------------------------------------------------------
-
-    def _attempt_of(self, task: TaskRecord, trace: Trace | None, score: float) -> Attempt:
-        expected = task.expected if isinstance(task.expected, str) else json.dumps(
-            task.expected, ensure_ascii=False)
-        text = render_trace(trace, max_chars=2500) if trace is not None else \
-            f"Task: {task.prompt}\n(the run was not stored)"
-        return Attempt(task.id, trace.id if trace else "", score, task.prompt, expected,
-                       trace.answer if trace else None, text, task.image)
-
-    def _first_attempts(self, traces: Sequence[Trace]) -> dict[str, Attempt]:
-        """Round 1's attempts: the given runs of these tasks (scored by the task's scorer when
-        they carry no score), the missing ones run now over the current library."""
-        # lazy: loads filelock and 41 more of our modules
-        from ...evaluation.scorers import get_scorer
-
-        out: dict[str, Attempt] = {}
-        for t in traces:
-            task = self.tasks.get(str(t.meta.get("task_id")))
-            # A failed run (outcome error) is no attempt: the task is run again below.
-            if task is None or t.outcome in ("running", "error") or "evolve_preview" in t.meta:
-                continue
-            score = t.score if t.score is not None else get_scorer(task.scorer)(t, task)
-            out[task.id] = self._attempt_of(task, t, score)
-        missing = [i for i in self.tasks if i not in out]
-        if missing:
-            out.update(self._attempt(missing, None, "attempts"))
-        return {i: out[i] for i in self.tasks if i in out}
-
-    def _attempt(self, ids: list[str], changes: Mapping[str, str] | None, phase: str
-                 ) -> dict[str, Attempt]:
-        """Run the agent on ``ids`` over the current library plus ``changes`` (None: the
-        current library); an interrupted run keeps what finished and resumes from it."""
-        # lazy: loads filelock and 6 more of our modules
-        from ....library_store.traces import TraceQuery
-
-        st, ctx = self.state, self.context
-        done = {i: a for i, a in st.pending.items() if i in ids}
-        todo = [self.tasks[i] for i in ids if i not in done]
-        snapshot = None
-        if changes is not None:
-            assert ctx.library is not None
-            snapshot = ctx.library.preview(changes, label=f"dynamo-{phase.replace(' ', '-')}",
-                                           method="dynamo")
-        result = ctx.run_agent(todo, snapshot=snapshot, phase=phase) if todo else None
-        if result is not None:
-            st.agent_runs += result.n
-            assert ctx.store is not None
-            traces = {t.id: t for t in ctx.store.query(TraceQuery(ids=frozenset(
-                r.trace_id for r in result.results if r.trace_id)))}
-            for r in result.results:
-                # A failed task is unmeasured: no attempt, never a wrong answer to the
-                # analyst or the training accuracy (rounds compare the tasks both measured).
-                if r.scored:
-                    done[r.task_id] = self._attempt_of(self.tasks[r.task_id],
-                                                       traces.get(r.trace_id or ""), r.score)
-            if result.partial:
-                st.pending = done
-                self.save()
-                raise KeyboardInterrupt(f"dynamo {phase}: interrupted; run the same evolve "
-                                        "again to resume")
-        st.pending = {}
-        return {i: done[i] for i in ids if i in done}
-
-    # -- the analyst ------------------------------------------------------------------------
-
-    async def _call(self, messages: list[dict[str, str]], parse: Any, seed: int) -> Any:
-        reply = await ask_parsed(self.analyst, messages, parse,
-                                 temperature=self.cfg.temperature,
-                                 max_tokens=self.cfg.max_tokens, seed=seed)
-        self.state.analyst.add(reply.stats)
-        return reply
-
-    def _messages(self, user: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": PROMPTS.load("system")},
-                {"role": "user", "content": user}]
-
-    def _block(self, label: str, a: Attempt, *, failure: bool) -> str:
-        image = PROMPTS.render("parts.yaml#image", path=a.image) if a.image else ""
-        if failure:
-            return PROMPTS.render("parts.yaml#failure", label=label, task_id=a.task_id,
-                                  image=image, trace=a.text, expected=a.expected)
-        return PROMPTS.render("parts.yaml#success", label=label, task_id=a.task_id,
-                              image=image, trace=a.text)
-
-    def _failures(self, ids: Sequence[str]) -> tuple[str, dict[str, str]]:
-        labels = {f"F{i}": t for i, t in enumerate(ids, 1)}
-        text = "\n\n".join(self._block(label, self.state.attempts[t], failure=True)
-                           for label, t in labels.items())
-        return text, labels
-
-    def _contrast(self, failures: Sequence[str]) -> str:
-        seen = set().union(*(words(self.state.attempts[f].question) for f in failures))
-        correct = [a for a in self.state.attempts.values() if a.correct]
-        correct.sort(key=lambda a: -len(words(a.question) & seen))
-        blocks = [self._block(f"S{i}", a, failure=False)
-                  for i, a in enumerate(correct[:self.cfg.contrast], 1)]
-        return "\n\n".join(blocks) or PROMPTS.load("parts.yaml#no_successes")
-
-    def _tool_names(self) -> str:
-        names: dict[str, None] = {}
-        for a in self.state.attempts.values():
-            for line in a.text.splitlines():
-                if line.startswith("Model calls "):
-                    names.setdefault(line[len("Model calls "):].split("(")[0], None)
-        given = [n.strip() for n in self.cfg.toolset.split(",") if n.strip()]
-        return ", ".join(dict.fromkeys([*given, *names])) or "(none used)"
-
-    async def _diagnose(self) -> list[Cluster]:
-        failing = [i for i, a in self.state.attempts.items() if not a.correct]
-        failing = failing[:self.cfg.max_failures]
-        batches = [failing[i:i + self.cfg.batch_size]
-                   for i in range(0, len(failing), self.cfg.batch_size)]
-        sem = asyncio.Semaphore(self.cfg.workers)
-
-        async def one(n: int, batch: list[str]) -> list[Cluster]:
-            text, labels = self._failures(batch)
-            user = PROMPTS.render("diagnose", failures=text,
-                                  successes=self._contrast(batch), tools=self._tool_names())
-            async with sem:
-                reply = await self._call(self._messages(user), lambda raw: parse_clusters(
-                    raw, labels, self.state.repairs), self.cfg.seed + n)
-            self.context.on_progress("diagnose", n + 1, len(batches))
-            return reply.value or []
-
-        found = await asyncio.gather(*(one(n, b) for n, b in enumerate(batches)))
-        return merge([c for cs in found for c in cs])[:self.cfg.max_proposals]
-
-    async def _write(self, rnd: Round) -> list[Proposal]:
-        sem = asyncio.Semaphore(self.cfg.workers)
-        clusters = rnd.clusters or []
-
-        async def one(n: int, cluster: Cluster) -> Proposal:
-            async with sem:
-                p = await self._propose(cluster, self.cfg.seed + 100 * rnd.number + n)
-            self.context.on_progress("write", n + 1, len(clusters))
-            return p
-
-        proposals = list(await asyncio.gather(*(one(n, c) for n, c in enumerate(clusters))))
-        return self._finish(proposals, rnd.number)
-
-    async def _propose(self, cluster: Cluster, seed: int) -> Proposal:
-        text, labels = self._failures(cluster.failures)
-        if self.cfg.toolset:
-            return await self._propose_when(cluster, text, labels, seed)
-        if cluster.kind == "cognitive":
-            user = PROMPTS.render("skill", failures=text, diagnosis=cluster.diagnosis,
-                                  fix=cluster.fix, existing=", ".join(self._skill_names())
-                                 or "(none)")
-            reply = await self._call(self._messages(user), lambda raw: parse_reasoning(
-                raw, cluster, self.state.repairs), seed)
-            return reply.value or dropped("reasoning", cluster, reply)
-        user = PROMPTS.render("tool", failures=text, diagnosis=cluster.diagnosis,
-                              fix=cluster.fix, modules=allowed_modules())
-        taken = self._tool_taken()
-        reply = await self._call(self._messages(user), lambda raw: parse_tool(
-            raw, cluster, labels, taken, self.state.repairs), seed)
-        if reply.value is None:
-            return dropped("tool", cluster, reply)
-        proposal, definition = reply.value
-        self._test(proposal, lambda args: self._run_learned(definition, args),
-                   definition.image_params)
-        return proposal
-
-    async def _propose_when(self, cluster: Cluster, text: str, labels: dict[str, str],
-                            seed: int) -> Proposal:
-        given = self._given_tools()
-        lines = "\n".join(PROMPTS.render(
-            "parts.yaml#tool_line", name=t.name, description=t.spec.description,
-            parameters=json.dumps(t.spec.parameters.get("properties", {}))) for t in
-            given.values())
-        user = PROMPTS.render("when", failures=text, diagnosis=cluster.diagnosis,
-                              fix=cluster.fix, tools=lines)
-        reply = await self._call(self._messages(user), lambda raw: parse_when(
-            raw, cluster, labels, list(given), self.state.repairs), seed)
-        if reply.value is None:
-            p = dropped("when", cluster, reply)
-            p.reason = p.reason if reply.stats.dropped else "no given tool fits"
-            return p
-        proposal = reply.value
-        tool = given[proposal.tool]
-
-        box = Toolbox.of([tool])
-        self._test(proposal, lambda args: box.call(tool.name, args), image_params(tool))
-        return proposal
-
-    def _wants_maker(self) -> bool:
-        st = self.state
-        failing = sum(not a.correct for a in st.attempts.values())
-        return (not self.cfg.toolset and not any(r.maker for r in st.rounds)
-                and failing >= self.cfg.maker_share * max(1, len(st.attempts)) and failing > 0)
-
-    async def _make(self) -> Proposal:
-        """The tool maker (``whetstone.engine.methods.dynamo.maker``) on the failed training tasks."""
-        st = self.state
-        maker = ToolMaker(self.cfg, self.analyst, st.analyst, st.repairs,
-                          call_tool=self._run_learned, taken=self._tool_taken())
-        return await maker.make_for(self.tasks, st.attempts)
-
-    # -- tools ------------------------------------------------------------------------------
-
-    def _images(self) -> ImageFiles:
-        roots = {str(Path(t.image).resolve().parent) for t in self.tasks.values() if t.image}
-        out = (self.saved.folder / "tool-images" if self.saved is not None
-               else Path(ImageFiles.temporary().out_dir))
-        return ImageFiles(out, tuple(Path(r) for r in sorted(roots)))
-
-    def _run_learned(self, definition: Any, args: dict[str, Any]) -> Any:
-        return run_learned(definition, args, images=self.images, sandbox=self.method.sandbox,
-                           timeout_s=self.cfg.test_timeout_s)
-
-    def _test(self, proposal: Proposal, call: Any, image_params: Sequence[str]) -> None:
-        # lazy: loads filelock and 41 more of our modules
-        from ...evaluation.scorers import get_scorer
-
-        def score(output: str, task_id: str) -> float:
-            task = self.tasks[task_id]
-            try:
-                return get_scorer(task.scorer)(output, task)
-            except Exception:  # noqa: BLE001 -- a scorer that cannot read a tool's output
-                return 0.0
-
-        run_tests(proposal.tests, call, self.state.attempts, image_params, score)
-        proposal.reason = judge_tests(proposal.tests, require_match=self.cfg.require_match)
-        proposal.kept = not proposal.reason
-
-    def _given_tools(self) -> dict[str, Tool]:
-        """The ``toolset`` tools by name: built-in, visual, learned, or the agent's own."""
-        if self._given is None:
-            # lazy: loads filelock and 38 more of our modules
-            from ...runtime.library_tools import library_tools
-
-            known: dict[str, Tool] = {t.name: t for t in builtin_tools()}
-            known.update({t.name: t for t in visual_tools(self.images)})
-            if not isinstance(self.library, Mapping):
-                known.update({t.name: t for t in library_tools(
-                    self.library, images=self.images, sandbox=self.method.sandbox)[0]})
-            names = [n.strip() for n in self.cfg.toolset.split(",") if n.strip()]
-            if any(n not in known for n in names):  # the user's functions, MCP servers' tools
-                known.update({t.name: t for t in self.context.agent_tools()})
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise ConfigError(f"unknown tool(s) in toolset: {', '.join(unknown)}",
-                                  hint="tools: " + ", ".join(known))
-            self._given = {n: known[n] for n in names}
-        return self._given
-
-    # -- names and files --------------------------------------------------------------------
-
-    def _skill_names(self) -> list[str]:
-        names = {p.split("/")[1] for p in self.texts if p.count("/") >= 2}
-        return sorted(names | {p.split("/")[1] for p in self.state.changes})
-
-    def _tool_taken(self) -> set[str]:
-        # lazy: loads filelock and 38 more of our modules
-        from ...library.checks import reserved_tool_names, script_tool_name
-
-        paths = [*self.texts, *self.state.changes]
-        return set(reserved_tool_names()) | {f[1] for p in paths
-                                             if (f := script_tool_name(p)) is not None}
-
-    def _finish(self, proposals: list[Proposal], round_no: int) -> list[Proposal]:
-        """Unique names, files for the kept ones, each checked against the skill rules."""
-        taken = set(self._skill_names())
-        for i, p in enumerate(proposals):
-            if p.kind == "reasoning" and not p.reason:
-                p.kept = True
-            if not p.kept:
-                continue
-            base = p.skill or f"dynamo-lesson-{round_no}-{i + 1}"
-            p.skill = next(n for n in [base, *(f"{base}-{k}" for k in range(2, 99))]
-                           if n not in taken)
-            taken.add(p.skill)
-            params, source = None, None  # a given tool's schema, and where it comes from
-            if p.kind == "task_tool":
-                p.files = task_tool_files(p, round_no=round_no, questions={
-                    i: t.prompt for i, t in self.tasks.items()})
-            elif p.tool:
-                given = self._given_tools().get(p.tool) if p.kind == "when" else None
-                params = given.spec.parameters if given else source_parameters(p)
-                source = given.spec.source if given else None
-            if p.kind != "task_tool":
-                p.files = skill_files(p, round_no=round_no, attempts=self.state.attempts,
-                                      parameters=params, tool_source=source)
-            prefix = f"skills/{p.skill}/"
-            problems = check_skill_files(p.skill, {k[len(prefix):]: v.encode() for k, v in
-                                                   p.files.items()}, base=prefix.rstrip("/"))[1]
-            if problems:
-                p.kept, p.reason, p.files = False, f"breaks the skill rules: {problems[0]}", {}
-        return proposals
-
-    # -- the patch --------------------------------------------------------------------------
 
     def patch(self) -> LibraryPatch:
         return build_patch(self.state, toolset=self.cfg.toolset, tasks=list(self.tasks),

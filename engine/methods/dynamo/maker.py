@@ -27,44 +27,34 @@ Nothing here knows a task family: what a tool does is learned from the tasks and
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import datetime as dt
-import difflib
-import json
 import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ....skills.format import MAX_DESCRIPTION, Example, render_examples, render_skill_md
-from ....tools.learned import TOOL_NAME, ToolDefinition, answer_text, define_tool
-from ....tools.validate import ALLOWED_MODULES
+from ....skills.format import MAX_DESCRIPTION
+from ....tools.learned import ToolDefinition, answer_text, define_tool
 from ...backends.base import Backend
-from ...errors import ParseError, ToolError
-from ...prompts import render_prompt
-from ...types import Skill
+from ...errors import ToolError
 from ..analyst import AnalystReply, AnalystStats, AskAgain, ask_parsed
 from . import PROMPTS
+from .maker_checks import closeness, crash_lines, expected_text, spread, why_not_admitted
+from .maker_code import FALLBACK_DOC, parse_made, parse_naming, renamed
 from .parts import (
-    PROVENANCE,
     Cluster,
     Proposal,
     Repairs,
     ToolTest,
-    code_block,
-    skill_name,
 )
 from .sandbox import allowed_modules
 
 if TYPE_CHECKING:
     from ...evaluation.tasks import TaskRecord
 
-TASK_MARK = 'Annotated[str, "task"]'
-ANSWER_MARK = 'Annotated[str, "answer"]'
-FALLBACK_DOC = "Answer the task from its text."
 T = TypeVar("T")
 
 
@@ -96,116 +86,6 @@ class Candidate:
                 "checked": self.checked, "admitted": self.admitted, "reason": self.reason,
                 "probe_accuracy": round(self.probe_accuracy, 4),
                 "closeness": round(self.closeness, 4), "source": self.source[:3000]}
-
-
-# -- reading a reply --------------------------------------------------------------------------
-
-def _entry(tree: ast.Module) -> ast.FunctionDef | None:
-    """The function the tool is: the one with a task parameter, else the last top-level
-    function of one parameter (helpers come first), else the last one."""
-    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    marked = [f for f in fns if f.args.args and f.args.args[0].annotation is not None
-              and "task" in ast.unparse(f.args.args[0].annotation)]
-    single = [f for f in fns if len(f.args.args) == 1]
-    return (marked or single or fns or [None])[-1]
-
-
-def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, str]:
-    """``(name, source)`` of a task tool from the analyst's code: the entry function gets the
-    task-reading signature, a docstring and the ``Annotated`` import where it lacks them, and
-    top-level statements that are not definitions (demo calls, prints) are dropped; each
-    repair is counted. ``ParseError`` says what is missing."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as exc:
-        raise ParseError(f"the code does not parse: line {exc.lineno}: {exc.msg}", code) from exc
-    fn = _entry(tree)
-    if fn is None:
-        raise ParseError("the code defines no function", code)
-    if len(fn.args.args) != 1 or fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs:
-        raise ParseError(f"{fn.name}() must take exactly one parameter, the task text "
-                         "(question)", code)
-    kept = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                                   ast.ClassDef, ast.Assign, ast.AnnAssign))]
-    if len(kept) != len(tree.body):
-        repairs.add("maker-statements-dropped", len(tree.body) - len(kept))
-    tree.body = kept
-    arg = fn.args.args[0]
-    if arg.annotation is None or ast.unparse(arg.annotation) != TASK_MARK:
-        arg.annotation, _ = ast.parse(TASK_MARK, mode="eval").body, repairs.add("maker-signature")
-    if fn.returns is None or ast.unparse(fn.returns) != ANSWER_MARK:
-        fn.returns, _ = ast.parse(ANSWER_MARK, mode="eval").body, repairs.add("maker-signature")
-    if ast.get_docstring(fn) is None:
-        fn.body.insert(0, ast.Expr(ast.Constant(FALLBACK_DOC)))
-        repairs.add("maker-docstring")
-    missing = _unimported_modules(tree)
-    for module in missing:  # `re.findall(...)` with no `import re`: a NameError on every task
-        tree.body.insert(0, ast.Import([ast.alias(module)]))
-        repairs.add("maker-import-added")
-    imports = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "typing"
-               for a in n.names}
-    if "Annotated" not in imports:
-        tree.body.insert(0, ast.ImportFrom("typing", [ast.alias("Annotated")], 0))
-    name = fn.name.lower()
-    if not TOOL_NAME.match(name):
-        name, _ = "answer_task", repairs.add("maker-renamed")
-    if name in taken:
-        name = next(f"{name}_{i}" for i in range(2, 999) if f"{name}_{i}" not in taken)
-        repairs.add("maker-renamed")
-    fn.name = name
-    return name, ast.unparse(ast.fix_missing_locations(tree)) + "\n"
-
-
-def _unimported_modules(tree: ast.Module) -> list[str]:
-    """Allowed modules the code uses by name (``re.sub``) but never imports or binds."""
-    bound: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            bound.add(node.id)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-    used = {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-            and isinstance(n.value, ast.Name) and isinstance(n.value.ctx, ast.Load)}
-    return sorted(m for m in used - bound if m in ALLOWED_MODULES)
-
-
-def parse_made(raw: str, taken: set[str], repairs: Repairs) -> ToolDefinition:
-    """A task tool from a maker reply (``ParseError`` / ``ValidationError`` say what to fix)."""
-    code = code_block(raw)
-    if "def " not in code:
-        raise ParseError(PROMPTS.render("parts.yaml#maker_missing_code"), raw)
-    name, source = normalise_tool(code, taken, repairs)
-    definition, problems = define_tool(source, name=name, skill="dynamo-draft")
-    if definition is None:
-        raise ParseError("the function breaks the tool rules: " + "; ".join(
-            f"line {p.line}: {p.detail}" if p.line else p.detail for p in problems[:4]), raw)
-    return definition
-
-
-def parse_naming(raw: str, repairs: Repairs) -> tuple[str, str]:
-    """``(name, use when)`` from the two-line naming reply; "" for a line it lacks."""
-    found = {m.group(1).lower(): " ".join(m.group(2).split()).strip("`*\"' ") for m in
-             re.finditer(r"^[\s*#-]*(name|use when)\s*[:=-]\s*(.+)$", raw, re.IGNORECASE | re.MULTILINE)}
-    name = skill_name(found.get("name", ""), "", repairs)
-    return name, found.get("use when", "")
-
-
-# -- the maker --------------------------------------------------------------------------------
-
-def spread(items: Sequence[Any], n: int) -> list[Any]:
-    """``n`` items evenly spaced over ``items`` (all of them when there are fewer)."""
-    if len(items) <= n:
-        return list(items)
-    return [items[math.floor(i * len(items) / n)] for i in range(n)]
-
-
-def _expected(task: TaskRecord) -> str:
-    e = task.expected
-    return e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)
 
 
 class ToolMaker:
@@ -244,8 +124,8 @@ class ToolMaker:
         start = time.monotonic()
         # Tests in Python (MBPP's form): a coder model reads a literal's escapes exactly.
         examples = "\n".join(PROMPTS.render("parts.yaml#maker_example", task=repr(
-            t.prompt), expected=repr(_expected(t))) for t in shown)
-        user = PROMPTS.render("maker", examples=examples, modules=_modules())
+            t.prompt), expected=repr(expected_text(t))) for t in shown)
+        user = PROMPTS.render("maker", examples=examples, modules=allowed_modules())
         plan = [("greedy", 0.0)] + [(f"sample {i}", self.cfg.maker_temperature)
                                     for i in range(1, self.cfg.maker_samples + 1)]
         sem = asyncio.Semaphore(self.cfg.workers)
@@ -353,15 +233,15 @@ class ToolMaker:
         if probe:
             c.probe = [self._run(definition, t) for t in probe]
             c.probe_accuracy = sum(t.matched for t in c.probe) / len(c.probe)
-            c.closeness = _closeness(c.probe, {t.id: t for t in probe})
+            c.closeness = closeness(c.probe, {t.id: t for t in probe})
             if c.probe_accuracy < self.cfg.maker_accuracy:
-                c.reason = "on the probe tasks: " + _why(
+                c.reason = "on the probe tasks: " + why_not_admitted(
                     c.probe, [t for t in c.probe if not t.matched], {t.id: t for t in probe})
                 return
         self._verify(c, definition, [t for t in check if t.id not in c.seen])
         if not probe:  # the check tasks were the signal
             c.probe, c.probe_accuracy = c.tests, c.accuracy
-            c.closeness = _closeness(c.tests, {t.id: t for t in check})
+            c.closeness = closeness(c.tests, {t.id: t for t in check})
 
     def _run(self, definition: ToolDefinition, task: TaskRecord) -> ToolTest:
         """One sandboxed call of the tool on ``task``, scored by the task's own scorer."""
@@ -402,7 +282,7 @@ class ToolMaker:
         c.accuracy = sum(t.matched for t in c.tests) / c.checked
         c.admitted = c.checked == len(check) and c.accuracy >= self.cfg.maker_accuracy
         if not c.admitted:
-            c.reason = _why(c.tests, misses, {t.id: t for t in check})
+            c.reason = why_not_admitted(c.tests, misses, {t.id: t for t in check})
 
     def _best(self, cands: Sequence[Candidate]) -> Candidate | None:
         admitted = [c for c in cands if c.admitted]
@@ -428,8 +308,8 @@ class ToolMaker:
         failures = "\n".join(PROMPTS.render(
             "parts.yaml#maker_failure", task=repr(by_id[t.task_id].prompt),
             output=repr(answer_text(t.output))[:300] if t.ok else
-            "an error:\n# " + "\n# ".join(_crash_lines(t)),
-            expected=repr(_expected(by_id[t.task_id]))) for t in wrong)
+            "an error:\n# " + "\n# ".join(crash_lines(t)),
+            expected=repr(expected_text(by_id[t.task_id]))) for t in wrong)
         user = PROMPTS.render("maker_repair", code=base.source.strip(), failures=failures)
         temperature = 0.0 if base.repaired == 0 else self.cfg.maker_temperature
         base.repaired += 1
@@ -458,7 +338,7 @@ class ToolMaker:
             when = PROMPTS.render("parts.yaml#maker_when", task=first[:160])
         p.skill = name or best.tool.replace("_", "-")
         if name:  # the code says `solve`: the tool is named after what it does, like its skill
-            best.tool, best.source = _renamed(best.tool, best.source, name.replace("-", "_"),
+            best.tool, best.source = renamed(best.tool, best.source, name.replace("-", "_"),
                                               self.taken)
         when = re.sub(r"^(?:use it |call it |use |call )?when\s+", "", when, flags=re.IGNORECASE)
         when = when[:1].lower() + when[1:].rstrip(".") + "."
@@ -470,104 +350,3 @@ class ToolMaker:
         p.analyst = self.analyst.spec
         p.date = dt.datetime.now(dt.UTC).date().isoformat()
 
-
-def _renamed(old: str, source: str, new: str, taken: set[str]) -> tuple[str, str]:
-    """``(name, source)`` with the tool function renamed to ``new`` where that name is free
-    and the renamed code still passes the checks; else unchanged."""
-    if new == old or new in taken or not TOOL_NAME.match(new) or re.search(
-            rf"\b{new}\b", source):
-        return old, source
-    renamed = re.sub(rf"\b{old}(?=\s*\()", new, source)
-    definition, _ = define_tool(renamed, name=new, skill="dynamo-draft")
-    return (new, renamed) if definition is not None else (old, source)
-
-
-def _why(tests: Sequence[ToolTest], misses: Sequence[ToolTest],
-         tasks: Mapping[str, TaskRecord]) -> str:
-    first = misses[0] if misses else None
-    head = (f"{sum(t.matched for t in tests)} of {len(tests)} checked training tasks "
-            f"answered correctly")
-    if first is None:
-        return head
-    if not first.ok:
-        kind = "timed out" if "time" in (first.error or "").lower() else "crashed"
-        return f"{head}; {kind} on {first.task_id}: {_last_line(first.error)[:160]}"
-    return (f"{head}; on {first.task_id} it returned {answer_text(first.output)[:80]!r}, expected "
-            f"{_expected(tasks[first.task_id])[:80]!r}")
-
-
-def _last_line(error: str | None) -> str:
-    """The line of a traceback that says what went wrong (its last non-empty one)."""
-    lines = [ln.strip() for ln in (error or "").splitlines() if ln.strip()]
-    return lines[-1] if lines else "no output"
-
-
-def _crash_lines(t: ToolTest) -> list[str]:
-    """Where a tool crashed and why: the traceback's last frame (its line and the code on it)
-    and the exception, so a repair can find the line; the error alone without a traceback."""
-    lines = [ln.rstrip() for ln in t.output.splitlines() if ln.strip()]
-    frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("File ")]
-    if not frames:
-        return [_last_line(t.error)[:200]]
-    frame = lines[frames[-1]]
-    where = frame[frame.find("line "):].replace(", in ", " of ") if "line " in frame else frame
-    return [f"{where.strip()[:80]}: {ln.strip()[:160]}" for ln in lines[frames[-1] + 1:
-                                                                       frames[-1] + 2]] + [
-        _last_line(t.error)[:200]]
-
-
-def _closeness(tests: Sequence[ToolTest], tasks: Mapping[str, TaskRecord]) -> float:
-    """Mean similarity (difflib's ratio, 0..1) of each answer to its label; a crash is 0.
-    Ranks candidates that answer nothing right yet: one that returns ``'] ('`` for
-    ``'] > )'`` is a better base for a repair than one that returns a sentence."""
-    def one(t: ToolTest) -> float:
-        if not t.ok:
-            return 0.0
-        if t.matched:
-            return 1.0
-        got, want = answer_text(t.output).strip().lower(), _expected(tasks[t.task_id]).lower()
-        return difflib.SequenceMatcher(None, got[:500], want[:500]).ratio()
-    return sum(one(t) for t in tests) / len(tests) if tests else 0.0
-
-
-def _modules() -> str:
-    return allowed_modules()
-
-
-# -- the files --------------------------------------------------------------------------------
-
-def _tool_call(tool: str) -> str:
-    return render_prompt("examples.yaml#tool_call", call=json.dumps(
-        {"name": tool, "arguments": {}}))
-
-
-def task_tool_files(p: Proposal, *, round_no: int, questions: Mapping[str, str]
-                    ) -> dict[str, str]:
-    """SKILL.md (when to call, the verified call, the measured accuracy in ``metadata``), the
-    script, two verified calls on training tasks, and the provenance with every candidate."""
-    correct = sum(t.matched for t in p.tests)
-    body = PROMPTS.render("parts.yaml#task_tool_body", title=p.skill.replace(
-        "-", " ").capitalize(), when=p.when, tool=p.tool, checked=p.checked, correct=correct)
-    meta = {"source": "dynamo", "kind": "task-tool", "round": str(round_no), "tool": p.tool,
-            "train-accuracy": f"{p.accuracy or 0.0:.3f}", "train-checked": str(p.checked),
-            "analyst": p.analyst, "verified": p.date}
-    base = f"skills/{p.skill}"
-    files = {f"{base}/SKILL.md": render_skill_md(Skill(
-        name=p.skill, description=p.description, body=body.rstrip() + "\n", metadata=meta)),
-        f"{base}/scripts/{p.tool}.py": p.source}
-    shown = [t for t in p.tests if t.matched and t.task_id in questions][:2]
-    if shown:
-        files[f"{base}/references/examples.md"] = render_examples(
-            [Example(t.task_id, questions[t.task_id], "\n".join([
-                _tool_call(p.tool),
-                render_prompt("examples.yaml#tool_response", output=t.output.strip()),
-                answer_text(t.output)])) for t in shown],
-            title=PROMPTS.load("parts.yaml#task_tool_examples_title"),
-            intro=PROMPTS.render("parts.yaml#task_tool_examples_intro", tool=p.tool))
-    provenance = {"method": "dynamo", "round": round_no, "kind": "task_tool", "tool": p.tool,
-                  "train_accuracy": p.accuracy, "train_checked": p.checked,
-                  "analyst": p.analyst, "verified": p.date, "cluster": asdict(p.cluster),
-                  "candidates": p.candidates,
-                  "checks": [asdict(t) for t in p.tests]}
-    files[f"{base}/{PROVENANCE}"] = json.dumps(provenance, indent=1, ensure_ascii=False) + "\n"
-    return files
