@@ -14,6 +14,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..library_store import embeddings
+from ..library_store.corpus import Corpus
+from ..library_store.otel_export import OtelSettings, otel_sinks
+from ..library_store.store import Library, Snapshot
+from ..library_store.traces import TraceQuery, TraceSink, TraceStore, parse_trace_filter
+from ..tools.base import Tool
+from ..tools.toolset import ToolSet
 from .backends import auto_concurrency
 from .backends.base import Backend
 from .backends.registry import BackendOptions, get_backend
@@ -41,13 +48,6 @@ from .paths import whetstone_home
 from .runtime import Agent, AgentEvent, Checkpoints, Plugin, RunConfig
 from .runtime.plugins import MethodEnv, check_host, wrap_calls
 from .types import Message, Trace
-from ..library_store import embeddings
-from ..library_store.corpus import Corpus
-from ..library_store.otel_export import OtelSettings, otel_sinks
-from ..library_store.store import Library, Snapshot
-from ..library_store.traces import TraceQuery, TraceSink, TraceStore, parse_trace_filter
-from ..tools.base import Tool
-from ..tools.toolset import ToolSet
 
 if TYPE_CHECKING:
     from typing import Self

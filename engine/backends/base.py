@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .redact import redact_spec
 from ..errors import ConfigError
 from ..types import Completion, Request
+from .redact import redact_spec
 
 if TYPE_CHECKING:
     from typing import Self

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .toolcall_format import format_tool_calls
 from ..errors import ConfigError, ModelLoadError
 from ..types import Message
+from .toolcall_format import format_tool_calls
 
 
 def _arguments_value(arguments: str) -> Any:

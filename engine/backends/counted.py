@@ -7,8 +7,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from .base import Backend, StreamChunk
 from ..types import Completion, Request
+from .base import Backend, StreamChunk
 
 
 class CountedCalls(Backend):

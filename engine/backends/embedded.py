@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import ConfigError
 from .base import Backend
 from .hf import HFBackend
 from .model_cache import dequantized_packaged
 from .onnx_backend import load_converted
 from .packaged import PACKAGED_MODELS, PackagedModel, installed
 from .registry import BackendOptions, ProgressFn, engine_suffix
-from ..errors import ConfigError
 
 DEFAULT_VARIANT = "qwen-0.5b"
 

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
+from ..types import Completion, Request
 from .base import Backend, Capabilities, StreamChunk
 from .chat_template import template_supports_tools
 from .hf_vlm import encode_vision_request, is_vision_folder, load_vlm
@@ -44,8 +46,6 @@ from .registry import (
     split_engine,
 )
 from .toolcall_format import StreamGate
-from ..errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
-from ..types import Completion, Request
 
 
 def pick_device(requested: str | None) -> str:

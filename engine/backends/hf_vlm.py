@@ -21,11 +21,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, ModelLoadError
+from ..types import Request
 from .base import check_local_request
 from .chat_template import template_messages
 from .local_text import check_prompt_fits
-from ..errors import ConfigError, ModelLoadError
-from ..types import Request
 
 
 def is_vision_folder(folder: Path) -> bool:

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, ModelLoadError, ModelNotInstalled
+from ..types import Completion, Request
 from .base import Backend, Capabilities, StreamChunk, check_local_request
 from .chat_template import (
     render_chat_template,
@@ -34,8 +36,6 @@ from .toolcall_format import (
     offered_tool_names,
     parse_tool_calls,
 )
-from ..errors import ConfigError, ModelLoadError, ModelNotInstalled
-from ..types import Completion, Request
 
 INSTALL_HINT = "pip install 'whetstone-engine[llamacpp]'  (builds for ~14 min on 2 cores)"
 

@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from ..errors import BackendError
+from ..types import Completion, Request
 from .base import check_local_request
 from .chat_template import template_messages
 from .toolcall_format import offered_tool_names, parse_tool_calls
-from ..errors import BackendError
-from ..types import Completion, Request
 
 
 def new_call_id(index: int) -> str:

@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import ModelLoadError
 from .packaged import PackagedModel, assemble, get_packaged
 from .registry import ProgressFn
-from ..errors import ModelLoadError
 
 MARKER = "whetstone-complete.json"
 _FORMAT = 1  # bump when the folder layout changes, so old entries are rebuilt

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, ModelLoadError
+from ..types import Completion, Request
 from .base import Backend, Capabilities, StreamChunk
 from .chat_template import template_supports_tools
 from .local_text import completion_from_tokens, prompt_ids
@@ -33,8 +35,6 @@ from .onnx_convert import onnx_model
 from .onnx_engine import Generation, OnnxDecoder, SamplingParams
 from .registry import BackendOptions
 from .toolcall_format import StreamGate
-from ..errors import ConfigError, ModelLoadError
-from ..types import Completion, Request
 
 ENGINE_SETTINGS = ("max_batch", "threads", "prefill_chunk", "kv_budget_mb", "cache_mb",
                    "join_window_s")

@@ -30,9 +30,9 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from ..errors import ModelLoadError, ModelNotInstalled
 from .model_cache import cached_folder
 from .registry import ProgressFn
-from ..errors import ModelLoadError, ModelNotInstalled
 
 # Changing a recipe changes the cache key, so old conversions are not reused by mistake.
 RECIPES = {

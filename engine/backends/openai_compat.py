@@ -20,6 +20,15 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from ..errors import (
+    BackendError,
+    BackendRejected,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigError,
+    WhetstoneError,
+)
+from ..types import Completion, Request
 from .base import Backend, Capabilities, StreamChunk
 from .openai_http import (
     HttpFailure,
@@ -43,15 +52,6 @@ from .redact import (
     without_address,
 )
 from .registry import BackendOptions
-from ..errors import (
-    BackendError,
-    BackendRejected,
-    BackendTimeout,
-    BackendUnavailable,
-    ConfigError,
-    WhetstoneError,
-)
-from ..types import Completion, Request
 
 log = logging.getLogger("whetstone.backends.openai")
 

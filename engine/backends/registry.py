@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import Backend
-from .redact import redact_spec
 from ..errors import ConfigError, UnknownBackend
 from ..paths import cache_dir as default_cache_dir
+from .base import Backend
+from .redact import redact_spec
 
 # progress(message, fraction): a long first-use step (model conversion) reporting where it is;
 # fraction is in [0, 1], or None while the step cannot tell. Backends never print: the CLI or

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Backend, Capabilities, StreamChunk
-from .registry import BackendOptions
 from ..errors import ConfigError, ScriptExhausted
 from ..types import Completion, Request, ToolCall
+from .base import Backend, Capabilities, StreamChunk
+from .registry import BackendOptions
 
 Reply = str | Completion | dict
 

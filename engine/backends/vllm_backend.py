@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
+from ..types import Completion, Request
 from .base import Backend, Capabilities, check_local_request
 from .hf import resolve_local_model
 from .registry import BackendOptions
 from .toolcall_format import offered_tool_names, parse_tool_calls
-from ..errors import BackendError, ConfigError, ModelLoadError, ModelNotInstalled
-from ..types import Completion, Request
 
 INSTALL_HINT = "pip install 'whetstone-engine[vllm]'  (needs a CUDA GPU)"
 

@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ...library_store.embed_cache import normalise
+from ...tools.base import Toolbox
 from ..errors import ConfigError
 from ..runtime.plugins import Collected, Plugin, collect_guidance
 from ..runtime.state import AgentContext, RunConfig
 from ..types import Message, Request
-from ...library_store.embed_cache import normalise
-from ...tools.base import Toolbox
 
 if TYPE_CHECKING:
     from ..backends.base import Backend

@@ -24,7 +24,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
+from ...library_store.trace_build import new_trace_id
 from ..backends.openai_wire import StreamAccumulator, completion_from_openai
+from ..errors import ConfigError
+from ..types import Completion, Message, Request
 from .adapter import (
     ADAPTED_HEADER,
     Adapted,
@@ -35,9 +38,6 @@ from .adapter import (
     inject_turns_dicts,
 )
 from .exchange import chat_trace
-from ..errors import ConfigError
-from ..types import Completion, Message, Request
-from ...library_store.trace_build import new_trace_id
 
 if TYPE_CHECKING:
     from ...library_store.traces import TraceStore

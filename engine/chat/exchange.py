@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from ...library_store.trace_build import make_trace, new_trace_id
+from ..errors import ConfigError, WhetstoneError
+from ..types import CUT_REASON, Completion, Message, Outcome, Request, Step, Trace
 from .adapter import (
     Adapted,
     ChatAdapter,
@@ -23,13 +26,10 @@ from .adapter import (
     chat_query,
     last_user_text,
 )
-from ..errors import ConfigError, WhetstoneError
-from ..types import CUT_REASON, Completion, Message, Outcome, Request, Step, Trace
-from ...library_store.trace_build import make_trace, new_trace_id
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend
     from ...library_store.traces import TraceStore
+    from ..backends.base import Backend
 
 SOURCE = "chat"  # the trace kind (whetstone.library_store.trace_build.TRACE_KINDS)
 DEFAULTS = ChatSwitches()  # library on, recorded

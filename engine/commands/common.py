@@ -234,11 +234,11 @@ def check_before_loading(*, specs: Sequence[str | None] = (),
     for the embedded one): each model spec's family, each task set (read), the scorer, the
     gate rule and the trace filter."""
     # lazy: the registry, the task sets and the scorers; `whetstone --help` imports us
+    from ...library_store.traces import parse_trace_filter
     from ..backends.registry import default_registry as backends
     from ..evaluation.benchmarks import load_tasks
     from ..evaluation.gate_rules import parse_rule
     from ..evaluation.scorers import get_scorer
-    from ...library_store.traces import parse_trace_filter
 
     registry = backends()
     for spec in specs:

@@ -17,6 +17,11 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from ...library_store import embeddings
+from ...library_store.chunking import ChunkSpec, ReadReport, SourceDoc, jsonl_docs, read_path
+from ...library_store.corpus import DEFAULT_CORPUS, Corpus, list_corpora
+from ...library_store.fsutil import sha256_bytes
+from ..errors import ConfigError, EmptyCorpus
 from .common import (
     console,
     default_library_path,
@@ -25,11 +30,6 @@ from .common import (
     json_option,
     library_option,
 )
-from ..errors import ConfigError, EmptyCorpus
-from ...library_store import embeddings
-from ...library_store.chunking import ChunkSpec, ReadReport, SourceDoc, jsonl_docs, read_path
-from ...library_store.corpus import DEFAULT_CORPUS, Corpus, list_corpora
-from ...library_store.fsutil import sha256_bytes
 
 
 def corpus_option(fn: Any) -> Any:

@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
-from ..evaluation.gate_rules import FEW_TASKS, verdict_text
 from ...library_store.manifest import gate_record
+from ..evaluation.gate_rules import FEW_TASKS, verdict_text
 
 SHOWN_FLIPS = 10  # per direction; --json lists them all
 

@@ -22,6 +22,23 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from ...library_store.store import Library
+from ...library_store.traces import TraceStore
+from ..errors import ConfigError, EvalError
+from ..evaluation.benchmarks import BENCHMARKS, load_tasks
+from ..evaluation.bigbench import EXAMPLE_TASK
+from ..evaluation.compare import Comparison, compare
+from ..evaluation.gate import check_no_errors
+from ..evaluation.report import write_report
+from ..evaluation.results import (
+    EvalResult,
+    TaskResult,
+    default_evals_dir,
+    load_results,
+)
+from ..evaluation.runner import Solver, evaluate, solver_concurrency
+from ..evaluation.scorers import USER_SCORER_HELP
+from ..evaluation.tasks import TaskSet
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
@@ -44,23 +61,6 @@ from .common import (
     solver_option,
 )
 from .tool_options import tool_options
-from ..errors import ConfigError, EvalError
-from ..evaluation.benchmarks import BENCHMARKS, load_tasks
-from ..evaluation.bigbench import EXAMPLE_TASK
-from ..evaluation.compare import Comparison, compare
-from ..evaluation.gate import check_no_errors
-from ..evaluation.report import write_report
-from ..evaluation.results import (
-    EvalResult,
-    TaskResult,
-    default_evals_dir,
-    load_results,
-)
-from ..evaluation.runner import Solver, evaluate, solver_concurrency
-from ..evaluation.scorers import USER_SCORER_HELP
-from ..evaluation.tasks import TaskSet
-from ...library_store.store import Library
-from ...library_store.traces import TraceStore
 
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
 

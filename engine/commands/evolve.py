@@ -20,6 +20,9 @@ import click
 from rich.markup import escape
 from rich.syntax import Syntax
 
+from ..errors import ConfigError
+from ..evaluation.benchmarks import load_tasks
+from ..evaluation.gate_rules import DEFAULT_RULE
 from .common import (
     check_before_loading,
     concurrency_option,
@@ -35,9 +38,6 @@ from .common import (
 from .decisions import diff_summary, print_decision
 from .progress import CommandProgress, choose_mode
 from .tool_options import pop_tools, tool_click_options
-from ..errors import ConfigError
-from ..evaluation.benchmarks import load_tasks
-from ..evaluation.gate_rules import DEFAULT_RULE
 
 _CONFIG = "config__"  # prefix of the parameters that come from the evolver's config
 

@@ -17,7 +17,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from rich.markup import escape
 
+from ...library_store.change_control import (
+    SETTING,
+    candidate_changes,
+    check_gated,
+    rollback_changes,
+    view_changes,
+)
+from ...library_store.store import Library
 from ..backends.base import auto_concurrency
+from ..errors import EXIT_GATE_REFUSED, ConfigError, LibraryError
+from ..evaluation.gate import gate_tasks
+from ..evaluation.gate_rules import DEFAULT_RULE, parse_rule
+from ..library.opening import open_library
+from ..methods.base import LibraryPatch
+from ..methods.registry import default_registry
 from .common import (
     Concurrency,
     console,
@@ -32,20 +46,6 @@ from .common import (
 from .decisions import print_decision
 from .progress import CommandProgress, choose_mode
 from .tool_options import pop_tools, tool_click_options
-from ..errors import EXIT_GATE_REFUSED, ConfigError, LibraryError
-from ..evaluation.gate import gate_tasks
-from ..evaluation.gate_rules import DEFAULT_RULE, parse_rule
-from ..library.opening import open_library
-from ..methods.base import LibraryPatch
-from ..methods.registry import default_registry
-from ...library_store.change_control import (
-    SETTING,
-    candidate_changes,
-    check_gated,
-    rollback_changes,
-    view_changes,
-)
-from ...library_store.store import Library
 
 if TYPE_CHECKING:
     from ..evolution.landing import GateChoice

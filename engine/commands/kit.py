@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import common
 from ...library_store.store import Library
+from . import common
 
 
 class Kit:

@@ -17,6 +17,22 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from ...library_store.manifest import gate_record
+from ...library_store.store import Library, Manifest
+from ...skills.index import LibraryIndex
+from ...skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
+from ...skills.retrieval import read_skill
+from ...skills.transfer import (
+    export_skills,
+    import_skills,
+    new_skill_changes,
+    scaffold_skill,
+)
+from ..errors import LibraryError, NotFound, ValidationError
+from ..library.checks import import_check, library_validator, validate_library
+from ..library.opening import open_library
+from ..methods.base import LibraryPatch
+from ..methods.registry import default_registry
 from .common import (
     EXIT_PARTIAL,
     console,
@@ -40,22 +56,6 @@ from .gating import (
     result_dict,
     roll_back,
     run_write,
-)
-from ..errors import LibraryError, NotFound, ValidationError
-from ..library.checks import import_check, library_validator, validate_library
-from ..library.opening import open_library
-from ..methods.base import LibraryPatch
-from ..methods.registry import default_registry
-from ...library_store.manifest import gate_record
-from ...library_store.store import Library, Manifest
-from ...skills.index import LibraryIndex
-from ...skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
-from ...skills.retrieval import read_skill
-from ...skills.transfer import (
-    export_skills,
-    import_skills,
-    new_skill_changes,
-    scaffold_skill,
 )
 
 _open = open_library_for

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ..errors import ConfigError
 from .common import (
     check_exposed_bind,
     console,
@@ -18,7 +19,6 @@ from .common import (
     skills_options,
     web_options,
 )
-from ..errors import ConfigError
 
 
 @click.command("mcp")

@@ -7,8 +7,8 @@ import dataclasses
 import click
 from rich.table import Table
 
-from .common import console, emit_json, handle_errors, json_option
 from ..errors import ConfigError
+from .common import console, emit_json, handle_errors, json_option
 
 
 @click.command("methods")
@@ -18,8 +18,8 @@ def methods_cmd(as_json: bool) -> None:
     """Evolvers (`whetstone evolve NAME`) and runtime methods (`--methods NAME`), with their
     knobs."""
     # lazy: filelock, `whetstone --help` imports every command module
-    from .kit import Kit
     from ..methods.registry import default_registry
+    from .kit import Kit
 
     registry, kit = default_registry(), Kit()
     specs = {spec.name: spec for spec in registry.specs()}

@@ -9,6 +9,8 @@ from typing import Any
 import click
 
 from ..backends.registry import BackendOptions
+from ..errors import BackendError, ConfigError
+from ..runtime import RunConfig, RunFinished, StepEvent, new_trace_id
 from .common import (
     EXIT_NO_ANSWER,
     MethodCommand,
@@ -25,8 +27,6 @@ from .common import (
 from .display import print_result, print_step
 from .tool_options import tool_options
 from .traces import trace_store
-from ..errors import BackendError, ConfigError
-from ..runtime import RunConfig, RunFinished, StepEvent, new_trace_id
 
 
 @click.command("run", cls=MethodCommand)

@@ -7,8 +7,11 @@ from typing import Any
 
 import click
 
+from ...library_store.change_control import newest_gated
+from ...library_store.manifest import gate_record
 from ..backends.redact import redact_spec
 from ..backends.registry import BackendOptions, get_backend
+from ..errors import ConfigError
 from .common import (
     check_exposed_bind,
     console,
@@ -19,9 +22,6 @@ from .common import (
     skills_options,
     web_options,
 )
-from ..errors import ConfigError
-from ...library_store.change_control import newest_gated
-from ...library_store.manifest import gate_record
 
 
 def _newest_gated(library_path: Path | None, version: str | None, no_library: bool,

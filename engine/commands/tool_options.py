@@ -78,8 +78,8 @@ def tool_options(*, with_tools: bool = True) -> Callable[[F], F]:
 
 def _headers(lines: Sequence[str]) -> dict[str, str]:
     # lazy: `whetstone --help` imports every command module
-    from ..errors import ConfigError
     from ...tools.mcp_config import expand_vars
+    from ..errors import ConfigError
 
     out: dict[str, str] = {}
     for line in lines:

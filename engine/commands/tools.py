@@ -22,6 +22,10 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
+from ...library_store.store import Library, Snapshot
+from ...tools.learned import PROVENANCE_FILE
+from ..errors import NotFound, ToolError
+from ..types import ToolSpec
 from .common import (
     console,
     default_library_path,
@@ -31,10 +35,6 @@ from .common import (
     library_option,
 )
 from .tool_options import tool_options
-from ..errors import NotFound, ToolError
-from ..types import ToolSpec
-from ...library_store.store import Library, Snapshot
-from ...tools.learned import PROVENANCE_FILE
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,11 @@ class ToolEntry:
 def _catalog(snap: Snapshot) -> tuple[list[ToolEntry], list[Any]]:
     """Every tool a run may be given, and the learned tools that failed their checks."""
     # lazy: yaml, `whetstone --help` imports every command module
-    from ..runtime.library_tools import load_library_tools
-    from ..runtime.skills_plugin import READ_SKILL_SPEC
     from ...tools.builtin import CALCULATOR_SPEC, PYTHON_SPEC
     from ...tools.images import ImageFiles
     from ...tools.visual import visual_tools
+    from ..runtime.library_tools import load_library_tools
+    from ..runtime.skills_plugin import READ_SKILL_SPEC
 
     entries = [ToolEntry(s.name, "builtin", s) for s in (CALCULATOR_SPEC, PYTHON_SPEC,
                                                           READ_SKILL_SPEC)]
@@ -226,12 +226,12 @@ def _arguments(text: str, entry: ToolEntry) -> dict[str, Any]:
 def _run(entry: ToolEntry, args: dict[str, Any], snap: Snapshot, library: Library,
          roots: tuple[Path, ...], timeout_s: float | None) -> Any:
     # lazy: `whetstone --help` imports every command module
-    from ..runtime.skills_plugin import SkillsPlugin
     from ...tools.base import Toolbox
     from ...tools.builtin import builtin_tools
     from ...tools.images import ImageFiles
     from ...tools.learned_run import run_learned
     from ...tools.visual import visual_tools
+    from ..runtime.skills_plugin import SkillsPlugin
 
     images = ImageFiles(library.scratch("tool-images"), roots)
     if entry.kind == "learned":

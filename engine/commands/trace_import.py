@@ -7,13 +7,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import EXIT_PARTIAL, console, emit_json
-from .display import short
+from ...library_store.trace_import import ImportReport, import_traces
+from ...library_store.traces import TraceStore
 from ..evaluation.scorers import get_scorer
 from ..evaluation.tasks import TaskRecord
 from ..types import Trace
-from ...library_store.trace_import import ImportReport, import_traces
-from ...library_store.traces import TraceStore
+from .common import EXIT_PARTIAL, console, emit_json
+from .display import short
 
 SHOWN_SKIPS = 20  # skipped records listed one per line; the rest are counted
 

@@ -9,6 +9,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from ...library_store.store import Library
+from ...library_store.trace_build import check_kind, trace_kind
+from ...library_store.traces import TraceQuery, TraceStore
+from ...library_store.traces import trace_store as open_trace_store
+from ..methods.registry import default_registry
 from .common import (
     console,
     default_library_path,
@@ -19,11 +24,6 @@ from .common import (
     scorer_option,
 )
 from .display import print_result, print_step, short
-from ..methods.registry import default_registry
-from ...library_store.store import Library
-from ...library_store.trace_build import check_kind, trace_kind
-from ...library_store.traces import TraceQuery, TraceStore
-from ...library_store.traces import trace_store as open_trace_store
 
 
 @click.group("traces")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..runtime.agent import Agent
+from ..types import Trace
 from .direct import task_messages
 from .runner import Solver
 from .tasks import TaskRecord
-from ..runtime.agent import Agent
-from ..types import Trace
 
 
 def _label(expected: Any) -> str | None:

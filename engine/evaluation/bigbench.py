@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import EvalError
+from ..paths import cache_dir
+from ..prompts import render_prompt
 from .answers import extract_number
 from .scorers import words_to_digits
 from .tasks import TaskRecord, TaskSet, split_of
-from ..paths import cache_dir
-from ..prompts import render_prompt
 
 PACKAGE = "bigbench"
 VERSION = "1.0.0"

@@ -14,15 +14,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ...library_store.trace_build import make_trace
+from ...tools.base import Toolbox
 from ..backends.base import Backend
-from .runner import Solver
-from .tasks import TaskRecord
 from ..prompts import render_prompt
 from ..runtime.plugins import Plugin, collect_guidance
 from ..runtime.state import AgentContext, RunConfig
 from ..types import CUT_REASON, Message, Request, Step, Trace
-from ...library_store.trace_build import make_trace
-from ...tools.base import Toolbox
+from .runner import Solver
+from .tasks import TaskRecord
 
 
 def task_messages(task: TaskRecord, system: str | None = None,

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ...library_store.traces import TraceStore
 from ..errors import EvalError, TasksFailed
 from .benchmarks import load_tasks
 from .compare import Comparison, compare
@@ -73,7 +74,6 @@ from .runner import ProgressFn, Solver, evaluate
 from .scorers import ScoreFn
 from .stats import tasks_to_tell
 from .tasks import TaskRecord, TaskSet, parse_spec
-from ...library_store.traces import TraceStore
 
 
 @dataclass(frozen=True)

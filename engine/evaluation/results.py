@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EvalError
-from .stats import Interval, score_interval
 from ..paths import whetstone_home
+from .stats import Interval, score_interval
 
 log = logging.getLogger("whetstone.eval")
 

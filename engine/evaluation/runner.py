@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ...library_store.traces import TraceStore
 from ..errors import (
     ConfigError,
     EvalError,
@@ -27,11 +28,10 @@ from ..errors import (
     ModelNotInstalled,
     error_text,
 )
+from ..types import Trace
 from .results import EvalResult, TaskResult
 from .scorers import NamedScorer, ScoreFn, as_scorer
 from .tasks import TaskRecord, TaskSet
-from ..types import Trace
-from ...library_store.traces import TraceStore
 
 log = logging.getLogger("whetstone.eval")
 

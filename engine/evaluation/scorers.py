@@ -38,12 +38,12 @@ from typing import Any
 
 from ..answer_text import answer_span
 from ..errors import EvalError, WhetstoneError
+from ..loading import load_function
+from ..types import ToolCall, Trace
 from .answers import extract_number, normalise, tokens
 from .bfcl import check_calls
 from .strict import contains_score, value_score
 from .tasks import TaskRecord, is_user_scorer
-from ..loading import load_function
-from ..types import ToolCall, Trace
 
 Prediction = Trace | str | ToolCall | Sequence[Any] | Mapping[str, Any] | None
 ScoreFn = Callable[[Prediction, TaskRecord], float]

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ...library_store.chunking import SourceDoc
 from ..errors import EvalError
 from ..types import Message, Trace, messages_from
-from ...library_store.chunking import SourceDoc
 
 log = logging.getLogger("whetstone.tasks")
 

@@ -25,12 +25,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...skills.format import MAX_EXAMPLE_LINES, Example
 from ..errors import WhetstoneError
-from .scorers import get_scorer
-from .tasks import TaskRecord, is_user_scorer
 from ..prompts import render_prompt
 from ..types import Trace
-from ...skills.format import MAX_EXAMPLE_LINES, Example
+from .scorers import get_scorer
+from .tasks import TaskRecord, is_user_scorer
 
 
 @dataclass

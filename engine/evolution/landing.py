@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...library_store.change_control import SETTING, check_gated
+from ...library_store.store import Library, Snapshot
 from ..evaluation.gate import DEFAULT_RULE
 from ..evaluation.runner import ProgressFn, Solver
 from ..evaluation.tasks import TaskRecord, TaskSet
-from .pipeline import EvolveResult, gate_and_apply, patch_diff
 from ..methods.base import LibraryPatch
-from ...library_store.change_control import SETTING, check_gated
-from ...library_store.store import Library, Snapshot
+from .pipeline import EvolveResult, gate_and_apply, patch_diff
 
 UNMEASURED = ("went live unmeasured: no gate ran (no --gate-tasks), so nothing says whether it "
               "helps or hurts")

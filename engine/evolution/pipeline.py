@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ...library_store.store import Library, Snapshot
+from ...library_store.traces import TraceQuery
+from ...tools.base import Tool
 from ..backends.base import Backend
 from ..backends.counted import CountedCalls
 from ..errors import ConfigError, EvalError, TasksFailed
@@ -34,14 +37,11 @@ from ..evaluation.tasks import (
     split_of,
     tasks_from_traces,
 )
-from .leaks import drop_label_leaks, labelled_tasks
-from .summary import held_summary
 from ..library.checks import validate_library
 from ..methods.base import EvolveContext, Evolver, LibraryPatch, Progress
 from ..types import LibraryVersion, Trace
-from ...library_store.store import Library, Snapshot
-from ...library_store.traces import TraceQuery
-from ...tools.base import Tool
+from .leaks import drop_label_leaks, labelled_tasks
+from .summary import held_summary
 
 
 def training_traces(traces: Iterable[Trace], limit: int | None = None) -> list[Trace]:

@@ -49,17 +49,17 @@ from langchain_core.runnables import Runnable, RunnableBinding
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, PrivateAttr
 
+from ...library_store.store import Library
+from ...library_store.trace_build import new_trace_id
 from ..api import Engine
 from ..backends.base import Backend, Capabilities
 from ..chat.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from ..chat.exchange import chat_trace
 from ..errors import ConfigError
-from .langchain_runs import TRACE_KEY, RunLink, link_of, run_trace
-from .langchain_tools import library_tools_for_langchain
 from ..runtime.skills_plugin import SkillsPlugin
 from ..types import Completion, Message, Request, ToolCall
-from ...library_store.store import Library
-from ...library_store.trace_build import new_trace_id
+from .langchain_runs import TRACE_KEY, RunLink, link_of, run_trace
+from .langchain_tools import library_tools_for_langchain
 
 if TYPE_CHECKING:
     from ..types import Trace

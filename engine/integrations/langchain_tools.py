@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
+from ...library_store.store import Library, Snapshot
+from ...tools.base import Tool, Toolbox
+from ...tools.images import ImageFiles
 from ..api import Engine
 from ..errors import ConfigError
 from ..library.opening import open_library
 from ..methods.registry import default_registry
-from ...library_store.store import Library, Snapshot
-from ...tools.base import Tool, Toolbox
-from ...tools.images import ImageFiles
 
 if TYPE_CHECKING:
     from ...tools.sandbox import Sandbox

@@ -26,6 +26,12 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from ..errors import NotFound, WhetstoneError
+from ..prompts import load_prompt, render_prompt
+from ..server.connections import ConnectionGuard, guarded_protocol
+from ..server.guard import key_owner
+from ..server.hosts import WebCheck, WebPolicy
+from ..server.metrics import Metrics
+from ..server.service import error_message
 from .mcp_server import (
     OWN_TOOLS,
     SEARCH_TOOL,
@@ -34,12 +40,6 @@ from .mcp_server import (
     LibraryServer,
     skill_uri,
 )
-from ..prompts import load_prompt, render_prompt
-from ..server.connections import ConnectionGuard, guarded_protocol
-from ..server.guard import key_owner
-from ..server.hosts import WebCheck, WebPolicy
-from ..server.metrics import Metrics
-from ..server.service import error_message
 
 if TYPE_CHECKING:
     import socket

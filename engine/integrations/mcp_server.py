@@ -22,21 +22,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
+from ...library_store.trace_build import make_trace
+from ...tools.base import ToolResult
 from ..backends.base import Backend, Capabilities
 from ..errors import ConfigError, NotFound, WhetstoneError
 from ..prompts import load_prompt
 from ..server.metrics import Metrics
 from ..types import Completion, Message, Request, Step
-from ...library_store.trace_build import make_trace
-from ...tools.base import ToolResult
 
 if TYPE_CHECKING:
-    from ..api import Engine
-    from ..runtime.skills_plugin import SkillsPlugin
-    from ..server.recording import TraceWriter
     from ...library_store.store import Snapshot
     from ...tools.base import Tool
     from ...tools.learned import ToolDefinition
+    from ..api import Engine
+    from ..runtime.skills_plugin import SkillsPlugin
+    from ..server.recording import TraceWriter
 
 SCHEME = "whetstone"
 SKILLS = "skills"

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import ValidationError
 from ...skills.loader import SKILLS_DIR, validate_snapshot
 from ...tools.learned import SCRIPTS_DIR, define_tool, is_tool_script
 from ...tools.visual import VISUAL_TOOL_NAMES
+from ..errors import ValidationError
 
 if TYPE_CHECKING:
     from ...library_store.store import Snapshot

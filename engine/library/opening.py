@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import WhetstoneError
-from .checks import library_validator
-from .folders import Folders
-from ..paths import whetstone_home
 from ...library_store.manifest import gate_record
 from ...library_store.store import Library, Snapshot
+from ..errors import WhetstoneError
+from ..paths import whetstone_home
+from .checks import library_validator
+from .folders import Folders
 
 
 def may_create_library(path: Path, home: Path | None = None) -> bool:

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    from ...library_store.store import Library, Snapshot
+    from ...library_store.traces import TraceStore
+    from ...tools.base import Tool
     from ..backends.base import Backend
     from ..evaluation.results import EvalResult
     from ..evaluation.runner import Solver
     from ..evaluation.tasks import TaskRecord, TaskSet
     from ..types import Trace
-    from ...library_store.store import Library, Snapshot
-    from ...library_store.traces import TraceStore
-    from ...tools.base import Tool
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 

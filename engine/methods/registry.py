@@ -32,11 +32,11 @@ from .base import Evolver, make_config
 
 if TYPE_CHECKING:
 
-    from .base import CommandKit
+    from ...library_store.validation import Validator
     from ..prompts import Prompts
     from ..runtime.plugins import MethodEnv, Plugin
     from ..types import Trace
-    from ...library_store.validation import Validator
+    from .base import CommandKit
 
 log = logging.getLogger("whetstone.methods")
 _WARNED: set[str] = set()  # each broken entry point is reported once per process

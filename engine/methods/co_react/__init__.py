@@ -5,8 +5,8 @@
     display.py  how a ``rubric`` step prints
 """
 
-from ..registry import KnobOption, MethodSpec
 from ...prompts import Prompts
+from ..registry import KnobOption, MethodSpec
 
 # Its prompts, in prompts/ beside this file.
 PROMPTS = Prompts(__name__)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendError, ConfigError
+from ...runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
+from ...types import Completion, Message, Request, Step
 from ..base import knob
 from . import PROMPTS
 from .rubric import (
@@ -49,8 +51,6 @@ from .rubric import (
     rubric_in_request,
     tried_queries,
 )
-from ...runtime.plugins import DecisionRecords, MethodEnv, ModelCall, Node, Plugin
-from ...types import Completion, Message, Request, Step
 
 if TYPE_CHECKING:
     from ...backends.base import Backend

@@ -19,10 +19,10 @@ from typing import Any, Literal, TypeVar
 
 from ...backends.base import Backend
 from ...errors import ParseError
-from ..analyst import AnalystStats, ask_parsed_sync
-from . import PROMPTS
 from ...replies import extract_json_object
 from ...types import JsonRecord, Request
+from ..analyst import AnalystStats, ask_parsed_sync
+from . import PROMPTS
 
 T = TypeVar("T")
 Phase = Literal["early", "mid", "late"]
