@@ -95,7 +95,7 @@ class TableEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         missing = [t for t in texts if t not in self.table]
-        fresh = dict(zip(missing, self.model.embed(missing))) if missing else {}
+        fresh = dict(zip(missing, self.model.embed(missing), strict=False)) if missing else {}
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self.table[t] if t in self.table else fresh[t] for t in texts])
@@ -109,7 +109,7 @@ def vectors_for(pairs: list[tuple[str, str]], model: TextEmbedder, n_real: int,
     base = real[rng.integers(0, len(real), len(texts) - len(real))]  # (m, d)
     noisy = base + rng.normal(0, 0.0316, base.shape).astype(np.float32)
     noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
-    return dict(zip(texts, np.concatenate([real, noisy.astype(np.float32)])))
+    return dict(zip(texts, np.concatenate([real, noisy.astype(np.float32)]), strict=False))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -217,8 +217,8 @@ def quality(workdir: Path) -> list[tuple[str, float, float, float]]:
         ranked = [[m.name for m in retriever.search(q["query"])] for q in queries]
         embed_ms = timed(lambda e=embedder: e.embed([queries[0]["query"]]), 30)
         index.close()
-        rows.append((label, sum(r[:1] == [q["skill"]] for r, q in zip(ranked, queries))
-                     / len(queries), sum(q["skill"] in r for r, q in zip(ranked, queries))
+        rows.append((label, sum(r[:1] == [q["skill"]] for r, q in zip(ranked, queries, strict=False))
+                     / len(queries), sum(q["skill"] in r for r, q in zip(ranked, queries, strict=False))
                      / len(queries), pct(embed_ms, 0.5)))
     return rows
 
@@ -285,7 +285,7 @@ def _run(args: argparse.Namespace, scales: list[int], workdir: Path, model: Text
                  f"{r['commit_p50']:.1f} / {r['commit_p95']:.1f} ms",
                  f"{r['fast_p50']:.1f} / {r['fast_p95']:.1f} ms", f"{r['reindex_p50']:.1f} ms",
                  f"{r['bulk_s']:.1f} s / {r['index_s']:.1f} s"]
-        print(" | ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols)))
+        print(" | ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols, strict=False)))
     first, last = rows[0], rows[-1]
     print("\nretrieve = index check + chromadb query (k=5) + hash checks + prompt packing with "
           "2 bodies; query = chromadb alone; commit = 1 changed SKILL.md, validated, fsynced; "

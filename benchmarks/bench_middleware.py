@@ -296,9 +296,9 @@ def summarise(configs: list[Config], rounds: list[dict[str, Round]]) -> list[dic
             "p50_ms": med([pct(m.latencies, 0.5) * 1e3 for m in mine]),
             "p99_ms": med([pct(m.latencies, 0.99) * 1e3 for m in mine]),
             "added_p50_ms": med([(pct(m.latencies, 0.5) - pct(d.latencies, 0.5)) * 1e3
-                                 for m, d in zip(mine, direct)]),
+                                 for m, d in zip(mine, direct, strict=False)]),
             "rps": med([m.rps for m in mine]),
-            "vs_direct": med([m.rps / d.rps for m, d in zip(mine, direct)]),
+            "vs_direct": med([m.rps / d.rps for m, d in zip(mine, direct, strict=False)]),
             "cpu_ms": med([m.cpu_ms for m in mine]),
             "wrong": sum(m.wrong for m in mine),
         })

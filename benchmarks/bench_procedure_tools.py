@@ -117,7 +117,7 @@ def main() -> None:
     specs = [f"{s}@test:0:{args.limit}" for s in SETS]
     if not args.render:
         with tempfile.TemporaryDirectory() as tmp:
-            for spec, tool in zip(specs, SETS.values()):
+            for spec, tool in zip(specs, SETS.values(), strict=False):
                 for row in rows:
                     if _file(spec, row).exists() and not args.rerun:
                         continue

@@ -112,20 +112,20 @@ def main() -> None:
     head = "floor   top-1   top-3   unrelated injected   leave-one-out injected"
     print(head + ("   gsm8k sees its skill" if gsm else ""))
     for floor in FLOORS:
-        top1 = sum(right(r, q["skill"], floor, 1) for r, q in zip(ranked, labelled)) / len(labelled)
-        top3 = sum(right(r, q["skill"], floor, 3) for r, q in zip(ranked, labelled)) / len(labelled)
+        top1 = sum(right(r, q["skill"], floor, 1) for r, q in zip(ranked, labelled, strict=False)) / len(labelled)
+        top3 = sum(right(r, q["skill"], floor, 3) for r, q in zip(ranked, labelled, strict=False)) / len(labelled)
         fp = sum(bool(n) and n[0][1] >= floor for n in noise) / len(noise)
         loo = sum(max((s for n, s in r if n != q["skill"]), default=0.0) >= floor
-                  for r, q in zip(ranked, labelled)) / len(labelled)
+                  for r, q in zip(ranked, labelled, strict=False)) / len(labelled)
         line = f"{floor:5.2f}   {top1:5.3f}   {top3:5.3f}   {fp:18.3f}   {loo:22.3f}"
         if gsm:
             line += f"   {sum(r.get('math-word-problems', 0.0) >= floor for r in gsm) / len(gsm):20.3f}"
         print(line)
-    right_scores = sorted(dict(r)[q["skill"]] for r, q in zip(ranked, labelled))
+    right_scores = sorted(dict(r)[q["skill"]] for r, q in zip(ranked, labelled, strict=False))
     print(f"\nthe right skill's score: min {right_scores[0]:.3f}, "
           f"10th pct {right_scores[len(right_scores) // 10]:.3f}, "
           f"median {right_scores[len(right_scores) // 2]:.3f}")
-    top_noise = sorted((n[0][1], q, n[0][0]) for n, q in zip(noise, unrelated) if n)
+    top_noise = sorted((n[0][1], q, n[0][0]) for n, q in zip(noise, unrelated, strict=False) if n)
     print("highest unrelated: " + ", ".join(f"{s:.3f} ({q!r} -> {n})"
                                             for s, q, n in top_noise[-4:]))
 

@@ -57,7 +57,7 @@ def transformers_answers(tasks: list[TaskRecord], batch: int, max_tokens: int
             gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False,
                                  pad_token_id=tok.pad_token_id)
         width = enc["input_ids"].shape[1]
-        for t, row, mask in zip(chunk, gen, enc["attention_mask"]):
+        for t, row, mask in zip(chunk, gen, enc["attention_mask"], strict=False):
             new = row[width:].tolist()
             text = tok.decode(new, skip_special_tokens=True).strip()
             n_new = sum(1 for x in new if x != tok.pad_token_id)

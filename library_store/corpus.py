@@ -447,7 +447,7 @@ class Corpus:
         return [Passage(text=text, source=str((meta or {}).get("source", "")),
                         score=round(1.0 - float(dist), 6), id=cid)
                 for cid, text, meta, dist in zip(got["ids"][0], got["documents"][0],
-                                                 got["metadatas"][0], got["distances"][0])]
+                                                 got["metadatas"][0], got["distances"][0], strict=False)]
 
 
 def _under(source: str, prefix: str) -> bool:

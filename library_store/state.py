@@ -13,6 +13,7 @@ Libraries made before this layout kept such state elsewhere (``work/<method>``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -119,8 +120,7 @@ def _move(old: Path, new: Path, *, durable: bool) -> None:
             os.rename(entry, target)
         except FileNotFoundError:
             continue
-    try:
+    # an entry whose name the new folder already had stays, for a person to see
+    with contextlib.suppress(OSError):
         old.rmdir()
-    except OSError:
-        pass  # an entry whose name the new folder already had stays, for a person to see
     log.info("moved resume state %s to %s", old, new)

@@ -7,6 +7,7 @@ and encodings survive the round trip unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import io
@@ -370,10 +371,8 @@ def _folder_fd(dirs: dict[str, int], folder: str) -> int:
     parent, _, name = folder.rpartition("/")
     parent_fd = _folder_fd(dirs, parent)
     for _ in range(2):
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o777, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
         try:
             dirs[folder] = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
                                    dir_fd=parent_fd)

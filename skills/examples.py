@@ -81,13 +81,13 @@ class ExampleRetriever:
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
         with self._lock:
-            missing = sorted({k: t for k, t in zip(keys, texts) if k not in self._vectors}.items())
+            missing = sorted({k: t for k, t in zip(keys, texts, strict=False) if k not in self._vectors}.items())
         if missing:
             vectors = self.embedder.embed([t for _, t in missing])
             with self._lock:
                 if len(self._vectors) + len(missing) > MAX_CACHED:
                     self._vectors.clear()  # a rare, long-lived server: start over
-                for (k, _), v in zip(missing, vectors):
+                for (k, _), v in zip(missing, vectors, strict=False):
                     self._vectors[k] = np.asarray(v, dtype=np.float32)
         with self._lock:
             return np.stack([self._vectors[k] for k in keys])

@@ -291,7 +291,7 @@ class LibraryIndex:
         while True:
             got = col.get(include=["metadatas"], limit=page, offset=offset)
             out.update({i: (m or {}).get("hash", "") for i, m in zip(got["ids"],
-                                                                     got["metadatas"])})
+                                                                     got["metadatas"], strict=False)})
             if len(got["ids"]) < page:
                 return out
             offset += page
@@ -392,7 +392,7 @@ class LibraryIndex:
                 if indexed.get(key) != digest and source.document(snap, key) is not None:
                     problems.append(f"{kind} {key}: indexed {indexed.get(key)!r}, "
                                     f"files hold {digest}")
-            for key, digest in indexed.items():
+            for key in indexed:
                 if key not in expected:
                     problems.append(f"{kind} {key}: indexed but not in {snap.id}")
                 elif source.document(snap, key) is None:
@@ -419,7 +419,7 @@ class LibraryIndex:
                                            include=["metadatas", "distances"])
         return [Hit(kind, key, 1.0 - float(dist), (meta or {}).get("hash", ""), dict(meta or {}))
                 for key, dist, meta in zip(got["ids"][0], got["distances"][0],
-                                           got["metadatas"][0])]
+                                           got["metadatas"][0], strict=False)]
 
     def _exact(self, kind: str, vector: np.ndarray, k: int, token: str | None) -> list[Hit]:
         """Every document scored against ``vector`` in memory: exact where the HNSW graph is

@@ -190,9 +190,10 @@ def serving_mcp(lib: Path, env: dict[str, str]) -> Iterator[str]:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
-            except OSError:
+            except OSError as exc:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the MCP server did not start: {proc.stderr.read()}")
+                    raise RuntimeError(f"the MCP server did not start: {proc.stderr.read()}"
+                                       ) from exc
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:

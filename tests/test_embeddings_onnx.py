@@ -19,7 +19,7 @@ def test_onnx_vectors_match_torch(tmp_path: Path) -> None:
     assert a.shape == b.shape == (4, 384)
     assert np.min(np.sum(a * b, axis=1)) > 0.9999
     # One text at a time (no padding: the traced graph must not have baked in a mask branch).
-    for text, ref in zip(TEXTS, b):
+    for text, ref in zip(TEXTS, b, strict=False):
         assert float(onnx.embed_one(text) @ ref) > 0.9999
     assert onnx.name == TextEmbedder().name  # an index built with torch serves ONNX queries
     exported = list((tmp_path / "embeddings").glob("*.onnx"))
@@ -75,7 +75,7 @@ def test_the_int8_embedder_is_close_to_the_float_one_and_cached(tmp_path: Path) 
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
     assert int8.name != float_model.name  # an index built with one is rebuilt for the other
     # One text per run: a vector never depends on what it was batched with.
-    for text, row in zip(TEXTS, a):
+    for text, row in zip(TEXTS, a, strict=False):
         assert np.array_equal(int8.embed([text])[0], row)
     files = sorted((tmp_path / "embeddings").glob("*.onnx"))
     assert len(files) == 2  # the float export, and its int8 copy beside it

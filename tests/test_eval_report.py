@@ -131,7 +131,7 @@ def test_the_accuracy_figure_is_inline_svg_with_an_interval_per_run() -> None:
     xs = [float(d.get("cx")) for d in dots]
     assert xs == sorted(xs)
     bars = [b for b in root.findall("line") if b.get("stroke") == "#1f77b4"]
-    for dot, bar in zip(dots, bars):
+    for dot, bar in zip(dots, bars, strict=False):
         assert float(bar.get("x1")) < float(dot.get("cx")) < float(bar.get("x2"))
     assert "0.850 [" in svg.group(0) and "v3: 0.850" in svg.group(0)
     assert svg_accuracy([]).count("<circle") == 0

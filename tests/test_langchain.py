@@ -179,7 +179,7 @@ def test_a_react_agent_runs_a_learned_tool_in_the_sandbox_with_its_skill_shown(
                                                                                  "process")
     # Both decisions saw the skill that says when to call the tool, and the tool itself.
     assert len(seen.calls) == 2
-    for sent, params in zip(seen.calls, seen.params):
+    for sent, params in zip(seen.calls, seen.params, strict=False):
         assert "Call `sum_amounts`" in system_text(sent)
         assert [t["function"]["name"] for t in params["tools"]] == ["sum_amounts"]
 

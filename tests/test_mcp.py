@@ -179,9 +179,10 @@ def http_server(tmp_path: Path, whetstone_home: Path) -> Iterator[tuple[str, Lib
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
-            except OSError:
+            except OSError as exc:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the MCP server did not start: {proc.stderr.read()}")
+                    raise RuntimeError(f"the MCP server did not start: {proc.stderr.read()}"
+                                       ) from exc
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}/mcp", lib
     finally:

@@ -44,7 +44,7 @@ def test_no_family_name_outside_task_loading() -> None:
 def test_the_scan_sees_the_code_it_guards() -> None:
     files = {p.relative_to(REPO).as_posix() for p in _files()}
     assert "engine/evaluation/scorers.py" in files and "engine/prompts/agent_system.md" in files
-    assert ALLOWED <= files
+    assert files >= ALLOWED
 
 
 @pytest.mark.parametrize("text", [

@@ -93,8 +93,8 @@ def test_three_replicas_share_one_library_and_one_trace_store(tmp_path: Path) ->
     with running_server(echo_upstream()) as upstream:
         try:
             logs = [tmp_path / f"replica-{i}.log" for i in range(REPLICAS)]
-            procs = [start_replica(upstream, lib.root, p, log) for p, log in zip(ports, logs)]
-            for base, proc, log in zip(bases, procs, logs):
+            procs = [start_replica(upstream, lib.root, p, log) for p, log in zip(ports, logs, strict=False)]
+            for base, proc, log in zip(bases, procs, logs, strict=False):
                 wait_healthy(base, proc, log)
 
             served: list[tuple[int, str, str, float]] = []  # (replica, trace id, version, t)

@@ -13,6 +13,7 @@ under another name (``{"expr": "17*23"}`` for the calculator's ``expression``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -40,10 +41,8 @@ def _loosely(args: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
         if kind == "integer" and isinstance(value, str) and _INTEGER.fullmatch(value):
             out[key] = int(value)
         elif kind == "number" and isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 out[key] = float(value) if not _INTEGER.fullmatch(value) else int(value)
-            except ValueError:
-                pass
         elif kind == "string" and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
             out[key] = str(value)

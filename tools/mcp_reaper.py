@@ -20,6 +20,7 @@ Python settings). ``tools/mcp_client.py`` runs it; docs/mcp.md says what it cove
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -82,10 +83,8 @@ def _kill_all() -> None:
             if not left or time.monotonic() > deadline:
                 break
             for pid in left:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.02)
         if not left:
             return

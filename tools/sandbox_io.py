@@ -4,6 +4,7 @@ left-behind process holds open."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import subprocess
@@ -143,7 +144,5 @@ def drain(proc: subprocess.Popen[bytes], out: Sink, err: Sink) -> None:
 def close_pipes(proc: subprocess.Popen[bytes]) -> None:
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
-            try:
+            with contextlib.suppress(OSError):  # stdin with unwritten data to a dead child
                 pipe.close()
-            except OSError:
-                pass  # stdin with unwritten data to a dead child

@@ -211,7 +211,7 @@ class HFBackend(Backend):
                 # out.logits: one (1, vocab) tensor per generated token, before any processor
                 logprobs = tuple(
                     float(torch.log_softmax(step[0].float(), dim=-1)[tok])
-                    for step, tok in zip(out.logits, new)
+                    for step, tok in zip(out.logits, new, strict=False)
                 )
         elapsed = time.perf_counter() - start
         return self._completion(request, n_prompt, new, cfg.max_new_tokens, elapsed, logprobs)

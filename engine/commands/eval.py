@@ -300,7 +300,7 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
     refused: EvalError | None = None
     if paired and not allow_errors:
         try:
-            check_no_errors([(str(v), r) for v, r in zip(versions, results)],
+            check_no_errors([(str(v), r) for v, r in zip(versions, results, strict=False)],
                             what="the comparison")
         except EvalError as exc:  # reported after the runs are printed: they are saved
             refused, paired = exc, False

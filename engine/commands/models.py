@@ -58,7 +58,7 @@ def models(as_json: bool) -> None:
         width = max(len(str(r["spec"])) for r in block) + 2
         states = [_state(r) for r in block]
         pad = max(len(s) for s in states) + 2
-        for r, status in zip(block, states):
+        for r, status in zip(block, states, strict=False):
             line = Text("  " + str(r["spec"]).ljust(width))
             line.append(status.ljust(pad) if r["white_box"] else status,
                         style="" if r["installed"] else "red")

@@ -84,7 +84,7 @@ def _list_of_dicts_ok(value: Sequence[Any], allowed: Sequence[Any]) -> bool:
     for option in allowed:
         if not isinstance(option, list) or len(option) != len(value):
             continue
-        if all(isinstance(v, Mapping) and _dict_ok(v, [o]) for v, o in zip(value, option)):
+        if all(isinstance(v, Mapping) and _dict_ok(v, [o]) for v, o in zip(value, option, strict=False)):
             return True
     return False
 
@@ -117,7 +117,7 @@ def check_call(name: str, arguments: Mapping[str, Any], functions: Sequence[Mapp
         nested = None
         if type_name in _NESTED:
             items = details[p].get("items") or {}
-            nested = _PY_TYPES.get(items.get("type", ""), None)
+            nested = _PY_TYPES.get(items.get("type", ""))
         if type_name in ("float", "number") and type(value) is int:
             value = float(value)  # Python would accept an int here, and so does BFCL
         valid, is_variable = _type_ok(value, allowed, expected_type, nested)

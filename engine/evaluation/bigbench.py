@@ -354,7 +354,7 @@ def _record(ex: Mapping[str, Any], task_id: str, name: str, prefix: str, input_p
         letters = [chr(ord("A") + k) for k in range(len(options))]
         meta |= {"letters": letters,
                  "correct_letters": [letters[options.index(o)] for o in correct]}
-        listed = "\n".join(f"({x}) {o.strip()}" for x, o in zip(letters, options))
+        listed = "\n".join(f"({x}) {o.strip()}" for x, o in zip(letters, options, strict=False))
         return TaskRecord(id=task_id, expected=expected, scorer="choice", metadata=meta,
                           question=render_prompt("bigbench_choice", question=question,
                                                  options=listed).strip())

@@ -117,11 +117,11 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
         ys = [ci.mean for ci in cis]
         err = [[ci.mean - ci.low for ci in cis], [ci.high - ci.mean for ci in cis]]
         line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=_short(name))
-        marked = [(x, y) for x, y, r in zip(xs, ys, runs) if r.n_errors or r.partial]
+        marked = [(x, y) for x, y, r in zip(xs, ys, runs, strict=False) if r.n_errors or r.partial]
         if marked:  # hollow: a number over fewer tasks than were asked
             ax.scatter([x for x, _ in marked], [y for _, y in marked], s=60, zorder=3,
                        facecolors="white", edgecolors=line.lines[0].get_color())
-        for x, y, r in zip(xs, ys, runs):
+        for x, y, r in zip(xs, ys, runs, strict=False):
             ax.annotate(shown_name(r) + _marks(r), (x, y), textcoords="offset points",
                         xytext=(4, 6), fontsize=8)
     ax.set_ylim(-0.02, 1.02)

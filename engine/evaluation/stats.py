@@ -135,7 +135,7 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], confidence: float =
     if not a:
         raise EvalError("no paired scores to compare", hint="the two results share no task")
     _z(confidence)
-    diffs = [y - x for x, y in zip(a, b)]
+    diffs = [y - x for x, y in zip(a, b, strict=False)]
     mean = sum(diffs) / len(diffs)
     lo, hi = _percentiles(bootstrap_means(diffs, n_resamples, seed), confidence)
     return PairedDifference(mean, lo, hi, len(diffs), confidence, n_resamples, seed)
@@ -158,8 +158,8 @@ def mcnemar_exact(a: Sequence[float], b: Sequence[float]) -> McNemar:
     if not (is_binary(a) and is_binary(b)):
         raise EvalError("McNemar's test needs binary (0/1) scores",
                         hint="use the paired bootstrap for continuous scores")
-    a_only = sum(1 for x, y in zip(a, b) if x == 1.0 and y == 0.0)
-    b_only = sum(1 for x, y in zip(a, b) if x == 0.0 and y == 1.0)
+    a_only = sum(1 for x, y in zip(a, b, strict=False) if x == 1.0 and y == 0.0)
+    b_only = sum(1 for x, y in zip(a, b, strict=False) if x == 0.0 and y == 1.0)
     n = a_only + b_only
     if n == 0:
         return McNemar(a_only, b_only, 1.0)

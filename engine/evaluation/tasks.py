@@ -16,6 +16,7 @@ depend on the order of the file, on which other tasks exist, or on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -385,10 +386,9 @@ def tasks_from_traces(traces: Sequence[Trace], scorer: str = "normalised",
             continue
         expected: Any = t.label
         if t.label[:1] in ("[", "{"):
-            try:
+            # plain text that starts with a bracket stays text
+            with contextlib.suppress(json.JSONDecodeError):
                 expected = json.loads(t.label)
-            except json.JSONDecodeError:
-                pass  # plain text that starts with a bracket
         named = scorer if scorer_wins else str(t.meta.get("scorer") or scorer)
         if is_user_scorer(named) and named != scorer:
             problems.append(f"trace {t.id} names the scorer {named!r}, code a stored trace "

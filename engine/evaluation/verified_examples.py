@@ -19,6 +19,7 @@ small model's program often carries arithmetic that is wrong even when the answe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -95,10 +96,8 @@ def _line(kind: str, **values: Any) -> str:
 
 def _call_text(name: Any, arguments: Any) -> str:
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(ValueError):
             arguments = json.loads(arguments)
-        except ValueError:
-            pass
     return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 

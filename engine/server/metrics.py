@@ -126,7 +126,7 @@ class Histogram(_Metric):
             items = sorted((k, (list(c), t[0])) for k, (c, t) in self._series.items())
         for key, (counts, total) in items:
             running = 0
-            for bound, n in zip((*self.buckets, math.inf), counts):
+            for bound, n in zip((*self.buckets, math.inf), counts, strict=False):
                 running += n
                 out.append(f"{self.name}_bucket{_labels(key, [('le', _number(bound))])} "
                            f"{running}")

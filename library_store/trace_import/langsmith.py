@@ -11,6 +11,7 @@ expected answer.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -117,10 +118,8 @@ def _step(run: Mapping[str, Any], started: float) -> Step:
     if run.get("run_type") == "tool":
         args = inputs.get("input", inputs) if isinstance(inputs, Mapping) else inputs
         if isinstance(args, str):
-            try:
+            with contextlib.suppress(ValueError):
                 args = parse_json(args)
-            except ValueError:
-                pass
         result = outputs.get("output", outputs) if isinstance(outputs, Mapping) else outputs
         return Step(kind="act", module="act", route="think", started=started,
                     input={"tool": str(run.get("name") or "tool"), "arguments": args},

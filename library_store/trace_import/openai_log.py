@@ -18,6 +18,7 @@ and ``metadata`` (an object, kept).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -126,10 +127,8 @@ def _steps(messages: list[dict[str, Any]], start: int, usage: Mapping[str, Any],
             name, args = calls.get(str(m.get("tool_call_id") or ""),
                                    (str(m.get("name") or "tool"), None))
             if isinstance(args, str):
-                try:
+                with contextlib.suppress(ValueError):
                     args = parse_json(args)
-                except ValueError:
-                    pass
             steps.append(Step(kind="act", module="act", route="think", started=started,
                               input={"tool": name, "arguments": args if args is not None
                                      else {}},

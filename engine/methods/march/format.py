@@ -278,10 +278,10 @@ def verdict(claim: Claim, checks: Sequence[CheckLine | None]) -> Verdict:
         supported, side = False, "disagree"
     note = {True: "supported by the evidence", False: "contradicted by the evidence",
             None: "the evidence does not settle it"}[supported]
-    answers = [c.answer for c, v in zip(checks, votes) if v == side and c is not None
+    answers = [c.answer for c, v in zip(checks, votes, strict=False) if v == side and c is not None
                and c.answer]
     checked = Counter(answers).most_common(1)[0][0] if answers else ""
-    evidence = next((c.evidence for c, v in zip(checks, votes) if v == side and c is not None
+    evidence = next((c.evidence for c, v in zip(checks, votes, strict=False) if v == side and c is not None
                      and c.evidence and (not checked or c.answer == checked)), "")
     return Verdict(claim=claim.question, supported=supported, votes=tuple(votes), note=note,
                    claimed=claim.answer_claimed, checked=checked, evidence=evidence)

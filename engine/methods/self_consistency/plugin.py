@@ -133,7 +133,7 @@ def combine(samples: list[Trace], task: Any = None, *, requested: int | None = N
             "requested": requested or len(samples), "drawn": len(samples), "chosen": chosen,
             "answer": winner, "votes": dict(counts), "tokens": total,
             "samples": [{"trace_id": t.id, "vote": v, "tokens": _tokens(t),
-                         "outcome": t.outcome} for t, v in zip(samples, votes)],
+                         "outcome": t.outcome} for t, v in zip(samples, votes, strict=False)],
         }}
     return samples[chosen].with_(total_tokens=total, meta=meta)
 
