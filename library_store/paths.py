@@ -135,9 +135,8 @@ def _lookalike_problem(part: str) -> tuple[str, str] | None:
             f"the name {part[:60]!a} holds a compatibility form (a ligature, a full-width or "
             f"superscript letter) that reads as {shown(plain)!r}; write it that way")
     for word in _WORD_BREAKS.split(part):
-        scripts = {"LATIN" if c.isascii() else _script(c) for c in word
-                   if not (c.isascii() and c.isdigit())}
-        scripts.discard(None)
+        scripts = {s for c in word if not (c.isascii() and c.isdigit())
+                   if (s := "LATIN" if c.isascii() else _script(c)) is not None}
         if len(scripts) > 1 and not any(scripts <= mix for mix in _MIXES):
             return "path-script", (
                 f"the name {part[:60]!a} mixes {' and '.join(sorted(scripts)).lower()} letters "

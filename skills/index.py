@@ -264,13 +264,13 @@ class LibraryIndex:
         if state and state.get("embedder") != self.embedder.name:
             self._wipe()
             state = None
-        old_root = state.get("root") if state else None
-        clean = bool(state) and not state.get("pending") and old_root and \
-            self.library.blobs.has(old_root)
+        old_root: str | None = state.get("root") if state else None
+        clean = state is not None and not state.get("pending") and old_root is not None \
+            and self.library.blobs.has(old_root)
         self._write_state(version=(state or {}).get("version"), root=old_root,
                           pending=snap.root, token=uuid.uuid4().hex, embedder=self.embedder.name,
                           counts=(state or {}).get("counts", {}))
-        if clean:
+        if clean and old_root is not None:
             changed = list(self.library.trees.diff(old_root, snap.root))
             for kind, source in self.sources.items():
                 keys = {k for k in map(source.key_of, changed) if k is not None}

@@ -282,7 +282,7 @@ class SkillRetriever:
         digest = snap.hash_of(f"{SKILLS_DIR}/{name}/{SKILL_FILE}")
         with self._lock:
             body = self._bodies.get(digest) if digest else None
-            if body is not None:
+            if body is not None and digest:
                 self._bodies.move_to_end(digest)
                 return body
         body = skill_body(snap, name).strip()

@@ -420,8 +420,10 @@ def _coerce(name: str, value: Any, schema: Mapping[str, Any]) -> Any:
             return float(value)
         except ValueError:
             pass
-    python = {"integer": int, "number": (int, float), "string": str, "boolean": bool,
-              "array": list, "object": dict}[kind]
+    types: dict[str, type | tuple[type, ...]] = {
+        "integer": int, "number": (int, float), "string": str, "boolean": bool, "array": list,
+        "object": dict}
+    python = types[kind]
     if not isinstance(value, python) or (kind in ("integer", "number")
                                          and isinstance(value, bool)):
         raise ValueError(f"{name} must be {kind}, not {type(value).__name__}")

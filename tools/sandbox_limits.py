@@ -453,7 +453,7 @@ class WatchdogLimiter:
         # are below it only while it lives (then they die with the namespace; we wait for it).
         tree = self._tree()
         known = set(tree) | {p for p, t in self.seen.items() if start_time(p) == t}
-        heads = children(self.root) if tree else []
+        heads = children(self.root) if tree and self.root is not None else []
         if first is not None:
             first()
             # Under bubblewrap the head is the namespace's init: the kernel kills everything

@@ -71,15 +71,16 @@ class LlamaCppBackend(Backend):
         self.name = name
         self.spec = f"llamacpp:{name}"
         metadata = getattr(llm, "metadata", {}) or {}
-        self._template = metadata.get("tokenizer.chat_template")
-        if not self._template:
+        template = metadata.get("tokenizer.chat_template")
+        if not template:
             raise ModelLoadError(f"{name}: the GGUF has no chat template (a base model?)",
                                  hint="use an instruction-tuned GGUF")
+        self._template: str = template
         self._bos = self._token_text(llm.token_bos())
         self._eos = self._token_text(llm.token_eos())
         self._lock = threading.Lock()
         self.capabilities = Capabilities(
-            streaming=True, max_concurrency=1, tool_calls=template_supports_tools(self._template)
+            streaming=True, max_concurrency=1, tool_calls=template_supports_tools(template)
         )
 
     def _token_text(self, token: int) -> str:

@@ -359,7 +359,7 @@ class OnnxDecoder:
         need = len(s.prompt) + s.params.max_new
         self._ensure_capacity(min(need, self.max_context))
         reuse, entry = self._lookup(s.prompt)
-        if reuse:
+        if reuse and entry is not None:
             for dst, src in zip(self._stage, entry.kv, strict=False):
                 dst[0, :, :reuse] = src[:, :reuse]
             s.kv_len = s.reused = reuse

@@ -419,7 +419,7 @@ class OpenAICompatBackend(Backend):
                 raise self._to_error(exc, 1, timeout) from exc
             cut = True
         finally:
-            await events.aclose()
+            await events.aclose()  # type: ignore[attr-defined]  # async generators have aclose
             await chunks.aclose()  # type: ignore[attr-defined]
         yield StreamChunk(completion=self._stream_result(request, acc, start, cut))
 

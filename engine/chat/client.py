@@ -303,14 +303,15 @@ class AsyncRecordingStream(_Passthrough):
 def _install_create(owner: Any, inner: Callable[..., Any], impl: Callable[..., Any]) -> None:
     """Give ``owner`` a ``create`` that runs ``impl`` but reads as the client's own: its
     ``__wrapped__`` makes ``inspect.signature`` and ``help()`` show the client's parameters."""
-    if inspect.iscoroutinefunction(impl):
-        async def create(*args: Any, **kwargs: Any) -> Any:
-            return await impl(*args, **kwargs)
-    else:
-        def create(*args: Any, **kwargs: Any) -> Any:
-            return impl(*args, **kwargs)
-    functools.update_wrapper(create, inner)
-    object.__setattr__(owner, "create", create)
+    async def acreate(*args: Any, **kwargs: Any) -> Any:
+        return await impl(*args, **kwargs)
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        return impl(*args, **kwargs)
+
+    chosen: Callable[..., Any] = acreate if inspect.iscoroutinefunction(impl) else create
+    functools.update_wrapper(chosen, inner)
+    object.__setattr__(owner, "create", chosen)
 
 
 class _RawResponse(_Passthrough):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import click
 from rich.table import Table
@@ -30,7 +31,7 @@ def methods_cmd(as_json: bool) -> None:
             commands[name] = [c.name for c in registry.commands_of(spec, kit)]
         except ConfigError as exc:
             registry.skip(name, exc.message)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in ("evolver", "runtime"):
         for name in registry.names(kind):  # type: ignore[arg-type]
             entry = registry.entry(kind, name)  # type: ignore[arg-type]
@@ -41,16 +42,16 @@ def methods_cmd(as_json: bool) -> None:
                 cls, summary = None, f"unusable: {exc.message}"
             config = getattr(cls, "config_class", None)
             knobs = [f.name for f in dataclasses.fields(config)] if config else []
-            spec = specs.get(name)
+            owner = specs.get(name)
             rows.append({"name": name, "kind": kind, "summary": summary,
                          "options": knobs, "from": entry.target,
                          # what its package owns: library folders, commands, prompts
-                         "folders": [r.name for r in spec.roots] if spec else [],
+                         "folders": [r.name for r in owner.roots] if owner else [],
                          "commands": commands.get(name, []),
-                         "step_kinds": sorted(spec.step_kinds) if spec else [],
-                         "exit_codes": sorted(spec.exit_codes) if spec else [],
-                         "flags": [o.flag for o in spec.options] if spec else [],
-                         "prompts": spec.prompts.names() if spec and spec.prompts else []})
+                         "step_kinds": sorted(owner.step_kinds) if owner else [],
+                         "exit_codes": sorted(owner.exit_codes) if owner else [],
+                         "flags": [o.flag for o in owner.options] if owner else [],
+                         "prompts": owner.prompts.names() if owner and owner.prompts else []})
     rows += [{"name": name, "kind": "method", "summary": f"unusable: {why}", "options": [],
               "from": "", "folders": [], "commands": [], "step_kinds": [], "exit_codes": [],
               "flags": [], "prompts": []}

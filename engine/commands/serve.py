@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -158,8 +159,9 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     check_exposed_bind(host, keys, insecure, "serve")
     limits = ConnectionLimits(header_timeout_s=header_timeout, max_connections=max_connections,
                               max_per_ip=max_connections_per_ip)
-    options = BackendOptions(api_key=upstream_key, **(
-        {"timeout_s": upstream_timeout} if upstream_timeout is not None else {}))
+    options = BackendOptions(api_key=upstream_key)
+    if upstream_timeout is not None:
+        options = dataclasses.replace(options, timeout_s=upstream_timeout)
     skills = skills_config(skills_k, skills_min_score)
     sock = bind(host, port)  # a port in use fails now, not after the model has loaded
     engine: Engine | None = None

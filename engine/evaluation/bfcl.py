@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 _PY_TYPES: dict[str, type] = {
     "string": str, "integer": int, "float": float, "number": float, "boolean": bool,
@@ -62,7 +62,8 @@ def _type_ok(value: Any, allowed: Sequence[Any], expected: type, nested: type | 
             if not isinstance(option, list):
                 return True, is_variable  # BFCL lets a non-list option (the optional "") pass
             inner = _first_type(option)
-            if all(type(v) is nested or (inner is not None and type(v) is inner) for v in value):
+            items = cast("Sequence[Any]", value)  # type(value) is expected: a list
+            if all(type(v) is nested or (inner is not None and type(v) is inner) for v in items):
                 return True, is_variable
     if answer_type is not None and type(value) is answer_type:
         return True, True
@@ -148,8 +149,8 @@ def check_call(name: str, arguments: Mapping[str, Any], functions: Sequence[Mapp
                 continue
         if value not in allowed:
             return CallCheck(False, f"parameter {p!r}: {value!r} is not one of {allowed!r}")
-    for p, allowed in allowed_params.items():
-        if p not in arguments and "" not in allowed:
+    for p, choices in allowed_params.items():
+        if p not in arguments and "" not in choices:
             return CallCheck(False, f"parameter {p!r} left out but it is not optional")
     return CallCheck(True)
 

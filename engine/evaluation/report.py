@@ -112,7 +112,8 @@ def plot_accuracy_over_time(results: Sequence[EvalResult]) -> str:
         by_set.setdefault(r.task_set, []).append(r)
     for name, runs in by_set.items():
         runs = sorted(runs, key=lambda r: r.started)
-        xs = [datetime.fromtimestamp(r.started) for r in runs]
+        # matplotlib plots datetimes on a date axis; its stubs list only numbers
+        xs: list[Any] = [datetime.fromtimestamp(r.started) for r in runs]
         cis = [r.interval() for r in runs]
         ys = [ci.mean for ci in cis]
         err = [[ci.mean - ci.low for ci in cis], [ci.high - ci.mean for ci in cis]]

@@ -61,7 +61,7 @@ def _refused(exc: WhetstoneError) -> MCPError:
     return MCPError(INVALID_PARAMS, error_message(exc))
 
 
-def _text(value: Any) -> list[types.TextContent]:
+def _text(value: Any) -> list[types.ContentBlock]:
     return [types.TextContent(text=value if isinstance(value, str)
                               else json.dumps(value, ensure_ascii=False))]
 
@@ -74,7 +74,7 @@ def _tool(name: str, title: str, description: str, schema: dict[str, Any], *,
                                   destructive_hint=False, idempotent_hint=idempotent,
                                   open_world_hint=False)
     return types.Tool(name=name, title=title, description=description, input_schema=schema,
-                      annotations=hints, meta=meta)
+                      annotations=hints, _meta=meta)
 
 
 def _own_tools(allow_writes: bool) -> list[types.Tool]:

@@ -295,6 +295,7 @@ def act(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
                                started=start, route="finish"))
             continue
         tool_meta: dict[str, Any] = {}
+        err: str | None
         if bad_json is not None:
             obs, err, timed_out, dur, outcome = (f"Error in {name}: {bad_json}", bad_json,
                                                  False, 0.0, "failed")

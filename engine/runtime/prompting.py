@@ -212,8 +212,9 @@ def build_request(state: AgentState, ctx: AgentContext) -> Request:
         # in view: the 0.5B answers the failures with a guess, not with its own reasoning),
         # seeded like the run's first call.
         guidance = (state.get("guidance") or "").strip()
-        messages = [*([{"role": "system", "content": guidance}] if guidance else []),
-                    *state.get("demo_turns", []), *_task_turn(state.get("messages", []))]
+        messages: Sequence[Mapping[str, Any]] = [
+            *([{"role": "system", "content": guidance}] if guidance else []),
+            *state.get("demo_turns", []), *_task_turn(state.get("messages", []))]
         seed = cfg.seed
     else:
         messages = with_step_guidance(
@@ -230,7 +231,7 @@ def build_request(state: AgentState, ctx: AgentContext) -> Request:
             stops += (CODE_OUTPUT_STOP,)
     remaining_time = cfg.timeout_s - (time.time() - ctx.clock_start)
     return Request(
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,  # type: ignore[arg-type]  # dicts: Request reads them as Messages
         max_tokens=cfg.max_tokens_per_call, temperature=cfg.temperature, top_p=cfg.top_p,
         stop=stops, seed=seed, tools=tuple(tools), timeout=max(1.0, remaining_time),
         prefix=call_prefix(state, ctx, fmt),

@@ -257,7 +257,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
 
         def _disarm(self) -> None:
             if self._head_timer is not None:
-                self._head_timer, timer = None, self._head_timer
+                timer, self._head_timer = self._head_timer, None
                 timer.cancel()
 
         def _head_expired(self) -> None:

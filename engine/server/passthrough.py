@@ -120,7 +120,7 @@ def _refused(state: ServerState, exc: WhetstoneError, path: str, sent: Mapping[s
     return whetstone_error_reply(state.metrics, exc, headers, request_id=rid)
 
 
-def _event_stream(state: ServerState, opened: OpenStream, headers: dict[str, str],
+def _event_stream(state: ServerState, opened: OpenStream[bytes], headers: dict[str, str],
                   rid: str) -> Response:
     """The upstream's event stream relayed as it comes; a failure once bytes have gone out
     can only be an error event (the status is sent), then the stream ends."""

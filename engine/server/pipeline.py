@@ -82,7 +82,8 @@ class ChatPipeline:
         try:
             # A repeated question is answered from the adapter's cache right here; only a new
             # one pays the thread hop and the embedding.
-            adapted = self.adapter.cached(request, switches) or await loop.run_in_executor(
+            cached = self.adapter.cached(request, switches)
+            adapted = cached if cached is not None else await loop.run_in_executor(
                 self._executor, self.adapter.adapt, request, switches)
         except Exception as exc:  # noqa: BLE001 - degrade to a plain proxy, never fail a call
             log.warning("library retrieval failed; answering without it: %s",

@@ -108,7 +108,8 @@ class EventStream(StreamingResponse):
     failed, or the client went away before the first event (then the event generator never
     starts)."""
 
-    def __init__(self, stream: OpenStream, *args: Any, on_close: Callable[[], None],
+    def __init__(self, stream: OpenStream[Any], *args: Any,
+                 on_close: Callable[[], None],
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stream = stream

@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from ...library_store.paths import shown
 from ..backends.base import Backend, StreamChunk
@@ -244,16 +244,19 @@ def _check_not_empty(first: StreamChunk | None) -> None:
                            hint="check that the upstream speaks the OpenAI chat API")
 
 
-class OpenStream:
+C = TypeVar("C")  # what a stream yields: chat chunks, or a passed-through route's bytes
+
+
+class OpenStream(Generic[C]):
     """A backend stream in progress: ``first`` chunk already read, ``next()`` under the
     request's deadline (``deadline``, on the monotonic clock) and the idle limit, ``close()``
     (idempotent) closes the backend stream and frees the slot."""
 
-    def __init__(self, chunks: AsyncIterator[StreamChunk], deadline: float, total_s: float,
+    def __init__(self, chunks: AsyncIterator[C], deadline: float, total_s: float,
                  slots: asyncio.Semaphore, *, idle_s: float | None = None,
                  idle_before_first: bool = True,
-                 on_close: Callable[[OpenStream], None] | None = None) -> None:
-        self.first: StreamChunk | None = None
+                 on_close: Callable[[OpenStream[Any]], None] | None = None) -> None:
+        self.first: C | None = None
         self._chunks = chunks
         self._deadline = deadline
         self._total_s = total_s
@@ -265,7 +268,7 @@ class OpenStream:
         self.started = time.monotonic()
         self._closed = False
 
-    async def next(self) -> StreamChunk | None:
+    async def next(self) -> C | None:
         """The next chunk, None at the end; ``BackendTimeout`` past the deadline or after
         ``idle_s`` without a chunk; a reply the upstream garbled is a ``BackendError``."""
         left = max(0.0, self._deadline - time.monotonic())
@@ -384,7 +387,8 @@ class ChatService:
         self.metrics.tokens.inc(completion.prompt_tokens, kind="prompt")
         self.metrics.tokens.inc(completion.completion_tokens, kind="completion")
 
-    async def open_stream(self, call: ChatCall, deadline: float | None = None) -> OpenStream:
+    async def open_stream(self, call: ChatCall, deadline: float | None = None
+                          ) -> OpenStream[StreamChunk]:
         """Start streaming and wait for the first chunk, so a backend that fails at once is
         answered with a proper HTTP error instead of a broken event stream.
 
@@ -425,7 +429,7 @@ class ChatService:
             self.metrics.upstream_latency.observe(time.perf_counter() - start, stream="false")
 
     async def open_relay(self, opener: Callable[[float], Awaitable[AsyncIterator[bytes]]],
-                         deadline: float) -> OpenStream:
+                         deadline: float) -> OpenStream[bytes]:
         """Open a passed-through stream (``opener(seconds_left)``): an upstream refusal is
         raised here, before any byte, so it can still be the reply's status. The stream holds
         an upstream slot until it is closed."""
@@ -442,14 +446,14 @@ class ChatService:
             if isinstance(exc, Exception):
                 raise _as_upstream_error(exc) from exc
             raise
-        return OpenStream(chunks, deadline, self.settings.deadline_s, self._slots,  # type: ignore[arg-type]
+        return OpenStream(chunks, deadline, self.settings.deadline_s, self._slots,
                           idle_s=self.settings.stream_idle_s, on_close=self._stream_closed)
 
-    def _stream_closed(self, stream: OpenStream) -> None:
+    def _stream_closed(self, stream: OpenStream[Any]) -> None:
         self.upstream_active -= 1
         self.metrics.upstream_latency.observe(time.monotonic() - stream.started, stream="true")
 
-    async def sse_events(self, call: ChatCall, model: str, stream: OpenStream,
+    async def sse_events(self, call: ChatCall, model: str, stream: OpenStream[StreamChunk],
                          on_end: Callable[[Completion | None, str | None, str], None]
                          | None = None, request_id: str = "",
                          settle: Callable[[], Awaitable[None]] | None = None

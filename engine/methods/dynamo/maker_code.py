@@ -28,7 +28,8 @@ def entry_function(tree: ast.Module) -> ast.FunctionDef | None:
     marked = [f for f in fns if f.args.args and f.args.args[0].annotation is not None
               and "task" in ast.unparse(f.args.args[0].annotation)]
     single = [f for f in fns if len(f.args.args) == 1]
-    return (marked or single or fns or [None])[-1]
+    found = marked or single or fns
+    return found[-1] if found else None
 
 
 def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, str]:
@@ -46,16 +47,18 @@ def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, s
     if len(fn.args.args) != 1 or fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs:
         raise ParseError(f"{fn.name}() must take exactly one parameter, the task text "
                          "(question)", code)
-    kept = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                                   ast.ClassDef, ast.Assign, ast.AnnAssign))]
+    kept: list[ast.stmt] = [n for n in tree.body if isinstance(n, (
+        ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign))]
     if len(kept) != len(tree.body):
         repairs.add("maker-statements-dropped", len(tree.body) - len(kept))
     tree.body = kept
     arg = fn.args.args[0]
     if arg.annotation is None or ast.unparse(arg.annotation) != TASK_MARK:
-        arg.annotation, _ = ast.parse(TASK_MARK, mode="eval").body, repairs.add("maker-signature")
+        arg.annotation = ast.parse(TASK_MARK, mode="eval").body
+        repairs.add("maker-signature")
     if fn.returns is None or ast.unparse(fn.returns) != ANSWER_MARK:
-        fn.returns, _ = ast.parse(ANSWER_MARK, mode="eval").body, repairs.add("maker-signature")
+        fn.returns = ast.parse(ANSWER_MARK, mode="eval").body
+        repairs.add("maker-signature")
     if ast.get_docstring(fn) is None:
         fn.body.insert(0, ast.Expr(ast.Constant(FALLBACK_DOC)))
         repairs.add("maker-docstring")
@@ -69,7 +72,8 @@ def normalise_tool(code: str, taken: set[str], repairs: Repairs) -> tuple[str, s
         tree.body.insert(0, ast.ImportFrom("typing", [ast.alias("Annotated")], 0))
     name = fn.name.lower()
     if not TOOL_NAME.match(name):
-        name, _ = "answer_task", repairs.add("maker-renamed")
+        name = "answer_task"
+        repairs.add("maker-renamed")
     if name in taken:
         name = next(f"{name}_{i}" for i in range(2, 999) if f"{name}_{i}" not in taken)
         repairs.add("maker-renamed")

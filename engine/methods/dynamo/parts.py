@@ -140,7 +140,8 @@ def parse_clusters(raw: str, labels: Mapping[str, str], repairs: Repairs) -> lis
         repairs.add("truncated-reply")
     items = data.get("clusters") if isinstance(data, dict) else None
     if isinstance(items, dict):
-        items, _ = [items], repairs.add("cluster-object")
+        items = [items]
+        repairs.add("cluster-object")
     if not isinstance(items, list):
         raise ParseError('the reply has no "clusters" list', raw,
                          hint='reply {"clusters": [{"failures": [...], "kind": ..., ...}]}')
@@ -161,7 +162,8 @@ def parse_clusters(raw: str, labels: Mapping[str, str], repairs: Repairs) -> lis
             if mapped is None:
                 repairs.add("cluster-dropped")
                 continue
-            kind, _ = mapped, repairs.add("kind-word")
+            kind = mapped
+            repairs.add("kind-word")
         diagnosis = _text(item.get("diagnosis") or item.get("cause"))
         if not known or not diagnosis:
             repairs.add("cluster-dropped")
@@ -217,12 +219,14 @@ def _tests(value: Any, labels: Mapping[str, str], repairs: Repairs) -> list[Tool
         args = item.get("arguments", item.get("args"))
         if isinstance(args, str):
             try:
-                args, _ = json.loads(args), repairs.add("test-arguments-text")
+                args = json.loads(args)
+                repairs.add("test-arguments-text")
             except json.JSONDecodeError:
                 args = None
         task = by_id.get(str(item.get("failure", "")).strip())
         if task is None and i < len(order):
-            task, _ = order[i], repairs.add("test-failure-label")
+            task = order[i]
+            repairs.add("test-failure-label")
         if task is None or not isinstance(args, dict):
             repairs.add("test-dropped")
             continue
@@ -257,7 +261,8 @@ def parse_tool(raw: str, cluster: Cluster, labels: Mapping[str, str], taken: set
     if name in taken:  # a built-in or an existing tool has the name: rename the definition
         new = next(f"{name}_{i}" for i in range(2, 99) if f"{name}_{i}" not in taken)
         code = re.sub(rf"^def\s+{fn.group(1)}\s*\(", f"def {new}(", code, flags=re.MULTILINE)
-        name, _ = new, repairs.add("tool-renamed")
+        name = new
+        repairs.add("tool-renamed")
     elif name != fn.group(1):
         code = re.sub(rf"^def\s+{fn.group(1)}\s*\(", f"def {name}(", code, flags=re.MULTILINE)
     definition, problems = define_tool(code, name=name, skill="dynamo-draft")
@@ -292,7 +297,8 @@ def parse_when(raw: str, cluster: Cluster, labels: Mapping[str, str], tools: Seq
         close = [t for t in tools if t.lower() == tool.lower()]
         if not close:
             raise ParseError(f"{tool!r} is not one of the tools: {', '.join(tools)}", raw)
-        tool, _ = close[0], repairs.add("tool-name-case")
+        tool = close[0]
+        repairs.add("tool-name-case")
     tests = _tests(data.get("tests"), labels, repairs)
     if not tests:
         raise ParseError('the JSON has no "tests": arguments for the failures', raw)

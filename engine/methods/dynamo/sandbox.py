@@ -164,7 +164,7 @@ def image_params(tool: Tool) -> list[str]:
 def source_parameters(p: Proposal) -> dict[str, Any]:
     """The JSON schema of a proposed tool's parameters, read from its code."""
     definition, _ = define_tool(p.source, name=p.tool, skill=p.skill)
-    return definition.spec.parameters if definition is not None else {}
+    return dict(definition.spec.parameters) if definition is not None else {}
 
 
 

@@ -168,9 +168,9 @@ def parse_checks(text: str, n_questions: int) -> tuple[dict[int, CheckLine], For
         repaired = m is None
         m = m or _CHECK_LOOSE.match(line)
         if m is None:
-            cannot = _CANNOT.search(line)
+            said_cannot = _CANNOT.search(line)
             num = re.match(r"^\s*(\d+)\s*[.):]", line)
-            if cannot and num:  # "2. Not mentioned in the evidence."
+            if said_cannot and num:  # "2. Not mentioned in the evidence."
                 m_n, check = int(num.group(1)), CheckLine(None, "")
                 stats.repaired += 1
                 _put(out, m_n, check, n_questions, stats, line)

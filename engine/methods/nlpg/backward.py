@@ -18,6 +18,7 @@ below ``min_weight``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -347,7 +348,7 @@ async def walk_trace(trace: Trace, analyst: Backend, memory: Mapping[str, Sequen
         shown = [i for i in visit.shown if i in notes]
         reply = await ask_parsed(
             analyst, visit_messages(trace, visit, feedback, notes),
-            lambda raw, ids=tuple(shown): parse_blame(raw, ids),
+            functools.partial(parse_blame, shown=tuple(shown)),
             temperature=settings.temperature, max_tokens=settings.max_tokens, seed=seed + n)
         walk.stats.add(reply.stats)
         if reply.value is None:  # dropped and counted: no feedback to pass further up

@@ -227,7 +227,7 @@ class NLPG:
             self.on_step(state.reports[-1], state.memory)
         checkpoint.save(state, finished=True)
         checkpoint.drop_finished_others()
-        return self._patch(start, state, malformed, resumed, time.perf_counter() - started,
+        return self._patch(start, state, malformed, bool(resumed), time.perf_counter() - started,
                            analyst.count_tokens)
 
     def _plan(self, traces: Sequence[Trace], context: EvolveContext) -> _Plan:
