@@ -5,6 +5,7 @@ drawer) finds the file each import names, and draws the structure the layer draw
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,75 @@ def test_the_placement_check_can_fail(tmp_path: Path) -> None:
     assert unplaced == ["engine/runtime/agent.py:1 whetstone.engine.runtime",
                         "engine/runtime/agent.py:3 ...skills.missing"]
     assert "whetstone/engine/__init__.py" not in arrows  # the link is not entered
+
+
+# --- the layer drawing is the code's -------------------------------------------------------
+
+_PART = re.compile(r"(?<![\w/])((?:engine/)?[a-z_]+(?:\.py|/))")
+RECORDS = 0  # the first floor: its modules may import each other
+
+
+def drawn_floors(text: str) -> dict[str, int]:
+    """docs/architecture.md's layer drawing (the code block under "## Layers"), read as part
+    -> floor: floors are separated by ``^`` lines (the one below imports the one above it, so
+    the first is floor 0), a part is a path in the drawing's left columns."""
+    block = text.split("## Layers", 1)[1].split("```", 2)[1]
+    floors: list[list[str]] = [[]]
+    for line in block.splitlines()[1:]:
+        if line.strip() == "^":
+            floors.append([])
+            continue
+        left = line[:43]  # the parts; the prose is to the right
+        floors[-1] += [m.group(1).rstrip("/") for m in _PART.finditer(left)
+                       if "/" in m.group(1) or m.group(1).endswith(".py")]
+    return {part: i for i, parts in enumerate(floors) for part in parts}
+
+
+def code_arrows() -> set[tuple[str, str]]:
+    """(part, part) for each run-time import between two parts of the drawing."""
+    arrows, _ = structure.graph(REPO)
+    return {(structure.part_of(a), structure.part_of(b)) for a, targets in arrows.items()
+            for b in targets if structure.part_of(a) != structure.part_of(b)}
+
+
+def drawing_problems(floors: dict[str, int], arrows: set[tuple[str, str]]) -> list[str]:
+    bad = []
+    for src, dst in sorted(arrows):
+        if src in ("whetstone", "engine/__init__.py") or dst == "engine/__init__.py":
+            continue  # the namespace's door and the engine package's empty __init__
+        if src not in floors or dst not in floors:
+            bad.append(f"{src if src not in floors else dst} is not in the drawing")
+        elif floors[src] < floors[dst] or (floors[src] == floors[dst] != RECORDS):
+            bad.append(f"{src} (floor {floors[src]}) imports {dst} (floor {floors[dst]})")
+    return sorted(set(bad))
+
+
+def test_the_layer_drawing_is_what_the_code_draws() -> None:
+    """Every import between two parts goes down the drawing of docs/architecture.md (the
+    first floor's modules may import each other): ``api.py`` sits above ``server/``, which
+    it builds the app of, and below the integrations and commands that use it."""
+    floors = drawn_floors((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert floors["cli.py"] > floors["engine/commands"] > floors["engine/api.py"] > \
+        floors["engine/server"] > floors["engine/chat"]
+    assert drawing_problems(floors, code_arrows()) == []
+
+
+def test_the_layer_test_uses_the_drawings_floors() -> None:
+    """tests/test_layers.py's ranks are the drawing's floors."""
+    from test_layers import LAYERS
+
+    floors = drawn_floors((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    ranks = {p: r for p, r in LAYERS if p in floors}
+    assert ranks == floors
+
+
+def test_the_drawing_check_can_fail() -> None:
+    floors = {"engine/api.py": 8, "engine/server": 8, "engine/types.py": 0,
+              "engine/errors.py": 0}
+    assert drawing_problems(floors, {("engine/api.py", "engine/server")}) == [
+        "engine/api.py (floor 8) imports engine/server (floor 8)"]
+    assert drawing_problems(floors, {("engine/types.py", "engine/errors.py")}) == []
+    assert drawing_problems(floors, {("engine/types.py", "engine/api.py")}) == [
+        "engine/types.py (floor 0) imports engine/api.py (floor 8)"]
+    assert drawing_problems(floors, {("engine/chat", "engine/types.py")}) == [
+        "engine/chat is not in the drawing"]
