@@ -58,12 +58,14 @@ $(STAMP): pyproject.toml requirements-nodeps.txt
 demo: $(STAMP) sandbox
 	$(VENV)/bin/whetstone run "Use the calculator: what is 17 * 23?"
 
+# Every test: the unit tests, the integration ones (processes, servers, crashes, loads, the
+# method removal copies) and the slow ones (real weights), on two pytest-xdist workers.
 test: $(STAMP) sandbox mcp-servers
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
-# Unit tests only: no real model weights.
+# The inner loop: no real weights (slow), no processes, servers or tree copies (integration).
 test-fast: $(STAMP) sandbox mcp-servers
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m "not slow and not integration" $(PYTEST_ARGS)
 
 # Against real model servers: llama.cpp's when one answers on 127.0.0.1:$$LLAMACPP_PORT (8081;
 # `scripts/real_upstreams.sh llamacpp` builds, starts and tests it), vLLM's or another when
