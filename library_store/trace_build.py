@@ -2,7 +2,7 @@
 
 Every recorded run is built here, whatever made it: an agent run (``engine/runtime/nodes.py``),
 one direct-solver call (``engine/evaluation/direct.py``), one chat exchange
-(``engine/chat/exchange.py``), a verification (``whetstone verify``, ``Engine.verify``) or an
+(``engine/chat/exchange.py``), a verification (``whetstone verify``, ``Engine.endpoint("verify")``) or an
 outside agent's run logged over MCP. Each host only says what it saw (task, steps, answer,
 outcome); ``make_trace`` gives the trace its id (``new_trace_id``, sortable by time) and its
 kind (``meta["source"]``), so ``whetstone traces ls --filter source=chat`` and the evolvers read
@@ -29,7 +29,7 @@ TRACE_KINDS: dict[str, str] = {
     "agent": "a run of the agent graph (whetstone run, eval, the server's agent mode)",
     "direct": "one call in the model's chat template (eval --solver direct)",
     "chat": "one chat exchange (Engine.chat, the server, Engine.wrap, LangChain)",
-    "verify": "a verification (whetstone verify, Engine.verify)",
+    "verify": "a verification (whetstone verify, Engine.endpoint)",
     "mcp": "an outside agent's run logged over MCP (log_run)",
     "import": "a run recorded elsewhere, read by whetstone traces import",
 }

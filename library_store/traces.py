@@ -10,7 +10,7 @@ rewritten in place. Lookups by id use an index
 
 ``TraceStore.append`` is the one writer: every host (an agent run through its
 ``TraceRecorder``, eval, chat, the server's batches through ``append_records``, MCP,
-``Engine.verify``) stores a trace through it,
+``Engine.endpoint``) stores a trace through it,
 and only ``_write_segment`` opens a trace file for writing. Traces are built by
 ``trace_build.make_trace``, the one builder.
 """

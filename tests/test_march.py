@@ -1,7 +1,7 @@
 """MARCH (engine/methods/march/verifier.py): the checker never sees the answer, the majority vote, the
 bounded revise loop, clear errors for an empty corpus and an unreadable proposer, malformed
-checker lines repaired or dropped with a count; and its faces (``Engine.verify``,
-``whetstone verify``, the runtime ``verify`` node, the server's ``verify`` switch)."""
+checker lines repaired or dropped with a count; and its faces (its ``verify`` endpoint,
+``whetstone verify``, the runtime ``verify`` node, the server's ``endpoints`` switch)."""
 
 from __future__ import annotations
 

@@ -254,7 +254,7 @@ def test_each_test_passes_with_exactly_the_methods_it_is_marked_with(
         # The core tests (most of the suite) on the workers; the methods' groups beside it.
         jobs = {frozenset(): pool.submit(run_group, tree, tmp_path / "none", frozenset(), core,
                                          _workers())}
-        for i, (group, files) in enumerate(sorted(groups.items(), key=sorted)):
+        for i, (group, files) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[0]))):
             jobs[group] = pool.submit(run_group, tree, tmp_path / f"g{i}", group, files, 1)
         results = {g: job.result() for g, job in jobs.items()}
     failed = {"+".join(sorted(g)) or "(no method)": n for g, (n, _) in results.items() if n}

@@ -19,8 +19,8 @@ The asymmetry is structural: the checker's prompt is built by ``checker_messages
 hands the checker anything else (tests/test_march.py asserts the answer never reaches it).
 Claim agreement is a normalised match, documented in ``march_format``.
 
-Faces: ``MarchVerifier`` (``Engine.verify``, ``whetstone verify``, the server's
-``{"whetstone": {"verify": true}}``) and ``March``, the runtime method ``march`` whose
+Faces: ``MarchVerifier`` behind the ``verify`` endpoint (``Engine.endpoint("verify", ...)``,
+``whetstone verify``, the server's ``{"whetstone": {"endpoints": ["verify"]}}``) and ``March``, the runtime method ``march`` whose
 ``verify`` node checks the agent's answer before the run finishes.
 """
 
