@@ -190,6 +190,9 @@ class ModuleUses:
 
     def _symbol(self, node: ast.AST) -> _Symbol:
         sym = _Symbol()
+        for d in getattr(node, "decorator_list", []):  # parametrized over method names
+            if isinstance(d, ast.Call) and ast.unparse(d.func).endswith("parametrize"):
+                sym.uses |= _constants_in(d) & set(self.methods)
         for n in ast.walk(node):
             if isinstance(n, ast.Import | ast.ImportFrom):  # an import inside a function
                 sym.local_imports |= {(a.asname or a.name).split(".")[0] for a in n.names}
@@ -354,11 +357,11 @@ class ModuleUses:
 
 
 def support_modules(methods: list[str], tests: Path = TESTS) -> dict[str, ModuleUses]:
-    """The helper modules of tests/ (not test files), read once; ``conftest`` included."""
+    """The modules of tests/ a test may import from (helpers, ``conftest``, other test
+    files), read once."""
     out: dict[str, ModuleUses] = {}
-    for path in sorted(tests.glob("*.py")):
-        if not path.name.startswith("test_"):
-            out[path.stem] = ModuleUses(path, methods)
+    for path in sorted(tests.glob("*.py")):  # test modules too: one may import another's
+        out[path.stem] = ModuleUses(path, methods)
     for module in out.values():  # support modules may import each other
         module.support = out
     return out

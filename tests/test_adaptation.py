@@ -74,6 +74,7 @@ def test_a_broken_example_is_a_problem_with_a_line() -> None:
     assert parsed == [] and [p.line for p in problems] == [3, 11]
 
 
+@pytest.mark.memory
 def test_a_library_refuses_a_malformed_memory_file(tmp_path: Path) -> None:
     lib = open_library(tmp_path / "lib", create=True)
     good = render_examples([Example("t1", "q", "a")])

@@ -325,6 +325,7 @@ def test_a_repeated_question_is_served_from_the_caches(engine: Engine, library: 
     assert "baking-recipes" not in moved.guidance["skills"]["shown"]
 
 
+@pytest.mark.horizon
 @pytest.mark.co_react
 @pytest.mark.self_consistency
 @pytest.mark.parametrize("method", ["co_react", "self_consistency", "horizon"])

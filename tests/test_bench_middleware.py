@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks" / "bench_middleware.py"
 
 
+@pytest.mark.integration
 def test_a_revision_that_is_not_one_says_so(tmp_path: Path) -> None:
     sys.path.insert(0, str(BENCH.parent))
     try:

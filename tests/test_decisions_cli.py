@@ -135,6 +135,7 @@ def result(label: str, scores: list[float]) -> EvalResult:
                                             for i, s in enumerate(scores)), label=label)
 
 
+@pytest.mark.trace2skill
 def test_two_wins_of_two_are_a_tie_not_a_gain() -> None:
     d = gate(result("cand", [1.0, 1.0]), result("cur", [0.0, 0.0]))
     assert (d.ci_low, d.ci_high, d.p_value) == (1.0, 1.0, 0.5)

@@ -262,6 +262,7 @@ def test_the_readme_scorer_example_runs(home: Path) -> None:
     invoke(argv(line, {}))
 
 
+@pytest.mark.trace2skill
 def test_the_readme_python_example_runs(home: Path) -> None:
     """On a library of its own: the evolve it ends with learns from the run and the chat
     before it."""

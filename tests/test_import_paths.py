@@ -37,7 +37,7 @@ def test_every_product_import_is_placed_by_path() -> None:
         "imports a file-reading tool cannot place (run scripts/relative_imports.py)")
     product = {p.relative_to(REPO).as_posix() for p in codemod.product_files(REPO)}
     assert product <= set(arrows)
-    assert sum(len(arrows[f]) for f in product) > 900  # the walk found the imports
+    assert sum(len(arrows[f]) for f in product) > 3 * len(product)  # it found the imports
 
 
 def test_the_door_names_only_what_the_namespace_places() -> None:

@@ -266,6 +266,7 @@ async def test_async_calls_and_streams_are_recorded(library: Library) -> None:
     assert (await model.afeedback(streamed, 0.0)).score == 0.0
 
 
+@pytest.mark.horizon
 @pytest.mark.co_react
 @pytest.mark.march
 @pytest.mark.self_consistency

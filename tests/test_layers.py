@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Rank of each layer (its floor in docs/architecture.md's drawing, which
@@ -267,14 +269,19 @@ def method_violations(sources: dict[str, str]) -> list[str]:
 def test_a_method_imports_only_the_core_the_framework_and_itself() -> None:
     sources = {str(p.relative_to(REPO)): p.read_text() for p in our_files()
                if method_of(str(p.relative_to(REPO)))}
+    if not list((REPO / METHODS).glob("*/__init__.py")):
+        pytest.skip("no method package in this tree (the removal test's core copy)")
     assert sources  # the walk found the method packages
     assert method_violations(sources) == []
 
 
 def test_the_method_import_rule_can_fail() -> None:
-    # two of the method packages on disk, whichever they are (the tree without one method,
-    # tests/test_method_removal.py, runs this test too)
-    mine, theirs = sorted(p.parent.name for p in (REPO / METHODS).glob("*/__init__.py"))[:2]
+    # two of the method packages on disk, whichever they are (the trees of
+    # tests/test_method_removal.py run this test too)
+    packages = sorted(p.parent.name for p in (REPO / METHODS).glob("*/__init__.py"))
+    if len(packages) < 2:
+        pytest.skip("needs two method packages on disk (the removal test's core copy has none)")
+    mine, theirs = packages[:2]
     rel = f"engine/methods/{mine}/verifier.py"
     bad = {rel: f"from whetstone.engine.methods.{theirs} import METHOD\n"
                 "from whetstone.engine.commands.common import handle_errors\n"

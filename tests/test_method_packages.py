@@ -219,6 +219,7 @@ def test_the_reference_check_can_fail(tmp_path: Path) -> None:
     assert _references(bad, names, tmp_path) == {"dynamo", "nlpg", "workflows"}
 
 
+@pytest.mark.nlpg
 def test_the_public_open_library_shows_every_methods_folder_and_checks_commits(
         tmp_path: Path) -> None:
     """``whetstone.open_library`` opens a library as ``Engine`` and the CLI do; a bare

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from whetstone.cli import cli
@@ -89,6 +90,7 @@ def test_a_chat_trace_and_a_failed_one(tmp_path: Path) -> None:
     assert "Model call failed:" in out and "No answer (error)" in out and "ran out" in out
 
 
+@pytest.mark.march
 def test_a_march_verification_trace(tmp_path: Path) -> None:
     proposed = ("- Question: In what city is the head office of the Oberoi Group? "
                 "[Answer: Mumbai]\n"

@@ -24,6 +24,7 @@ from whetstone.engine.evaluation.tasks import TaskRecord
 from whetstone.engine.types import Trace
 
 
+@pytest.mark.trace2skill
 def test_tasks_per_minute_is_tasks_done_over_the_wall_time() -> None:
     """A slow first task (a model warming up) then fast ones: 20 tasks in 119 s is 10.1 a
     minute. rich's own estimate counted the last 30 s, from the first task in them to the
@@ -51,6 +52,7 @@ def _write(path: Path, value: Any) -> Path:
     return path
 
 
+@pytest.mark.trace2skill
 def test_a_reply_cut_at_the_length_limit_is_the_length_outcome(tmp_path: Path) -> None:
     """``run``: the text is shown as cut and the exit is 8 (it was "Answer: 391 because",
     exit 0, outcome answered); ``traces ls --outcome length`` finds it."""
@@ -65,6 +67,7 @@ def test_a_reply_cut_at_the_length_limit_is_the_length_outcome(tmp_path: Path) -
     assert [t["outcome"] for t in listed] == ["length"]
 
 
+@pytest.mark.trace2skill
 @pytest.mark.memory
 def test_eval_counts_cut_answers_and_memory_keeps_none_of_them(tmp_path: Path) -> None:
     """Two tasks answered right, one of them in a reply cut at the length limit: ``eval``
@@ -119,6 +122,7 @@ def test_an_evolve_summary_names_no_file_its_candidate_does_not_hold(tmp_path: P
     assert out["message"].endswith("appended an adding pitfall to SKILL.md"), out["message"]
 
 
+@pytest.mark.trace2skill
 def test_models_marks_an_example_path_as_an_example() -> None:
     """``hf:/models/qwen2.5-0.5b#qwen.gguf`` is no file here: it read "installed"."""
     runner = CliRunner()
@@ -134,6 +138,7 @@ def test_models_marks_an_example_path_as_an_example() -> None:
     assert rows["embedded"]["example"] is False
 
 
+@pytest.mark.trace2skill
 def test_eval_report_shows_the_solver_and_both_runs_of_agent_against_direct(
         tmp_path: Path) -> None:
     """The same library version through the agent and through one direct call: the report
