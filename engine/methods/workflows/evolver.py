@@ -27,6 +27,7 @@ runtime method on (``runtime_methods``). A workflow's calls never hold a trainin
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import zlib
@@ -76,6 +77,9 @@ from whetstone.tools.base import Tool, Toolbox, ToolResult
 if TYPE_CHECKING:
     from whetstone.engine.backends.base import Backend
     from whetstone.library_store.store import Snapshot
+
+
+log = logging.getLogger("whetstone.methods.workflows")
 
 
 @dataclass(frozen=True)
@@ -320,6 +324,10 @@ class _Fit:
                     self.analyst_calls += found.analyst_calls - self.cfg.explore_turns
                     self.details["explored"] += 1
                     self.details["bad_replies"] += found.bad_replies
+                    log.info("explored %r: %s after %d analyst calls (%d in all)",
+                             task.question, "found" if found.found else "not found",
+                             found.analyst_calls, self.analyst_calls)
+                    self.context.on_progress("workflows explored", self.details["explored"], 0)
                     if not found.found:
                         continue
                     self.details["explored_found"] += 1
@@ -331,6 +339,8 @@ class _Fit:
                     await asyncio.to_thread(self.admit, [w], kept, answered)
                     if len(kept) > before or any(task.id in ids for ids in answered.values()):
                         self.details["explored_kept"] += 1
+                        log.info("kept a workflow for %r: %s", task.question,
+                                 [(c.tool, c.arguments) for c in found.calls])
                         examples.append((task.question, found.calls[-1]))
                         return
             done += 1
