@@ -53,6 +53,7 @@ from whetstone.engine.methods.workflows.harvest import (
     digest,
     looked_around,
     names_in,
+    useful,
     worked_calls,
 )
 from whetstone.engine.methods.workflows.induce import (
@@ -290,8 +291,13 @@ class _Fit:
         """EXPLORE (module docstring): the kinds no kept workflow answers, biggest first."""
         covered = set().union(*answered.values()) if answered else set()
         order = kinds([t for t in self.tasks if t.id not in covered], self.wording)
-        looked = looked_around(self.traces, self.host, self.wording) + self._look()
+        # The learner's own look first (what there is, what its records look like), then
+        # what the runs' own looks showed that answered with something.
+        looked = self._look()
         looked += await self._peek(looked)
+        seen = {call_key(c.tool, c.arguments) for c, _ in looked}
+        looked += [(c, n) for c, n in looked_around(self.traces, self.host, self.wording)
+                   if call_key(c.tool, c.arguments) not in seen and useful(c.result)]
         known = digest(looked)
         shown = [c for c, _ in looked]
         # Calls that answered other kinds, newest first: what is found teaches what is next.
@@ -366,7 +372,7 @@ class _Fit:
             if t.spec.parameters.get("required"):
                 continue
             res = self.call(t.name, {})
-            if res.error is None and res.output.strip():
+            if res.error is None and useful(res.output):
                 out.append((CallRecord(t.name, {}, res.output), 1))
                 listed += names_in(res.output)
         for t in self.tools:
@@ -378,7 +384,7 @@ class _Fit:
                 if len(out) >= budget:
                     return out
                 res = self.call(t.name, {required[0]: name})
-                if res.error is None and res.output.strip() and "rror" not in res.output[:40]:
+                if res.error is None and useful(res.output):
                     out.append((CallRecord(t.name, {required[0]: name}, res.output), 1))
         return out
 
