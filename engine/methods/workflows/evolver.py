@@ -325,7 +325,7 @@ class _Fit:
                         self.first_args, turns=self.cfg.explore_turns,
                         seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000,
                         run_tool=asyncio.to_thread, known=shown,
-                        general=self._general(task))
+                        general=self._general(task), values=self._values(task.question))
                 async with lock:
                     self.analyst_calls += found.analyst_calls - self.cfg.explore_turns
                     self.details["explored"] += 1
@@ -353,6 +353,10 @@ class _Fit:
             self.context.on_progress("workflows explore", done, len(order))
 
         await asyncio.gather(*(one_kind(g) for g in order))
+
+    def _values(self, question: str) -> list[str]:
+        """What ``question`` names (``Wording.values_in``)."""
+        return self.wording.values_in(question)
 
     def _general(self, task: TaskRecord) -> Callable[[Sequence[CallRecord]], bool]:
         """Whether calls that reached ``task``'s answer make a workflow (they take the

@@ -22,7 +22,13 @@ from whetstone.engine.errors import BackendError
 from whetstone.engine.methods.workflows import PROMPTS
 from whetstone.engine.methods.workflows.harvest import compact
 from whetstone.engine.methods.workflows.induce import CallRecord
-from whetstone.engine.methods.workflows.values import distinctive, holds, near_misses, supports
+from whetstone.engine.methods.workflows.values import (
+    distinctive,
+    holds,
+    leaf_values,
+    near_misses,
+    supports,
+)
 from whetstone.engine.runtime.call_forms import json_calls, tool_call_blocks
 from whetstone.engine.types import Request
 from whetstone.tools.base import Tool, ToolResult
@@ -118,6 +124,28 @@ def _answer_last(calls: Sequence[CallRecord], answer: Any,
     return None
 
 
+def _clipped(result: str) -> str:
+    text = compact(result)
+    return text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + " …"
+
+
+def code_link(result: str, answer: Any, known: Sequence[CallRecord]) -> tuple[str, str] | None:
+    """A value of ``result`` (a code, an id) that an earlier result shows on the line of the
+    answer ("GR | Garden"), with that line: the record the question names leads to the answer
+    through it. None when none does."""
+    leaves = leaf_values(result) or []
+    candidates = [str(v) for v in leaves if isinstance(v, (str, int)) and not isinstance(v, bool)
+                  and 0 < len(str(v)) <= 40]
+    for c in known:
+        for line in compact(c.result).splitlines():
+            if not supports(line, answer):
+                continue
+            for v in candidates:
+                if supports(line, v) and not supports(str(answer), v):
+                    return v, line.strip()[:200]
+    return None
+
+
 def where_shown(known: Sequence[CallRecord], answer: Any, limit: int = 2) -> list[str]:
     """Lines saying which earlier results hold ``answer`` (as it is, or in another form:
     ``near_misses``), with the line it stands on: where to read it from."""
@@ -144,8 +172,8 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                   temperature: float = 0.3, max_tokens: int = 300,
                   run_tool: Callable[..., Any] | None = None,
                   known: Sequence[CallRecord] = (), resamples: int = 2,
-                  general: Callable[[Sequence[CallRecord]], bool] | None = None
-                  ) -> Exploration:
+                  general: Callable[[Sequence[CallRecord]], bool] | None = None,
+                  values: Sequence[str] = ()) -> Exploration:
     """Look for the calls that answer ``question`` (see the module docstring). ``call``
     runs a host tool; ``run_tool`` (an awaitable runner such as ``asyncio.to_thread``) keeps
     the event loop free while it does; ``known``: calls whose results the analyst was shown
@@ -154,10 +182,19 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
     tool the analyst used last (or another), up to ``resamples`` times before it counts as
     the turn's. ``general(calls)``: whether the calls that reached the answer would answer
     other questions of the kind (they take the question's values); when not, the analyst is
-    asked for calls that do, and the dialogue goes on."""
+    asked for calls that do, and the dialogue goes on.
+
+    ``values``: what the question names (its rare spans). The dialogue starts from them: the
+    first call asked for returns the whole record a value names (a small model writes that
+    far more often than the one call that answers), which often holds the answer, kept as
+    it is or another way; when it holds a value (a code) that an earlier result shows on the
+    line of the answer, the analyst is asked for the call that reads the answer for it."""
     out = Exploration(question)
     made: set[str] = {call_key(c.tool, c.arguments) for c in known}
     task = PROMPTS.render("explore.yaml#task", question=question, answer=str(answer))
+    if values:
+        task += "\n" + PROMPTS.render("explore.yaml#record", values=", ".join(
+            f'"{v}"' for v in values))
     hints = where_shown(known, answer)
     messages: list[dict[str, str]] = [
         {"role": "system", "content": system},
@@ -220,15 +257,20 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             messages.append({"role": "user", "content": PROMPTS.render(
                 "explore.yaml#not_general", question=question)})
             continue
-        text = compact(result.output)
-        text = text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + " …"
+        link = code_link(result.output, answer, [*known, *out.calls[:-1]])
+        if link is not None:
+            value, line = link
+            messages.append({"role": "user", "content": PROMPTS.render(
+                "explore.yaml#link", tool=tool, result=_clipped(result.output), value=value,
+                line=line, answer=str(answer))})
+            continue
         misses = near_misses(result.output, answer)
         messages.append({"role": "user", "content": PROMPTS.render(
-            "explore.yaml#result", tool=tool, result=text, answer=str(answer),
+            "explore.yaml#result", tool=tool, result=_clipped(result.output), answer=str(answer),
             hint=(PROMPTS.render("explore.yaml#near", misses="; ".join(misses)) + "\n")
             if misses else "")})
     out.transcript = messages
     return out
 
 
-__all__ = ["Exploration", "call_key", "examples_text", "explore", "parse_call", "tools_text", "where_shown"]
+__all__ = ["Exploration", "call_key", "code_link", "examples_text", "explore", "parse_call", "tools_text", "where_shown"]
