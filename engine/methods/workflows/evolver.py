@@ -195,6 +195,7 @@ class _Fit:
         self.tasks = self._tasks()
         self.wording = Wording(t.question for t in self.tasks)
         self._results: dict[str, ToolResult] = {}
+        self._peeked: list[CallRecord] = []
         self.details: dict[str, Any] = defaultdict(int)
         self.analyst_calls = 0
 
@@ -325,7 +326,8 @@ class _Fit:
                         self.first_args, turns=self.cfg.explore_turns,
                         seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000,
                         run_tool=asyncio.to_thread, known=shown,
-                        general=self._general(task), values=self._values(task.question))
+                        general=self._general(task), values=self._values(task.question),
+                        first_tool=self.record_tool)
                 async with lock:
                     self.analyst_calls += found.analyst_calls - self.cfg.explore_turns
                     self.details["explored"] += 1
@@ -392,6 +394,12 @@ class _Fit:
                     out.append((CallRecord(t.name, {required[0]: name}, res.output), 1))
         return out
 
+    @property
+    def record_tool(self) -> str:
+        """The tool the analyst's look inside showed records with (the most used)."""
+        tools = [c.tool for c in self._peeked]
+        return max(set(tools), key=tools.count) if tools else ""
+
     async def _peek(self, looked: Sequence[tuple[CallRecord, int]], most: int = 12
                     ) -> list[tuple[CallRecord, int]]:
         """The analyst's look inside what the look around listed: for each name listed (a
@@ -430,6 +438,7 @@ class _Fit:
             if res.error is None and res.output.strip():
                 out.append((CallRecord(got[0], got[1], res.output), 1))
         self.details["peeked"] = len(out)
+        self._peeked = [c for c, _ in out]
         return out
 
     def patch(self, workflows: list[Workflow], answered: Mapping[str, set[str]],

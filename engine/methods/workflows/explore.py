@@ -173,7 +173,7 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                   run_tool: Callable[..., Any] | None = None,
                   known: Sequence[CallRecord] = (), resamples: int = 2,
                   general: Callable[[Sequence[CallRecord]], bool] | None = None,
-                  values: Sequence[str] = ()) -> Exploration:
+                  values: Sequence[str] = (), first_tool: str = "") -> Exploration:
     """Look for the calls that answer ``question`` (see the module docstring). ``call``
     runs a host tool; ``run_tool`` (an awaitable runner such as ``asyncio.to_thread``) keeps
     the event loop free while it does; ``known``: calls whose results the analyst was shown
@@ -188,7 +188,10 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
     first call asked for returns the whole record a value names (a small model writes that
     far more often than the one call that answers), which often holds the answer, kept as
     it is or another way; when it holds a value (a code) that an earlier result shows on the
-    line of the answer, the analyst is asked for the call that reads the answer for it."""
+    line of the answer, the analyst is asked for the call that reads the answer for it. That
+    first call is begun as a call of ``first_tool`` (the tool that showed records when the
+    learner looked around) on backends that can prefill; where an earlier result holds the
+    answer is said only after it, so the analyst starts from the question's record."""
     out = Exploration(question)
     made: set[str] = {call_key(c.tool, c.arguments) for c in known}
     task = PROMPTS.render("explore.yaml#task", question=question, answer=str(answer))
@@ -196,9 +199,11 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
         task += "\n" + PROMPTS.render("explore.yaml#record", values=", ".join(
             f'"{v}"' for v in values))
     hints = where_shown(known, answer)
+    if not values:  # nothing to start from: say at once where the answer shows
+        task, hints = "\n".join([task, *hints]), []
     messages: list[dict[str, str]] = [
         {"role": "system", "content": system},
-        {"role": "user", "content": "\n".join([task, *hints])}]
+        {"role": "user", "content": task}]
     used: list[str] = []  # the tools this dialogue called, in order
     for turn in range(turns):
         reply = ""
@@ -207,8 +212,13 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             # A call is one line of JSON: what follows a blank line is the analyst explaining
             # it. A repeat is sampled again, hotter, and begun as a call of another tool (the
             # 0.5B and the 1.5B repeat a look they were shown, at any temperature).
-            prefix = "" if attempt == 0 or not analyst.capabilities.prefill \
-                else _steer(names, used, parsed if isinstance(parsed, str) else "")
+            if not analyst.capabilities.prefill:
+                prefix = ""
+            elif attempt == 0:
+                prefix = _steer(names, [first_tool], "") if turn == 0 and values \
+                    and first_tool in names else ""
+            else:
+                prefix = _steer(names, used, parsed if isinstance(parsed, str) else "")
             request = Request(messages=tuple(messages),  # type: ignore[arg-type]
                               max_tokens=max_tokens, stop=("\n\n",), prefix=prefix,
                               temperature=min(1.0, temperature + 0.35 * attempt),
@@ -265,10 +275,12 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                 line=line, answer=str(answer))})
             continue
         misses = near_misses(result.output, answer)
+        said = [PROMPTS.render("explore.yaml#near", misses="; ".join(misses))] if misses else []
+        said += hints  # where an earlier result holds the answer: after the first call
+        hints = []
         messages.append({"role": "user", "content": PROMPTS.render(
             "explore.yaml#result", tool=tool, result=_clipped(result.output), answer=str(answer),
-            hint=(PROMPTS.render("explore.yaml#near", misses="; ".join(misses)) + "\n")
-            if misses else "")})
+            hint="\n".join(said) + "\n" if said else "")})
     out.transcript = messages
     return out
 
