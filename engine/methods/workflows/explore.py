@@ -129,10 +129,11 @@ def _clipped(result: str) -> str:
     return text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + " …"
 
 
-def code_link(result: str, answer: Any, known: Sequence[CallRecord]) -> tuple[str, str] | None:
+def code_link(result: str, answer: Any, known: Sequence[CallRecord]
+              ) -> tuple[str, str, str] | None:
     """A value of ``result`` (a code, an id) that an earlier result shows on the line of the
-    answer ("GR | Garden"), with that line: the record the question names leads to the answer
-    through it. None when none does."""
+    answer ("GR | Garden"), with that line and the call that showed it: the record the
+    question names leads to the answer through it. None when none does."""
     leaves = leaf_values(result) or []
     candidates = [str(v) for v in leaves if isinstance(v, (str, int)) and not isinstance(v, bool)
                   and 0 < len(str(v)) <= 40]
@@ -142,7 +143,8 @@ def code_link(result: str, answer: Any, known: Sequence[CallRecord]) -> tuple[st
                 continue
             for v in candidates:
                 if supports(line, v) and not supports(str(answer), v):
-                    return v, line.strip()[:200]
+                    what = f"{c.tool}({json.dumps(c.arguments, ensure_ascii=False)})"
+                    return v, line.strip()[:200], what
     return None
 
 
@@ -269,10 +271,10 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             continue
         link = code_link(result.output, answer, [*known, *out.calls[:-1]])
         if link is not None:
-            value, line = link
+            value, line, where = link
             messages.append({"role": "user", "content": PROMPTS.render(
                 "explore.yaml#link", tool=tool, result=_clipped(result.output), value=value,
-                line=line, answer=str(answer))})
+                line=line, where=where, answer=str(answer))})
             continue
         misses = near_misses(result.output, answer)
         said = [PROMPTS.render("explore.yaml#near", misses="; ".join(misses))] if misses else []
