@@ -96,10 +96,11 @@ class WorkflowsConfig:
     explore: bool = knob(True, help="Ask the analyst for calls on kinds of training question "
                          "that no kept workflow answers.")
     explore_tasks: int = knob(2, help="Questions explored per kind.", min=1)
-    explore_turns: int = knob(4, help="Calls the analyst may write per explored question.",
+    explore_turns: int = knob(5, help="Calls the analyst may write per explored question.",
                               min=1)
-    max_analyst_calls: int = knob(160, help="Analyst calls the exploration may make in all.",
-                                  min=0)
+    max_analyst_calls: int = knob(240, help="Analyst calls the exploration may make in all "
+                                  "(each turn samples again, up to twice, when a reply repeats "
+                                  "a call).", min=0)
     replace: bool = knob(False, help="Start the file over instead of adding to it.")
     seed: int = knob(0, cli=False)
     concurrency: int = knob(2, cli=False)

@@ -175,7 +175,13 @@ def _pieces(text: str) -> list[str]:
     pieces += [p for p in re.split(r"[/\\]", text) if p]
     pieces += [p for p in re.split(r"[/\\.,;:=()\s'\"]+", text) if p]
     pieces += _WORD.findall(text)
-    return list(dict.fromkeys(p.strip() for p in pieces if len(p.strip()) >= 2))
+    # A one-character piece only when it is quoted or a number written once (a status code
+    # 2): "a" or the 1 of a LIMIT 1 would otherwise link to any result.
+    once = {p for p in re.findall(r"(?<![\w.])\d(?![\w.])", text)
+            if len(re.findall(rf"(?<![\w.]){p}(?![\w.])", text)) == 1}
+    return list(dict.fromkeys(p.strip() for p in pieces if len(p.strip()) >= 2
+                              or p.strip() in once or (p in [a or b for a, b in out]
+                                                        and p.strip())))
 
 
 def induce(question: str, calls: Sequence[CallRecord], answer: Any, wording: Wording
