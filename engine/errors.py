@@ -127,6 +127,11 @@ class ValidationError(LibraryError):
         super().__init__(f"{where}: [{rule}] {detail}", hint)
 
 
+class StoreUnavailable(LibraryError):
+    """The shared store (PostgreSQL, ``--store``) cannot be reached or dropped the connection
+    mid-call; what was being written is retried or reported, never half kept."""
+
+
 class EmptyCorpus(LibraryError):
     """An evidence corpus was asked for passages but holds no document."""
 
