@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from whetstone.engine.errors import LibraryError
+from whetstone.engine.errors import LibraryError, StoreUnavailable
 from whetstone.library_store.blobs import BlobStore
 from whetstone.library_store.fsutil import sha256_bytes
 from whetstone.library_store.manifest import Manifest, version_number
-from whetstone.library_store.pg_connect import Pool, StoreUrl, lost_errors, psycopg
+from whetstone.library_store.pg_connect import RETRY_S, Pool, StoreUrl, lost_errors, psycopg
 from whetstone.library_store.pg_follow import VersionFollower
 from whetstone.library_store.pg_schema import migrate
 from whetstone.library_store.traces import TraceStore
@@ -44,7 +44,7 @@ class PgShared:
     def __init__(self, url: StoreUrl) -> None:
         self.url = url
         self.pool = Pool(url)
-        self.follower = VersionFollower(self.pool, self.read_current)
+        self.follower = VersionFollower(self.pool, lambda: self.read_current(retry_s=0))
         self.blob_cache: OrderedDict[str, bytes] = OrderedDict()
         self.blob_cache_bytes = 0
         self.cache_lock = threading.Lock()
@@ -60,10 +60,11 @@ class PgShared:
                 self.pool.call(lambda c: migrate(c, self.url.schema), what="setting up the schema")
                 self._migrated = True
 
-    def read_current(self) -> str | None:
+    def read_current(self, retry_s: float = RETRY_S) -> str | None:
+        self.ensure_schema()
         row = self.pool.call(lambda c: c.execute(
             "SELECT version FROM pointer WHERE name = 'current'").fetchone(),
-            what="reading the current version")
+            what="reading the current version", retry_s=retry_s)
         return str(row[0]) if row else None
 
     def remember(self, digest: str, data: bytes) -> None:
@@ -299,12 +300,19 @@ class PgBacking:
         return self.tx.conn
 
     def settings(self) -> dict[str, Any]:
+        """The settings, read again at most every ``SETTINGS_TTL_S``; while the store does not
+        answer, the ones last read (a server keeps serving through an outage)."""
         now = time.monotonic()
         if self._settings is not None and now - self._settings[0] < SETTINGS_TTL_S \
                 and self.tx.conn is None:
             return dict(self._settings[1])
-        row = self.run(lambda c: c.execute("SELECT data FROM settings WHERE id = 1").fetchone(),
-                       "reading the settings")
+        try:
+            row = self.run(lambda c: c.execute(
+                "SELECT data FROM settings WHERE id = 1").fetchone(), "reading the settings")
+        except StoreUnavailable:
+            if self._settings is None or self.tx.conn is not None:
+                raise
+            return dict(self._settings[1])
         data = dict(row[0]) if row and isinstance(row[0], dict) else {}
         self._settings = (now, data)
         return dict(data)

@@ -11,6 +11,7 @@
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
 # run time.
+import asyncio
 import re
 import time
 from collections.abc import Callable
@@ -207,6 +208,8 @@ class _Exchange:
             meta["verification"] = await state.pipeline.verify(
                 last_user_text(self.call.request.messages), completion.text)
             body["whetstone"] = dict(meta)
+        if await self._recorded_first(completion, meta):
+            return JSONResponse(body, headers=self.headers)
         return JSONResponse(body, headers=self.headers,
                             background=BackgroundTask(self._record_after, completion, None,
                                                       meta))
@@ -227,8 +230,11 @@ class _Exchange:
             return self._failed(exc)
         state.service.count_tokens(completion)
         reply["model"] = self.model
+        meta = {"choices": len(reply["choices"])}
+        if await self._recorded_first(completion, meta):
+            return JSONResponse(reply, headers=self.headers)
         return JSONResponse(reply, headers=self.headers, background=BackgroundTask(
-            self._record_after, completion, None, {"choices": len(reply["choices"])}))
+            self._record_after, completion, None, meta))
 
     async def _stream(self) -> Response:
         state = self.state
@@ -248,17 +254,29 @@ class _Exchange:
             on_close=on_close, media_type="text/event-stream",
             headers={**self.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+    async def _recorded_first(self, completion: Completion, meta: dict[str, Any]) -> bool:
+        """Before a store across the network (``TraceWriter.durable``), record the exchange
+        and wait until its trace is spooled on this machine: a reply the client gets names a
+        trace that survives this process. False (record after the reply) otherwise."""
+        writer = self.state.writer
+        if writer is None or not writer.durable or self.trace_id is None:
+            return False
+        spooled = self._record(completion, None, **meta)
+        if spooled is not None:
+            await asyncio.shield(spooled)  # a client gone away must not cancel the write
+        return True
+
     def _record(self, completion: Completion | None, failure: str | None, outcome: Any = None,
-                **meta: Any) -> None:
+                **meta: Any) -> asyncio.Future[Any] | None:
         """Queue the exchange's trace; it is built, cut and written in the writer's threads
         (a 16 MB request costs the loop nothing here)."""
         if self.trace_id is None or self.adapted is None:
-            return
+            return None
         if self.owner is not None:
             meta[OWNER_KEY] = self.owner
         adapted, ended = self.adapted, time.time()
         info = {"served_as": self.model, "stream": self.call.stream, **meta}
-        self.state.pipeline.record(self.trace_id, lambda: chat_trace(
+        return self.state.pipeline.record(self.trace_id, lambda: chat_trace(
             self.trace_id or "", adapted, model=self.state.backend.shown_spec,
             started=self.started, ended=ended, completion=completion, error=failure,
             outcome=outcome, request_id=self.request_id, meta=info))
@@ -415,7 +433,7 @@ async def readyz(request: Request) -> Response:
     readiness = state.readiness or Readiness(state.backend)
     reason = await readiness.reason()
     if reason is None:
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", **readiness.report(state.writer)})
     return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503,
                         headers={"Retry-After": "2"})
 
