@@ -45,6 +45,7 @@ class VersionFollower:
         self._conn: Any = None
         self._value: str | None = None
         self._known = False
+        self._tried = False
         self._lock = threading.Lock()
         self._poller: threading.Thread | None = None
         self._closed = threading.Event()
@@ -58,11 +59,12 @@ class VersionFollower:
         with self._lock:
             if self.listening:
                 self._drain()
-            elif not self._known:
-                self._listen()  # the first answer is read, not guessed
-                if not self._known:
-                    self._value = self.read_current()  # raises when the store is down
-                    self._known = True
+            elif not self._tried:  # the first call listens at once; later tries are the poller's
+                self._tried = True
+                self._listen()
+            if not self._known:  # the first answer is read, not guessed
+                self._value = self.read_current()  # raises when the store is down
+                self._known = True
             if not self.listening:
                 self._start_poller()
             return self._value

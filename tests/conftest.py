@@ -38,8 +38,9 @@ def whetstone_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "whetstone-home"
     monkeypatch.setenv("WHETSTONE_HOME", str(home))
     monkeypatch.setenv("WHETSTONE_CACHE", str(SHARED_CACHE))
-    # Libraries keep their state in their folder unless a test names a store (pg_url).
-    monkeypatch.delenv("WHETSTONE_STORE", raising=False)
+    # Libraries keep their state in their folder unless a test names a store (pg_url); set,
+    # not deleted, so a --store a command line set in this process is undone after the test.
+    monkeypatch.setenv("WHETSTONE_STORE", "")
     return home
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -130,3 +132,85 @@ def pg_url(pg_cluster: PgCluster) -> Iterator[str]:
     from whetstone.library_store.pg_library import close_store  # lazy: psycopg
 
     close_store(url)
+
+
+class CuttingProxy:
+    """A TCP proxy to ``target`` on 127.0.0.1 that can cut its connections: all at once
+    (``cut_all``) or, with ``chaos(interval)``, one at random every ``interval`` seconds."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.server.getsockname()[1])
+        self.cuts = 0
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, schema: str) -> str:
+        return f"postgresql://whetstone@127.0.0.1:{self.port}/postgres?schema={schema}"
+
+    def _accept(self) -> None:
+        self.server.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, upstream):  # no Nagle: each small message goes at once
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._pairs.append((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def _cut(self, pair: tuple[socket.socket, socket.socket]) -> None:
+        for s in pair:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+        self.cuts += 1
+
+    def cut_all(self) -> None:
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            self._cut(pair)
+
+    def chaos(self, interval: float, seed: int = 0) -> None:
+        """Cut one live connection at random every ``interval`` seconds until ``close``."""
+        rng = random.Random(seed)
+
+        def run() -> None:
+            while not self._stop.wait(interval):
+                with self._lock:
+                    self._pairs = [p for p in self._pairs if p[0].fileno() != -1]
+                    pair = self._pairs.pop(rng.randrange(len(self._pairs))) \
+                        if self._pairs else None
+                if pair is not None:
+                    self._cut(pair)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.cut_all()
+        self.server.close()
