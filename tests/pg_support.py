@@ -146,6 +146,7 @@ class CuttingProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._paused = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def url(self, schema: str) -> str:
@@ -157,6 +158,9 @@ class CuttingProxy:
             try:
                 client, _ = self.server.accept()
             except OSError:
+                continue
+            if self._paused.is_set():
+                client.close()  # the store looks down: refused at once
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
@@ -194,6 +198,14 @@ class CuttingProxy:
             pairs, self._pairs = self._pairs, []
         for pair in pairs:
             self._cut(pair)
+
+    def pause(self) -> None:
+        """Make the store look down: cut every connection and refuse new ones."""
+        self._paused.set()
+        self.cut_all()
+
+    def resume(self) -> None:
+        self._paused.clear()
 
     def chaos(self, interval: float, seed: int = 0) -> None:
         """Cut one live connection at random every ``interval`` seconds until ``close``."""
