@@ -128,6 +128,7 @@ class Engine:
         # the search tool's retriever: no tool opens one.
         if not isinstance(model, Backend):
             default_backends().entry_for(model)
+        self.tool_specs = tuple(tools)  # as given: a Ray worker builds its own from them
         self._toolset = ToolSet(tools, corpus=self.corpus,
                                 images_dir=self.library.scratch("tool-images"))
         try:
@@ -303,34 +304,34 @@ class Engine:
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
-               allow_errors: bool = False, **options: Any) -> EvolveResult:
+               allow_errors: bool = False, cluster: Any = None,
+               **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
-        object; default: the registry's first evolver) and land the change
-        through the regression gate.
-
+        object; default: the registry's first evolver) and land the change through the gate.
         Learns from ``traces``, or from the stored traces ``trace_filter`` selects
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
         scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
         ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
-        fields, as ``whetstone methods`` lists them).
-        ``on_progress(phase, done, total)`` reports collection, fitting and the gate.
+        fields, as ``whetstone methods`` lists them). ``on_progress(phase, done, total)``
+        reports collection, fitting and the gate.
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
-        kept as a candidate) unless ``allow_errors``.
+        kept as a candidate) unless ``allow_errors``. ``cluster`` (``scale.RayExecutor``) runs
+        the collection, the check runs, the gate and an evolver's map phase on Ray.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
         from whetstone.engine.evolution.pipeline import evolve
 
         if concurrency is None:
-            concurrency = auto_concurrency(self.backend)
+            concurrency = cluster.workers if cluster else auto_concurrency(self.backend)
         if method is None:
             method = (registry or self.registry).names("evolver")[0]
         if isinstance(method, str):
-            evolver = (registry or self.registry).evolver(
-                method, options, shared={"seed": seed, "concurrency": concurrency})
+            evolver = (registry or self.registry).evolver(method, options, shared={
+                "seed": seed, "concurrency": concurrency, **(cluster.shared if cluster else {})})
         elif options:
             raise ConfigError(f"options {', '.join(sorted(options))} given with a ready "
                               f"evolver", hint="configure the evolver object itself")
@@ -347,7 +348,8 @@ class Engine:
         try:
             return evolve(
                 evolver, self.library, analyst=analyst_backend,
-                make_solver=lambda snap: runner.solver(snapshot=snap, kind=kind), traces=traces,
+                make_solver=cluster.make_solver(runner, kind) if cluster else (
+                    lambda snap: runner.solver(snapshot=snap, kind=kind)), traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
@@ -480,8 +482,6 @@ class Engine:
         server_options.setdefault("traces", self.traces)
         server_options.setdefault("verifier", self.verify_report)
         return create_app(self.backend, **server_options)
-
-    # -- end of chat mode -----------------------------------------------------------------------
 
     def close(self) -> None:
         if self._agent is not None:

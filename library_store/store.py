@@ -130,8 +130,7 @@ class Library:
         return lib
 
     def _make_folders(self) -> None:
-        """This machine's folders of the library (a store's library opened on a new machine
-        gets them on first open)."""
+        """This machine's folders (a store's library gets them on its first open here)."""
         for sub in (".tmp", ".state", *self.backing.local_folders(), *self.roots):
             make_dirs(self.root / sub, durable=self.durable)
 
@@ -147,9 +146,8 @@ class Library:
         if not lib.is_initialized():
             if create:
                 return cls.init(root, **kwargs)
-            where = lib.root.absolute() if lib.store is None else lib.where
             store = "" if lib.store is None else " --store URL"
-            raise LibraryError(f"no library at {where}",
+            raise LibraryError(f"no library at {lib.where if lib.store else lib.root.absolute()}",
                                hint=f"check the path, or create it: `whetstone library init "
                                     f"--library {lib.root.absolute()}{store}` (Python: "
                                     "create=True)")
@@ -552,8 +550,7 @@ class Library:
         return write_folder(files, Path(dest), overwrite=overwrite, mtime=snap.manifest.created)
 
     def delete_unit(self, unit: str) -> dict[str, None]:
-        """A change set deleting every file of one unit (``skills/<name>``)."""
-        return {p: None for p in self.snapshot().unit(unit)}
+        return {p: None for p in self.snapshot().unit(unit)}  # every file of ``skills/<name>``
 
     # -- the view (hand edits) -------------------------------------------------------------
 

@@ -248,6 +248,20 @@ def _use_store(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def executor_options(fn: F) -> F:
+    """``--executor local|ray`` and ``--ray-address ADDR`` (env ``RAY_ADDRESS``): where the
+    agent's runs go (docs/middleware.md, "Past one machine")."""
+    fn = click.option(
+        "--ray-address", envvar="RAY_ADDRESS", default=None, metavar="HOST:PORT",
+        help="The Ray cluster for --executor ray (env RAY_ADDRESS; default: start Ray on "
+             "this machine).")(fn)
+    return click.option(
+        "--executor", type=click.Choice(["local", "ray", "asyncio"]), default="local",
+        show_default=True, help="Where the agent's runs (and an evolver's analysts) go: this "
+        "process, or a Ray cluster (pip install 'whetstone-engine[scale]'); asyncio is local.",
+    )(fn)
+
+
 def model_option(fn: F) -> F:
     """``--model SPEC`` (env ``WHETSTONE_MODEL``; default ``embedded``)."""
     return click.option(

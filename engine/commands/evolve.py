@@ -34,6 +34,7 @@ from whetstone.engine.commands.common import (
     concurrency_option,
     console,
     emit_json,
+    executor_options,
     handle_errors,
     json_option,
     library_option,
@@ -76,6 +77,7 @@ def _shared_options() -> list[click.Option]:
         click.option("--dry-run", is_flag=True,
                      help="Print the merged patch as a diff; write nothing."),
         solver_option,
+        executor_options,
         *reversed(tool_click_options()),
         library_option,
         json_option,
@@ -210,7 +212,8 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          gate_tasks: str | None, gate_rule: str, allow_errors: bool,
          concurrency: int | None, seed: int,
          candidate_name: str | None, dry_run: bool, library_path: Path | None,
-         solver: str, as_json: bool, agent_tools: list[Any]) -> None:
+         solver: str, as_json: bool, agent_tools: list[Any], executor: str,
+         ray_address: str | None) -> None:
     """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
     from whetstone.engine.api import Engine  # lazy: loads numpy and 31 more of our modules
 
@@ -220,7 +223,14 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
     with err.status(f"loading {model} …"):
         engine = Engine(model, library=library_path, checkpointing=False, solver=solver,
                         tools=agent_tools)
+    cluster = None
     try:
+        if executor == "ray":
+            # lazy: ray, the scale extra
+            from whetstone.engine.scale import RayExecutor
+
+            with err.status("connecting to Ray …"):
+                cluster = RayExecutor(ray_address, workers=concurrency)
         with _bar(err) as bar:
             bars: dict[str, Any] = {}
 
@@ -234,8 +244,10 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
                 analyst=analyst, gate_tasks=load_tasks(gate_tasks) if gate_tasks else None,
                 rule=gate_rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, on_progress=on_progress,
-                allow_errors=allow_errors, **options)
+                allow_errors=allow_errors, cluster=cluster, **options)
     finally:
+        if cluster is not None:
+            cluster.close()
         engine.close()
     if as_json:
         emit_json(result.to_dict())
