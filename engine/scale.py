@@ -27,8 +27,9 @@ What reaches a worker, and how:
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Self
 
 from whetstone.engine.api import Engine, MethodSpec
@@ -105,7 +106,8 @@ class RayExecutor:
     it started is shut down."""
 
     kind = "ray"
-    shared = {"executor": "ray"}  # evolver config fields it sets (Trace2Skill's map)
+    # Evolver config fields it sets (Trace2Skill's map): read-only.
+    shared: Mapping[str, str] = MappingProxyType({"executor": "ray"})
 
     def __init__(self, address: str | None = None, workers: int | None = None) -> None:
         self._started = connect(address, local_cpus=workers or 2)

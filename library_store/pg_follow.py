@@ -20,7 +20,6 @@ import contextlib
 import logging
 import select
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 

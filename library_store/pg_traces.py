@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from whetstone.engine.errors import NotFound
 from whetstone.engine.types import Trace
-from whetstone.library_store.images import REF_TYPE, ImageStore
 from whetstone.library_store.fsutil import sha256_bytes
+from whetstone.library_store.images import REF_TYPE, ImageStore
 from whetstone.library_store.trace_records import Record, encode_dict
 from whetstone.library_store.traces import TraceStore, trace_bounds
 
@@ -157,7 +157,7 @@ class PgTraceStore(TraceStore):
     def _rows(self, after: int = 0) -> Iterator[tuple[int, str]]:
         """(seq, line) of every row past ``after``, in write order, a page at a time."""
         while True:
-            page = self.backing.run(lambda c: c.execute(
+            page = self.backing.run(lambda c, after=after: c.execute(
                 "SELECT seq, line FROM trace_records WHERE seq > %s ORDER BY seq LIMIT %s",
                 (after, _PAGE)).fetchall(), "reading traces")
             for seq, line in page:

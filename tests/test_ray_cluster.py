@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from servers import running_server
+from servers import free_port, running_server, wait_healthy
 
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.tasks import TaskRecord
@@ -230,7 +232,7 @@ def test_a_ray_eval_equals_a_local_eval(ray_cluster: Cluster, upstream: tuple[st
         results[how] = json.loads(res.stdout)["results"][0]
     watching.set()
     watcher.join()
-    local, on_ray = results["local"], results["ray"]
+    on_ray = results["ray"]
     assert on_ray["meta"]["executor"] == "ray" and on_ray["meta"]["concurrency"] == 2
     per_task = {how: [(r["task_id"], r["score"], r["answer"], r["seed"], r["outcome"])
                       for r in results[how]["results"]] for how in results}
@@ -310,3 +312,70 @@ def test_workers_killed_mid_evolve_end_as_a_clean_run(ray_cluster: Cluster,
     assert calls["killed"] > calls["clean"]  # the killed workers' calls were made again
     print(json.dumps({"killed": killed["killed"], "upstream_calls": calls,
                       "verdict": clean["result"]["decision"]["verdict"]}))
+
+
+def deployment_commands() -> list[str]:
+    """The bash block of docs/middleware.md's "Deployment past one machine", one command a
+    line (comments dropped, continued lines joined)."""
+    text = (REPO / "docs" / "middleware.md").read_text(encoding="utf-8")
+    section = text.split("## Deployment past one machine", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```bash\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    return [c.strip() for c in block.replace("\\\n", " ").splitlines()
+            if c.strip() and not c.strip().startswith("#")]
+
+
+def test_the_deployment_block_of_the_docs_runs(ray_cluster: Cluster, pg_url: str,
+                                               tmp_path: Path) -> None:
+    """Every command of the block, in order, against a throwaway PostgreSQL, a scripted
+    upstream serving ``qwen`` and the two-node cluster (the hosts replaced by theirs)."""
+    from whetstone.engine.server import create_app
+
+    Library.init(tmp_path / "folder").commit(
+        {"skills/sums/SKILL.md": "---\nname: sums\ndescription: Add two numbers.\n---\n\n"
+                                 "# Sums\n\n## Pitfalls\n"}, method="t")
+    Library.open(tmp_path / "folder").export(tmp_path / "skills-export.tar.gz")
+    write_tasks(tmp_path / "tasks.jsonl")
+    (tmp_path / "keys.txt").write_text("doc-key\n")
+    backend = ScriptedBackend(responder=respond, max_concurrency=32)
+    with running_server(create_app(backend, model_name="qwen", max_concurrency=32)) as url:
+        fills = {"http://vllm.internal:8000/v1": url + "/v1",
+                 "ray-head.internal:6379": ray_cluster.address}
+        env = {**ray_cluster.env, "WHETSTONE_HOME": str(tmp_path / "admin")}
+        ran = []
+        for line in deployment_commands():
+            for old, new in fills.items():
+                line = line.replace(old, new)
+            if line.startswith("export "):
+                name, _, value = line[len("export "):].partition("=")
+                assert name == "WHETSTONE_STORE" and "db.internal" in value
+                env[name] = pg_url
+                continue
+            words = shlex.split(line)
+            assert words[0] == "whetstone", line
+            argv = [sys.executable, str(REPO / "cli.py"), *words[1:]]
+            if words[1] == "serve":
+                port = free_port()
+                home = tmp_path / "replica"
+                with open(tmp_path / "serve.log", "wb") as log:
+                    proc = subprocess.Popen([*argv, "--port", str(port)], cwd=tmp_path,
+                                            env={**env, "WHETSTONE_HOME": str(home)},
+                                            stdout=log, stderr=subprocess.STDOUT)
+                try:
+                    base = f"http://127.0.0.1:{port}"
+                    wait_healthy(base, proc, tmp_path / "serve.log")
+                    res = httpx.post(base + "/v1/chat/completions", timeout=60, headers={
+                        "Authorization": "Bearer doc-key"}, json={"model": "qwen", "messages": [
+                            {"role": "user", "content": "What is 1 + 7?"}]})
+                    assert res.status_code == 200 and \
+                        res.headers["x-whetstone-library-version"] == "v2", res.text
+                finally:
+                    proc.send_signal(signal.SIGINT)
+                    proc.wait(timeout=60)
+            else:
+                done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True,
+                                      text=True, timeout=300, check=False)
+                assert done.returncode == 0, (line, done.stderr[-3000:])
+            ran.append(words[1])
+    assert ran == ["library", "library", "serve", "eval", "evolve"]
+    lib = Library.open(tmp_path / "check", store=pg_url)
+    assert lib.current_id() in ("v2", "v3") and len(lib.traces.latest()) > len(TASKS)

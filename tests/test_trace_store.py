@@ -35,7 +35,7 @@ def write_bad_record(store: TraceStore, text: str) -> str:
         with open(day_file, "a") as f:
             f.write(text + "\n")
         return str(day_file)
-    backing: Any = getattr(store, "backing")
+    backing: Any = store.backing
     backing.run(lambda c: c.execute(
         "INSERT INTO trace_records(id, started, line, nbytes) VALUES ('bad', 0, %s, 1)",
         (text,)), "test")
