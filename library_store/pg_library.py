@@ -119,14 +119,14 @@ class _Tx(threading.local):
     """The transaction this thread holds (inside ``PgBacking.transaction``)."""
 
     conn: Any = None
-    blobs: dict[str, bytes] | None = None  # written in it, flushed before reads and commit
+    blobs: dict[str, bytes] | None = None  # written in it: one batch at publish or commit
     published: str | None = None
 
 
 class PgBlobStore(BlobStore):
-    """Blobs in the ``blobs`` table. Inside a transaction new blobs wait in memory and go in
-    one batch (before any read of the transaction, and before it commits); committed blobs
-    read are cached by hash (they never change)."""
+    """Blobs in the ``blobs`` table. Inside a transaction new blobs wait in memory (reads of
+    them are answered from there) and go in one batch when the version is published or the
+    transaction commits; committed blobs read are cached by hash (they never change)."""
 
     def __init__(self, backing: PgBacking, local: Path) -> None:
         super().__init__(local / "blobs", local / ".tmp", durable=False)  # never written
@@ -214,12 +214,8 @@ class PgBacking:
         pooled connection, retried while connections break (``Pool.call``)."""
         self.shared.ensure_schema()
         if self.tx.conn is not None:
-            self.shared_flush()
-            return work(self.tx.conn)
+            return work(self.tx.conn)  # reads of its own blobs are answered from memory
         return self.shared.pool.call(work, what=what)
-
-    def shared_flush(self) -> None:
-        self.blobs.flush()
 
     def initialized(self) -> bool:
         return self.current() is not None

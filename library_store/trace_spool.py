@@ -37,15 +37,20 @@ ROTATE_BYTES = 8 * 1024 * 1024
 
 
 def _line(record: Record) -> bytes:
-    return (json.dumps({"id": record.id, "started": record.started, "line": record.line,
-                        "truncated": record.truncated, "key": record.key},
-                       ensure_ascii=True) + "\n").encode("ascii")
+    """A small JSON head, a tab, the record's own line as it is (no second escaping: a JSON
+    line holds no raw tab or newline)."""
+    head = json.dumps({"id": record.id, "started": record.started,
+                       "truncated": record.truncated, "key": record.key}, ensure_ascii=True)
+    return head.encode("ascii") + b"\t" + record.line.encode("utf-8", "surrogatepass") + b"\n"
 
 
 def _record(line: bytes) -> Record | None:
+    head, _, body = line.partition(b"\t")
     try:
-        d = json.loads(line)
-        return Record(id=d["id"], started=float(d["started"]), line=d["line"],
+        d = json.loads(head)
+        text = body.decode("utf-8", "surrogatepass")
+        json.loads(text)  # whole, not torn
+        return Record(id=d["id"], started=float(d["started"]), line=text,
                       truncated=bool(d.get("truncated")), key=d.get("key"))
     except (ValueError, KeyError, TypeError):
         return None  # a line torn by a crash mid-write: it was never acknowledged
