@@ -37,7 +37,10 @@ class Backing(Protocol):
     """What a library's shared state is kept in (the module's docstring)."""
 
     kind: str  # "file" | "postgresql"
-    blobs: BlobStore
+
+    @property
+    def blobs(self) -> BlobStore:
+        """The content-addressed blobs (file contents and tree objects)."""
 
     @property
     def where(self) -> str:

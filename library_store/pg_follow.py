@@ -92,6 +92,7 @@ class VersionFollower:
     def _drain(self) -> None:
         """Apply what the listening socket holds, without waiting for more."""
         conn = self._conn
+        broken: tuple[type[BaseException], ...] = (*lost_errors(), OSError, ValueError)
         try:
             ready, _, _ = select.select([conn.fileno()], [], [], 0)
             if not ready:
@@ -100,7 +101,7 @@ class VersionFollower:
                 if note.channel == self.pool.url.channel and note.payload:
                     self.notified += 1
                     self._value, self._known = note.payload, True
-        except (*lost_errors(), OSError, ValueError) as exc:
+        except broken as exc:
             log.info("lost the connection that listens for new versions (%s); polling every "
                      "%.1f s until it is back", exc, self.poll_s)
             self._drop()

@@ -97,8 +97,9 @@ def _ray_factory(ctx: click.Context, address: str | None, workers: int | None, m
         cluster = RayExecutor(address, workers=workers)
     ctx.call_on_close(cluster.close)
     chosen = parse_methods(methods, method_config)
-    return cluster.eval_factory(methods=chosen, solver=solver, **(
-        {"tools": tools} if tools is not None else {}))
+    if tools is None:
+        return cluster.eval_factory(methods=chosen, solver=solver)
+    return cluster.eval_factory(methods=chosen, solver=solver, tools=tools)
 
 
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,

@@ -114,9 +114,9 @@ class TraceWriter:
         happen in threads. The future is done once the record is built (and spooled, for a
         remote store): what a ``durable`` reply waits for."""
         if self._stopped:
-            encoded = self._encode(trace_id, build)
-            if encoded is not None:
-                self._write([encoded])  # shutting down: write now rather than lose it
+            now = self._encode(trace_id, build)
+            if now is not None:
+                self._write([now])  # shutting down: write now rather than lose it
             return None
         if self._task is None:
             self.start()
