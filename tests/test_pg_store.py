@@ -299,4 +299,4 @@ def test_connections_cut_at_random_lose_nothing(pg_cluster: PgCluster, pg_url: s
     assert direct.traces.get(acked_traces[-1]).answer == "a"
     print(json.dumps({"cuts": proxy.cuts, "commits": len(acked_versions),
                       "traces": len(acked_traces), "failed": failed}))
-    assert proxy.cuts >= 20 and len(acked_versions) >= 20
+    assert proxy.cuts >= 20 and len(acked_versions) >= 10
