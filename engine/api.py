@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whetstone.engine.backends import auto_concurrency, packaged
+from whetstone.engine.backends import auto_concurrency
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.registry import BackendOptions, get_backend
 from whetstone.engine.backends.registry import default_registry as default_backends
@@ -25,6 +25,7 @@ from whetstone.engine.evaluation.benchmarks import load_tasks
 from whetstone.engine.evaluation.direct import direct_solver
 from whetstone.engine.evaluation.gate_rules import DEFAULT_RULE
 from whetstone.engine.evaluation.runner import Solver, with_concurrency
+from whetstone.engine.evaluation.scorers import get_scorer
 from whetstone.engine.methods.base import make_config
 from whetstone.engine.methods.registry import MethodRegistry, Verification, default_registry
 from whetstone.engine.paths import whetstone_home
@@ -173,10 +174,11 @@ class Engine:
 
     def method_env(self, snapshot: Snapshot | None = None) -> MethodEnv:
         """What this engine gives the methods it builds: the library and ``snapshot``
-        (default: the pinned one), the model, second models by spec, the corpora."""
+        (default: the pinned one), the model, second models by spec, the corpora, the tools
+        its runs get."""
         return MethodEnv(library=self.library, snapshot=snapshot or self.pinned_snapshot(),
                          backend=self.backend, corpora=self.corpus,
-                         corpus_name=self.corpus_name)
+                         corpus_name=self.corpus_name, tools=self._tool_list)
 
     def _named(self, name: str) -> Mapping[str, Any] | None:
         """The options of the method named ``name`` in ``methods`` (None: not named)."""
@@ -303,8 +305,9 @@ class Engine:
                rule: str = DEFAULT_RULE, seed: int = 0, concurrency: int | None = None,
                candidate_name: str | None = None, max_agent_runs: int | None = None,
                on_progress: Callable[[str, int, int], None] | None = None,
+               on_phase: Callable[[str], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
-               allow_errors: bool = False, cluster: Any = None,
+               allow_errors: bool = False, scorer: str | None = None, cluster: Any = None,
                **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
         object; default: the registry's first evolver) and land the change through the gate.
@@ -312,18 +315,26 @@ class Engine:
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
         given (a task set or its spec, run first when none of its traces are stored). The gate
-        scores on ``gate_tasks`` (default: the traces' own tasks) by ``rule`` (default
+        scores on ``gate_tasks`` (default: the traces' own dev-split tasks, held out from the
+        evolver; a ``ConfigError`` when there are none: docs/gate.md) by ``rule`` (default
         ``cost_aware``: docs/gate.md). ``options`` configure the method (its config's
-        fields, as ``whetstone methods`` lists them). ``on_progress(phase, done, total)``
-        reports collection, fitting and the gate.
+        fields, as ``whetstone methods`` lists them).
+        ``on_progress(phase, done, total)`` reports collection, the traces read, fitting,
+        the analyst calls (``total`` 0: a running count) and the gate; ``on_phase(text)`` says
+        what begins (the traces read and held out, the fit, the gate).
         ``concurrency`` (agent runs at once) defaults to what the backend decodes together.
         ``solver`` (default: the engine's) is how the gate and the collection runs answer:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
-        kept as a candidate) unless ``allow_errors``. ``cluster`` (``scale.RayExecutor``) runs
-        the collection, the check runs, the gate and an evolver's map phase on Ray.
+        kept as a candidate) unless ``allow_errors``. ``scorer`` (a built-in name,
+        ``file.py:function`` or ``module:function``) scores every task, the gate's included,
+        instead of each task's own. ``cluster`` (``scale.RayExecutor``) runs the collection,
+        the check runs, the gate and an evolver's map phase on Ray.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
         from whetstone.engine.evolution.pipeline import evolve
+
+        if scorer is not None:
+            get_scorer(scorer)  # an unknown name or a broken user scorer fails now
 
         if concurrency is None:
             concurrency = cluster.workers if cluster else auto_concurrency(self.backend)
@@ -353,8 +364,8 @@ class Engine:
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
-                max_agent_runs=max_agent_runs, on_progress=on_progress,
-                allow_errors=allow_errors, agent_tools=runner._tool_list)
+                max_agent_runs=max_agent_runs, on_progress=on_progress, on_phase=on_phase,
+                allow_errors=allow_errors, agent_tools=runner._tool_list, scorer=scorer)
         finally:
             if own:
                 analyst_backend.close()
@@ -562,38 +573,3 @@ def solver_factory(*, methods: Sequence[MethodSpec] = (),
 
     factory.close = shared.close  # type: ignore[attr-defined]
     return factory
-
-
-def describe_models(registry: Any = None) -> list[Mapping[str, Any]]:
-    """Every backend spec, installed or not, how to install it and which engine generates
-    its text (``whetstone models``). Local families list one row per engine: the default
-    under the plain spec, the others as ``<spec>@<engine>``; an ``example`` spec
-    (``hf:/models/...``) is made up: ``installed`` there says only that its backend is."""
-    reg = registry or default_backends()
-    rows: list[Mapping[str, Any]] = []
-    for entry in reg.entries():
-        for spec in entry.variants or (entry.example,):
-            installed, install = entry.installed(), entry.install
-            detail = _packaged_status(spec) if entry.prefix == "embedded" else None
-            if detail is not None:
-                installed, install = detail
-            for i, engine in enumerate(entry.engines or (None,)):
-                rows.append({
-                    "spec": spec if i == 0 or engine is None else f"{spec}@{engine.name}",
-                    "prefix": entry.prefix, "summary": entry.summary,
-                    "installed": installed, "install": install,
-                    "example": not entry.variants,
-                    "white_box": engine.white_box if engine else entry.white_box,
-                    "engine": engine.name if engine else entry.prefix,
-                    "engine_summary": engine.summary if engine else "",
-                })
-    return rows
-
-
-def _packaged_status(spec: str) -> tuple[bool, str] | None:
-    """Installed state of one packaged model, if the packaged-model table knows it."""
-    name = spec.partition(":")[2] or "qwen-0.5b"
-    model = packaged.PACKAGED_MODELS.get(name)
-    if model is None:
-        return None
-    return packaged.installed(name), model.install_hint

@@ -12,6 +12,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_NO_ANSWER = 8  # `run`: no whole answer (horizon, budget, time; a reply cut at length)
 EXIT_PARTIAL = 11  # the command did its work, minus some items it reported (`library import`)
+EXIT_GATE_REFUSED = 12  # a library write's gate refused it: kept as a candidate, nothing live
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 
@@ -130,6 +131,11 @@ class ValidationError(LibraryError):
 class StoreUnavailable(LibraryError):
     """The shared store (PostgreSQL, ``--store``) cannot be reached or dropped the connection
     mid-call; what was being written is retried or reported, never half kept."""
+
+
+class GateRequired(LibraryError):
+    """The library requires every write to pass a gate (``require_gate``), and this one was
+    about to go live without one."""
 
 
 class EmptyCorpus(LibraryError):

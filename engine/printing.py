@@ -9,10 +9,29 @@ crash. Imports nothing of ours.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from rich.markup import escape
+
+# What a terminal acts on instead of showing: C0 controls but newline and tab (ESC starts
+# "\033]0;title\a" and "\033[2J"), DEL, C1 controls (U+009B is a one-byte CSI), and the bidi
+# controls that reorder what follows (U+202E shows "exe.txt" for "txt.exe").
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                      "\u2066-\u2069]")
+
+
+def control_chars(text: str) -> list[str]:
+    """The terminal control characters in ``text`` (see ``printable``), each once."""
+    return list(dict.fromkeys(_CONTROL.findall(text)))
+
+
+def printable(text: str) -> str:
+    """``text`` with every terminal control character written out as its escape
+    (``\\x1b``, ``\\u202e``): what the command line prints of a library, a trace or a model
+    shows as written, and cannot retitle, clear or reorder the user's terminal."""
+    return _CONTROL.sub(lambda m: ascii(m[0])[1:-1], text)
 
 
 def short(value: Any, limit: int = 400) -> str:
@@ -20,7 +39,7 @@ def short(value: Any, limit: int = 400) -> str:
     ``[/b]`` or ``[red]`` is printed as written, not parsed (or crashed on) as a style."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
                                                            default=str)
-    text = text.strip()
+    text = printable(text.strip())
     return escape(text if len(text) <= limit else text[:limit] + " …")
 
 

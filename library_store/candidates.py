@@ -141,9 +141,11 @@ class Candidates:
         return lib.format_diff(pairs, snap.id, f"candidate {cand.name}", context=context)
 
     def apply(self, name: str, *, validate: Validate = True, force: bool = False,
-              message: str | None = None) -> LibraryVersion:
+              message: str | None = None, scores: Mapping[str, Any] | None = None
+              ) -> LibraryVersion:
         """Commit a candidate on top of the current version, checked by the library's
-        validator unless ``validate`` says otherwise; then it is removed."""
+        validator unless ``validate`` says otherwise; then it is removed. The version keeps
+        the candidate's scores, and ``scores`` beside them (``ungated``: applied by hand)."""
         lib = self.library
         cand = self.get(name)
         checked = lib.snapshot()
@@ -158,7 +160,8 @@ class Candidates:
             # checked, so a write landing in between is never silently overwritten.
             version = lib._commit({}, prehashed=dict(cand.changes), method=cand.method,
                                   message=message or f"apply candidate {name}: {cand.message}",
-                                  scores=cand.scores, costs=cand.costs,
+                                  scores={**cand.scores, **dict(scores or {})},
+                                  costs=cand.costs,
                                   validate=lib.validator_for(validate),
                                   expect_parent=checked.id)
         except LibraryError as exc:

@@ -25,6 +25,7 @@ from whetstone.library_store.fsutil import (
     NotRegular,
     is_kernel_file,
     kind_of,
+    linked_part,
     read_regular,
     walk_entries,
 )
@@ -286,8 +287,9 @@ def read_path(path: Path, text_field: str | None = None) -> ReadReport:
     another working directory is recognised.
 
     Only regular files are read: a symbolic link (to a file or a folder, named or found
-    inside a folder), a FIFO, a socket, a device or a file of /proc or /sys is skipped and
-    listed in ``skipped`` with why; nothing it points at is read."""
+    inside a folder, or any folder along the path named), a FIFO, a socket, a device or a
+    file of /proc or /sys is skipped and listed in ``skipped`` with why; nothing it points at
+    is read."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -297,6 +299,10 @@ def read_path(path: Path, text_field: str | None = None) -> ReadReport:
                            hint="check the path and its permissions") from exc
     if is_kernel_file(st):
         why = "a kernel file or folder (/proc, /sys or /dev); only regular files are read"
+        return ReadReport(skipped=[f"{path}: {why}"])
+    link = linked_part(path.parent)  # the last part is opened with O_NOFOLLOW
+    if link is not None:
+        why = f"{link} is a symbolic link; a path through a link is not read (name the real path)"
         return ReadReport(skipped=[f"{path}: {why}"])
     if stat.S_ISDIR(st.st_mode):
         return _read_folder(path, text_field)

@@ -162,6 +162,22 @@ def kind_of(mode: int) -> str:
     return "a special file"
 
 
+def linked_part(path: Path) -> Path | None:
+    """The first part of ``path``, as written, that is a symbolic link (None: no part is).
+    ``evil/up/secret.txt`` through a linked ``evil/up`` reads a file outside the folder the
+    user named, though its last part is a plain file; ``O_NOFOLLOW`` guards only that last
+    part. A part that does not exist ends the walk (the read reports it)."""
+    here = Path(path.anchor)
+    for part in path.parts[1:] if path.anchor else path.parts:
+        here = here / part
+        try:
+            if stat.S_ISLNK(os.lstat(here).st_mode):
+                return here
+        except OSError:
+            return None
+    return None
+
+
 def read_regular(name: str | Path, limit: int, *, dir_fd: int | None = None) -> bytes:
     """The bytes of the regular file ``name`` (relative to ``dir_fd`` when given), at most
     ``limit + 1`` of them, so a caller sees it is over ``limit``.

@@ -65,3 +65,30 @@ def version_number(vid: str) -> int:
     if m is None:
         raise NotFound(f"{vid!r} is not a version id", hint="versions look like v1, v2, ...")
     return int(m.group(1))
+
+
+def passed_gate(scores: Mapping[str, Any]) -> bool:
+    """Whether a write's scores hold a gate decision that accepted it, and no mark that it
+    went live without one (a candidate applied by hand keeps its rejected decision)."""
+    gate = scores.get("gate")
+    return isinstance(gate, Mapping) and gate.get("accepted") is True and "ungated" not in scores
+
+
+def gate_record(m: Manifest) -> dict[str, Any]:
+    """How a version came to be: ``gated`` True (a gate accepted it: its ``rule``, ``tasks``
+    (the task set), ``n_tasks``, ``verdict`` and ``difference``), False (it went live
+    unmeasured: ``by`` which command, ``note``; a version made before writes recorded this says
+    ``by`` its method), or None for the first, empty version (the library as it started)."""
+    if m.parent is None and m.method == "init":
+        return {"gated": None, "note": "the empty library it started as"}
+    gate = m.scores.get("gate")
+    if passed_gate(m.scores) and isinstance(gate, Mapping):
+        return {"gated": True, "rule": gate.get("rule"), "tasks": gate.get("task_set"),
+                "n_tasks": gate.get("n_tasks"), "verdict": gate.get("verdict"),
+                "difference": gate.get("difference"), "decision": "accepted"}
+    ungated = m.scores.get("ungated")
+    if isinstance(ungated, Mapping):
+        return {"gated": False, "by": ungated.get("by"), "note": ungated.get("note"),
+                "decision": "ungated"}
+    return {"gated": False, "by": m.method, "note": "no gate ran (made before writes recorded "
+            "it, or through the Python API)", "decision": "ungated"}

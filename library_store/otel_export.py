@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import atexit
 import base64
+import errno
 import json
 import logging
 import os
+import stat
 import threading
 import weakref
 from collections import OrderedDict
@@ -115,6 +117,28 @@ def otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     return doc
 
 
+def _open_spans_file(path: Path) -> int:
+    """``path`` opened to append, as a regular file: a symbolic link there is refused
+    (``O_NOFOLLOW``), not followed to whatever it names, and a FIFO or a device is refused
+    by ``fstat`` on the descriptor (``O_NONBLOCK``: opening a FIFO cannot hang)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK \
+        | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "it is a symbolic link; spans are written only to a "
+                                       "regular file") from None
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise OSError(errno.ENXIO, "it is not a regular file (a FIFO)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "it is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _file_exporter(path: Path) -> SpanExporter:
     """An exporter that appends each batch to ``path`` as one line of OTLP/JSON (the layout
     of the OpenTelemetry Collector's file exporter)."""
@@ -125,11 +149,17 @@ def _file_exporter(path: Path) -> SpanExporter:
         def __init__(self) -> None:
             self._lock = threading.Lock()
             path.parent.mkdir(parents=True, exist_ok=True)
+            try:  # a bad path is said at the start, not at the first batch
+                os.close(_open_spans_file(path))
+            except OSError as exc:
+                raise ConfigError(f"cannot write spans to {path}: {exc.strerror or exc}",
+                                  hint="--otel-file (OtelSettings.file) names a regular "
+                                       "file (or a new one), never a link") from None
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             line = json.dumps(otlp_json(spans), ensure_ascii=False, separators=(",", ":"))
             try:
-                with self._lock, open(path, "a", encoding="utf-8") as f:
+                with self._lock, os.fdopen(_open_spans_file(path), "a", encoding="utf-8") as f:
                     f.write(line + "\n")
             except OSError as exc:
                 log.error("could not write spans to %s: %s", path, exc)

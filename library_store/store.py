@@ -43,6 +43,7 @@ from whetstone.engine.types import LibraryVersion
 from whetstone.library_store.backing import Backing, open_backing
 from whetstone.library_store.blobs import BlobStore, unified_diff
 from whetstone.library_store.candidates import Candidates
+from whetstone.library_store.change_control import check_gated
 from whetstone.library_store.fsutil import clean_dir, make_dirs
 from whetstone.library_store.manifest import Manifest, version_number
 from whetstone.library_store.paths import CORE_ROOTS, Content, check_path, to_bytes
@@ -330,10 +331,7 @@ class Library:
     def _repair_view_locked(self) -> list[str]:
         current = self._manifest(self.current_id())
         shows = self._view_root()
-        if shows == current.root:
-            self.view_problem = None
-            return []
-        stashed = self.view.sync(shows, current.root, current.id)
+        stashed = [] if shows == current.root else self.view.sync(shows, current.root, current.id)
         self.view_problem = None
         return stashed
 
@@ -417,7 +415,9 @@ class Library:
                      validate: Validator | None, expect_parent: str | None = None,
                      allow_empty: bool = False,
                      prehashed: Mapping[str, str | None] | None = None) -> LibraryVersion:
-        """Commit ``changes`` (contents) and ``prehashed`` (hashes of blobs already stored)."""
+        """Commit ``changes`` (contents) and ``prehashed`` (hashes of blobs already stored).
+        A library that requires a gate refuses scores without a passing decision."""
+        check_gated(self, scores)
         with self._write_lock():
             parent = self._manifest(self.current_id())
             if expect_parent is not None and parent.id != expect_parent:
@@ -531,14 +531,14 @@ class Library:
         files = int(parent.counts.get("files", 0)) + added - deleted
         return {"files": files, "added": added, "modified": modified, "deleted": deleted}
 
-    def rollback(self, ref: str, *, validate: Validate = True,
-                 message: str = "") -> LibraryVersion:
+    def rollback(self, ref: str, *, validate: Validate = True, message: str = "",
+                 scores: Mapping[str, Any] | None = None) -> LibraryVersion:
         """A new version whose files equal those of ``ref`` (history is never rewritten)."""
         target = self._manifest(self.resolve(ref))
         current = self._manifest(self.current_id())
         hashes = {p: new for p, (_, new) in self.trees.diff(current.root, target.root).items()}
         return self._commit({}, prehashed=hashes, method="rollback",
-                            message=message or f"rollback to {target.id}", scores=None,
+                            message=message or f"rollback to {target.id}", scores=scores,
                             costs=None, validate=self.validator_for(validate),
                             expect_parent=current.id)
 

@@ -4,7 +4,8 @@ A trace may be written more than once (``running`` when a run starts, its outcom
 a new score when feedback arrives); the latest line for an id wins. Reading never fails on a
 bad line: it is reported with its file and line number and skipped. The store is bounded: each
 record is capped in size (``trace_records``), and retention (by age and by total size) deletes
-whole files, oldest first, so nothing is ever rewritten in place. Lookups by id use an index
+whole files, the first written first (never by the time a record claims), so nothing is ever
+rewritten in place. Lookups by id use an index
 (``trace_index``).
 
 ``TraceStore.append`` is the one writer: every host (an agent run through its
@@ -168,7 +169,7 @@ class TraceStore:
     (``YYYY-MM-DD_001.jsonl`` ...) so old records can be dropped a piece at a time. Bounds:
     each record at most ``max_record_bytes`` (long strings cut with a marker and their hash,
     see ``trace_records``); the data files at most ``max_bytes`` in all (0: no cap), the
-    oldest segments deleted past it after each write; ``keep_days`` for ``prune()``.
+    segments written first deleted past it after each write; ``keep_days`` for ``prune()``.
     Lookups by id go through an index (``trace_index``), not a scan.
     """
 
@@ -188,6 +189,7 @@ class TraceStore:
         self._thread_lock = threading.Lock()
         self.index = TraceIndex(self.root)
         self._total: int | None = None  # bytes of data files, as this process last saw them
+        self.pruned = 0  # data files this object deleted (an import reports what it cost)
         # Images in traces are kept once by content hash (see library_store/images.py).
         self.images = ImageStore(self.root / "images")
 
@@ -477,9 +479,10 @@ class TraceStore:
     def prune(self, keep_days: float | None = None, now: float | None = None, *,
               max_bytes: int | None = None) -> list[Path]:
         """Retention: delete data files older than ``keep_days`` (default: the store's
-        ``keep_days``; None keeps every day), then the oldest files while the store holds
-        more than ``max_bytes`` (default: the store's ``max_bytes``; 0 means no cap). The
-        newest file is always kept. Returns what was deleted."""
+        ``keep_days``; None keeps every day: a file goes when its day, or its last write, is
+        older), then the files written first while the store holds more than ``max_bytes``
+        (default: the store's ``max_bytes``; 0 means no cap). The file written last is always
+        kept. Returns what was deleted."""
         if keep_days is None:
             keep_days = self.keep_days
         cap = self.max_bytes if max_bytes is None else max_bytes
@@ -487,27 +490,44 @@ class TraceStore:
             return self._prune_locked(keep_days, cap or None,
                                       now if now is not None else time.time())
 
+    def _written(self) -> dict[Path, tuple[int, float]]:
+        """Each data file's size and when it was last written, in the order they were
+        written (their modification time, then their name)."""
+        out: list[tuple[int, str, Path, int]] = []
+        for p in self.files():
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            out.append((st.st_mtime_ns, p.name, p, st.st_size))
+        return {p: (size, ns / 1e9) for ns, _, p, size in sorted(out)}
+
     def _prune_locked(self, keep_days: float | None, max_bytes: int | None,
                       now: float) -> list[Path]:
-        sizes = self._sizes()
+        # By when a file was written, not by the day its records claim (its name): a record
+        # may claim any start time (an import, the Python API), and traces dated 2100 would
+        # otherwise outlive every real one, and push today's out first.
+        written = self._written()
+        sizes = {p: size for p, (size, _) in written.items()}
         removed: list[Path] = []
         if keep_days is not None:
             cutoff = now - keep_days * 86400
             for path in list(sizes):
                 day = datetime.strptime(_day_of(path) or "", "%Y-%m-%d").replace(
                     tzinfo=UTC)
-                if day.timestamp() + 86400 < cutoff:
+                if min(day.timestamp() + 86400, written[path][1]) < cutoff:
                     removed.append(path)
                     del sizes[path]
         total = sum(sizes.values())
         if max_bytes is not None:
-            for path in list(sizes)[:-1]:  # oldest first; never the newest
+            for path in list(sizes)[:-1]:  # first written first; never the last written
                 if total <= max_bytes:
                     break
                 total -= sizes.pop(path)
                 removed.append(path)
         for path in removed:
             path.unlink(missing_ok=True)
+        self.pruned += len(removed)
         if removed:
             self.index.forget(p.name for p in removed)
         self._total = total

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from whetstone.engine.errors import ValidationError
+from whetstone.engine.printing import control_chars
 from whetstone.engine.types import Skill
 from whetstone.library_store.paths import MAX_FILE_BYTES, path_problems, shown
 
@@ -231,6 +232,14 @@ def _check_fields(data: Mapping[str, Any], keys: Mapping[str, int], *, path: str
                                    f"characters; the limit is {MAX_DESCRIPTION}",
                                    line=keys.get("description"),
                                    hint="keep what and when; move detail into the body"))
+    elif bad := control_chars(desc):
+        # A listing prints the description: an escape could retitle or clear the terminal,
+        # a bidi control reorder what the user reads.
+        out.append(ValidationError(
+            path, "description-characters", "'description' holds the control character(s) "
+            + ", ".join(ascii(c) for c in bad), line=keys.get("description"),
+            hint="write plain text: no escapes (\\033), bell, carriage return or bidi "
+                 "controls"))
     for key in ("license", "compatibility"):
         if key in data and not isinstance(data[key], str):
             out.append(ValidationError(path, f"{key}-type", f"'{key}' must be a string",

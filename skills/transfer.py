@@ -38,6 +38,9 @@ class ImportReport:
     skipped: tuple[ValidationError, ...] = ()
     ignored: tuple[str, ...] = field(default_factory=tuple)  # files outside any skill folder
     skipped_skills: tuple[str, ...] = ()
+    # With commit=False: the change to land (path -> bytes; None deletes) and its message.
+    changes: Mapping[str, bytes | None] = field(default_factory=dict, repr=False)
+    message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version.id if self.version else None,
@@ -134,14 +137,15 @@ UnitCheck = Callable[[str, Mapping[str, bytes], str], list[ValidationError]]
 
 def import_skills(library: Library, src: Path | str, *, strict: bool = False,
                   message: str = "", method: str = "import", check_unit: UnitCheck | None = None,
-                  validate: Validate = True) -> ImportReport:
+                  validate: Validate = True, commit: bool = True) -> ImportReport:
     """Import the skills under ``src``; each replaces the library's skill of the same name.
 
     Every file is checked before anything is committed: malformed skills (and links, special
     files or oversized files in them) are skipped and reported, the rest are committed as one
     version (``strict``: the whole import is rejected instead). ``check_unit`` adds checks per
     skill folder; the new version is checked by the library's validator (the Agent Skills
-    rules when the library has none) or by ``validate``.
+    rules when the library has none) or by ``validate``. ``commit=False`` commits nothing:
+    the report holds the change and its message, for the caller to land (through a gate).
     """
     if validate is True and library.validator is None:
         validate = validate_snapshot  # a bare Library: still the Agent Skills rules
@@ -180,14 +184,14 @@ def import_skills(library: Library, src: Path | str, *, strict: bool = False,
     if skipped and strict:
         raise rejection(skipped)
     version = None
-    if changes:
-        version = library.commit(
-            changes, method=method, validate=validate,
-            message=message or f"import {len(imported)} skill(s) from {src}")
+    message = message or f"import {len(imported)} skill(s) from {src}"
+    if changes and commit:
+        version = library.commit(changes, method=method, validate=validate, message=message)
     # Names as a terminal can print them (a folder name need not be UTF-8).
     return ImportReport(version, tuple(imported), tuple(unchanged), tuple(skipped),
                         tuple(shown(p, 200) for p in loose),
-                        tuple(shown(n, 200) for n in skipped_names))
+                        tuple(shown(n, 200) for n in skipped_names),
+                        changes={} if commit else changes, message=message)
 
 
 def export_skills(library: Library, dest: Path | str, *, version: str | None = None,

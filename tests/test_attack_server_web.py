@@ -296,16 +296,21 @@ def test_health_answers_while_a_big_recording_is_built(tmp_path: Path) -> None:
     with running_server(create_app(ok_backend(), traces=store, model_name="tiny")) as base:
         big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 7_900}
                                              for _ in range(2_000)]}  # 16 MB, 2,000 messages
-        r = httpx.post(base + "/v1/chat/completions", json=big, timeout=60)
-        assert r.status_code == 200, r.text[:300]
-        trace_id = r.headers["X-Whetstone-Trace-Id"]
-        done = threading.Event()
-        waiter = threading.Thread(target=lambda: (wait_for(store, trace_id), done.set()))
-        waiter.start()
+        done, replies = threading.Event(), []
+
+        def post() -> None:
+            replies.append(httpx.post(base + "/v1/chat/completions", json=big, timeout=60))
+            done.set()
+
+        sender = threading.Thread(target=post)
+        sender.start()
+        # The reply waits for its trace to be built and written (issue 44, finding 11):
         took = probe_health(base, done)  # was: a ReadTimeout, the loop held for 3 s
-        waiter.join(timeout=30)
+        sender.join(timeout=30)
+    (r,) = replies
+    assert r.status_code == 200, r.text[:300]
     assert done.is_set() and len(took) >= 5, took
-    trace = store.find(trace_id)
+    trace = store.find(r.headers["X-Whetstone-Trace-Id"])  # stored before the reply
     assert trace is not None and trace.task.startswith("x")
 
 

@@ -17,8 +17,8 @@ from conftest import SHARED_CACHE
 from PIL import Image
 from vlm_support import IMAGE_TOKENS, save_tiny_vlm, word_tokenizer
 
-from whetstone.engine.api import describe_models
 from whetstone.engine.backends import get_backend
+from whetstone.engine.backends.catalog import describe_models
 from whetstone.engine.backends.hf_vlm import is_vision_folder, load_image
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.types import Message, Request

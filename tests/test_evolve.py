@@ -23,6 +23,9 @@ LESSON = "- Add the two quantities before answering."
 ADDING = "Word problems where someone has some apples and gets more: add the two quantities."
 TASKS = [TaskRecord(id=f"q{i}", question=f"Tom has {i} apples and gets {i} more. How many?",
                     expected=str(2 * i), scorer="numeric") for i in range(1, 5)]
+# Held-out tasks for the gate: six, so six that flip are a clear gain (McNemar p = 0.03).
+HELD = [TaskRecord(id=f"d{i}", question=f"Tom has {i} apples and gets {i} more. How many?",
+                   expected=str(2 * i), scorer="numeric") for i in range(11, 17)]
 
 
 def agent_that_needs_the_lesson(request: Request) -> str:
@@ -53,7 +56,7 @@ def test_a_helpful_skill_passes_the_gate_and_becomes_a_version(tmp_path: Path) -
                                           description="Word problems that add quantities.")).fit(
         traces, {}, ScriptedBackend(responder=analyst_reply))
     result = gate_and_apply(patch, engine.library, make_solver=lambda s: engine.solver(snapshot=s),
-                            gate_tasks=tasks_from_traces(traces, scorer="numeric"))
+                            gate_tasks=HELD)
     d = result.decision
     assert d is not None and d.accepted
     assert (d.current_score, d.candidate_score) == (0.0, 1.0)
@@ -103,23 +106,27 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
 def test_cli_evolve_collects_traces_runs_the_gate_and_prints_json(tmp_path: Path) -> None:
     tasks = tmp_path / "apples.jsonl"
     tasks.write_text("\n".join(json.dumps(t.to_dict()) for t in TASKS) + "\n")
-    # Agent: collect 4 (wrong), gate current 4 (wrong), gate candidate 4 (right). Replayed in
+    held = tmp_path / "held.jsonl"
+    held.write_text("\n".join(json.dumps(t.to_dict()) for t in HELD) + "\n")
+    # Agent: collect 4 (wrong), gate current 6 (wrong), gate candidate 6 (right). Replayed in
     # order, so one task at a time (-j auto would run the scripted backend's 64 at once).
-    agent = [f"Final Answer: {i}" for i in range(1, 5)] * 2 + \
-        [f"Final Answer: {2 * i}" for i in range(1, 5)]
+    agent = [f"Final Answer: {i}" for i in range(1, 5)] + \
+        [f"Final Answer: {i}" for i in range(11, 17)] + \
+        [f"Final Answer: {2 * i}" for i in range(11, 17)]
     analyst = [analyst_reply(None)] * 4  # type: ignore[arg-type]
     (tmp_path / "agent.json").write_text(json.dumps(agent))
     (tmp_path / "analyst.json").write_text(json.dumps(analyst))
     (tmp_path / "lib").mkdir()  # an empty folder: the library is made there
     res = CliRunner().invoke(cli, [
         "evolve", "trace2skill", "--tasks", str(tasks), "--skill", "adding", "--create", "-j", "1",
-        "--model", f"scripted:{tmp_path / 'agent.json'}",
+        "--gate-tasks", str(held), "--model", f"scripted:{tmp_path / 'agent.json'}",
         "--analyst", f"scripted:{tmp_path / 'analyst.json'}",
         "--library", str(tmp_path / "lib"), "--workers", "1", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["decision"]["accepted"] is True and out["version"] == "v2"
     assert out["decision"]["current_score"] == 0.0 and out["decision"]["candidate_score"] == 1.0
+    assert out["decision"]["tasks"] == [t.id for t in HELD]  # it names the tasks it used
     assert out["changed"] == ["skills/adding/SKILL.md"]
 
 
@@ -161,7 +168,7 @@ def test_python_api_evolve_in_three_lines(tmp_path: Path) -> None:
                     library=tmp_path / "lib", create=True, checkpointing=False)
     collect(engine)
     result = engine.evolve("trace2skill", skill="adding", create=True, description=ADDING,
-                           analyst=ScriptedBackend(responder=analyst_reply))
+                           gate_tasks=HELD, analyst=ScriptedBackend(responder=analyst_reply))
     assert result.version is not None and result.version.id == "v2"
     assert result.decision is not None and result.decision.candidate_score == 1.0
 
@@ -170,8 +177,7 @@ def test_the_gates_own_runs_are_not_training_traces(tmp_path: Path) -> None:
     engine = Engine(ScriptedBackend(responder=agent_that_needs_the_lesson),
                     library=tmp_path / "lib", create=True, checkpointing=False)
     collect(engine)
-    held_out = [TaskRecord(id=f"d{i}", question=f"Tom has {i} apples and gets {i} more. How "
-                           "many?", expected=str(2 * i), scorer="numeric") for i in (5, 6)]
+    held_out = HELD
     analysed: list[str] = []
 
     def analyst(request: Request) -> str:
@@ -184,9 +190,9 @@ def test_the_gates_own_runs_are_not_training_traces(tmp_path: Path) -> None:
     stored = engine.traces.query()
     gate_runs = [t for t in stored if "gate" in t.meta]
     assert {t.meta["gate"] for t in gate_runs} == {"current", "candidate"}
-    assert len(gate_runs) == 4  # two held-out tasks, each under both libraries
+    assert len(gate_runs) == 12  # six held-out tasks, each under both libraries
     analysed.clear()
-    engine.evolve("trace2skill", skill="adding", create=False,
+    engine.evolve("trace2skill", skill="adding", create=False, gate_tasks=HELD[:1],
                   analyst=ScriptedBackend(responder=analyst))
-    seen = {n for n in range(1, 7) for a in analysed if f"has {n} apples" in a}
-    assert seen == {1, 2, 3, 4}  # the four training tasks, not the held-out 5 and 6
+    seen = {n for n in range(1, 17) for a in analysed if f"has {n} apples" in a}
+    assert seen == {1, 2, 3, 4}  # the four training tasks, not the held-out 11 to 16

@@ -84,6 +84,19 @@ def test_a_tie_that_costs_fewer_tokens_is_accepted() -> None:
     assert not gate(result("cand", candidate, 236), result("cur", current, 230)).accepted
 
 
+def test_a_cheaper_tie_that_scores_lower_is_never_accepted() -> None:
+    # Issue 46: -0.032 [-0.097, +0.032] on dev, 1 better and 3 worse, accepted as a tie for
+    # 0.75x the tokens. Fewer tokens can mean the model gave up sooner.
+    current, candidate = pair(200, 4, 6, 80)  # a powered tie, 0.01 lower
+    d = gate(result("cand", candidate, 170), result("cur", current, 230))
+    assert d.verdict == "tie" and d.could_miss < MARGIN and d.difference < 0
+    assert not d.accepted
+    assert any("the candidate scores lower (-0.010): on a tie, cost decides only when the "
+               "difference is not negative" in why for why in d.reasons)
+    # The same runs at equal scores are accepted for the cost.
+    assert gate(result("cand", candidate, 170), result("cur", candidate, 230)).accepted
+
+
 def test_a_clear_gain_is_accepted_whatever_it_costs() -> None:
     current, candidate = pair(30, 12, 0, 10)
     d = gate(result("cand", candidate, 2000), result("cur", current, 200))
@@ -248,26 +261,30 @@ def test_a_saved_decision_is_decided_again_from_its_figures() -> None:
 
 
 def test_whetstone_evolve_prints_the_decision_with_its_reasons(tmp_path: Path) -> None:
-    from tests.test_evolve import TASKS, analyst_reply
+    from tests.test_evolve import HELD, TASKS, analyst_reply
 
     tasks = tmp_path / "apples.jsonl"
     tasks.write_text("\n".join(json.dumps(t.to_dict()) for t in TASKS) + "\n")
-    agent = [f"Final Answer: {i}" for i in range(1, 5)] * 2 + \
-        [f"Final Answer: {2 * i}" for i in range(1, 5)]
+    held = tmp_path / "held.jsonl"
+    held.write_text("\n".join(json.dumps(t.to_dict()) for t in HELD) + "\n")
+    agent = [f"Final Answer: {i}" for i in range(1, 5)] + \
+        [f"Final Answer: {i}" for i in range(11, 17)] + \
+        [f"Final Answer: {2 * i}" for i in range(11, 17)]
     (tmp_path / "agent.json").write_text(json.dumps(agent))
     (tmp_path / "analyst.json").write_text(json.dumps([analyst_reply(None)] * 4))  # type: ignore[arg-type]
     (tmp_path / "lib").mkdir()  # an empty folder may become a library; a missing one may not
     res = CliRunner().invoke(cli, [
         "evolve", "trace2skill", "--tasks", str(tasks), "--skill", "adding", "--create", "-j", "1",
-        "--model", f"scripted:{tmp_path / 'agent.json'}",
+        "--gate-tasks", str(held), "--model", f"scripted:{tmp_path / 'agent.json'}",
         "--analyst", f"scripted:{tmp_path / 'analyst.json'}",
         "--library", str(tmp_path / "lib"), "--workers", "1"])
     assert res.exit_code == 0, res.output
     out = " ".join(res.stdout.split())
-    assert "gate accepted (cost_aware)" in out
-    assert "difference +1.000 [+1.000, +1.000] on 4 tasks (4 better, 0 worse)" in out
+    assert "gate accepted (cost_aware)" in out and ": a clear gain; candidate 1.000" in out
+    assert "difference +1.000 [+1.000, +1.000] on 6 tasks (6 better, 0 worse)" in out
+    assert "McNemar p = 0.0312" in out and "fewer than 10 paired tasks" in out
     assert "tokens" in out and "per task (" in out and "x)" in out
-    assert "could have missed 0.000 (bound 0.1)" in out
+    assert "could have missed" not in out  # it decides a tie only
     assert "- a clear gain: difference +1.000" in out
 
 
@@ -279,7 +296,7 @@ def test_the_gate_page_example_runs() -> None:
 
 
 def test_the_gate_page_shows_what_evolve_prints_for_the_saved_tracking_decision() -> None:
-    from whetstone.engine.commands.evolve import decision_lines
+    from whetstone.engine.commands.decisions import decision_lines
 
     repo = Path(__file__).resolve().parent.parent
     text = (repo / "docs" / "gate.md").read_text()

@@ -115,7 +115,8 @@ def test_skill_new_rollback_status_commit_export(runner: CliRunner, tmp_path: Pa
     assert as_json(lib_cmd(runner, "commit", "-m", "tip", "--library", lib, "--json"))[
         "version"] == "v3"
     rolled = as_json(lib_cmd(runner, "rollback", "v1", "--library", lib, "--json"))
-    assert rolled == {"version": "v4", "parent": "v3", "rolled_back_to": "v1"}
+    assert (rolled["version"], rolled["parent"], rolled["rolled_back_to"]) == ("v4", "v3", "v1")
+    assert rolled["gated"] is False  # no --gate-tasks: it went live unmeasured
     assert not path.exists()
     lib_cmd(runner, "rollback", "v3", "--library", lib)
     out = as_json(lib_cmd(runner, "export", str(tmp_path / "x.tar.gz"), "--library", lib,

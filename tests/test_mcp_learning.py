@@ -27,13 +27,17 @@ PRICES = {"kettle": 24.5, "toaster": 31.0, "lamp": 12.25}  # the test server's
 ITEMS = list(PRICES)
 
 
-def task(i: int, item: str, prefix: str) -> TaskRecord:
-    return TaskRecord(id=f"{prefix}{i}", question=f"What does the shop charge for a {item}?",
+def task(i: int, item: str, prefix: str, asks: str = "What does the shop charge") -> TaskRecord:
+    return TaskRecord(id=f"{prefix}{i}", question=f"{asks} for a {item}?",
                       expected=str(PRICES[item]), scorer="numeric")
 
 
 TRAIN = TaskSet("prices-train", tuple(task(i, item, "t") for i, item in enumerate(ITEMS)))
-DEV = TaskSet("prices-dev", tuple(task(i, item, "d") for i, item in enumerate(ITEMS)))
+# The server holds three items: the gate asks about them in other words, so it never decides on
+# a question the evolver learned from. Three tasks cannot show a clear gain (McNemar p = 0.25),
+# and the gate is not under test here: the Dynamo evolves below gate by the mean.
+DEV = TaskSet("prices-dev", tuple(task(i, item, "d", "What price does the shop ask")
+                                  for i, item in enumerate(ITEMS)))
 
 
 def shopper(request: Request) -> str:
@@ -92,7 +96,7 @@ def test_dynamo_learns_when_to_call_an_mcp_servers_tool_and_the_next_run_calls_i
 
     with engine_at(tmp_path / "lib", shop) as engine:
         result = engine.evolve("dynamo", maker_share=2.0, tasks=TRAIN, gate_tasks=DEV,
-                               train=3, toolset="shop_lookup",
+                               train=3, toolset="shop_lookup", rule="mean_not_worse",
                                analyst=ScriptedBackend(responder=Analyst()))
         assert result.version is not None, result.note
         assert result.patch.details["mode"] == "given-toolset"
@@ -147,7 +151,7 @@ def test_the_learned_skill_reaches_langgraph_and_mcp_clients(tmp_path: Path,
     lib = tmp_path / "lib"
     with engine_at(lib, shop) as engine:
         assert engine.evolve("dynamo", maker_share=2.0, tasks=TRAIN, gate_tasks=DEV, train=3,
-                             toolset="shop_lookup",
+                             toolset="shop_lookup", rule="mean_not_worse",
                              analyst=ScriptedBackend(responder=Analyst())).version
     question = "What does the shop charge for a toaster?"
     seen = Seen()

@@ -100,9 +100,12 @@ def test_evolve_runs_the_agent_with_the_servers_tools_and_starts_it_once(tmp_pat
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "p0", "question": "Price of a kettle?",
                                  "expected": 24.5, "scorer": "numeric"}) + "\n")
+    held = tmp_path / "held.jsonl"  # the gate decides on another question than it learns
+    held.write_text(json.dumps({"id": "g0", "question": "How much is a kettle?",
+                                "expected": 24.5, "scorer": "numeric"}) + "\n")
     one = ['Action: shop_lookup[{"item": "kettle"}]', "Final Answer: 24.5"]
     (tmp_path / "lib").mkdir()  # an empty folder becomes the library
-    code, _, text = run("evolve", "memory", "--tasks", str(tasks), "--gate-tasks", str(tasks),
+    code, _, text = run("evolve", "memory", "--tasks", str(tasks), "--gate-tasks", str(held),
                         "--model", script(tmp_path, one * 3), "--library",
                         str(tmp_path / "lib"), "--tools", "", "--mcp",
                         sdk_server_command("shop", log), "-j", "1", "--json",

@@ -48,7 +48,7 @@ def test_every_built_in_method_is_a_package_with_a_spec() -> None:
             if target:  # each class sits in the method's own package
                 assert target.startswith(package + "."), target
     roots = default_registry().roots()
-    assert set(roots) == {"policies", "memory"}  # what the built-ins own besides skills/
+    assert set(roots) == {"policies", "memory", "workflows"}  # the built-ins' besides skills/
 
 
 def test_each_method_keeps_its_prompts_in_its_package() -> None:

@@ -330,6 +330,7 @@ def test_feedback_on_a_trace_stuck_in_the_queue_is_a_503(serve: Callable[..., Se
     from whetstone.engine.server import recording
 
     monkeypatch.setattr(recording, "LABEL_WAIT_S", 0.2)
+    monkeypatch.setattr(recording, "SETTLE_WAIT_S", 0.1)  # replies go though the store lags
     s = serve(ScriptedBackend(responder=echo))
     stuck = threading.Event()
     real = s.store.append_records

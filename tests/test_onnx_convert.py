@@ -151,7 +151,7 @@ def test_engine_suffixes_pick_the_engine_and_unknown_ones_are_refused() -> None:
 
 
 def test_models_says_which_engine_each_spec_uses() -> None:
-    from whetstone.engine.api import describe_models
+    from whetstone.engine.backends.catalog import describe_models
 
     rows = {r["spec"]: r for r in describe_models()}
     assert rows["embedded"]["engine"] == "onnx" and not rows["embedded"]["white_box"]

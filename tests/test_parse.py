@@ -129,3 +129,24 @@ def test_a_python_set_literal_in_a_call_is_read_not_a_crash() -> None:
     assert parse_call_arguments("{'a': {1, 2}, 'b': (3, b'x'), 'c': 1j}") == {
         "a": [1, 2], "b": [3, "x"], "c": "1j"}
     assert json_safe({1: {frozenset({2})}}) == {"1": [[2]]}
+
+
+@pytest.mark.parametrize("text", [
+    'Final Answer: price_of(name="Amber Kettle")',
+    "I will call price_of('Amber Kettle') to find it.",
+    'price_of(name="Amber Kettle")',
+])
+def test_a_python_call_of_an_offered_tool_in_plain_text_is_a_call(text: str) -> None:
+    # The 0.5B wrote its workflow's call as text in its final answer, which was taken as the
+    # run's answer (issue 46).
+    parsed = parse_reply(Completion(text=text), ReplyRules(tool_names=["price_of", "python"]))
+    assert parsed.kind == "action", parsed
+    assert parsed.calls[0].name == "price_of"
+    args = parsed.calls[0].arguments
+    assert args == "Amber Kettle" or json.loads(args) == {"name": "Amber Kettle"}
+
+
+def test_a_python_call_of_a_tool_not_offered_stays_text() -> None:
+    parsed = parse_reply(Completion(text='Final Answer: price_of(name="Amber Kettle")'),
+                         ReplyRules(tool_names=["python"]))
+    assert parsed.kind == "answer"

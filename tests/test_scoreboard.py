@@ -263,8 +263,9 @@ def test_a_row_with_mcp_servers_runs_with_their_tools_and_counts_the_calls(tmp_p
     servers = tmp_path / "servers.json"
     servers.write_text(json.dumps({"mcpServers": {"shop": {
         "command": sys.executable, "args": [str(TEST_SERVER), "stdio", "--log", str(log)]}}}))
-    tasks = [TaskRecord(id=f"p{i}", question=f"What does a {item} cost?", expected=str(price),
-                        scorer="numeric")
+    # Each question once (order i): the gate never decides on a question a row learned from.
+    tasks = [TaskRecord(id=f"p{i}", question=f"Order {i}: what does a {item} cost?",
+                        expected=str(price), scorer="numeric")
              for i, (item, price) in enumerate([("kettle", 24.5), ("lamp", 12.25)] * 3)]
     path = str(write_jsonl(tasks, tmp_path / "prices.jsonl"))
 

@@ -103,7 +103,8 @@ def test_the_evolve_gate_runs_the_solver_it_is_given(tmp_path: Path) -> None:
                     checkpointing=False)
     tasks = [TaskRecord(id="a", question="What is 2 + 2?", expected="4", scorer="numeric")]
     traces = [engine.solver(kind="direct")(tasks[0], 0).with_(score=1.0, label="4")]
-    result = engine.evolve("trace2skill", traces=traces, gate_tasks=tasks, solver="direct",
+    held = [TaskRecord(id="b", question="What is 1 + 3?", expected="4", scorer="numeric")]
+    result = engine.evolve("trace2skill", traces=traces, gate_tasks=held, solver="direct",
                            analyst=ScriptedBackend(responder=analyst), skill="adding",
                            create=True, description="Add two numbers in a question.")
     assert result.decision is not None

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from whetstone.cli import cli
+from whetstone.engine.evaluation.tasks import split_of
 from whetstone.library_store.store import Library
 from whetstone.library_store.trace_import import import_traces
 from whetstone.library_store.traces import TraceQuery
@@ -41,19 +42,32 @@ def imported(lib: Path) -> list[Any]:
     return Library.open(lib).traces.query(TraceQuery(source="import"))
 
 
-def evolve_memory(tmp_path: Path, lib: Path, answers: list[str]) -> dict[str, Any]:
-    """``evolve memory`` over the imported traces, the gate on their own tasks; the scripted
-    model answers the gate's runs (current, then candidate) in task order."""
+def evolve_memory(tmp_path: Path, lib: Path, answers: list[str],
+                  held: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """``evolve memory`` over the imported traces; the scripted model answers the gate's runs
+    (current, then candidate) in task order. The gate decides on ``held`` (question,
+    expected) tasks when given, else on the traces' own dev-split tasks, held out."""
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps({"replies": [f"Final Answer: {a}" for a in answers * 2]}))
+    gate: list[str] = []
+    if held is not None:
+        (tmp_path / "held.jsonl").write_text("".join(
+            json.dumps({"id": f"h{i}", "question": q, "expected": e}) + "\n"
+            for i, (q, e) in enumerate(held, 1)))
+        gate = ["--gate-tasks", str(tmp_path / "held.jsonl")]
     code, out, text = run("evolve", "memory", "--library", str(lib), "--model",
                           f"scripted:{replies}", "--traces", "source=import", "--tools", "",
-                          "-j", "1", "--json",
+                          "-j", "1", "--json", *gate,
                           # what memory keeps is under test, not the gate's rule: a dev tie
                           # that adds tokens is rejected by the default (cost-aware) rule
                           "--gate-rule", "mean_not_worse")
     assert code == 0, text
     return dict(json.loads(out))
+
+
+# Held-out tasks for the gate of an evolve over a few imported traces (none of them in the
+# dev split, where the default gate would look).
+HELD = [("What is 5 * 8?", "40"), ("How many legs has a spider?", "8")]
 
 
 # --- OTLP JSON ---------------------------------------------------------------------------------
@@ -103,9 +117,9 @@ def test_otlp_round_trip_evolve_memory_learns_and_the_gate_runs(tmp_path: Path) 
     lib = new_library(tmp_path)
     assert run("traces", "import", str(FIXTURES / "otlp_traces.json"), "--library",
                str(lib))[0] == 11
-    result = evolve_memory(tmp_path, lib, ["42", "12"])
+    result = evolve_memory(tmp_path, lib, ["40", "8"], HELD)
     assert result["traces"] == 2 and result["decision"]["n_tasks"] == 2  # the gate ran
-    assert result["decision"]["task_set"] == "traces"  # on the imported traces' own tasks
+    assert result["decision"]["tasks"] == ["h1", "h2"]  # on the held-out tasks named
     memory = Library.open(lib).snapshot().read_text("memory/demonstrations.md")
     assert "20251201-120000-aaaa0001" in memory and "What is 6 * 7?" in memory
 
@@ -202,12 +216,22 @@ def test_openai_log_of_200_records_imports_and_evolve_memory_gates_on_it(tmp_pat
     assert code == 11 and "imported 0 trace(s)" in out and "200 already there" in out
     assert "skipped: " in text and ":202: messages[0] has role 'bot'" in text
     assert len(imported(lib)) == 200
-    result = evolve_memory(tmp_path, lib, answers)
-    assert result["traces"] == 200 and result["decision"]["n_tasks"] == 200
+    # No --gate-tasks: the gate holds out the log's dev-split questions (split_of of each
+    # question: these records carry no task id) and decides on those only; the evolver learns
+    # from the train split's and never sees a held-out one.
+    split = {i: split_of(f"What is {i} + {2 * i + 1}?") for i in range(200)}
+    dev = [i for i in range(200) if split[i] == "dev"]
+    train = [i for i in range(200) if split[i] == "train"]
+    result = evolve_memory(tmp_path, lib, [answers[i] for i in dev])
+    assert result["traces"] == len(train) and result["decision"]["n_tasks"] == len(dev) > 30
+    assert result["split"]["withheld"] == {"dev": len(dev), "test": 200 - len(dev) - len(train)}
     assert result["decision"]["current_score"] == 1.0  # the labels became the gate's answers
     memory = Library.open(lib).snapshot().read_text("memory/demonstrations.md")
-    assert memory.count("## Example ") == 150  # the verified runs, one per task
+    # the verified runs, one per train task
+    assert memory.count("## Example ") == sum(1 for i in train if i % 4)
     assert "What is 1 + 3?" in memory and "What is 0 + 1?" not in memory  # labelled incorrect
+    assert not [i for i in range(200) if split[i] != "train"
+                and f"What is {i} + {2 * i + 1}?" in memory]
 
 
 def test_openai_request_response_shape_and_feedback_mapping(tmp_path: Path) -> None:
@@ -264,7 +288,7 @@ def test_langsmith_export_imports_and_evolve_memory_gates_on_it(tmp_path: Path) 
     assert pct.total_tokens == 112 and pct.model == "gpt-4o-mini"
     rome = by_task["Capital of Italy?"]
     assert rome.answer == "Rome" and rome.label == "Rome" and rome.score == 1.0
-    result = evolve_memory(tmp_path, lib, ["12", "Rome"])
+    result = evolve_memory(tmp_path, lib, ["40", "8"], HELD)
     assert result["traces"] == 2 and result["decision"]["n_tasks"] == 2
     memory = Library.open(lib).snapshot().read_text("memory/demonstrations.md")
     assert "What is 15% of 80?" in memory and "Capital of Italy?" in memory
@@ -464,10 +488,8 @@ def run_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phoenix_url: s
     blocks = doc_blocks()
     assert {lang for lang, _, _ in blocks} == {"jsonl", "json", "bash"}
     replies = tmp_path / "replies.json"
-    # the gate's tasks in start order: the logged response's time, then the two the import
-    # timed (lines without a time start when they are imported)
-    replies.write_text(json.dumps({"replies": ["Final Answer: 81", "Final Answer: 391",
-                                               "Final Answer: 42"] * 2}))
+    # the gate's runs: the two held-out tasks the page names, current then candidate
+    replies.write_text(json.dumps({"replies": ["Final Answer: 42"] * 4}))
     ran: list[str] = []
     for lang, text, name in blocks:
         if name is not None:
@@ -505,7 +527,7 @@ def run_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phoenix_url: s
 def test_round_trip_traces_exported_from_a_run_import_back_and_evolve(tmp_path: Path) -> None:
     """An eval's traces written as OTLP JSON by the exporter (``--otel-file``'s sink, with
     content), imported into another library, learned from by ``evolve memory`` with the gate
-    on their tasks. Skipped until the exporter (issue 39, item 1) is in the tree."""
+    on their held-out tasks. Skipped until the exporter (issue 39, item 1) is in the tree."""
     otel = pytest.importorskip("whetstone.library_store.otel_export")
     pytest.importorskip("opentelemetry.sdk.trace")
     tasks = tmp_path / "tasks.jsonl"
@@ -536,7 +558,11 @@ def test_round_trip_traces_exported_from_a_run_import_back_and_evolve(tmp_path: 
         assert (t.task, t.answer, t.label, t.score) == (was.task, was.answer, was.label,
                                                         was.score)
         assert t.meta["origin"]["format"] == "otlp-json"
-    result = evolve_memory(tmp_path, target, ["3", "6", "9", "12"])
-    assert result["traces"] == 4 and result["decision"]["n_tasks"] == 4
+    # Split by question (the spans carry no task id): 3 * 3 falls in the dev split, held out
+    # for the gate; 1 * 3 in the test split, left for a test report; 2 * 3 and 4 * 3 learn.
+    result = evolve_memory(tmp_path, target, ["9"])
+    assert result["traces"] == 2 and result["decision"]["n_tasks"] == 1, result["split"]
+    assert result["split"]["withheld"] == {"dev": 1, "test": 1}
     memory = Library.open(target).snapshot().read_text("memory/demonstrations.md")
-    assert "What is 1 * 3?" in memory and "What is 4 * 3?" not in memory  # 13 was wrong
+    assert "What is 2 * 3?" in memory and "What is 4 * 3?" not in memory  # 13 was wrong
+    assert "What is 3 * 3?" not in memory and "What is 1 * 3?" not in memory  # held out

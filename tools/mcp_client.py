@@ -5,11 +5,17 @@ event loop of its own, on a background thread: the SDK is async, the agent's too
 from worker threads, so each call is handed to that loop and waited for with the server's
 time-out. Servers are started once (``start``) and stopped once (``close``) per run, eval or
 evolve; their stderr goes to a file whose last lines explain a server that failed or died.
+On Linux a stdio server runs under ``mcp_reaper.py``, a child subreaper that kills whatever
+the server started (a plain child, a ``setsid`` daemon) when it ends. Whatever a server's
+errors show passes through ``McpServer.redact`` (its URL's credentials, its ``${VAR}`` values).
 
 Each listed tool (with its schema and annotations) becomes a ``Tool`` named
 ``<server>_<tool>``. A call's result becomes an observation: its text content, else its
 structured content as JSON; images are saved as files and named in the text (and shown to a
-model that reads images, ``ToolResult.metadata["image_inputs"]``); ``isError`` results,
+model that reads images, ``ToolResult.metadata["image_inputs"]``), at most
+``MAX_IMAGES_PER_CALL`` of them, each within a tool image's bytes and pixels (one left out is
+named in the text with why); a line on a server's stdout that is not an MCP message fails the
+calls in flight at once (its reply cannot be read); ``isError`` results,
 protocol errors, time-outs and a server that died are errors the model reads, never an
 exception and never a hang: after a server dies, its tools answer at once that it is gone.
 """
@@ -22,11 +28,15 @@ import builtins
 import concurrent.futures
 import contextlib
 import hashlib
+import io
 import json
 import logging
+import os
+import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +45,7 @@ from typing import Any, Self
 from whetstone.engine.errors import ConfigError, ToolError
 from whetstone.engine.types import ToolSpec
 from whetstone.tools.base import Tool, ToolResult
+from whetstone.tools.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from whetstone.tools.mcp_config import (
     McpServer,
     allowed,
@@ -50,6 +61,11 @@ _IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
                 "image/webp": ".webp"}
 _CONNECTION_CLOSED, _REQUEST_TIMEOUT = -32000, -32001  # mcp_types.jsonrpc's codes
 _MAX_PAGES = 50
+REAPER = Path(__file__).with_name("mcp_reaper.py")  # the process a stdio server runs under
+# What one call may bring back as images (more is left out, and the observation says so):
+# each at most the bytes and pixels a tool's image input may have (tools/images.py).
+MAX_IMAGES_PER_CALL = 8
+MAX_IMAGE_BYTES_PER_CALL = 32 * 1024 * 1024
 _GROUP: Any = getattr(builtins, "BaseExceptionGroup", None)  # Python 3.11+
 
 
@@ -64,6 +80,8 @@ class _Live:
     stop: asyncio.Event | None = None
     task: asyncio.Task[None] | None = None
     errlog: Any = None  # the file its stderr goes to (stdio)
+    calls: set[asyncio.Task[Any]] = field(default_factory=set)  # calls waiting for replies
+    garbled: str | None = None  # why the calls in flight were failed (bad stdout)
 
     def stderr_tail(self) -> str:
         if self.errlog is None:
@@ -77,8 +95,10 @@ class _Live:
         return text[-STDERR_TAIL:] if text else ""
 
     def failure(self, what: str) -> str:
+        """Why the server failed, with its stderr's last lines, as it may be shown."""
         tail = self.stderr_tail()
-        return what + (f"; its last output on stderr:\n{tail}" if tail else "")
+        return self.server.redact(what + (f"; its last output on stderr:\n{tail}" if tail
+                                          else ""))
 
 
 def _transport(live: _Live) -> Any:
@@ -90,8 +110,15 @@ def _transport(live: _Live) -> Any:
 
         live.errlog = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by McpSessions.close
             "w+", prefix=f"whetstone-mcp-{server.name}-", suffix=".log", encoding="utf-8")
-        params = StdioServerParameters(command=server.command, args=list(server.args),
-                                       env=dict(server.env) or None, cwd=server.cwd)
+        command, args = server.command, list(server.args)
+        if sys.platform == "linux":  # under the reaper: nothing it starts outlives it
+            command, args = sys.executable, ["-I", "-S", str(REAPER), str(os.getpid()),
+                                             command, *args]
+        # "replace": a byte that is not UTF-8 makes its line unreadable (a fault the session
+        # hears of, _stdout_fault), instead of stopping the reader with the call waiting.
+        params = StdioServerParameters(command=command, args=args,
+                                       env=dict(server.env) or None, cwd=server.cwd,
+                                       encoding_error_handler="replace")
         return stdio_client(params, errlog=live.errlog)
     return _http_transport(server)
 
@@ -104,6 +131,37 @@ async def _http_transport(server: McpServer) -> AsyncIterator[Any]:
     async with create_mcp_http_client(headers=dict(server.headers)) as http, \
             streamable_http_client(str(server.url), http_client=http) as streams:
         yield streams
+
+
+async def _tracked(live: _Live, call: Any) -> Any:
+    """``call`` as one of the server's calls in flight (``_stdout_fault`` may fail it)."""
+    task = asyncio.current_task()
+    assert task is not None
+    live.calls.add(task)
+    try:
+        return await call
+    finally:
+        live.calls.discard(task)
+
+
+def _stdout_fault(live: _Live) -> Any:
+    """The session's message handler: a line on the server's stdout that is not a JSON-RPC
+    message (bytes that are not UTF-8, stray output) fails the calls in flight at once; it
+    may have been their reply, which then never comes, and the call would wait out its
+    time-out. Stdio servers must write only MCP messages there."""
+
+    async def handler(message: Any) -> None:
+        if not isinstance(message, Exception):
+            return
+        live.garbled = ("wrote a line on its stdout that is not an MCP message (bytes that "
+                        "are not UTF-8 JSON, or stray output), so its reply cannot be read")
+        if live.calls:
+            log.warning("MCP server %s %s; the call(s) in flight fail: %s", live.server.name,
+                        live.garbled, live.server.redact(_describe(message)[:300]))
+        for task in list(live.calls):
+            task.cancel()
+
+    return handler
 
 
 def _describe(exc: BaseException) -> str:
@@ -185,8 +243,8 @@ class McpSessions:
         assert live.stop is not None
         try:
             async with Client(_transport(live), read_timeout_seconds=live.server.timeout_s,
-                              client_info=Implementation(name="whetstone", version="0.1")
-                              ) as client:
+                              client_info=Implementation(name="whetstone", version="0.1"),
+                              message_handler=_stdout_fault(live)) as client:
                 live.tools = await self._list(client)
                 live.client = client
                 ready.set_result(None)
@@ -196,7 +254,7 @@ class McpSessions:
             if not ready.done():
                 ready.set_exception(ToolError(why))
             elif live.dead is None and not live.stop.is_set():
-                live.dead = f"its session ended ({why})"
+                live.dead = live.server.redact(f"its session ended ({why})")
         finally:
             live.client = None
 
@@ -230,7 +288,10 @@ class McpSessions:
         try:
             asyncio.run_coroutine_threadsafe(stop_all(), loop).result(timeout=20)
         except (concurrent.futures.TimeoutError, RuntimeError) as exc:
-            log.warning("MCP servers did not stop cleanly: %s", _describe(exc))
+            why = _describe(exc)
+            for live in self._lives:
+                why = live.server.redact(why)
+            log.warning("MCP servers did not stop cleanly: %s", why)
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -314,13 +375,17 @@ class McpSessions:
             why = live.dead or "the MCP sessions are closed"
             return ToolResult(error=f"MCP server {live.server.name} is not running: {why}",
                               metadata=meta)
-        fut = asyncio.run_coroutine_threadsafe(
-            live.client.call_tool(tool, dict(args), read_timeout_seconds=timeout), loop)
+        fut = asyncio.run_coroutine_threadsafe(_tracked(live, live.client.call_tool(
+            tool, dict(args), read_timeout_seconds=timeout)), loop)
         try:
             result = fut.result(timeout=timeout + 5)
         except (TimeoutError, concurrent.futures.TimeoutError):
             fut.cancel()
             return self._timed_out(live, timeout, start, meta)
+        except concurrent.futures.CancelledError:  # _stdout_fault failed it at once
+            return ToolResult(error=f"MCP server {live.server.name} "
+                              f"{live.garbled or 'dropped the call'}",
+                              duration_s=time.perf_counter() - start, metadata=meta)
         except Exception as exc:  # noqa: BLE001 - every failure is the model's observation
             return self._failed(live, exc, timeout, start, meta)
         return self.observation(result, time.perf_counter() - start, meta)
@@ -337,26 +402,32 @@ class McpSessions:
         code = getattr(exc, "code", None)
         if code == _REQUEST_TIMEOUT:
             return self._timed_out(live, timeout, start, meta)
-        text = _describe(exc)
+        text = live.server.redact(_describe(exc))
         if code == _CONNECTION_CLOSED:
             live.dead = "it closed the connection (the process exited or the server hung up)"
             text = f"MCP server {live.server.name} stopped during the call: {live.dead}"
             time.sleep(0.2)  # let the dying process's last words reach its log
             tail = live.stderr_tail()
             if tail:  # for the trace and the person reading it, not for the model
-                meta["mcp"]["stderr"] = tail
+                meta["mcp"]["stderr"] = live.server.redact(tail)
         return ToolResult(error=text, duration_s=time.perf_counter() - start, metadata=meta)
 
     def observation(self, result: Any, seconds: float, meta: dict[str, Any]) -> ToolResult:
         """A ``CallToolResult`` as the model reads it (see the module docstring)."""
         texts: list[str] = []
         images: list[str] = []
+        budget = MAX_IMAGE_BYTES_PER_CALL
         for block in result.content or []:
             kind = getattr(block, "type", "")
             if kind == "text":
                 texts.append(block.text)
             elif kind == "image":
-                path = self._save_image(block.data, block.mime_type)
+                raw, why = _image_bytes(block.data, budget, len(images))
+                if raw is None:
+                    texts.append(f"[image left out: {why}]")
+                    continue
+                budget -= len(raw)
+                path = self._save_image(raw, block.mime_type)
                 images.append(path)
                 texts.append(f"[image: {path}]")
             elif kind == "resource":
@@ -378,9 +449,8 @@ class McpSessions:
                               metadata=meta)
         return ToolResult(text, duration_s=seconds, metadata=meta)
 
-    def _save_image(self, data: str, mime: str) -> str:
+    def _save_image(self, raw: bytes, mime: str) -> str:
         """Keep an image a tool returned (named by its content hash); its path."""
-        raw = base64.b64decode(data, validate=False)
         if self._images_dir is None:
             self._images_dir = Path(tempfile.mkdtemp(prefix="whetstone-mcp-images-"))
         self._images_dir.mkdir(parents=True, exist_ok=True)
@@ -389,6 +459,43 @@ class McpSessions:
         if not path.exists():
             path.write_bytes(raw)
         return str(path)
+
+
+def _image_bytes(data: str, budget: int, kept: int) -> tuple[bytes | None, str]:
+    """An image block's bytes, or None and why it is left out: past the call's count or
+    bytes, larger than a tool's image input may be, or more pixels than that (read from its
+    header, never decoded: a 30000x30000 PNG is a few hundred bytes)."""
+    if kept >= MAX_IMAGES_PER_CALL:
+        return None, f"a call keeps at most {MAX_IMAGES_PER_CALL} images"
+    if len(data) * 3 // 4 > min(budget, MAX_IMAGE_BYTES):
+        return None, (f"more than {min(budget, MAX_IMAGE_BYTES) // 2**20} MB"
+                      + (" left of the call's images" if budget < MAX_IMAGE_BYTES else ""))
+    try:
+        raw = base64.b64decode(data, validate=False)
+    except (ValueError, TypeError):
+        return None, "not base64 data"
+    if len(raw) > min(budget, MAX_IMAGE_BYTES):
+        return None, f"more than {min(budget, MAX_IMAGE_BYTES) // 2**20} MB"
+    why = _pixels_problem(raw)
+    return (None, why) if why else (raw, "")
+
+
+def _pixels_problem(raw: bytes) -> str | None:
+    """Why an image's size (read from its header, never decoded) is refused, or None."""
+    from PIL import Image  # heavy: Pillow, only when a tool returns an image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as img:
+                width, height = img.size
+    except Image.DecompressionBombError:  # past twice PIL's own bound, larger than ours
+        return f"more than {MAX_IMAGE_PIXELS:,} pixels"
+    except Exception:  # noqa: BLE001 - any unreadable header is the same answer
+        return "not an image that can be read"
+    if width * height > MAX_IMAGE_PIXELS:
+        return f"{width}x{height} is more than {MAX_IMAGE_PIXELS:,} pixels"
+    return None
 
 
 __all__ = ["McpSessions"]

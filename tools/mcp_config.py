@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from whetstone.engine.backends.redact import redact_text, url_secrets
 from whetstone.engine.errors import ConfigError
 
 SERVER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
@@ -59,6 +60,8 @@ class McpServer:
     allow: tuple[str, ...] = ()
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    # Values that came from ${VAR} (``expanded_values``): secrets wherever they appear.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not SERVER_NAME.match(self.name):
@@ -74,10 +77,20 @@ class McpServer:
         return "stdio" if self.command is not None else "http"
 
     def describe(self) -> str:
-        """The server as a person would recognise it (no headers: they may hold secrets)."""
+        """The server as a person would recognise it, as it may be shown (``redact``; no
+        headers)."""
         if self.command is not None:
-            return shlex.join([self.command, *self.args])
-        return str(self.url)
+            return self.redact(shlex.join([self.command, *self.args]))
+        return self.redact(str(self.url))
+
+    def redact(self, text: str) -> str:
+        """``text`` as an error or a log may show it: every URL's userinfo and query values
+        masked, and every secret of this server (``${VAR}`` values, header values, the URL's
+        password and query values) masked wherever it appears (a path, an echoed error)."""
+        found = [*self.secrets, *url_secrets(self.url or "")]
+        for value in self.headers.values():  # "Bearer TOKEN": the token, and the whole value
+            found += [value, value.split()[-1] if value.split() else value]
+        return redact_text(text, found)
 
     @classmethod
     def stdio(cls, command: str, *, name: str | None = None, **options: Any) -> McpServer:
@@ -102,7 +115,8 @@ class McpServer:
         given, text = _split_name(url)
         parsed = urlparse(text)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"{text!r} is not an http(s) URL",
+            raise ConfigError(f"{redact_text(text, options.get('secrets', ()))!r} is not an "
+                              "http(s) URL",
                               hint="--mcp-url https://host/mcp (the server's streamable HTTP "
                                    "endpoint)")
         return cls(name=name or given or _host_name(parsed.hostname or ""), url=text,
@@ -148,6 +162,16 @@ def command_name(words: Sequence[str]) -> str:
     return _clean(head or "mcp")
 
 
+def expanded_values(value: Any) -> tuple[str, ...]:
+    """The environment's values of every ``${VAR}`` in the strings of ``value`` (a string,
+    or a config entry's lists and objects): what ``expand_vars`` puts in, secrets to mask."""
+    if isinstance(value, str):
+        return tuple(os.environ[v] for v in _VAR.findall(value) if os.environ.get(v))
+    items = value.values() if isinstance(value, Mapping) else value \
+        if isinstance(value, (list, tuple)) else ()
+    return tuple(s for item in items for s in expanded_values(item))
+
+
 def expand_vars(value: str, where: str) -> str:
     """``${VAR}`` from the environment (secrets stay out of files and the process list)."""
     def sub(m: re.Match[str]) -> str:
@@ -186,6 +210,7 @@ def server_from_entry(name: str, entry: Mapping[str, Any], *, base: Path) -> Mcp
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}",
                           hint="keys: " + ", ".join(sorted(_KEYS)))
+    secrets = expanded_values(dict(entry))
     kind = entry.get("type") or entry.get("transport")
     if kind in ("sse",):
         raise ConfigError(f"{where}: the SSE transport is not supported",
@@ -195,7 +220,8 @@ def server_from_entry(name: str, entry: Mapping[str, Any], *, base: Path) -> Mcp
         "timeout_s": _seconds(entry.get("timeout"), f"{where}.timeout",
                               DEFAULT_CALL_TIMEOUT_S),
         "start_timeout_s": _seconds(entry.get("startupTimeout"), f"{where}.startupTimeout",
-                                    DEFAULT_START_TIMEOUT_S)}
+                                    DEFAULT_START_TIMEOUT_S),
+        "secrets": secrets}
     if entry.get("url") is not None:
         if not isinstance(entry["url"], str):
             raise ConfigError(f"{where}.url must be a string")
@@ -244,11 +270,15 @@ def tool_name(server: str, tool: str) -> str:
 
 
 def is_destructive(annotations: Any) -> bool:
-    """Whether a tool's MCP annotations say it may destroy: annotated, not read-only, and
-    not marked non-destructive (the spec's default for such a tool is destructive). A tool
-    with no annotations says nothing; an allow-list is how to keep it out."""
+    """Whether a tool's MCP annotations say it may destroy: marked destructive (even when it
+    also claims to be read-only: hints that contradict each other are read the careful
+    way), or not read-only and not marked non-destructive (the spec's default for such a
+    tool is destructive). A tool with no annotations says nothing; an allow-list is how to
+    keep it out."""
     if annotations is None:
         return False
+    if getattr(annotations, "destructive_hint", None) is True:
+        return True
     return not getattr(annotations, "read_only_hint", None) and \
         getattr(annotations, "destructive_hint", None) is not False
 
@@ -305,6 +335,5 @@ def with_allowed(servers: Sequence[McpServer], names: Sequence[str]) -> list[Mcp
 
 
 __all__ = ["DEFAULT_CALL_TIMEOUT_S", "McpServer", "allowed", "check_allow_list", "command_name",
-           "expand_vars",
-           "is_destructive", "load_mcp_config", "server_from_entry", "tool_name",
-           "with_allowed"]
+           "expand_vars", "expanded_values", "is_destructive", "load_mcp_config",
+           "server_from_entry", "tool_name", "with_allowed"]

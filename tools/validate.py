@@ -25,6 +25,10 @@ The rules (documented in docs/sandbox.md):
   ``DENIED_ATTRIBUTES``, kept complete for the installed numpy and PIL by a test), nor the
   helpers that read attributes by string or evaluate strings (``operator.attrgetter``,
   ``typing.get_type_hints``);
+- the same attribute rules for a match pattern's keywords (``case object(gi_frame=f)``);
+- no string written as a type (``x: "..."``, ``-> "T"``): ``get_type_hints`` evaluates it,
+  and ``functools.singledispatch``'s ``register`` calls that (both are refused by name too);
+  ``Annotated``'s marks and ``Literal``'s values are not types and stay allowed;
 - no ``.format()`` / ``.format_map()`` calls (a format string can read attributes, dunders
   included; f-strings are checked like code and allowed);
 - no file I/O through the allowed libraries (``Image.open``, ``img.save``, ``np.save``,
@@ -79,6 +83,9 @@ DENIED_ATTRIBUTES: dict[str, str] = {
         "threading", "types", "warnings", "gzip", "zlib")},
     "attrgetter": "reads attributes by name", "methodcaller": "calls methods by name",
     "get_type_hints": "evaluates annotation strings as code",
+    # `@f.register` reads the function's annotations through get_type_hints.
+    **{name: "evaluates annotation strings as code (through get_type_hints)"
+       for name in ("singledispatch", "singledispatchmethod")},
     "unsafe_eval": "evaluates a string as code (PIL.ImageMath)",
     # A generator's, coroutine's or traceback's frame holds the interpreter's builtins and
     # globals: `(i for i in [1]).gi_frame.f_builtins["__import__"]("os")`.
@@ -188,12 +195,45 @@ def _node_problems(node: ast.AST) -> Iterator[tuple[str, str, str]]:
             # ``.format`` stays allowed: images have one (``image.format == "PNG"``).
             yield "format", f".{node.attr}() can read attributes through its format string", \
                 "use an f-string"
+    elif isinstance(node, ast.MatchClass):
+        # `case object(gi_frame=fr)` reads the attribute as much as `obj.gi_frame` does.
+        for name in node.kwd_attrs:
+            found = _attribute_problem(name)
+            if found:
+                yield found[0], f"matches on {found[1].removeprefix('reads ')}", found[2]
     elif isinstance(node, ast.Call):
         yield from _call_problems(node)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.AnnAssign, ast.arg)):
+        yield from _annotation_problems(node)
     elif isinstance(node, (ast.Global, ast.Nonlocal)):
         pass  # harmless inside one module
     elif isinstance(node, ast.alias) and _is_dunder(node.asname or ""):
         yield "dunder", f"imports as {node.asname}", "pick a plain name"
+
+
+def _annotation_problems(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.AnnAssign
+                         | ast.arg) -> Iterator[tuple[str, str, str]]:
+    """A string written as a type (``x: "..."``): code the check cannot read, which
+    ``get_type_hints`` (and so ``singledispatch``) would evaluate. ``Annotated``'s marks
+    (``Annotated[str, "task"]``) and ``Literal``'s values are data, never evaluated, and
+    stay allowed."""
+    annotation = node.returns if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+        else node.annotation
+    if annotation is not None and _has_string_type(annotation):
+        yield ("annotation", "writes a type as a string, which is evaluated as code",
+               "write the type itself (str, list[int]), not a string")
+
+
+def _has_string_type(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.Subscript) and _named(node.value, "Literal"):
+        return False  # Literal["x", "y"]: values, never evaluated
+    if isinstance(node, ast.Subscript) and _named(node.value, "Annotated"):
+        inner = node.slice.elts[0] if isinstance(node.slice, ast.Tuple) and node.slice.elts \
+            else node.slice
+        return _has_string_type(inner)
+    return any(_has_string_type(child) for child in ast.iter_child_nodes(node))
 
 
 def _call_problems(node: ast.Call) -> Iterator[tuple[str, str, str]]:

@@ -38,7 +38,13 @@ from whetstone.engine.backends.openai_wire import (
     completion_from_openai,
     request_to_openai,
 )
-from whetstone.engine.backends.redact import redact_text, redact_url, split_address, url_secrets
+from whetstone.engine.backends.redact import (
+    redact_text,
+    redact_url,
+    split_address,
+    url_secrets,
+    without_address,
+)
 from whetstone.engine.backends.registry import BackendOptions
 from whetstone.engine.errors import (
     BackendError,
@@ -247,8 +253,14 @@ class OpenAICompatBackend(Backend):
             text, hint = (f"{url} rejected the request ({status}): {msg}",
                           "the server's message says what it expected")
         error = f.error or {}
-        return BackendRejected(text, hint, status=status, upstream_message=msg,
-                               error_type=error.get("type"), param=error.get("param"),
+        param = error.get("param")
+        # What a proxy relays to its client: the upstream's words, never where it runs
+        # (the operator's text above keeps the address, for the server log).
+        return BackendRejected(text, hint, status=status,
+                               upstream_message=without_address(msg, self.base_url),
+                               error_type=error.get("type"),
+                               param=without_address(param, self.base_url)
+                               if isinstance(param, str) else param,
                                code=error.get("code"), retry_after=f.retry_after)
 
     def _timeout(self, request: Request) -> float:

@@ -72,6 +72,36 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     return _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
 
 
+UPSTREAM = "<upstream>"
+# An address with a port that names a machine (an IP, [IPv6], localhost, or any host after a
+# scheme), with the path after it: internal addresses an upstream's message may quote.
+_ADDRESS = re.compile(r"""(?:[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>()/@]*@?[^\s'"<>()/:]+:\d{1,5}"""
+                      r"""|(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:.]+\]|localhost)"""
+                      r""":\d{1,5})(?:/[^\s'"<>()\[\]{},;]*)?""")
+
+
+def without_address(text: str, base_url: str) -> str:
+    """``text`` (an upstream's own message, relayed to a client) with the upstream's address
+    replaced by ``<upstream>``: its base URL (and any path after it), its host with and
+    without the port, and any other address with a port (an IP, localhost, a URL), so a
+    client learns the message, never where the upstream runs."""
+    try:
+        parts = urlsplit(base_url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        host, port = "", None
+    netloc = parts.netloc.rpartition("@")[2] if host else ""
+    forms = [base_url, redact_url(base_url), f"{parts.scheme}://{netloc}" if netloc else "",
+             netloc, f"{host}:{port}" if port else ""]
+    if host and host not in ("localhost",) and "." in host:
+        forms.append(host)  # a name or an IP alone ("connect to 10.0.0.5 failed")
+    for form in sorted({f for f in forms if f}, key=len, reverse=True):
+        # with any scheme and userinfo before it, any port and path after it
+        text = re.sub(r"(?:[A-Za-z][A-Za-z0-9+.-]*://(?:[^\s/@]*@)?)?" + re.escape(form)
+                      + r"""(?::\d{1,5})?(?:/[^\s'"<>()\[\]{},;]*)?""", UPSTREAM, text)
+    return _ADDRESS.sub(UPSTREAM, text)
+
+
 def redact_spec(spec: str) -> str:
     """A model spec as it may be shown: its URL's credentials masked, nothing else changed
     (``openai:m@http://u:p@h/v1`` -> ``openai:m@http://***@h/v1``)."""
@@ -81,4 +111,5 @@ def redact_spec(spec: str) -> str:
     return f"{head}@{redact_text(url, url_secrets(url))}"
 
 
-__all__ = ["MASK", "redact_spec", "redact_text", "redact_url", "split_address", "url_secrets"]
+__all__ = ["MASK", "UPSTREAM", "redact_spec", "redact_text", "redact_url", "split_address",
+           "url_secrets", "without_address"]

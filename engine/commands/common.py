@@ -5,12 +5,13 @@ Progress bars, colours and exit codes live here and in the commands, never in th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -18,6 +19,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import ProgressColumn, Task
+from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.text import Text
 
@@ -31,6 +33,7 @@ from whetstone.engine.errors import (  # noqa: F401 - EXIT_* re-exported for the
 from whetstone.engine.methods.base import options_from_text
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.paths import whetstone_home
+from whetstone.engine.printing import printable
 from whetstone.library_store.pg_connect import STORE_ENV, store_spec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,8 +71,9 @@ PIPED_WIDTH = 10_000
 
 
 class _CliConsole(Console):
-    """A console whose spinners are off under ``whetstone -q``, and which draws no wider
-    than its text when its output is piped (``PIPED_WIDTH``)."""
+    """A console whose spinners are off under ``whetstone -q``, which draws no wider than its
+    text when its output is piped (``PIPED_WIDTH``), and which shows the terminal control
+    characters of what it prints written out (``printable``)."""
 
     def status(self, *args: Any, **kwargs: Any) -> Any:
         return _NoStatus() if _quiet() else super().status(*args, **kwargs)
@@ -82,6 +86,15 @@ class _CliConsole(Console):
                     obj.code_width = max((len(line) for line in obj.code.splitlines()),
                                          default=0) + 1
         super().print(*objects, **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        # The one place every line a command prints through rich passes (tables, notes,
+        # warnings, errors): a skill's description, a trace's task or a model's reply cannot
+        # retitle, clear or reorder the terminal. Rich's own control segments (a progress
+        # bar's cursor moves) and styles are added after, untouched. (rich is pinned; its
+        # tests/test_attack_cli_iv.py test fails if this hook stops being called.)
+        return super()._render_buffer(
+            s if s.control else Segment(printable(s.text), s.style, s.control) for s in buffer)
 
 
 def console(stderr: bool = False) -> Console:
@@ -96,7 +109,7 @@ def console(stderr: bool = False) -> Console:
 
 
 def _error_console() -> Console:
-    return Console(stderr=True, highlight=False, emoji=False)
+    return _CliConsole(stderr=True, highlight=False, emoji=False)
 
 
 class _LogHandler(logging.Handler):
@@ -106,9 +119,15 @@ class _LogHandler(logging.Handler):
     def __init__(self, level: int, named: bool) -> None:
         super().__init__(level)
         self.named = named
+        self.as_json = False  # one JSON event a line (`evolve --json`: log_events_as_json)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if self.as_json:
+                click.echo(json.dumps({"event": "log", "level": record.levelname.lower(),
+                                       "logger": record.name, "text": self.format(record)},
+                                      ensure_ascii=False), err=True)
+                return
             name = f"{record.name}: " if self.named else ""
             text = escape(name + self.format(record))
             style = "red" if record.levelno >= logging.ERROR else \
@@ -120,6 +139,20 @@ class _LogHandler(logging.Handler):
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@contextlib.contextmanager
+def log_events_as_json() -> Iterator[None]:
+    """While inside, the command's log records (warnings) go to stderr as JSON events, one a
+    line (``{"event": "log", "level": ..., "text": ...}``), like its progress."""
+    handlers = [h for h in logging.getLogger("whetstone").handlers if isinstance(h, _LogHandler)]
+    for h in handlers:
+        h.as_json = True
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.as_json = False
 
 
 def configure_logging(verbose: int, quiet: bool, env_level: str | None) -> int:
@@ -157,6 +190,12 @@ def emit_json(obj: Any) -> None:
     except UnicodeEncodeError:  # a lone surrogate (a file name that is not UTF-8): escape it
         text = json.dumps(obj, indent=2, ensure_ascii=True, default=str)
     click.echo(text)
+
+
+def echo_text(text: str, *, nl: bool = True) -> None:
+    """Print a library's or a trace's text as is (a file, a diff) on stdout, its terminal
+    control characters written out like ``console()`` writes them (``printable``)."""
+    click.echo(printable(text), nl=nl)
 
 
 def fail(exc: WhetstoneError) -> None:
@@ -282,6 +321,31 @@ def solver_option(fn: F) -> F:
         show_default=True,
         help="agent: the agent loop; direct: one call with the model's chat template and the "
              "library's guidance (the baseline the agent is read against).")(fn)
+
+
+def _check_scorer(ctx: click.Context, param: click.Parameter, value: str | None
+                  ) -> str | None:
+    """A scorer name that does not resolve fails as the options are read, before a model
+    loads: an unknown built-in, a missing file or function."""
+    if value is not None:
+        # lazy: `whetstone --help` imports every command module; scorers load the evaluation
+        from whetstone.engine.evaluation.scorers import get_scorer
+
+        try:
+            get_scorer(value)
+        except WhetstoneError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})", ctx, param) from None
+    return value
+
+
+def scorer_option(fn: F) -> F:
+    """``--scorer NAME``: score every task with a scorer the person chose (a built-in name,
+    ``FILE.py:FUNCTION`` or ``module:FUNCTION``) instead of each task's own."""
+    return click.option(
+        "--scorer", default=None, metavar="NAME", callback=_check_scorer,
+        help="Score every task with this scorer instead of its own: exact, normalised, "
+             "numeric[:TOL], contains, value[:TOL], f1, choice, ... or FILE.py:FUNCTION / "
+             "module:FUNCTION (`whetstone eval --help`).")(fn)
 
 
 _SHORTCUTS = "whetstone.method_shortcuts"  # ctx.meta: {(method, knob): (flag, value)}

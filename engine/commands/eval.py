@@ -239,7 +239,8 @@ Example, a HumanEval-style code task scored by running its tests
 @concurrency_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
 @click.option("--scorer", default=None,
-              help="exact, normalised, numeric[:TOL], contains, f1, bfcl, or a user scorer "
+              help="exact, normalised, numeric[:TOL], contains, value[:TOL], f1, bfcl, or a "
+                   "user scorer "
                    "FILE.py:FUNCTION / module:FUNCTION called as FUNCTION(answer, task) with "
                    "the answer text (see below; default: the set's own).")
 @click.option("--trust-task-scorers", is_flag=True,

@@ -18,18 +18,9 @@ from typing import Any
 
 import click
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.syntax import Syntax
 
 from whetstone.engine.commands.common import (
-    RateColumn,
     check_before_loading,
     concurrency_option,
     console,
@@ -39,8 +30,11 @@ from whetstone.engine.commands.common import (
     json_option,
     library_option,
     model_option,
+    scorer_option,
     solver_option,
 )
+from whetstone.engine.commands.decisions import diff_summary, print_decision
+from whetstone.engine.commands.progress import CommandProgress, choose_mode
 from whetstone.engine.commands.tool_options import pop_tools, tool_click_options
 from whetstone.engine.errors import ConfigError
 from whetstone.engine.evaluation.benchmarks import load_tasks
@@ -62,11 +56,14 @@ def _shared_options() -> list[click.Option]:
         click.option("--analyst", default=None, help="Analyst model spec (default: the "
                                                      "--model)."),
         click.option("--gate-tasks", default=None, metavar="SET",
-                     help="Held-out tasks for the gate (default: the traces' own tasks)."),
+                     help="Held-out tasks for the gate, e.g. gsm8k@dev:0:30 (default: the "
+                          "traces' tasks in the dev split, held out from the evolver; none: "
+                          "an error)."),
         click.option("--gate-rule", default=DEFAULT_RULE, show_default=True,
                      help="cost_aware: a clear gain passes; a tie passes only when the dev set "
                           "rules out a 10-point regression and the change costs no more "
                           "tokens; mean_not_worse: the old rule (docs/gate.md)."),
+        scorer_option,
         click.option("--allow-errors", is_flag=True,
                      help="Let the gate decide even when some of its tasks failed (their "
                           "errors are listed; by default the change is kept as a candidate)."),
@@ -76,6 +73,8 @@ def _shared_options() -> list[click.Option]:
                      help="Name for the candidate kept when the gate rejects the change."),
         click.option("--dry-run", is_flag=True,
                      help="Print the merged patch as a diff; write nothing."),
+        click.option("--diff", "show_diff", is_flag=True,
+                     help="Print the whole diff of the change (default: one line a file)."),
         solver_option,
         executor_options,
         *reversed(tool_click_options()),
@@ -202,19 +201,15 @@ def evolve_group() -> None:
     """Evolve the library from recorded traces (every change is gated by eval)."""
 
 
-def _bar(err: Any) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    RateColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err)
-
-
 def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          trace_filter: str | None, limit: int | None, model: str, analyst: str | None,
-         gate_tasks: str | None, gate_rule: str, allow_errors: bool,
-         concurrency: int | None, seed: int,
-         candidate_name: str | None, dry_run: bool, library_path: Path | None,
-         solver: str, as_json: bool, agent_tools: list[Any], executor: str,
-         ray_address: str | None) -> None:
-    """Build the engine and call ``Engine.evolve``, drawing a bar per phase on stderr."""
+         gate_tasks: str | None, gate_rule: str, allow_errors: bool, scorer: str | None,
+         concurrency: int | None, seed: int, candidate_name: str | None, dry_run: bool,
+         show_diff: bool, library_path: Path | None, solver: str, as_json: bool,
+         agent_tools: list[Any], executor: str, ray_address: str | None) -> None:
+    """Build the engine and call ``Engine.evolve`` (its runs on a Ray cluster with
+    ``--executor ray``), showing its progress on stderr (bars on a terminal, plain lines off
+    one, JSON events with ``--json``)."""
     from whetstone.engine.api import Engine  # lazy: loads numpy and 31 more of our modules
 
     check_before_loading(specs=(model, analyst), task_sets=(tasks_spec, gate_tasks),
@@ -231,20 +226,14 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
 
             with err.status("connecting to Ray …"):
                 cluster = RayExecutor(ray_address, workers=concurrency)
-        with _bar(err) as bar:
-            bars: dict[str, Any] = {}
-
-            def on_progress(phase: str, done: int, total: int) -> None:
-                if phase not in bars:
-                    bars[phase] = bar.add_task(phase, total=total)
-                bar.update(bars[phase], completed=done, total=total)
-
+        with CommandProgress(err, choose_mode(err, as_json)) as shown:
             result = engine.evolve(
                 method, tasks=tasks_spec, trace_filter=trace_filter, limit=limit,
                 analyst=analyst, gate_tasks=load_tasks(gate_tasks) if gate_tasks else None,
                 rule=gate_rule, seed=seed, concurrency=concurrency,
-                candidate_name=candidate_name, dry_run=dry_run, on_progress=on_progress,
-                allow_errors=allow_errors, cluster=cluster, **options)
+                candidate_name=candidate_name, dry_run=dry_run, on_progress=shown.progress,
+                on_phase=shown.note, allow_errors=allow_errors, scorer=scorer, cluster=cluster,
+                **options)
     finally:
         if cluster is not None:
             cluster.close()
@@ -252,50 +241,49 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
     if as_json:
         emit_json(result.to_dict())
         return
-    _print(result)
+    _print(result, show_diff=show_diff or dry_run)
 
 
-def _print(result: Any) -> None:
+def _print(result: Any, *, show_diff: bool) -> None:
+    """The verdict first (the gate's decision and where the change went), then what the
+    evolver did, then the diff: whole with ``--diff`` (or a dry run), else one line a file."""
     # lazy: `whetstone --help` imports every command module
     from whetstone.engine.methods.registry import default_registry
 
     out = console()
-    out.print(f"[bold]{escape(result.patch.message)}[/]", markup=True, soft_wrap=True)
-    calls = result.patch.costs.get("analyst_calls")
-    out.print(f"{result.traces} traces" + (f" · {calls} analyst calls" if calls is not None
-                                           else ""), markup=False)
-    summary = default_registry().summary_of(result.patch.method)  # what the method reports
-    for line in summary(result.patch.details) if summary is not None else ():
-        out.print(line, markup=False, soft_wrap=True)
-    if result.diff:
-        out.print(Syntax(result.diff, "diff", word_wrap=True))
     if result.note:
-        out.print(f"[yellow]{escape(result.note)}[/]", markup=True)
-    d = result.decision
-    if d is not None:
-        head, *rest = decision_lines(d.to_dict())
-        out.print(head, style="green" if d.accepted else "red", markup=False, soft_wrap=True)
-        for line in rest:
-            out.print(f"  {line}", markup=False, soft_wrap=True)
+        out.print(f"[yellow]{escape(result.note)}[/]", markup=True, soft_wrap=True)
+    if result.decision is not None:
+        print_decision(out, result.decision.to_dict())
     if result.version is not None:
         out.print(f"new library version [bold]{result.version.id}[/]", markup=True)
     if result.candidate:
         out.print(f"kept as candidate [bold]{result.candidate}[/]: "
-                  f"`whetstone library candidates show {result.candidate}`", markup=True)
-
-
-def decision_lines(d: dict[str, Any]) -> list[str]:
-    """What ``whetstone evolve`` prints for the gate: the verdict, the figures (difference with
-    its interval, tokens per task and their ratio, the regression the dev set could have
-    missed), then each reason. ``d`` is a decision's ``to_dict()``."""
-    head = (f"gate {'accepted' if d['accepted'] else 'rejected'} ({d['rule']}) on "
-            f"{d['task_set']}: candidate {d['candidate_score']:.3f} vs current "
-            f"{d['current_score']:.3f}")
-    ratio = d.get("token_ratio")
-    tokens = (f"tokens {d.get('candidate_tokens', 0):.0f} vs {d.get('current_tokens', 0):.0f} "
-              "per task" + (f" ({ratio:.2f}x)" if ratio is not None else ""))
-    figures = (f"difference {d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] on "
-               f"{d['n_tasks']} tasks ({d['wins']} better, {d['losses']} worse) · {tokens} · "
-               f"could have missed {d.get('could_miss', 0):.3f} (bound "
-               f"{d.get('power_bound', 0):g})")
-    return [head, figures] + [f"- {why}" for why in d.get("reasons") or ()]
+                  f"`whetstone library candidates show {result.candidate}`", markup=True,
+                  soft_wrap=True)
+    out.print(f"[bold]{escape(result.patch.message)}[/]", markup=True, soft_wrap=True)
+    calls = result.patch.costs.get("analyst_calls")
+    out.print(f"{result.traces} traces" + (f" · {calls} analyst calls" if calls is not None
+                                           else ""), markup=False)
+    leaks = result.patch.details.get("label_leaks")
+    if isinstance(leaks, dict) and leaks.get("lines_dropped"):
+        refused = leaks.get("files_refused") or []
+        out.print(f"label leaks: {leaks['lines_dropped']} line(s) that held a training answer "
+                  "dropped" + (f"; refused whole: {', '.join(refused)}" if refused else ""),
+                  markup=False, soft_wrap=True)
+        for line in leaks.get("examples") or ():
+            out.print(f"  - {line}", markup=False, soft_wrap=True)
+    summary = default_registry().summary_of(result.patch.method)  # what the method reports
+    for line in summary(result.patch.details) if summary is not None else ():
+        out.print(line, markup=False, soft_wrap=True)
+    if not result.diff:
+        return
+    if show_diff:
+        out.print(Syntax(result.diff, "diff", word_wrap=True))
+        return
+    where = (f"`whetstone library candidates show {result.candidate}`" if result.candidate
+             else f"`whetstone library diff {result.version.parent} {result.version.id}`"
+             if result.version is not None else "--diff")
+    out.print(f"diff ({where} shows it whole):", markup=False, soft_wrap=True)
+    for line in diff_summary(result.diff):
+        out.print(f"  {line}", markup=False, soft_wrap=True)

@@ -6,8 +6,10 @@ rich, ``--json`` for machines; errors become a message, a hint and the exit code
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,31 @@ from whetstone.engine.commands.common import (
     EXIT_PARTIAL,
     console,
     default_library_path,
+    echo_text,
     emit_json,
     handle_errors,
     json_option,
     library_option,
 )
+from whetstone.engine.commands.decisions import gate_line, print_record
+from whetstone.engine.commands.gating import (
+    GatedWrite,
+    apply_candidate,
+    commit_edits,
+    config_cmd,
+    gate_options,
+    open_library_for,
+    print_result,
+    refused,
+    result_dict,
+    roll_back,
+    run_write,
+)
 from whetstone.engine.errors import LibraryError, NotFound, ValidationError
+from whetstone.engine.methods.base import LibraryPatch
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.runtime.library_tools import import_check, validate_library
+from whetstone.library_store.manifest import gate_record
 from whetstone.library_store.store import Library, Manifest
 from whetstone.skills.index import LibraryIndex
 from whetstone.skills.loader import SKILLS_DIR, load_skills, skill_names, skill_path
@@ -38,19 +57,7 @@ from whetstone.skills.transfer import (
     scaffold_skill,
 )
 
-
-def _open(path: Path | None) -> Library:
-    """The library, opened even when its view is broken (the versions are the truth); a
-    broken view is reported on stderr with what to do. Every write through it is checked by
-    ``validate_library`` (the Library's default)."""
-    lib = default_registry().open_library(path or default_library_path(), quiet=True)
-    if lib.view_problem is not None:
-        err = console(stderr=True)
-        err.print(f"[yellow]warning:[/] {escape(lib.view_problem.message)}", markup=True,
-                  soft_wrap=True)
-        err.print(f"[yellow]hint:[/] {escape(lib.view_problem.hint or '')}", markup=True,
-                  soft_wrap=True)
-    return lib
+_open = open_library_for
 
 
 def _when(ts: float) -> str:
@@ -60,7 +67,7 @@ def _when(ts: float) -> str:
 def _manifest_dict(m: Manifest) -> dict[str, Any]:
     return {"id": m.id, "parent": m.parent, "created": m.created, "method": m.method,
             "message": m.message, "scores": dict(m.scores), "costs": dict(m.costs),
-            "counts": dict(m.counts)}
+            "counts": dict(m.counts), "gate": gate_record(m)}
 
 
 def _problem_dict(e: ValidationError) -> dict[str, Any]:
@@ -79,6 +86,9 @@ def _print_problems(problems: Sequence[ValidationError], *, title: str) -> None:
 @click.group("library")
 def library_group() -> None:
     """The versioned library of skills and policy notes (init, ls, log, diff, rollback, ...)."""
+
+
+library_group.add_command(config_cmd)
 
 
 @library_group.command("init")
@@ -159,10 +169,9 @@ def show_cmd(name: str, file: str | None, version: str | None, library_path: Pat
                 return
             out = console()
             out.print(f"[bold]{m.id}[/] parent {m.parent or '-'}  {_when(m.created)}  "
-                      f"[cyan]{escape(m.method)}[/]  {escape(m.message)}", markup=True)
-            for key in ("scores", "costs"):
-                if getattr(m, key):
-                    out.print(f"  {key}: {dict(getattr(m, key))}", markup=False)
+                      f"[cyan]{escape(m.method)}[/]  {escape(m.message)}", markup=True,
+                      soft_wrap=True)
+            print_record(out, m.scores, m.costs)
             for p, (old, new) in changes.items():
                 mark = "-" if new is None else "+" if old is None else "M"
                 out.print(f"  {mark} {p}", markup=False)
@@ -176,7 +185,7 @@ def show_cmd(name: str, file: str | None, version: str | None, library_path: Pat
         emit_json({"version": snap.id, "skill": name, "file": file or "SKILL.md", "text": text,
                    "files": sorted(p.split("/", 2)[2] for p in snap.unit(f"skills/{name}"))})
         return
-    click.echo(text, nl=not text.endswith("\n"))
+    echo_text(text, nl=not text.endswith("\n"))
 
 
 @library_group.command("log")
@@ -192,14 +201,13 @@ def log_cmd(limit: int | None, library_path: Path | None, as_json: bool) -> None
         emit_json([_manifest_dict(m) for m in versions])
         return
     table = Table(title=f"library log ({lib.root})")
-    for col in ("version", "parent", "time", "method", "files", "change", "message", "scores"):
-        table.add_column(col)
+    for col in ("version", "parent", "time", "method", "files", "change", "message", "gate"):
+        table.add_column(col, no_wrap=col in ("version", "gate"))
     for m in versions:
         c = m.counts
         change = f"+{c.get('added', 0)} ~{c.get('modified', 0)} -{c.get('deleted', 0)}"
-        scores = ", ".join(f"{k}={v}" for k, v in m.scores.items())
         table.add_row(m.id, m.parent or "-", _when(m.created), m.method,
-                      str(c.get("files", "")), change, m.message[:60], scores[:40])
+                      str(c.get("files", "")), change, m.message[:60], gate_line(m))
     console().print(table)
 
 
@@ -216,8 +224,8 @@ def diff_cmd(v1: str, v2: str, library_path: Path | None, as_json: bool) -> None
     if as_json:
         emit_json({"from": lib.resolve(v1), "to": lib.resolve(v2), "diff": text})
         return
-    click.echo(text or f"no differences between {lib.resolve(v1)} and {lib.resolve(v2)}",
-               nl=not text.endswith("\n"))
+    echo_text(text or f"no differences between {lib.resolve(v1)} and {lib.resolve(v2)}",
+              nl=not text.endswith("\n"))
 
 
 @library_group.command("rollback")
@@ -226,15 +234,19 @@ def diff_cmd(v1: str, v2: str, library_path: Path | None, as_json: bool) -> None
 @library_option
 @json_option
 @handle_errors
-def rollback_cmd(version: str, message: str, library_path: Path | None, as_json: bool) -> None:
-    """Make a new version whose files equal VERSION's (history is kept)."""
+@gate_options
+def rollback_cmd(version: str, message: str, library_path: Path | None, as_json: bool,
+                 gate: GatedWrite) -> None:
+    """Make a new version whose files equal VERSION's (history is kept). With --gate-tasks
+    it must pass the gate; without, it goes live unmeasured, marked ungated."""
     lib = _open(library_path)
-    v = lib.rollback(version, message=message)
+    target = lib.resolve(version)
+    result = roll_back(lib, target, message, gate, as_json=as_json)
     if as_json:
-        emit_json({"version": v.id, "parent": v.parent, "rolled_back_to": lib.resolve(version)})
-        return
-    console().print(f"rolled back to {lib.resolve(version)} as new version [bold]{v.id}[/]",
-                    markup=True)
+        emit_json({**result_dict(result), "rolled_back_to": target})
+    else:
+        print_result(result, done=f"rolled back to {target} as new")
+    refused(result)
 
 
 @library_group.command("export")
@@ -269,17 +281,30 @@ def export_cmd(path: Path, version: str | None, force: bool, library_path: Path 
 @library_option
 @json_option
 @handle_errors
+@gate_options
 def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None,
-               as_json: bool) -> None:
+               as_json: bool, gate: GatedWrite) -> None:
     """Import a folder (or .tar.gz) of SKILL.md skills as one new version. Malformed skills
     are skipped and listed while the valid ones are committed: exit code 11 (partial), or 5
-    when nothing was committed. With --strict a malformed skill rejects the whole import."""
+    when nothing was committed. With --strict a malformed skill rejects the whole import.
+    With --gate-tasks the import must pass the gate (refused: kept as a candidate); without,
+    it goes live unmeasured, marked ungated."""
     lib = _open(library_path)
-    report = import_skills(lib, path, strict=strict, message=message,
+    report = import_skills(lib, path, strict=strict, message=message, commit=False,
                            check_unit=import_check(lib.snapshot()))
+    result = None
+    if report.changes:
+        result = run_write(lib, LibraryPatch("import", report.changes, report.message),
+                           by="library import", gate=gate, expect_parent=lib.current_id(),
+                           as_json=as_json, how_to_gate=f"whetstone library import "
+                                                        f"{shlex.quote(str(path))} "
+                                                        "--gate-tasks SET@dev")
+        report = replace(report, version=result.version)
     if as_json:
-        emit_json(report.to_dict())
+        emit_json({**report.to_dict(), **(result_dict(result) if result else {})})
     else:
+        if result is not None:
+            print_result(result, done="imported as")
         out = console()
         out.print(report.summary(), markup=False)
         if report.unchanged:
@@ -293,6 +318,7 @@ def import_cmd(path: Path, strict: bool, message: str, library_path: Path | None
         # With a version committed without the skipped skills it is neither a failure (5) nor
         # a clean import (0); with nothing committed, the import failed.
         raise SystemExit(EXIT_PARTIAL if report.version is not None else LibraryError.exit_code)
+    refused(result)
 
 
 @library_group.command("validate")
@@ -398,7 +424,7 @@ def status_cmd(library_path: Path | None, as_json: bool) -> None:
         return
     for mark, paths in (("M", edits.modified), ("+", edits.added), ("-", edits.deleted)):
         for p in paths:
-            click.echo(f"{mark} {p}")
+            echo_text(f"{mark} {p}")
 
 
 @library_group.command("commit")
@@ -406,14 +432,18 @@ def status_cmd(library_path: Path | None, as_json: bool) -> None:
 @library_option
 @json_option
 @handle_errors
-def commit_cmd(message: str, library_path: Path | None, as_json: bool) -> None:
-    """Make a version from hand edits under skills/ and policies/ (validated first)."""
-    lib = _open(library_path)
-    v = lib.commit_view(message=message)
+@gate_options
+def commit_cmd(message: str, library_path: Path | None, as_json: bool,
+               gate: GatedWrite) -> None:
+    """Make a version from hand edits under skills/ and policies/ (validated first). With
+    --gate-tasks it must pass the gate (as `evolve`); refused, it is kept as a candidate and
+    the edits stay in the folder. Without, it goes live unmeasured, marked ungated."""
+    result = commit_edits(_open(library_path), message, gate, as_json=as_json)
     if as_json:
-        emit_json({"version": v.id, "parent": v.parent})
-        return
-    console().print(f"committed hand edits as version [bold]{v.id}[/]", markup=True)
+        emit_json(result_dict(result))
+    else:
+        print_result(result, done="committed hand edits as")
+    refused(result)
 
 
 # -- candidates ---------------------------------------------------------------------------
@@ -478,14 +508,12 @@ def candidates_show(name: str, library_path: Path | None, as_json: bool) -> None
         emit_json({**cand.to_dict(), "diff": diff, "conflicts": conflicts})
         return
     out = console()
-    out.print(f"[bold]{cand.name}[/] ({cand.method}, based on {cand.base}, "
-              f"{_when(cand.created)}) {escape(cand.message)}", markup=True)
-    for key in ("scores", "costs"):
-        if getattr(cand, key):
-            out.print(f"  {key}: {dict(getattr(cand, key))}", markup=False)
+    out.print(f"[bold]{escape(cand.name)}[/] ({escape(cand.method)}, based on {cand.base}, "
+              f"{_when(cand.created)}) {escape(cand.message)}", markup=True, soft_wrap=True)
+    print_record(out, cand.scores, cand.costs)
     if conflicts:
         out.print(f"[yellow]changed since {cand.base}:[/] {', '.join(conflicts)}", markup=True)
-    click.echo(diff or "(no difference from the current version)")
+    echo_text(diff or "(no difference from the current version)")
 
 
 @candidates_group.command("apply")
@@ -494,13 +522,18 @@ def candidates_show(name: str, library_path: Path | None, as_json: bool) -> None
 @library_option
 @json_option
 @handle_errors
-def candidates_apply(name: str, force: bool, library_path: Path | None, as_json: bool) -> None:
-    """Commit a candidate as a new version (validated like any commit)."""
-    v = _open(library_path).candidates.apply(name, force=force)
+@gate_options
+def candidates_apply(name: str, force: bool, library_path: Path | None, as_json: bool,
+                     gate: GatedWrite) -> None:
+    """Commit a candidate as a new version (validated like any commit). With --gate-tasks it
+    must pass the gate now (refused, the candidate is kept with the new decision); without,
+    it goes live unmeasured, marked ungated, whatever its gate said before."""
+    result = apply_candidate(_open(library_path), name, gate, force=force, as_json=as_json)
     if as_json:
-        emit_json({"version": v.id, "parent": v.parent, "candidate": name})
-        return
-    console().print(f"applied candidate {escape(name)} as version [bold]{v.id}[/]", markup=True)
+        emit_json({**result_dict(result), "applied": name})
+    else:
+        print_result(result, done=f"applied candidate {escape(name)} as")
+    refused(result)
 
 
 @candidates_group.command("drop")

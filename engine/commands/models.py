@@ -40,8 +40,8 @@ def _state(row: Mapping[str, Any]) -> str:
 @handle_errors
 def models(as_json: bool) -> None:
     """Every model spec, installed or not, and how to install it."""
-    # lazy: loads filelock, numpy and 84 more of our modules
-    from whetstone.engine.api import describe_models
+    # lazy: the backends' registry and the packaged models' table (the command line's start)
+    from whetstone.engine.backends.catalog import describe_models
 
     rows = describe_models()
     if as_json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,50 @@ from whetstone.engine.commands.common import (
     skills_options,
     web_options,
 )
+from whetstone.engine.errors import ConfigError, WhetstoneError
+from whetstone.library_store.change_control import newest_gated
+from whetstone.library_store.manifest import gate_record
+from whetstone.library_store.store import Library
+
+
+def version_gate(library: Library, version: str) -> dict[str, Any] | None:
+    """How ``version`` came to be (``gate_record``), for ``/health``; None for a candidate
+    or a version that cannot be read."""
+    try:
+        return gate_record(library.manifest(version))
+    except WhetstoneError:
+        return None
+
+
+def _newest_gated(library_path: Path | None, version: str | None, no_library: bool,
+                  out: Any) -> str:
+    """The version ``--gated-only`` serves, said on ``out``: the newest a gate accepted."""
+    # lazy: numpy and 47 more of our modules; `whetstone --help` imports every command module
+    from whetstone.engine.api import open_library
+
+    if version is not None or no_library:
+        raise ConfigError(f"--gated-only picks the version itself; it cannot go with "
+                          f"{'--version' if version is not None else '--no-library'}",
+                          hint="drop one of the two")
+    lib = open_library(library_path)
+    chosen, current = newest_gated(lib), lib.current_id()
+    if gate_record(chosen)["gated"] is None:
+        said = (f"no version has passed a gate: serving {chosen.id}, the empty library it "
+                "started as")
+    else:
+        said = f"serving {chosen.id}, the newest version a gate accepted"
+        below = [m.id for m in lib.log() if m.number < chosen.number
+                 and gate_record(m)["gated"] is False]
+        if below:
+            said += (f" (it builds on ungated {', '.join(below[:5])}: the gate measured its "
+                     "own change, not theirs; `library config require_gate true` keeps that "
+                     "from happening)")
+    if chosen.id != current:
+        said += (f"; the current version {current} went live ungated (or came after it) and "
+                 "is not served: `whetstone library log` shows how each was gated")
+    out.print(f"gated only: {said}; a version gated later is served after a restart",
+              markup=False, soft_wrap=True)
+    return chosen.id
 
 
 @click.command("serve")
@@ -29,6 +74,10 @@ from whetstone.engine.commands.common import (
 @library_option
 @click.option("--version", "library_version", default=None,
               help="Pin a library version (default: follow the current one as it moves).")
+@click.option("--gated-only", is_flag=True,
+              help="Serve only a version a gate accepted: the newest one, pinned (said at "
+                   "start; a version gated later is served after a restart). Versions that "
+                   "went live ungated are not served.")
 @click.option("--no-library", is_flag=True,
               help="Do not inject the library (a plain proxy that still records traces).")
 @click.option("--no-record", is_flag=True, help="Do not store exchanges as traces.")
@@ -88,7 +137,7 @@ from whetstone.engine.commands.common import (
 @handle_errors
 @otel_options
 def serve(upstream: str, library_path: Path | None, library_version: str | None,
-          no_library: bool, no_record: bool, corpus_name: str, skills_k: int,
+          gated_only: bool, no_library: bool, no_record: bool, corpus_name: str, skills_k: int,
           skills_min_score: float | None, host: str, port: int,
           allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...], insecure: bool,
           served_name: str | None,
@@ -113,6 +162,8 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
     from whetstone.engine.server.guard import load_api_keys
 
     out = console(stderr=True)
+    if gated_only:
+        library_version = _newest_gated(library_path, library_version, no_library, out)
     keys = load_api_keys(api_keys, api_keys_file)
     check_exposed_bind(host, keys, insecure, "serve")
     limits = ConnectionLimits(header_timeout_s=header_timeout, max_connections=max_connections,
@@ -131,6 +182,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
                             methods=() if no_library else [("skills", skills)], otel=otel)
             adapter = None if no_library else engine.chat_adapter()
             if adapter is not None:
+                adapter.version_info = functools.partial(version_gate, engine.library)
                 adapter.warm_up()  # load the embedder and sync the index before a request
         version = adapter.library_version() if adapter is not None else None
         traces = None if no_record else engine.traces

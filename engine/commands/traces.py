@@ -16,6 +16,7 @@ from whetstone.engine.commands.common import (
     handle_errors,
     json_option,
     library_option,
+    scorer_option,
 )
 from whetstone.engine.commands.display import print_result, print_step, short
 from whetstone.engine.methods.registry import default_registry
@@ -197,16 +198,19 @@ def traces_prune(library_path: Path | None, max_bytes: int | None, keep_days: fl
 @click.option("--phoenix", default=None, metavar="URL",
               help="Also read a Phoenix server's spans (with --project).")
 @click.option("--project", default=None, help="The Phoenix project (name or id).")
+@scorer_option
 @library_option
 @json_option
 @handle_errors
 def traces_import(files: tuple[Path, ...], fmt: str, phoenix: str | None, project: str | None,
-                  library_path: Path | None, as_json: bool) -> None:
+                  scorer: str | None, library_path: Path | None, as_json: bool) -> None:
     """Read traces recorded elsewhere (OTLP JSON, OpenAI chat logs as JSONL, LangSmith
     exports, a Phoenix project) into the store, for `evolve` to learn from; malformed
     records are listed and skipped (exit 11), re-imports are recognised
-    (docs/observability.md)."""
+    (docs/observability.md). --scorer: the scorer the gate scores these traces' tasks with
+    (without it, normalised exact match); traces with an expected answer and no score are
+    scored by it as they are imported."""
     # lazy: the readers load urllib.request and 8 of our modules; `whetstone --help` imports us
     from whetstone.engine.commands.trace_import import run_import
 
-    run_import(trace_store(library_path), files, fmt, phoenix, project, as_json)
+    run_import(trace_store(library_path), files, fmt, phoenix, project, as_json, scorer)

@@ -8,7 +8,9 @@ version on the gate's tasks (the dev split) and what each run cost per task:
 - anything else is a tie, a difference inside the noise of the dev set. A tie is accepted only
   when the dev set could not have missed a regression of ``MARGIN`` (10 points) or more and the
   candidate does not make runs more expensive: at most ``MAX_TOKEN_RATIO`` (1.02) times the
-  current's tokens per task. Otherwise it is rejected, saying which.
+  current's tokens per task, and does not score lower (cost never buys a negative
+  difference: fewer tokens can mean the model gave up sooner). Otherwise it is rejected,
+  saying which.
 
 ``run_gate`` widens an underpowered tie's dev set once before deciding, to a larger slice of the
 same split where one exists (``wider_slice``); the decision says when it still could not tell.
@@ -42,7 +44,6 @@ set could have missed, and more than ``MAX_FAILED`` of the tasks failed refuses 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,6 +56,7 @@ from whetstone.engine.evaluation.compare import Comparison, compare
 from whetstone.engine.evaluation.gate_rules import (
     DEFAULT_RULE,
     EPS,
+    FEW_TASKS,
     MARGIN,
     MAX_FAILED,
     MAX_GATE_TASKS,
@@ -69,6 +71,7 @@ from whetstone.engine.evaluation.gate_rules import (
 from whetstone.engine.evaluation.results import EvalResult
 from whetstone.engine.evaluation.runner import ProgressFn, Solver, evaluate
 from whetstone.engine.evaluation.scorers import ScoreFn
+from whetstone.engine.evaluation.stats import tasks_to_tell
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet, parse_spec
 from whetstone.library_store.traces import TraceStore
 
@@ -107,6 +110,11 @@ class Decision:
     candidate_latency_s: float = 0.0
     current_latency_s: float = 0.0
     widened_from: Mapping[str, Any] | None = None  # the first slice's figures, when widened
+    tasks: tuple[str, ...] = ()  # the ids of every task the decision read, left out included
+    scorer_fit: Mapping[str, Any] | None = None  # set when most tasks scored 0 on both sides
+    # the tasks that changed: task, current, candidate (scores), current_trace,
+    # candidate_trace (the runs' trace ids), wins first
+    flipped: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def token_ratio(self) -> float | None:
@@ -138,6 +146,9 @@ class Decision:
             "token_ratio": self.token_ratio, "candidate_latency_s": self.candidate_latency_s,
             "current_latency_s": self.current_latency_s, "latency_ratio": self.latency_ratio,
             "widened_from": dict(self.widened_from) if self.widened_from else None,
+            "tasks": list(self.tasks),
+            "scorer_fit": dict(self.scorer_fit) if self.scorer_fit else None,
+            "flipped": [dict(f) for f in self.flipped],
         }
 
 
@@ -159,6 +170,50 @@ def _per_task(result: EvalResult, ids: Sequence[str], what: str) -> float:
     by_id = {r.task_id: r for r in result.results}
     values = [float(getattr(by_id[t], what)) for t in ids]
     return sum(values) / len(values) if values else 0.0
+
+
+def _cut(value: Any, most: int = 80) -> str:
+    text = " ".join(str("" if value is None else value).split())
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def scorer_fit(candidate: EvalResult, current: EvalResult, ids: Sequence[str],
+               shown: int = 3) -> tuple[str, dict[str, Any]] | None:
+    """When more than half of the paired ``ids`` scored 0 in both runs, a reason saying the
+    scorer may not fit, with ``shown`` answer/label pairs (the current run's, answered tasks
+    first), and the figures; None otherwise. A scorer that reads the answer wrongly (exact
+    match on "2.5 meters" against "2.5") scores both sides 0 and the gate sees a tie."""
+    cur = {r.task_id: r for r in current.results}
+    cand = {r.task_id: r for r in candidate.results}
+    zero = [t for t in ids if cur[t].score == 0 and cand[t].score == 0]
+    if not ids or len(zero) * 2 <= len(ids):
+        return None
+    picked = sorted(zero, key=lambda t: not (cur[t].answer or "").strip())[:shown]
+    pairs = [{"task": t, "answer": _cut(cur[t].answer), "label": _cut(cur[t].expected)}
+             for t in picked]
+    shown_pairs = "; ".join(f"{p['answer']!r} for {p['label']!r}" for p in pairs)
+    why = (f"the scorer ({candidate.scorer}) may not fit: {len(zero)} of {len(ids)} paired "
+           f"tasks scored 0 on both sides; answer for label: {shown_pairs}. If these answers "
+           "are right, choose the scorer: --scorer value, numeric, contains, or "
+           "FILE.py:FUNCTION")
+    return why, {"both_zero": len(zero), "paired": len(ids), "pairs": pairs}
+
+
+def flipped_tasks(candidate: EvalResult, current: EvalResult, c: Comparison
+                  ) -> tuple[dict[str, Any], ...]:
+    """The paired tasks whose score changed, wins then losses, with both runs' trace ids
+    (``whetstone traces show ID`` opens each run)."""
+    cur = {r.task_id: r for r in current.results}
+    cand = {r.task_id: r for r in candidate.results}
+    return tuple({"task": t, "current": cur[t].score, "candidate": cand[t].score,
+                  "current_trace": cur[t].trace_id, "candidate_trace": cand[t].trace_id}
+                 for t in (*c.wins, *c.losses))
+
+
+def _few_line(c: Comparison) -> str:
+    p = "" if c.p_value is None else f"; McNemar p = {c.p_value:.3g}"
+    return (f"only {c.n} paired tasks: an interval on fewer than {FEW_TASKS} is rough, read it "
+            f"as a hint, not a measurement{p}")
 
 
 def _failed_line(c: Comparison, left_out: Sequence[str], most: int = 5) -> str:
@@ -206,6 +261,11 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         candidate_latency_s=_per_task(candidate, c.task_ids, "latency_s"),
         current_latency_s=_per_task(current, c.task_ids, "latency_s"))
     ok, reasons = apply_rule(conds, ev)
+    if c.n < FEW_TASKS:
+        reasons += (_few_line(c),)
+    fit = scorer_fit(candidate, current, c.task_ids)
+    if fit is not None:
+        reasons += (fit[0],)
     if left_out:
         reasons += (_failed_line(c, left_out),)
     cut = [f"{which} {r.n_length}" for which, r in (("candidate", candidate),
@@ -225,7 +285,9 @@ def gate(candidate: EvalResult, current: EvalResult, rule: str = DEFAULT_RULE, *
         verdict=ev.verdict, could_miss=ev.could_miss, power_bound=power_bound,
         candidate_tokens=ev.candidate_tokens or 0.0, current_tokens=ev.current_tokens or 0.0,
         candidate_latency_s=ev.candidate_latency_s or 0.0,
-        current_latency_s=ev.current_latency_s or 0.0,
+        current_latency_s=ev.current_latency_s or 0.0, tasks=c.task_ids + left_out,
+        scorer_fit=fit[1] if fit is not None else None,
+        flipped=flipped_tasks(candidate, current, c),
     )
 
 
@@ -259,8 +321,7 @@ def wider_slice(tasks: TaskSet | Sequence[TaskRecord], could_miss: float, *,
         return None, f"{name} is already the whole of its split"
     if n >= max_tasks:
         return None, f"{n} tasks is already the most the gate widens to ({max_tasks})"
-    # An interval's half-width shrinks as 1/sqrt(n); a quarter more for the estimate's noise.
-    want = min(max_tasks, max(2 * n, math.ceil(n * (could_miss / bound) ** 2 * 1.25)))
+    want = min(max_tasks, max(2 * n, tasks_to_tell(n, could_miss, bound)))
     start = spec.start or 0
     try:
         wider = load_tasks(str(replace(spec, end=start + want)))

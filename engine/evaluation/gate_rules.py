@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whetstone.engine.errors import EvalError
-from whetstone.engine.evaluation.stats import missed_regression
+from whetstone.engine.evaluation.stats import missed_regression, tasks_to_tell
 
 DEFAULT_RULE = "cost_aware"
 MARGIN = 0.10  # not_worse's margin, and the regression a dev set must rule out (docs/gate.md)
@@ -21,6 +21,8 @@ MAX_TOKEN_RATIO = 1.02  # a tie may cost this much more; an unchanged library me
 MAX_FAILED = 0.10  # more unmeasured tasks than this could hide a MARGIN-sized loss by themselves
 MAX_GATE_TASKS = 100  # the most tasks widening goes to (a tie with 25% changed: +-0.098)
 EPS = 1e-12  # float noise in a mean of differences must not turn a tie into a rejection
+FEW_TASKS = 10  # an interval on fewer paired tasks comes with a warning (a percentile
+# bootstrap on 3 tasks, 2 better, reads [+0.000, +0.667]; McNemar's p is 0.5)
 
 _CONDITION = re.compile(
     r"^\s*(?P<kind>cost_aware|mean_not_worse|not_worse|min_delta|ci_lower|mcnemar|tokens|"
@@ -70,13 +72,21 @@ class Evidence:
     def verdict(self) -> str:
         """``gain`` (interval above 0), ``loss`` (below 0) or ``tie`` (it holds 0). Each task
         left out could have gone either way: the interval over all tasks counts it as a loss
-        at its lower end and a win at its upper end, so failures never make a gain clear."""
+        at its lower end and a win at its upper end, so failures never make a gain clear.
+        With 0/1 scores McNemar's exact test must agree (p below 1 - confidence): on a few
+        tasks the percentile bootstrap reports [+1, +1] for two wins out of two, where
+        p = 0.5."""
         n, k = self.n, self.left_out
-        if n + k == 0:
+        if n + k == 0 or not self.significant:
             return "tie"
         if (n * self.ci_low - k) / (n + k) > EPS:
             return "gain"
         return "loss" if (n * self.ci_high + k) / (n + k) < -EPS else "tie"
+
+    @property
+    def significant(self) -> bool:
+        """McNemar's exact p is below 1 - confidence, or there is none (scores not 0/1)."""
+        return self.p_value is None or self.p_value < 1.0 - self.confidence - EPS
 
     @property
     def could_miss(self) -> float:
@@ -94,6 +104,20 @@ class Evidence:
         """``difference +0.000 [-0.167, +0.167] on 30 tasks``: for reasons."""
         return (f"difference {self.difference:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] "
                 f"on {self.n} tasks")
+
+    def noise(self) -> str:
+        """Why a tie is one: the interval holds 0, or McNemar's test does not agree with an
+        interval that excludes it (too few tasks changed)."""
+        if (self.ci_low > EPS or self.ci_high < -EPS) and self.p_value is not None \
+                and not self.significant:
+            return (f"McNemar p = {self.p_value:.3g} (>= {1 - self.confidence:.2g}): too few "
+                    f"tasks changed to call it a {'gain' if self.ci_low > EPS else 'loss'}")
+        return "the interval holds 0"
+
+    @property
+    def to_tell(self) -> int:
+        """About how many paired tasks would rule out ``bound`` at the spread seen."""
+        return tasks_to_tell(max(self.n, 1), self.could_miss, self.bound, self.confidence)
 
     def cost(self, what: str, most: float) -> tuple[bool | None, str]:
         """Whether the candidate's ``tokens`` or ``latency`` per task is at most ``most``
@@ -184,20 +208,26 @@ def _cost_aware(ev: Evidence) -> tuple[bool | None, tuple[str, ...]]:
         return False, (f"a clear loss: {ev.interval()}, the interval below 0", tokens, latency)
     m = ev.could_miss
     either = f", counting the {ev.left_out} left out either way" if ev.left_out else ""
-    reasons = [f"a tie: {ev.interval()}, inside the noise (the interval holds 0{either})"]
+    reasons = [f"a tie: {ev.interval()}, inside the noise ({ev.noise()}{either})"]
     if ev.powered:
         reasons.append(f"the dev set could have missed a regression of {m:.3f} at most "
                        f"(< {ev.bound:g})")
     else:
         reasons.append(f"could not tell: the dev set could have missed a regression of "
-                       f"{m:.3f} (>= {ev.bound:g})")
+                       f"{m:.3f} (>= {ev.bound:g}); about {ev.to_tell} dev tasks would tell "
+                       "at the spread seen")
     if tokens_ok is None:
         reasons.append(f"{tokens}: cannot weigh the cost")
     else:
         reasons.append(f"{tokens}: " + ("not more expensive" if tokens_ok else
                                         f"more expensive on a tie (> {MAX_TOKEN_RATIO:g}x)"))
     reasons.append(latency)
-    if not ev.powered or tokens_ok is False:
+    lower = ev.difference < -EPS
+    if lower:
+        # Fewer tokens can mean the model gave up sooner: cost never buys a lower score.
+        reasons.append(f"the candidate scores lower ({ev.difference:+.3f}): on a tie, cost "
+                       "decides only when the difference is not negative")
+    if not ev.powered or tokens_ok is False or lower:
         return False, tuple(reasons)
     return (None if tokens_ok is None else True), tuple(reasons)
 
@@ -250,16 +280,26 @@ def decide_again(saved: Mapping[str, Any], rule: str = DEFAULT_RULE, *,
     return apply_rule(rule, Evidence.from_decision(saved, power_bound))
 
 
-def summary(d: Mapping[str, Any]) -> str:
-    """One line for a table, from a saved decision (``Decision.to_dict()``): the verdict and
-    the figures behind it (the token ratio only where the decision recorded tokens; what the
-    dev set could have missed only on a tie, where it decides)."""
+def verdict_text(d: Mapping[str, Any]) -> str:
+    """The verdict of a saved decision in words: ``a clear gain``, ``a clear loss``, ``a tie``,
+    ``a tie it could not tell``, with ``, more expensive`` or ``, scoring lower`` on a tie
+    where that decided it."""
     ev = Evidence.from_decision(d, float(d.get("power_bound") or MARGIN))
     kind = {"gain": "a clear gain", "loss": "a clear loss", "tie": "a tie"}[ev.verdict]
     costlier, _ = ev.cost("tokens", MAX_TOKEN_RATIO)
     if ev.verdict == "tie":
         kind += ("" if ev.powered else " it could not tell") + (
-            ", more expensive" if costlier is False else "")
+            ", more expensive" if costlier is False else "") + (
+            ", scoring lower" if ev.powered and ev.difference < -EPS else "")
+    return kind
+
+
+def summary(d: Mapping[str, Any]) -> str:
+    """One line for a table, from a saved decision (``Decision.to_dict()``): the verdict and
+    the figures behind it (the token ratio only where the decision recorded tokens; what the
+    dev set could have missed only on a tie, where it decides)."""
+    ev = Evidence.from_decision(d, float(d.get("power_bound") or MARGIN))
+    kind = verdict_text(d)
     parts = [f"{ev.difference:+.2f} [{ev.ci_low:+.2f}, {ev.ci_high:+.2f}] on {ev.n} tasks"]
     r = ratio(ev.candidate_tokens, ev.current_tokens)
     if r is not None:

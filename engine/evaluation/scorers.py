@@ -5,7 +5,8 @@ BFCL scorer reads its tool calls), a plain string, or for BFCL a ``ToolCall`` / 
 ``task.expected`` may be a list of acceptable answers; text scorers take the best match.
 
 Built-in names (``get_scorer``): ``exact``, ``normalised`` (alias ``normalized``),
-``numeric`` (``numeric:TOL`` sets a relative tolerance), ``contains``, ``f1``, ``bfcl``, and
+``numeric`` (``numeric:TOL`` sets a relative tolerance), ``contains`` (no credit for a hedge:
+``strict.py``), ``value`` (strict: the answer's one value; ``value:TOL``), ``f1``, ``bfcl``, and
 for task sets built from other formats (``whetstone.engine.evaluation.bigbench``): ``choice`` (a
 multiple-choice option named by letter or text), ``exact_text`` (the final answer's text,
 case and spacing aside, punctuation kept) and ``number`` (``numeric`` that also reads number
@@ -42,6 +43,7 @@ from whetstone.engine.answer_text import answer_span
 from whetstone.engine.errors import EvalError, WhetstoneError
 from whetstone.engine.evaluation.answers import extract_number, normalise, tokens
 from whetstone.engine.evaluation.bfcl import check_calls
+from whetstone.engine.evaluation.strict import contains_score, value_score
 from whetstone.engine.evaluation.tasks import TaskRecord, is_user_scorer
 from whetstone.engine.types import ToolCall, Trace
 
@@ -208,13 +210,20 @@ def normalised_exact(prediction: Prediction, task: TaskRecord) -> float:
 
 
 def contains(prediction: Prediction, task: TaskRecord) -> float:
-    """1 when a normalised expected answer appears in the normalised answer as whole words."""
-    pred = f" {normalise(text_of(prediction))} "
-    for alt in _alternatives(task):
-        n = normalise(alt)
-        if n and f" {n} " in pred:
-            return 1.0
-    return 0.0
+    """1 when a normalised expected answer appears in the normalised answer as whole words,
+    and the reply does not hedge: its answer names no other candidate (``X or Y``, a list of
+    several entities, another of the task's possible values) and the match is not in a copy
+    of the question (``strict.contains_score``)."""
+    return contains_score(text_of(prediction), task.prompt, _alternatives(task), task.metadata)
+
+
+def value(prediction: Prediction, task: TaskRecord, rel_tol: float = 1e-6) -> float:
+    """1 when the answer's one value equals an expected value after normalisation: numbers
+    within ``rel_tol`` (plus 0.005 for money-like values), text case-folded and trimmed; a
+    reply that names several candidate values, or repeats the question, scores 0
+    (``strict``; docs/cli.md, "Scorers")."""
+    return value_score(text_of(prediction), task.prompt, _alternatives(task), task.metadata,
+                       rel_tol=rel_tol)
 
 
 def token_f1(prediction: Prediction, task: TaskRecord) -> float:
@@ -453,6 +462,7 @@ BUILTIN: dict[str, ScoreFn] = {
     "choice": choice,
     "exact_text": exact_text,
     "number": number,
+    "value": value,
 }
 _ALIASES = {"normalized": "normalised", "normalised_exact": "normalised",
             "normalized_exact": "normalised", "token_f1": "f1", "bfcl_call": "bfcl"}
@@ -526,14 +536,18 @@ def get_scorer(name: str) -> NamedScorer:
     if key in BUILTIN:
         return NamedScorer(key, BUILTIN[key])
     head, sep, tail = name.partition(":")
-    if sep and head.lower() == "numeric":
+    if sep and head.strip().lower() in ("numeric", "value"):
+        kind = head.strip().lower()
         try:
             tol = float(tail)
         except ValueError:
-            raise EvalError(f"numeric tolerance {tail!r} is not a number",
-                            hint="e.g. --scorer numeric:0.01 (relative tolerance)") from None
-        if tol < 0:
-            raise EvalError(f"numeric tolerance must be >= 0, got {tol}", hint="e.g. numeric:0.01")
+            raise EvalError(f"{kind} tolerance {tail!r} is not a number",
+                            hint=f"e.g. --scorer {kind}:0.01 (relative tolerance)") from None
+        if not tol >= 0:
+            raise EvalError(f"{kind} tolerance must be >= 0, got {tol}",
+                            hint=f"e.g. {kind}:0.01")
+        if kind == "value":
+            return NamedScorer(name, lambda p, t: value(p, t, rel_tol=tol))
         return NamedScorer(name, lambda p, t: numeric(p, t, rel_tol=tol, abs_tol=tol))
     if is_user_scorer(name):
         return NamedScorer(name.strip(), _user_scorer(name.strip()))

@@ -178,6 +178,20 @@ def unseen_share(n: int, confidence: float = 0.95) -> float:
     return 1.0 - ((1.0 - confidence) / 2) ** (1.0 / n)
 
 
+def tasks_to_tell(n: int, could_miss: float, bound: float, confidence: float = 0.95) -> int:
+    """About how many paired tasks would rule out a regression of ``bound`` at the spread seen
+    on ``n`` that could have missed ``could_miss``: an interval's half-width shrinks as
+    1/sqrt(n), a quarter more for the estimate's own noise, and never fewer than rule out
+    ``bound`` unseen (``unseen_share``: 36 tasks for 0.10)."""
+    if n < 1 or bound <= 0:
+        raise EvalError(f"need n >= 1 and a bound above 0, got {n} and {bound}",
+                        hint="pass the comparison's n and the gate's bound")
+    _z(confidence)
+    spread = math.ceil(n * (could_miss / bound) ** 2 * 1.25)
+    unseen = math.floor(math.log((1.0 - confidence) / 2) / math.log(1.0 - bound)) + 1
+    return max(n + 1, spread, unseen)
+
+
 def missed_regression(ci_low: float, n: int, *, left_out: int = 0, confidence: float = 0.95,
                       floor: bool = True) -> float:
     """How large a regression (a drop in mean score) a paired comparison could have missed.

@@ -99,6 +99,10 @@ class TaskRecord:
         if not isinstance(self.question, str):
             raise EvalError(f"task {self.id}: `question` must be a string",
                             hint="put chat-shaped prompts in `messages` instead")
+        if not isinstance(self.scorer, str):
+            raise EvalError(f"task {self.id}: `scorer` must be a string naming one scorer, "
+                            f"not a {type(self.scorer).__name__}",
+                            hint='e.g. "scorer": "numeric"; leave it out for the default')
         object.__setattr__(self, "messages", messages_from(self.messages))
         object.__setattr__(self, "tools", tuple(dict(t) for t in self.tools))
         object.__setattr__(self, "metadata", dict(self.metadata))
@@ -238,10 +242,10 @@ def read_jsonl(path: Path | str, *, trust_scorers: bool = False) -> TaskSet:
 def is_user_scorer(name: str) -> bool:
     """Whether ``whetstone.engine.evaluation.scorers.get_scorer(name)`` would import code: a
     ``module:function`` or ``file.py:function`` name. Built-in names hold no colon but
-    ``numeric:TOL``. A data file may not name one (``read_jsonl``): that would let the file
-    choose code to run."""
+    ``numeric:TOL`` and ``value:TOL``. A data file may not name one (``read_jsonl``): that
+    would let the file choose code to run."""
     head, sep, tail = name.strip().partition(":")
-    return bool(sep and tail) and head.strip().lower() != "numeric"
+    return bool(sep and tail) and head.strip().lower() not in ("numeric", "value")
 
 
 def _refuse_code_scorer(task: TaskRecord, where: str) -> None:
@@ -357,15 +361,17 @@ def select(tasks: Sequence[TaskRecord], split: Split | None = None, start: int |
 
 
 def tasks_from_traces(traces: Sequence[Trace], scorer: str = "normalised",
-                      name: str = "traces") -> TaskSet:
-    """Labelled traces as tasks, so the gate can score a library on the traces' own tasks.
+                      name: str = "traces", *, scorer_wins: bool = False) -> TaskSet:
+    """Labelled traces as tasks, so the gate can score a library on the traces' own
+    (held-out) tasks.
 
     A trace needs a ``label`` (the expected answer); ``meta["task_id"]`` (set by evaluation)
     keeps the original id, and ``meta["scorer"]`` the original scorer. A label holding a JSON
     list or object (BFCL ground truth) is parsed back. Repeated task ids are kept once.
     A recorded scorer that names code (``helper.py:score``) is stored data choosing code, as
     a task file's would be: such a trace is skipped (with a warning) unless ``scorer``, the
-    caller's own choice, names the same code.
+    caller's own choice, names the same code. ``scorer_wins``: every task is scored by
+    ``scorer`` whatever its trace recorded (the person chose it: ``--scorer``).
     """
     tasks: list[TaskRecord] = []
     seen: set[str] = set()
@@ -383,7 +389,7 @@ def tasks_from_traces(traces: Sequence[Trace], scorer: str = "normalised",
                 expected = json.loads(t.label)
             except json.JSONDecodeError:
                 pass  # plain text that starts with a bracket
-        named = str(t.meta.get("scorer") or scorer)
+        named = scorer if scorer_wins else str(t.meta.get("scorer") or scorer)
         if is_user_scorer(named) and named != scorer:
             problems.append(f"trace {t.id} names the scorer {named!r}, code a stored trace "
                             "may not choose; skipped")

@@ -31,7 +31,7 @@ def _held(name: str, paths: Collection[str]) -> bool:
 
 
 def held_summary(message: str, paths: Collection[str],
-                 changes: Mapping[str, str | None]) -> str:
+                 changes: Mapping[str, str | bytes | None]) -> str:
     """``message`` without the clauses (split at ``;`` and at sentence ends) that name a file
     none of ``paths`` (the candidate's files) is; a ``head: `` before the clauses is kept.
     When no clause is left, the files ``changes`` touches are named instead."""

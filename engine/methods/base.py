@@ -43,10 +43,11 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 @dataclass(frozen=True)
 class LibraryPatch:
-    """``changes`` maps library-relative paths to new text (None deletes the file)."""
+    """``changes`` maps library-relative paths to new text (None deletes the file); a
+    person's write (a rollback, an import) may carry a file's bytes."""
 
     method: str
-    changes: Mapping[str, str | None]
+    changes: Mapping[str, str | bytes | None]
     message: str
     details: Mapping[str, Any] = field(default_factory=dict)
     costs: Mapping[str, Any] = field(default_factory=dict)

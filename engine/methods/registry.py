@@ -59,6 +59,7 @@ BUILTIN_METHODS: tuple[str, ...] = (
     "whetstone.engine.methods.memory",
     "whetstone.engine.methods.self_consistency",
     "whetstone.engine.methods.latent",
+    "whetstone.engine.methods.workflows",
 )
 
 

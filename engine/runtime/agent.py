@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,15 @@ from whetstone.library_store.trace_build import new_trace_id
 from whetstone.library_store.traces import TraceStore
 from whetstone.tools.base import Tool, Toolbox
 from whetstone.tools.builtin import builtin_tools
+
+log = logging.getLogger("whetstone.runtime")
+
+
+def clash_text(dropped: Tool, kept: Tool) -> str:
+    """The warning for a plugin's tool left out because a given tool has its name."""
+    return (f"tool {dropped.name!r} of the library ({dropped.spec.source or 'learned'}) is "
+            f"not offered: the run's own tool {kept.name!r} ({kept.spec.source or 'given'}) "
+            "has that name and is the one called (rename one of them)")
 
 
 @dataclass(frozen=True)
@@ -97,10 +107,11 @@ class Agent:
         self.trace_store = trace_store
         self.recorder = TraceRecorder(trace_store)
         self.checkpoints = checkpoints
-        toolbox, plugin_tools = self._toolbox()
+        self._warned: set[str] = set()
+        toolbox, plugin_tools, clashes = self._toolbox()
         self.context = AgentContext(
             backend=backend, toolbox=toolbox, config=self.config, plugin_tools=plugin_tools,
-            plugins=self.plugins, library_version=library_version,
+            plugins=self.plugins, library_version=library_version, tool_clashes=clashes,
         )
         call: ModelCall = wrap_calls("model_call", backend.complete, self.plugins, backend)
         if call is not backend.complete:
@@ -108,12 +119,28 @@ class Agent:
         saver = checkpoints.saver if checkpoints is not None else None
         self.graph = build_graph(self.plugins).compile(checkpointer=saver)
 
-    def _toolbox(self) -> tuple[Toolbox, frozenset[str]]:
+    def _toolbox(self) -> tuple[Toolbox, frozenset[str], dict[str, str]]:
         """The given tools plus the plugins' (asked again per run: the library's learned
-        tools follow its current version), and the plugins' tool names."""
-        plugin_tools = [t for p in self.plugins for t in p.tools()]
+        tools follow its current version), the plugins' tool names, and the clashes.
+
+        The given tools are the user's (functions, LangChain tools, MCP tools, built-ins): a
+        plugin's tool of the same name (a learned tool, written by a model) is dropped, so a
+        library can never stand in for the user's own ``order_status``; each clash is logged
+        once per agent and recorded in the trace (``tool_clashes``)."""
+        given = {t.name: t for t in self._base_tools}
+        plugin_tools: list[Tool] = []
+        clashes: dict[str, str] = {}  # name -> the warning
+        for t in (t for p in self.plugins for t in p.tools()):
+            if t.name in given:
+                clashes[t.name] = clash_text(t, given[t.name])
+            else:
+                plugin_tools.append(t)
+        for text in clashes.values():
+            if text not in self._warned:
+                self._warned.add(text)
+                log.warning("%s", text)
         return (Toolbox.of([*self._base_tools, *plugin_tools]),
-                frozenset(t.name for t in plugin_tools))
+                frozenset(t.name for t in plugin_tools), clashes)
 
     def _run_context(self, task: str, start: float, seed: int | None = None) -> AgentContext:
         """The context of one run: a fresh wall clock, the tools of now, and the config the
@@ -121,9 +148,10 @@ class Agent:
         config = self.config if seed is None else dataclasses.replace(self.config, seed=seed)
         for p in self.plugins:
             config = p.adjust_config(task, config)
-        toolbox, plugin_tools = self._toolbox()
+        toolbox, plugin_tools, clashes = self._toolbox()
         return dataclasses.replace(self.context, clock_start=start, config=config,
-                                   toolbox=toolbox, plugin_tools=plugin_tools)
+                                   toolbox=toolbox, plugin_tools=plugin_tools,
+                                   tool_clashes=clashes)
 
     # -- running ---------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ class ParsedCall:
     arguments: str
     id: str = ""
     native: bool = False  # came from the backend's native tool-call channel
-    form: str = ""  # how it was written: native, tags, json, action, code
+    form: str = ""  # how it was written: native, tags, json, action, code, text (Python call syntax outside a fence)
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,24 @@ def tool_in_code(code: str, tool_names: Collection[str]) -> ParsedCall | None:
         raw = args[0] if isinstance(args[0], str) else json.dumps(args[0])
         return ParsedCall(node.func.id, raw, form="code")
     return ParsedCall(node.func.id, json.dumps(kwargs), form="code")
+
+
+def text_calls(text: str, tool_names: Collection[str]) -> list[Found]:
+    """Calls of offered tools written as Python outside any fence, ``price_of(name="Amber
+    Kettle")`` or ``price_of("Amber Kettle")`` in a reply or its final answer: the 0.5B
+    writes a tool it was offered this way, and taken as text it was the run's answer."""
+    if not tool_names:
+        return []
+    names = "|".join(re.escape(n) for n in sorted(tool_names, key=len, reverse=True))
+    found: list[Found] = []
+    for m in re.finditer(r"(?<![\w.])(?:" + names + r")\s*\(", text):
+        end = bracket_end(text, m.end() - 1)
+        if end is None:
+            continue
+        call = tool_in_code(text[m.start():end], tool_names)
+        if call is not None:
+            found.append(Found(m.start(), end, replace(call, form="text")))
+    return found
 
 
 def _block_calls(block: re.Match[str], tool_names: Collection[str]) -> list[Found]:

@@ -41,12 +41,15 @@ if TYPE_CHECKING:
     from whetstone.tools.images import ImageFiles
     from whetstone.tools.sandbox import Sandbox
 
-# Names a learned tool may not take: the tools every run may already have.
-BUILTIN_TOOL_NAMES = ("calculator", "python", "read_skill")
+# Names a learned tool may not take: the tools every run may already have (``search`` is
+# the corpus tool ``--tools search`` gives). The user's own tools, which a library cannot
+# know, win over a learned tool of their name at run time (``Agent``).
+BUILTIN_TOOL_NAMES = ("calculator", "python", "read_skill", "search")
 
 
 def reserved_tool_names() -> frozenset[str]:
-    """Built-in tool names (``calculator``, ``python``, ``read_skill``, the visual tools)."""
+    """Built-in tool names (``calculator``, ``python``, ``read_skill``, ``search``, the visual
+    tools)."""
     return frozenset((*BUILTIN_TOOL_NAMES, *VISUAL_TOOL_NAMES))
 
 

@@ -49,6 +49,8 @@ def prepare(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     start = time.time()
     system, guidance, meta, tools, turns = build_system_prompt(state, ctx)
     required = required_tools(ctx, meta, tools)
+    if ctx.tool_clashes:  # the trace says which learned tools the user's own displaced
+        meta = {**meta, "tool_clashes": list(ctx.tool_clashes.values())}
     return {
         "system": system,
         "guidance": guidance,

@@ -22,6 +22,7 @@ from whetstone.engine.runtime.call_forms import (
     json_calls,
     object_at,
     ordered,
+    text_calls,
     tool_call_blocks,
     tool_in_code,
 )
@@ -211,6 +212,7 @@ def find_calls(text: str, rules: ReplyRules) -> tuple[list[Found], str | None]:
             error = error or found
         else:
             groups.append(found)
+    groups.append(text_calls(_masked(text, programs), rules.tool_names))
     action = _action_found(text)
     if isinstance(action, Found) and not (action.call.name == FINAL_TOOL
                                           and FINAL_TOOL not in rules.tool_names):

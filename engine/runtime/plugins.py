@@ -74,14 +74,17 @@ class MethodEnv:
     """What a method built by the faces may use (a runtime method's ``build``, the function a
     ``MethodSpec`` names): the library, the version the run reads (``snapshot``; None: follow
     the current one), the agent's model, a second model by spec (``model``) and the library's
-    evidence corpora (``corpora``, by name; ``corpus_name`` is the default one). Each is None
-    where the host has none to give."""
+    evidence corpora (``corpora``, by name; ``corpus_name`` is the default one) and the tools
+    the host gives its runs (``tools()``: the user's functions and MCP servers' tools, with
+    their allow-lists; a method may compose calls of them). Each is None where the host has
+    none to give."""
 
     library: Library | None = None
     snapshot: Snapshot | None = None
     backend: Backend | None = None
     corpora: CorpusFactory | None = None
     corpus_name: str | None = None
+    tools: Callable[[], Sequence[Tool]] | None = None
 
     def require_library(self, method: str) -> Library:
         """The library, for a method that cannot run without one; ``ConfigError`` naming
@@ -193,10 +196,11 @@ _FEATURE_WORDS = {"adjust_config": "per-task budgets (adjust_config)", "tools": 
 
 def unhonoured_features(plugin_class: type[Plugin], host: str) -> list[str]:
     """The features of ``plugin_class`` that ``host`` (a key of ``HOST_FEATURES``) does not
-    run."""
+    run, leaving out those it declares it does without (``Plugin.optional``)."""
     if host not in HOST_FEATURES:
         raise ValueError(f"unknown host {host!r}; hosts: {', '.join(HOST_FEATURES)}")
-    return [f for f in features(plugin_class) if f not in HOST_FEATURES[host]]
+    return [f for f in features(plugin_class)
+            if f not in HOST_FEATURES[host] and f not in plugin_class.optional]
 
 
 def check_host(name: str, plugin_class: type[Plugin], host: str) -> None:
@@ -251,6 +255,9 @@ class Plugin:
     config: Any = None
     stages: ClassVar[tuple[str, ...]] = ()  # the STAGES ``nodes`` adds to
     wraps: ClassVar[tuple[str, ...]] = ()  # the WRAP_POINTS ``wrap`` wraps
+    # Features a host may leave out: the method then does what it can with the rest (tools
+    # it cannot offer in chat mode become guidance). A host runs every other feature or none.
+    optional: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

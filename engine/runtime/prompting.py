@@ -121,8 +121,9 @@ def choose_tools(ctx: AgentContext, meta: Mapping[str, Any], *, answer_tools: bo
     guidance showed (``read_skill`` only when a skill was listed)."""
     own = not answer_tools or ctx.config.own_tools_with_answer_tools
     names = [n for n in ctx.toolbox.names() if own and n not in ctx.plugin_tools]
-    for plugin in ctx.plugins:
-        names += plugin.offer(meta.get(plugin.name) or {}).names
+    for plugin in ctx.plugins:  # a name the user's tool took is not the plugin's to offer
+        names += [n for n in plugin.offer(meta.get(plugin.name) or {}).names
+                  if n not in ctx.tool_clashes]
     return list(dict.fromkeys(names))
 
 
@@ -131,7 +132,8 @@ def required_tools(ctx: AgentContext, meta: Mapping[str, Any], offered: Sequence
     """The offered tools the plugins require the first decision to call one of."""
     names: list[str] = []
     for plugin in ctx.plugins:
-        names += [n for n in plugin.offer(meta.get(plugin.name) or {}).required if n in offered]
+        names += [n for n in plugin.offer(meta.get(plugin.name) or {}).required
+                  if n in offered and n not in ctx.tool_clashes]
     return list(dict.fromkeys(names))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
@@ -113,6 +113,8 @@ class AgentContext:
     model_call: ModelCall | None = None
     # Tools the plugins contributed: each plugin's offer() decides per run whether to offer.
     plugin_tools: frozenset[str] = frozenset()
+    # Plugin tools left out because a given tool has the name: name -> the warning.
+    tool_clashes: Mapping[str, str] = field(default_factory=dict)
 
     def call_model(self, request: Request) -> Completion:
         """One model call, through the plugins' wrappers at ``model_call``."""

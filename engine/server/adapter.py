@@ -204,7 +204,8 @@ class ChatAdapter:
 
     ``plugins`` give the guidance (``Plugin.guidance``); ``budget_tokens`` bounds it all,
     counted with the backend's tokenizer; ``version_of`` says which library version is current
-    (for ``/health``); ``resources`` are closed by ``close``.
+    and ``version_info`` how that version came to be (its gate record; both for ``/health``);
+    ``resources`` are closed by ``close``.
 
     When every plugin is ``CacheKeyed``, the last ``cache_size`` results are kept, keyed by the
     plugins' keys (library tree hashes), the query and the budget: a repeated question against
@@ -216,6 +217,7 @@ class ChatAdapter:
     def __init__(self, plugins: Sequence[Plugin], backend: Backend, *,
                  budget_tokens: int = 1_200, query_turns: int = 1,
                  version_of: Callable[[], str | None] | None = None,
+                 version_info: Callable[[str], Mapping[str, Any] | None] | None = None,
                  resources: Sequence[Closeable] = (), cache_size: int = 256) -> None:
         self.plugins = tuple(plugins)
         self.backend = backend
@@ -224,6 +226,7 @@ class ChatAdapter:
         self.cache_size = cache_size
         self.cache_hits = 0
         self._version_of = version_of
+        self.version_info = version_info
         self._resources = tuple(resources)
         self._cache: OrderedDict[tuple[Any, ...], _Guided] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -235,6 +238,13 @@ class ChatAdapter:
     def library_version(self) -> str | None:
         """The version requests are adapted with now (a pinned one, or the current one)."""
         return self._version_of() if self._version_of is not None else None
+
+    def library_gate(self) -> Mapping[str, Any] | None:
+        """How the version requests are adapted with came to be (``version_info``)."""
+        version = self.library_version()
+        if version is None or self.version_info is None:
+            return None
+        return self.version_info(version)
 
     def _key(self, query: str, budget: int) -> tuple[Any, ...] | None:
         if self.cache_size <= 0 or not self.plugins:

@@ -63,6 +63,10 @@ class ChatPipeline:
     def library_version(self) -> str | None:
         return self.adapter.library_version() if self.adapter is not None else None
 
+    def library_gate(self) -> Mapping[str, Any] | None:
+        """How the served version came to be: a gate accepted it, or it went live ungated."""
+        return self.adapter.library_gate() if self.adapter is not None else None
+
     async def adapt(self, request: Request, switches: ChatSwitches) -> Adapted:
         """The adapted request. When retrieval fails the request is served without the
         library (logged and counted): the model answering matters more than the guidance."""

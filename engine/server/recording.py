@@ -1,18 +1,21 @@
-"""Traces of served exchanges, built and written off the response path and off the event loop.
+"""Traces of served exchanges, built and written off the event loop.
 
 ``TraceWriter``: an asyncio queue drained by one background task that writes traces in
 batches in a worker thread; each trace is built and encoded (cut to the record cap) in a
 thread of its own as soon as it is queued, so neither a large request nor a slow disk holds
-the loop; ``stop()`` drains it, so a shutdown loses no trace; ``label``
+the loop; a reply waits for its own trace's write (``settle``) before it is sent, so an
+acknowledged trace survives the process being killed; ``stop()`` drains it, so a shutdown
+loses no trace; ``label``
 attaches feedback to a trace once its own write has landed, finding it through the store's
 index; on a server with API keys only the key an exchange was recorded for may label it.
 
 In front of a store across the network (``TraceStore.remote``: PostgreSQL) each record also
 goes to a spool on this machine's disk as it is encoded (library_store/trace_spool.py), and
-a reply waits for that (``durable``): a trace the client was told of survives the server
-being killed. The writer then keeps retrying the store through an outage (``outage`` says
-why it is failing) instead of dropping the batch, and a server starting writes the spools
-its dead predecessors left first.
+a reply waits for that instead of the store's write (``durable``): a trace the client was
+told of survives the server being killed, and an outage of the store does not hold the
+replies. The writer then keeps retrying the store through an outage (``outage`` says why it
+is failing) instead of dropping the batch, and a server starting writes the spools its dead
+predecessors left first.
 """
 
 from __future__ import annotations
@@ -37,10 +40,15 @@ log = logging.getLogger("whetstone.server")
 OWNER_KEY = "api_key_sha256"
 # How long feedback waits for the trace it labels to leave the write queue.
 LABEL_WAIT_S = 10.0
-# How long the writer lets traces gather after the first one arrives. A write pays a fixed
-# cost (the store's file lock, its segment lookup, the index append) whatever the batch holds;
-# under load the writer thread spent ~0.5 ms of CPU a request writing batches of one or two.
-LINGER_S = 0.05
+# How long a reply waits for its trace to be written (a local store) or spooled (a remote
+# one) before it goes anyway (a store that hangs must not hold every reply); the trace is
+# still written when the store comes back.
+SETTLE_WAIT_S = 10.0
+# How long the writer lets traces gather after the first one arrives. A reply before a local
+# store waits for its trace's write (routes._Exchange._settle), so a linger is added latency:
+# none. Traces still go in batches, what queued while the previous batch was being written (a
+# group commit), which is also what batches a remote store's writes under load.
+LINGER_S = 0.0
 # Once the server stops, how long the writer keeps retrying a remote store that does not
 # answer: what is unwritten then stays in the spool for the next server to start there.
 STOP_RETRY_S = 10.0
@@ -55,7 +63,8 @@ _Queued = tuple[str, "asyncio.Future[Encoded | None]", asyncio.Event]
 
 class TraceWriter:
     """Stores traces from a queue with one background task, in batches, in a worker thread.
-    A batch is what arrived within ``linger_s`` of its first trace (50 ms by default).
+    A batch is what queued while the previous one was written (and within ``linger_s`` of
+    its first trace: none by default).
 
     ``submit(trace_id, build)`` queues a trace still to be built: one encoder thread builds
     it and cuts it to the store's record cap (``TraceStore.encode``) at once, in the order
@@ -152,7 +161,7 @@ class TraceWriter:
         while True:
             batch = [await queue.get()]
             if batch[0] is not None and self.linger_s > 0:
-                await asyncio.sleep(self.linger_s)  # one write for the traces of the next 50 ms
+                await asyncio.sleep(self.linger_s)  # one write for the traces of the linger
             while not queue.empty():
                 batch.append(queue.get_nowait())
             items = [item for item in batch if item is not None]
@@ -274,6 +283,29 @@ class TraceWriter:
             raise WhetstoneError(
                 f"the trace {trace_id!r} is still waiting to be written after {timeout:g} s",
                 hint="the trace store is slow or backed up; retry the feedback shortly") from None
+
+    async def settle(self, trace_id: str,
+                     spooled: asyncio.Future[Encoded | None] | None = None) -> bool:
+        """What a reply waits for before it goes, at most ``SETTLE_WAIT_S``: before a local
+        store, the trace's write; before a remote one (``durable``), its line in this
+        machine's spool (``spooled``, the future ``submit`` returned), since that store may be
+        down for a while and the writer retries it from the spool. False (logged) when that
+        took longer."""
+        try:
+            if self.durable and spooled is not None:
+                # shield: a reply given up on (the client left) must not cancel the future
+                # the writer's batch waits on.
+                await asyncio.wait_for(asyncio.shield(spooled), SETTLE_WAIT_S)
+            else:
+                await self.written(trace_id, timeout=SETTLE_WAIT_S)
+            return True
+        except TimeoutError:
+            log.warning("replying before trace %s is spooled: still waiting after %g s",
+                        trace_id, SETTLE_WAIT_S)
+            return False
+        except WhetstoneError as exc:
+            log.warning("replying before trace %s is written: %s", trace_id, exc.message)
+            return False
 
     async def label(self, trace_id: str, score: float, comment: str | None, *,
                     owner: str | None = None) -> Trace:

@@ -2,7 +2,8 @@
 (a ``ServerState`` that ``create_app`` builds), so nothing here is a closure over one app.
 
 - ``POST /v1/chat/completions`` (JSON or SSE): admit (429 past the queue), adapt with the
-  library, answer with the upstream, record the exchange after the reply is sent;
+  library, answer with the upstream, reply once the exchange's trace is stored (spooled, before
+  a remote store);
 - ``POST /v1/feedback``: label a recorded exchange;
 - ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /livez``
   (liveness), ``GET /readyz`` (readiness: the upstream answers, ``probes.py``),
@@ -20,7 +21,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.backends.openai_wire import (
@@ -184,9 +184,10 @@ class _Exchange:
         self.adapted: Adapted | None = None
         self.handed_off = False
         self._ended = False
+        self._spooled: asyncio.Future[Any] | None = None  # the trace in the spool (remote)
 
     async def answer(self, adapted: Adapted, switches: ChatSwitches) -> Response:
-        """Answer with the upstream; the trace is recorded after the reply is sent."""
+        """Answer with the upstream; the reply goes once its trace is written (``_settle``)."""
         state = self.state
         self.adapted = adapted
         self.call = replace(self.call, request=adapted.request)
@@ -202,17 +203,15 @@ class _Exchange:
         try:
             completion = await state.service.complete(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
-            return self._failed(exc)
+            return await self._failed(exc)
         body, meta = completion_to_openai(completion, model=self.model), {}
         if switches.verify:
             meta["verification"] = await state.pipeline.verify(
                 last_user_text(self.call.request.messages), completion.text)
             body["whetstone"] = dict(meta)
-        if await self._recorded_first(completion, meta):
-            return JSONResponse(body, headers=self.headers)
-        return JSONResponse(body, headers=self.headers,
-                            background=BackgroundTask(self._record_after, completion, None,
-                                                      meta))
+        self._record(completion, None, **meta)
+        await self._settle()
+        return JSONResponse(body, headers=self.headers)
 
     async def _choices(self) -> Response:
         """``n`` > 1: the upstream decodes the choices (``parse`` allows it only for a
@@ -227,21 +226,19 @@ class _Exchange:
                 lambda left: relay.apost("/chat/completions", body, left), self.deadline)
             completion = _first_choice(reply, time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
-            return self._failed(exc)
+            return await self._failed(exc)
         state.service.count_tokens(completion)
         reply["model"] = self.model
-        meta = {"choices": len(reply["choices"])}
-        if await self._recorded_first(completion, meta):
-            return JSONResponse(reply, headers=self.headers)
-        return JSONResponse(reply, headers=self.headers, background=BackgroundTask(
-            self._record_after, completion, None, meta))
+        self._record(completion, None, choices=len(reply["choices"]))
+        await self._settle()
+        return JSONResponse(reply, headers=self.headers)
 
     async def _stream(self) -> Response:
         state = self.state
         try:
             stream = await state.service.open_stream(self.call, self.deadline)
         except Exception as exc:  # noqa: BLE001 - any failure gets a reply and a trace
-            return self._failed(exc)
+            return await self._failed(exc)
 
         def on_close() -> None:
             self._on_end(None, None, "")  # when the event generator never ran
@@ -250,45 +247,38 @@ class _Exchange:
         self.handed_off = True
         return EventStream(
             stream, state.service.sse_events(self.call, self.model, stream, self._on_end,
-                                             self.request_id),
+                                             self.request_id, settle=self._settle),
             on_close=on_close, media_type="text/event-stream",
             headers={**self.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def _recorded_first(self, completion: Completion, meta: dict[str, Any]) -> bool:
-        """Before a store across the network (``TraceWriter.durable``), record the exchange
-        and wait until its trace is spooled on this machine: a reply the client gets names a
-        trace that survives this process. False (record after the reply) otherwise."""
-        writer = self.state.writer
-        if writer is None or not writer.durable or self.trace_id is None:
-            return False
-        spooled = self._record(completion, None, **meta)
-        if spooled is not None:
-            await asyncio.shield(spooled)  # a client gone away must not cancel the write
-        return True
-
     def _record(self, completion: Completion | None, failure: str | None, outcome: Any = None,
-                **meta: Any) -> asyncio.Future[Any] | None:
+                **meta: Any) -> None:
         """Queue the exchange's trace; it is built, cut and written in the writer's threads
-        (a 16 MB request costs the loop nothing here)."""
+        (a 16 MB request costs the loop nothing here). Before a remote store, ``_spooled`` is
+        then done once the trace is in this machine's spool."""
         if self.trace_id is None or self.adapted is None:
-            return None
+            return
         if self.owner is not None:
             meta[OWNER_KEY] = self.owner
         adapted, ended = self.adapted, time.time()
         info = {"served_as": self.model, "stream": self.call.stream, **meta}
-        return self.state.pipeline.record(self.trace_id, lambda: chat_trace(
+        self._spooled = self.state.pipeline.record(self.trace_id, lambda: chat_trace(
             self.trace_id or "", adapted, model=self.state.backend.shown_spec,
             started=self.started, ended=ended, completion=completion, error=failure,
             outcome=outcome, request_id=self.request_id, meta=info))
 
-    async def _record_after(self, completion: Completion | None, failure: str | None,
-                            meta: dict[str, Any] | None = None) -> None:
-        # A coroutine, so Starlette runs it on the loop once the reply is sent (a plain
-        # function would go to a worker thread, and the trace queue is the loop's).
-        self._record(completion, failure, **(meta or {}))
+    async def _settle(self) -> None:
+        """Wait until this exchange's trace is written (the store's one ``write`` of its line,
+        flushed), or, before a store across the network (``TraceWriter.durable``), spooled on
+        this machine's disk: a reply that hands out a trace id goes only then, so a replica
+        killed with ``kill -9`` after answering has lost no acknowledged trace, and an outage
+        of the remote store does not hold the replies (docs/middleware.md has the cost). A
+        wait past ``recording.SETTLE_WAIT_S`` is logged and the reply goes."""
+        if self.trace_id is not None and self.state.writer is not None:
+            await self.state.writer.settle(self.trace_id, self._spooled)
 
-    def _failed(self, exc: Exception) -> JSONResponse:
-        """The error reply, recording the exchange once it is sent."""
+    async def _failed(self, exc: Exception) -> JSONResponse:
+        """The error reply, sent once the exchange's trace is written."""
         if isinstance(exc, WhetstoneError):
             out = whetstone_error_reply(self.state.metrics, exc, self.headers,
                                         request_id=self.request_id)
@@ -296,7 +286,8 @@ class _Exchange:
         else:
             out = internal_error_reply(self.state.metrics, exc, self.headers)
             reason = failure_text(exc)
-        out.background = BackgroundTask(self._record_after, None, reason)
+        self._record(None, reason)
+        await self._settle()
         return out
 
     def _on_end(self, completion: Completion | None, failure: str | None, text: str) -> None:
@@ -377,8 +368,9 @@ async def get_model(request: Request, model_id: str) -> Response | dict[str, Any
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     """Status, the served name and the upstream's kind for anyone (a probe needs no key).
-    The upstream's address and the library's state only to a client that sends one of the
-    server's API keys (to every client when there are none); never a path on this host."""
+    The upstream's address and the library's state (the served version, and whether and how a
+    gate accepted it) only to a client that sends one of the server's API keys (to every
+    client when there are none); never a path on this host."""
     state = _state(request)
     keyed = not state.api_keys or key_matches(request.headers.get("authorization"),
                                               state.api_keys)
@@ -392,6 +384,9 @@ async def health(request: Request) -> dict[str, Any]:
     out["recording"] = state.writer is not None
     try:
         out["library_version"] = state.pipeline.library_version()
+        gate = state.pipeline.library_gate()
+        if gate is not None:
+            out["library_gate"] = dict(gate)
     except WhetstoneError as exc:
         out["library_version"] = None
         out["library_error"] = library_state(exc)

@@ -451,13 +451,16 @@ class ChatService:
 
     async def sse_events(self, call: ChatCall, model: str, stream: OpenStream,
                          on_end: Callable[[Completion | None, str | None, str], None]
-                         | None = None, request_id: str = "") -> AsyncIterator[str]:
+                         | None = None, request_id: str = "",
+                         settle: Callable[[], Awaitable[None]] | None = None
+                         ) -> AsyncIterator[str]:
         """``chat.completion.chunk`` events ending in ``data: [DONE]``; a failure mid-stream
         becomes an ``{"error": ...}`` event, which OpenAI clients raise as an error.
 
         ``on_end(completion, error, text_so_far)`` is called once however the stream ends
-        (completion None: it failed, or the client went away), after the last event has been
-        handed to the server, so recording the exchange never delays the reply.
+        (completion None: it failed, or the client went away): before ``[DONE]``, then
+        ``settle()`` is awaited (the trace written), so a stream the client saw end has its
+        trace stored; a client gone mid-stream is recorded as it leaves.
         """
         cid, created = new_completion_id(), int(time.time())
         sent: list[str] = []
@@ -511,8 +514,8 @@ class ChatService:
             await stream.close()
             if interrupted and on_end is not None:
                 on_end(None, None, "".join(sent))
-        try:
-            yield "data: [DONE]\n\n"
-        finally:
-            if on_end is not None:
-                on_end(final, failure, "".join(sent))
+        if on_end is not None:  # recorded, and written, before the client hears the end
+            on_end(final, failure, "".join(sent))
+            if settle is not None:
+                await settle()
+        yield "data: [DONE]\n\n"

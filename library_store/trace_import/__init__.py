@@ -11,17 +11,18 @@ same trace id) is counted, not stored again. docs/observability.md describes the
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from whetstone.engine.errors import ConfigError
+from whetstone.engine.types import Trace
 from whetstone.library_store.trace_import.common import (
     KIND,
     ORIGIN,
     Imported,
     ImportReport,
     known_keys,
+    parse_json,
 )
 from whetstone.library_store.trace_import.langsmith import read_langsmith
 from whetstone.library_store.trace_import.openai_log import read_openai
@@ -41,7 +42,7 @@ def detect_format(text: str, path: Path) -> str:
     first = head.splitlines()[0] if head else ""
     for sample in (head, first):
         try:
-            data = json.loads(sample)
+            data = parse_json(sample)
         except ValueError:
             continue
         if isinstance(data, dict) and isinstance(data.get("runs"), list):
@@ -80,11 +81,16 @@ def read_file(path: Path, fmt: str, report: ImportReport) -> Iterator[Imported]:
     yield from readers[fmt](text, str(path), report.skipped)
 
 
-def write(store: TraceStore, found: Iterable[Imported], report: ImportReport) -> None:
+def write(store: TraceStore, found: Iterable[Imported], report: ImportReport,
+          prepare: Callable[[Trace], Trace] | None = None) -> None:
     """Store ``found`` whole, skipping what the store (or this import) already holds, in
-    batches through the store's append path; files the size cap drops are reported."""
+    batches through the store's append path. What the size cap drops is reported: the
+    store's files, how many of its own traces went, and how many imported ones remain.
+    ``prepare`` may change each new trace before it is stored (the face scores it)."""
     keys, ids = known_keys(store.latest().values())
+    had = set(ids)  # the store's own traces, before this import
     before = set(store.files())
+    pruned = store.pruned
     batch = []
     for item in found:
         if item.key in keys or item.trace.id in ids:
@@ -92,7 +98,7 @@ def write(store: TraceStore, found: Iterable[Imported], report: ImportReport) ->
             continue
         keys.add(item.key)
         ids.add(item.trace.id)
-        record = store.encode(item.trace)
+        record = store.encode(prepare(item.trace) if prepare is not None else item.trace)
         report.truncated += record.truncated
         batch.append(record)
         report.imported.append(item.trace.id)
@@ -101,14 +107,21 @@ def write(store: TraceStore, found: Iterable[Imported], report: ImportReport) ->
             batch = []
     store.append_records(batch)
     report.dropped_files = sorted(str(p) for p in before - set(store.files()))
+    report.kept = len(report.imported)
+    if store.pruned != pruned:  # the size cap dropped files: say whose traces went
+        now = set(store.latest())
+        report.evicted = len(had - now)
+        report.kept = len(now.intersection(report.imported))
 
 
 def import_traces(store: TraceStore, paths: Sequence[Path] = (), *, fmt: str = "auto",
                   phoenix: str | None = None, project: str | None = None,
-                  fetch: Fetch = http_fetch) -> ImportReport:
+                  fetch: Fetch = http_fetch,
+                  prepare: Callable[[Trace], Trace] | None = None) -> ImportReport:
     """Import ``paths`` (and a Phoenix project) into ``store``; the report says what was
     stored, what was there already, and every record skipped with why. ``ConfigError`` when
-    nothing was given or nothing in it could be read."""
+    nothing was given or nothing in it could be read. ``prepare`` may change each new trace
+    before it is stored."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown trace format {fmt!r}", hint="formats: " + ", ".join(FORMATS))
     if (phoenix is None) != (project is None):
@@ -128,7 +141,7 @@ def import_traces(store: TraceStore, paths: Sequence[Path] = (), *, fmt: str = "
             report.sources[f"{phoenix} project {project}"] = "phoenix"
             yield from read_phoenix(phoenix, project, report.skipped, report.notes, fetch)
 
-    write(store, everything(), report)
+    write(store, everything(), report, prepare)
     if not report.imported and not report.duplicates:
         why = "; ".join(report.skipped[:3]) or "the sources hold no traces"
         raise ConfigError(f"nothing could be imported: {why}"

@@ -57,6 +57,8 @@ class ImportReport:
     skipped: list[str] = field(default_factory=list)  # "where: why" per malformed record
     truncated: int = 0  # stored records cut to the store's record-size cap
     dropped_files: list[str] = field(default_factory=list)  # pruned past the store-size cap
+    evicted: int = 0  # traces the store held before the import that the size cap dropped
+    kept: int = 0  # imported traces still stored when the import ended
     sources: dict[str, str] = field(default_factory=dict)  # source -> format read
     notes: list[str] = field(default_factory=list)  # what was read only in part (annotations)
 
@@ -64,7 +66,39 @@ class ImportReport:
         return {"imported": len(self.imported), "ids": list(self.imported),
                 "duplicates": self.duplicates, "skipped": list(self.skipped),
                 "truncated": self.truncated, "dropped_files": list(self.dropped_files),
+                "evicted": self.evicted, "kept": self.kept,
                 "sources": dict(self.sources), "notes": list(self.notes)}
+
+
+# How far into the future a record may start: a day covers a clock set to the wrong time
+# zone (a naive local time read as UTC is at most 14 hours off). A record dated past it is
+# skipped as malformed; the store evicts by write time, so none could push real traces out.
+MAX_FUTURE_S = 86_400
+# The deepest JSON a record may nest. Python's json gives up near 1000 levels with a
+# RecursionError, and everything after reading (the trace's own encoding, hashing a record)
+# recurses as well: a record nested past this is malformed, listed and skipped like bad JSON.
+# Real exports nest a few dozen levels (a LangSmith run tree, OTLP key-value lists).
+MAX_JSON_DEPTH = 200
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads``, where JSON nested deeper than ``MAX_JSON_DEPTH`` is a ``ValueError``
+    like any text that is not JSON (never a ``RecursionError`` that ends the import)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:  # no recursion: the depth is what is checked
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        stack.extend((c, depth + 1) for c in children)
+    return value
 
 
 def origin_key(fmt: str, source_id: str) -> str:
@@ -146,6 +180,14 @@ def feedback(score: Any, label: Any, comment: Any = None) -> tuple[float | None,
     return value, meta
 
 
+def _utc(seconds: float) -> str:
+    """Epoch seconds as a UTC time, or as the number when no calendar holds it."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return f"{seconds:g} seconds after 1970"
+
+
 def finish_step(outcome: str, started: float, error: str | None = None) -> Step:
     """The ``finish`` step the runtime ends a run with, saying the run was imported."""
     return Step(kind="finish", module="finish", started=started, route="end",
@@ -162,6 +204,11 @@ def build(fmt: str, source: str, record: str, key: str, *, task: str, steps: Seq
     id) and the key; ``BadRecord`` when it has no task, or no answer and did not fail."""
     if not task.strip():
         raise BadRecord("no task: the record holds no user message or input")
+    if started < 0:
+        raise BadRecord(f"it starts at {_utc(started)}, before 1970: not a time a run took")
+    if started > time.time() + MAX_FUTURE_S:
+        raise BadRecord(f"it starts at {_utc(started)}, in the future (more than a day from "
+                        "now): check the clock or the time zone of its source")
     if outcome not in OUTCOMES:
         raise BadRecord(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
     if error is None and outcome == "answered" and (answer is None or not answer.strip()):
@@ -198,8 +245,8 @@ def known_keys(traces: Iterable[Trace]) -> tuple[set[str], set[str]]:
 
 
 __all__ = ["KIND", "ORIGIN", "BadRecord", "ImportReport", "Imported", "build", "content_key",
-           "feedback", "known_keys", "number", "origin_key", "outcome_of", "stable_id",
-           "text_of"]
+           "feedback", "known_keys", "number", "origin_key", "outcome_of", "parse_json",
+           "stable_id", "text_of"]
 
 
 def iso_seconds(value: Any, what: str, *, numbers: bool = False) -> float:

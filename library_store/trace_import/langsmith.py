@@ -11,7 +11,6 @@ expected answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ from whetstone.library_store.trace_import.common import (
     iso_seconds,
     number,
     origin_key,
+    parse_json,
     text_of,
 )
 
@@ -118,7 +118,7 @@ def _step(run: Mapping[str, Any], started: float) -> Step:
         args = inputs.get("input", inputs) if isinstance(inputs, Mapping) else inputs
         if isinstance(args, str):
             try:
-                args = json.loads(args)
+                args = parse_json(args)
             except ValueError:
                 pass
         result = outputs.get("output", outputs) if isinstance(outputs, Mapping) else outputs
@@ -212,9 +212,9 @@ def trace_of_runs(runs: list[Mapping[str, Any]], source: str) -> Imported:
 
 def _runs(text: str) -> list[Any]:
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError:
-        return [json.loads(line) if line.strip() else None for line in text.splitlines()]
+        return [parse_json(line) if line.strip() else None for line in text.splitlines()]
     if isinstance(data, Mapping) and isinstance(data.get("runs"), list):
         return list(data["runs"])
     return data if isinstance(data, list) else [data]

@@ -18,7 +18,6 @@ and ``metadata`` (an object, kept).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -33,6 +32,7 @@ from whetstone.library_store.trace_import.common import (
     feedback,
     number,
     origin_key,
+    parse_json,
     text_of,
 )
 
@@ -127,7 +127,7 @@ def _steps(messages: list[dict[str, Any]], start: int, usage: Mapping[str, Any],
                                    (str(m.get("name") or "tool"), None))
             if isinstance(args, str):
                 try:
-                    args = json.loads(args)
+                    args = parse_json(args)
                 except ValueError:
                     pass
             steps.append(Step(kind="act", module="act", route="think", started=started,
@@ -191,7 +191,7 @@ def read_openai(text: str, source: str, skipped: list[str]) -> Iterator[Imported
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except ValueError as exc:
             skipped.append(f"{source}:{n}: not JSON ({exc})")
             continue

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from whetstone.library_store.trace_import.common import BadRecord, Imported
+from whetstone.library_store.trace_import.common import BadRecord, Imported, parse_json
 from whetstone.library_store.trace_import.spans import Span, trace_of_spans
 
 _HEX = re.compile(r"[0-9a-fA-F]+")
@@ -134,14 +133,14 @@ def spans_of_request(request: Any, where: str) -> Iterator[tuple[str, Span | Bad
 def _requests(text: str) -> Iterator[tuple[str, Any]]:
     """The request objects of a file: the whole file, or one per line."""
     try:
-        yield "", json.loads(text)
+        yield "", parse_json(text)
         return
     except ValueError:
         pass
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                yield f"line {n}: ", json.loads(line)
+                yield f"line {n}: ", parse_json(line)
             except ValueError as exc:
                 yield f"line {n}: ", BadRecord(f"not JSON ({exc})")
 

@@ -16,7 +16,6 @@ real server, tests/test_traces_import.py a stand-in of the same shape.
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.parse
@@ -25,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from whetstone.engine.errors import ConfigError, NotFound
-from whetstone.library_store.trace_import.common import BadRecord, Imported, iso_seconds
+from whetstone.library_store.trace_import.common import BadRecord, Imported, iso_seconds, parse_json
 from whetstone.library_store.trace_import.otlp import group_traces
 from whetstone.library_store.trace_import.spans import Span
 
@@ -65,7 +64,7 @@ def http_fetch(url: str, timeout: float = 30.0) -> Any:
     req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
+            return parse_json(resp.read())
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise NotFound(f"the Phoenix server has no such project ({url})",

@@ -15,7 +15,6 @@ attributes (task, answer, label, score, outcome, and the score of a later
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from whetstone.library_store.trace_import.common import (
     number,
     origin_key,
     outcome_of,
+    parse_json,
     text_of,
 )
 
@@ -75,7 +75,7 @@ def _loads(value: Any) -> Any:
     """``value`` parsed when it is JSON text, else as it is."""
     if isinstance(value, str) and value[:1] in ("{", "["):
         try:
-            return json.loads(value)
+            return parse_json(value)
         except ValueError:
             return value
     return value

@@ -52,6 +52,7 @@ from whetstone.engine.methods.dynamo.parts import (
     Round,
     accuracy,
     dropped,
+    expand_toolset,
     merge,
     parse_clusters,
     parse_reasoning,
@@ -90,7 +91,8 @@ class DynamoConfig:
                       min=1)
     rounds: int = knob(2, help="Most rounds of attempt, diagnose, write, test, check.", min=1)
     toolset: str = knob("", help="Given-toolset mode: tools supplied in advance "
-                                 "(comma-separated, e.g. python); learn only when to call each.")
+                                 "(comma-separated, e.g. python; a pattern such as '*' names the "
+                                 "agent's own tools it matches); learn only when to call each.")
     max_failures: int = knob(12, help="Failures diagnosed per round.", min=1)
     batch_size: int = knob(4, help="Failures per diagnosis call.", min=1)
     contrast: int = knob(2, help="Correct attempts shown beside each batch of failures.", min=0)
@@ -406,7 +408,7 @@ class _Run:
             for line in a.text.splitlines():
                 if line.startswith("Model calls "):
                     names.setdefault(line[len("Model calls "):].split("(")[0], None)
-        given = [n.strip() for n in self.cfg.toolset.split(",") if n.strip()]
+        given = list(self._given_tools()) if self.cfg.toolset else []
         return ", ".join(dict.fromkeys([*given, *names])) or "(none used)"
 
     async def _diagnose(self) -> list[Cluster]:
@@ -538,14 +540,7 @@ class _Run:
             if not isinstance(self.library, Mapping):
                 known.update({t.name: t for t in library_tools(
                     self.library, images=self.images, sandbox=self.method.sandbox)[0]})
-            names = [n.strip() for n in self.cfg.toolset.split(",") if n.strip()]
-            if any(n not in known for n in names):  # the user's functions, MCP servers' tools
-                known.update({t.name: t for t in self.context.agent_tools()})
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise ConfigError(f"unknown tool(s) in toolset: {', '.join(unknown)}",
-                                  hint="tools: " + ", ".join(known))
-            self._given = {n: known[n] for n in names}
+            self._given = expand_toolset(self.cfg.toolset, known, self.context.agent_tools)
         return self._given
 
     # -- names and files --------------------------------------------------------------------

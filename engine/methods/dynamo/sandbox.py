@@ -141,8 +141,9 @@ def skill_files(p: Proposal, *, round_no: int, attempts: Mapping[str, Attempt],
     provenance = {"method": "dynamo", "round": round_no, "kind": p.kind,
                   "cluster": asdict(p.cluster), "tool": p.tool or None,
                   **({"tool_source": tool_source} if tool_source else {}),
+                  # By task and trace id, not by label: a library never carries the answers.
                   "failures": [{"task_id": t, "trace_id": attempts[t].trace_id,
-                                "expected": attempts[t].expected, "answer": attempts[t].answer}
+                                "answer": attempts[t].answer}
                                for t in p.cluster.failures if t in attempts],
                   "sandbox_tests": [asdict(t) for t in p.tests]}
     files[f"{base}/{PROVENANCE}"] = json.dumps(provenance, indent=1, ensure_ascii=False) + "\n"

@@ -1,0 +1,249 @@
+"""The workflows method: verified calls of the host's tools, learned from runs and offered as
+tools. The environment is a real SQLite database behind a function tool (what an MCP server's
+read_query does, in process); the models are scripted."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from whetstone.engine.api import Engine
+from whetstone.engine.backends.scripted import ScriptedBackend
+from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
+from whetstone.engine.methods.workflows.induce import (
+    CallRecord,
+    Wording,
+    induce,
+    read_slots,
+)
+from whetstone.engine.methods.workflows.records import (
+    CallStep,
+    Selector,
+    Slot,
+    Workflow,
+    fill,
+    parse_workflows,
+    render_workflows,
+)
+from whetstone.engine.methods.workflows.values import learn_selector, select, supports
+from whetstone.engine.types import Request
+from whetstone.tools.base import Tool
+from whetstone.tools.functions import function_tool
+
+# -- values and induction --------------------------------------------------------------------
+
+
+def test_a_result_supports_an_answer_only_as_a_whole_value() -> None:
+    assert supports("[{'price': 12.5}]", 12.5)
+    assert supports("[{'price': 12.5}]", "12.50")
+    assert not supports("[{'price': 112.5}]", 12.5)
+    assert supports("owner: Mo Ada\nport: 80", "mo ada")
+    assert not supports("owner: Mo Adams", "Mo Ada")
+
+
+@pytest.mark.parametrize("result,value,kind,other,expected", [
+    ("[{'price': 12.5}]", 12.5, "key", "[{'price': 3.25}]", "3.25"),
+    ("[{'SUM(qty)': 7}]", 7, "cell", "[{'SUM(qty)': 11}]", "11"),
+    ("owner: ana\nport: 8080\n", 8080, "key", "owner: bo\nport: 9090\n", "9090"),
+    ('{"lead": "Mo Ada", "size": 4}', "Mo Ada", "key", '{"size": 2, "lead": "Cy"}', "Cy"),
+    ("2.3.1\n", "2.3.1", "whole", "4.0.0\n", "4.0.0"),
+])
+def test_a_selector_learned_on_one_result_reads_another(
+        result: str, value: Any, kind: str, other: str, expected: str) -> None:
+    sel = learn_selector(result, value)
+    assert sel is not None and sel.kind == kind
+    assert select(other, sel) == expected
+
+
+QUESTIONS = [f"How much does the {c} {t} cost?" for c in ("Amber", "Jade", "Ruby", "Onyx")
+             for t in ("Kettle", "Lamp", "Rake")] + \
+    [f"Which region is {n} in?" for n in ("Dana Whit", "Al Bo", "Cy Dee", "Ed Fo", "Gil Ho")]
+
+
+def test_induce_makes_the_questions_values_slots_and_its_wording_a_pattern() -> None:
+    call = CallRecord("db_read_query", {"query": "SELECT cents/100.0 AS usd FROM items "
+                                                 "WHERE title = 'Amber Lamp'"}, "[{'usd': 4.5}]")
+    w = induce("How much does the Amber Lamp cost?", [call], 4.5, Wording(QUESTIONS))
+    assert w is not None
+    assert [s.name for s in w.slots] == ["title"]
+    assert w.steps[0].arguments["query"].endswith("WHERE title = '{title}'")
+    assert w.patterns == ("How much does the {title} cost?",)
+    assert w.answer == Selector("key", "usd")
+    assert read_slots(w.patterns, "how much does the Ruby Rake cost") == {"title": "Ruby Rake"}
+    assert read_slots(w.patterns, "Which region is Al Bo in?") is None
+
+
+def test_induce_refuses_a_call_that_holds_its_answer_or_takes_nothing_from_the_question() -> None:
+    wording = Wording(QUESTIONS)
+    leaked = CallRecord("db_read_query", {"query": "SELECT 4.5 AS usd WHERE 'Amber Lamp' = "
+                                                   "'Amber Lamp'"}, "[{'usd': 4.5}]")
+    assert induce("How much does the Amber Lamp cost?", [leaked], 4.5, wording) is None
+    constant = CallRecord("db_read_query", {"query": "SELECT MAX(cents) AS m FROM items"},
+                          "[{'m': 990}]")
+    assert induce("How much does the Amber Lamp cost?", [constant], 990, wording) is None
+
+
+def test_induce_follows_a_value_from_one_result_into_the_next_call() -> None:
+    calls = [CallRecord("fs_list", {}, "/srv/repo"),
+             CallRecord("fs_read", {"path": "/srv/repo/services/ledger.yaml"},
+                        "name: ledger\nteam: payments\nport: 8443"),
+             CallRecord("fs_read", {"path": "/srv/repo/teams/payments.json"},
+                        '{"lead": "Mo Ada", "size": 3}')]
+    questions = [f"Who leads the team that owns the {s} service?" for s in
+                 ("ledger", "auth", "vault", "billing", "pay", "relay")] + QUESTIONS
+    w = induce(questions[0], calls, "Mo Ada", Wording(questions))
+    assert w is not None
+    assert len(w.steps) == 2  # the look around (fs_list) is dropped
+    team = next(s for s in w.slots if s.from_step == 0)
+    assert team.select == Selector("key", "team")
+    assert w.steps[1].arguments["path"] == "/srv/repo/teams/{" + team.name + "}.json"
+
+
+def test_a_value_with_a_quote_cannot_end_the_string_it_stands_in() -> None:
+    assert fill("SELECT 1 WHERE t = '{title}'", {"title": "O'Brien"}) == \
+        "SELECT 1 WHERE t = 'O''Brien'"
+    assert fill("/srv/{svc}/x", {"svc": "a'b"}) == "/srv/a'b/x"
+
+
+def test_the_file_round_trips_and_reports_what_is_malformed() -> None:
+    w = Workflow("price_of_title", "", (Slot("title", "Amber Lamp"),),
+                 (CallStep("db_read_query", {"query": "SELECT 1 WHERE t = '{title}'"}),),
+                 Selector("cell"), ("How much does the {title} cost?",), 3, 3)
+    text = render_workflows([w])
+    assert parse_workflows(text) == ([w], [])
+    bad = text.replace("'{title}'", "'{other}'")
+    found, problems = parse_workflows(bad, path="workflows/x.yaml")
+    assert found == [] and any("{other}" in str(p) for p in problems)
+    assert parse_workflows("workflows: [", path="workflows/x.yaml")[1][0].rule == "yaml"
+
+
+# -- the evolver and the runtime, end to end ----------------------------------------------
+
+NAMES = ["Amber Lamp", "Jade Rake", "Ruby Kettle", "Onyx Mat", "Sage Lamp", "Coral Rake",
+         "Ivory Kettle", "Azure Mat", "Slate Lamp"]
+PEOPLE = {n: "NS"[i % 2] for i, n in enumerate(["Dana Whit", "Al Bo", "Cy Dee", "Ed Fo",
+                                               "Gil Ho", "Ida Jo", "Kai Lo", "Mo Nu", "Oz Pi",
+                                               "Qu Ra", "Sy Tu", "Uma Vo"])}
+TRAIN_NAMES, DEV_NAMES = NAMES[:6], NAMES[6:]
+TRAIN_PEOPLE, DEV_PEOPLE = list(PEOPLE)[:4], list(PEOPLE)[4:]
+
+
+@pytest.fixture
+def db_tool(tmp_path: Path) -> Tool:
+    path = tmp_path / "shop.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE items (title TEXT, cents INTEGER)")
+        db.executemany("INSERT INTO items VALUES (?, ?)",
+                       [(n, 150 * (i + 1)) for i, n in enumerate(NAMES)])
+        db.execute("CREATE TABLE people (name TEXT, rg TEXT)")
+        db.executemany("INSERT INTO people VALUES (?, ?)", list(PEOPLE.items()))
+        db.execute("CREATE TABLE regions (rg TEXT, label TEXT)")
+        db.executemany("INSERT INTO regions VALUES (?, ?)", [("N", "Northmoor"),
+                                                             ("S", "Southfen")])
+
+    def db_read_query(query: str) -> str:
+        """Run a read-only SQL query on the shop's database."""
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            con.row_factory = sqlite3.Row
+            return str([dict(r) for r in con.execute(query).fetchall()])
+
+    return function_tool(db_read_query)
+
+
+def tasks(prefix: str, names: list[str], people: list[str]) -> TaskSet:
+    out = [TaskRecord(f"{prefix}p{i}", f"How much does the {n} cost?",
+                      expected=1.5 * (NAMES.index(n) + 1), scorer="numeric")
+           for i, n in enumerate(names)]
+    out += [TaskRecord(f"{prefix}r{i}", f"Which region is {n} in?",
+                       expected={"N": "Northmoor", "S": "Southfen"}[PEOPLE[n]],
+                       scorer="normalised") for i, n in enumerate(people)]
+    return TaskSet(prefix, tuple(out))
+
+
+def _name_in(text: str, pattern: str) -> str:
+    return re.search(pattern, text).group(1)  # type: ignore[union-attr]
+
+
+def agent_model(request: Request) -> str:
+    """Calls the database for prices (the SQL it knows); guesses regions."""
+    last = request.messages[-1].text
+    if request.prefix:  # a required workflow call: its pattern reads the slot from the task
+        return "}}</tool_call>"
+    if "[{" in last:
+        return "The answer is " + _name_in(last, r": ([\d.]+)")
+    q = next(m.text for m in request.messages if m.role == "user")
+    if "cost" in q:
+        name = _name_in(q, r"the (.+) cost")
+        sql = f"SELECT cents/100.0 AS usd FROM items WHERE title = '{name}'"
+        return '<tool_call>{"name": "db_read_query", "arguments": ' + \
+            json.dumps({"query": sql}) + "}</tool_call>"
+    return "The answer is Eastvale"
+
+
+def analyst_model(request: Request) -> str:
+    """Looks up regions through the join, after one look at the tables."""
+    user = [m.text for m in request.messages if m.role == "user"]
+    q = _name_in(user[0], r"Question: (.*)")
+    if len(user) == 1:
+        return '{"name": "db_read_query", "arguments": {"query": "SELECT name FROM ' \
+               'sqlite_master"}}'
+    person = _name_in(q, r"region is (.+) in")
+    sql = ("SELECT r.label FROM people p JOIN regions r ON r.rg = p.rg "
+           f"WHERE p.name = '{person}'")
+    return json.dumps({"name": "db_read_query", "arguments": {"query": sql}})
+
+
+def test_evolve_learns_workflows_and_the_agent_calls_them(tmp_path: Path, db_tool: Tool) -> None:
+    agent = ScriptedBackend(responder=agent_model, tool_calls=True, prefill=True)
+    engine = Engine(model=agent, library=tmp_path / "lib", create=True, tools=[db_tool])
+    result = engine.evolve("workflows", tasks=tasks("t", TRAIN_NAMES, TRAIN_PEOPLE),
+                           gate_tasks=tasks("d", DEV_NAMES, DEV_PEOPLE),
+                           analyst=ScriptedBackend(responder=analyst_model), concurrency=1)
+    details = result.patch.details
+    assert details["runs_that_reached_the_answer"] == len(TRAIN_NAMES)  # each price run
+    added = {w["name"]: w for w in details["added"]}
+    assert set(added) == {"usd_of_title", "label_of_name"}, added
+    assert added["usd_of_title"]["hits"] == len(TRAIN_NAMES)
+    assert added["label_of_name"]["hits"] == len(TRAIN_PEOPLE)  # found exploring, then checked
+    assert details["explored_kept"] == 1 and result.patch.costs["analyst_calls"] >= 2
+    text = result.patch.changes["workflows/db.yaml"] if "workflows/db.yaml" in \
+        result.patch.changes else next(iter(result.patch.changes.values()))
+    assert "Northmoor" not in text and "Southfen" not in text  # no label is learned
+    assert result.version is not None, result.decision  # regions went from 0 to 8 on dev
+    assert result.decision.candidate_score > result.decision.current_score
+    serving = Engine(model=agent, library=tmp_path / "lib", tools=[db_tool],
+                     methods=["workflows"])
+    trace = serving.run("Which region is Cy Dee in?")
+    assert trace.answer == "Northmoor"
+    prepare = next(s for s in trace.steps if s.kind == "prepare")
+    assert prepare.output["require_tools"] == ["label_of_name"]
+    assert "usd_of_title" not in prepare.output["tools"]  # only what fits is offered
+    hello = next(s for s in serving.run("Say hello").steps if s.kind == "prepare")
+    assert not {"label_of_name", "usd_of_title"} & set(hello.output["tools"])
+
+
+def test_a_host_without_the_tools_is_shown_the_calls_filled_in(tmp_path: Path,
+                                                              db_tool: Tool) -> None:
+    # Chat mode (the caller runs its own tools): the workflow's calls, for this task.
+    w = Workflow("usd_of_title", "", (Slot("title", "Amber Lamp"),),
+                 (CallStep("db_read_query", {"query": "SELECT cents FROM items WHERE title = "
+                                                      "'{title}'"}),),
+                 Selector("key", "cents", 0, "scale:-2"), ("How much does the {title} cost?",),
+                 5, 5)
+    model = ScriptedBackend(responder=lambda r: "ok")
+    engine = Engine(model=model, library=tmp_path / "lib", create=True, methods=["workflows"])
+    engine.library.commit({"workflows/db.yaml": render_workflows([w])}, method="test",
+                          validate=False)
+    reply = engine.chat([{"role": "user", "content": "How much does the Ruby Kettle cost?"}])
+    system = model.requests[-1].messages[0].text  # what the model was sent
+    assert "call db_read_query with" in system
+    assert "WHERE title = 'Ruby Kettle'" in system
+    assert "divide it by 100" in system
+    assert reply.guidance["workflows"]["shown_calls"] == "usd_of_title"
+    engine.chat([{"role": "user", "content": "Say hello"}])
+    assert "db_read_query" not in model.requests[-1].messages[0].text
