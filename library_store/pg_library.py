@@ -36,6 +36,8 @@ from whetstone.library_store.traces import TraceStore
 T = TypeVar("T")
 BLOB_CACHE_BYTES = 64 * 1024 * 1024
 SETTINGS_TTL_S = 1.0
+# The writers' lock across machines, one per schema; released when its transaction ends.
+WRITERS_LOCK = "SELECT pg_advisory_xact_lock(hashtext('whetstone-write:' || %s))"
 
 
 class PgShared:
@@ -250,8 +252,7 @@ class PgBacking:
             with self.shared.pool.connection() as conn, conn.transaction():
                 conn.execute(f"SET LOCAL lock_timeout = {max(1, int(timeout_s * 1000))}")
                 try:
-                    conn.execute("SELECT pg_advisory_xact_lock(hashtext('whetstone-write:' "
-                                 "|| %s))", (self.url.schema,))
+                    conn.execute(WRITERS_LOCK, (self.url.schema,))
                 except pg.errors.LockNotAvailable as exc:
                     raise LibraryError(
                         f"the library in {self.where} is locked by another writer "
@@ -284,8 +285,16 @@ class PgBacking:
         self.tx.published = None
 
     def landed(self, m: Manifest) -> bool:
-        row = self.run(lambda c: c.execute("SELECT manifest FROM versions WHERE id = %s",
-                                           (m.id,)).fetchone(), "reading a version")
+        """Whether ``m`` was published, asked under the writers' lock: a commit whose answer
+        was cut off may still be ending on the server, and read before it ends it would look
+        lost (its retry then finds its own change already made)."""
+        def ask(conn: Any) -> Any:
+            with conn.transaction():
+                conn.execute(WRITERS_LOCK, (self.url.schema,))
+                return conn.execute("SELECT manifest FROM versions WHERE id = %s",
+                                    (m.id,)).fetchone()
+
+        row = self.run(ask, "reading a version")
         return row is not None and bytes(row[0]) == m.to_json()
 
     def _writer(self) -> Any:

@@ -23,6 +23,7 @@ from pg_support import CuttingProxy, PgCluster
 
 from whetstone.engine.errors import LibraryError, StoreUnavailable
 from whetstone.engine.types import Trace
+from whetstone.library_store.manifest import Manifest
 from whetstone.library_store.pg_connect import StoreUrl, psycopg
 from whetstone.library_store.pg_library import close_store
 from whetstone.library_store.pg_schema import LATEST, migrate, schema_version
@@ -249,6 +250,34 @@ def test_a_store_that_is_down_is_a_clear_error(tmp_path: Path) -> None:
     assert res.exit_code == LibraryError.exit_code
     assert "cannot connect" in res.output and "pg_isready" in res.output
     close_store(url)
+
+
+def test_a_commit_whose_answer_was_lost_is_looked_up_once_it_has_ended(pg_url: str,
+                                                                      tmp_path: Path) -> None:
+    """A commit cut off after PostgreSQL got its COMMIT may still be ending when its writer
+    asks whether it landed (``landed``): the question waits for the writers' lock, so it is
+    answered once that commit ended. Asked before, it read "not landed", and the retry found
+    its own change already made ("nothing to commit": the random cuts below, now and then)."""
+    lib = Library.init(tmp_path / "a", store=pg_url)
+    asking = Library.open(tmp_path / "b", store=pg_url)
+    parent = lib.manifest()
+    m = Manifest(id="v2", parent=parent.id, created=time.time(), method="t", message="slow",
+                 root=parent.root, counts=dict(parent.counts))
+    published = threading.Event()
+
+    def slow_commit() -> None:  # published, then still ending when the question comes
+        with lib.backing.transaction(10):
+            lib.backing.publish(m)
+            published.set()
+            time.sleep(0.5)
+
+    writer = threading.Thread(target=slow_commit)
+    writer.start()
+    try:
+        assert published.wait(10)
+        assert asking.backing.landed(m)
+    finally:
+        writer.join()
 
 
 def test_connections_cut_at_random_lose_nothing(pg_cluster: PgCluster, pg_url: str,
