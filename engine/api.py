@@ -129,6 +129,7 @@ class Engine:
         # the search tool's retriever: no tool opens one.
         if not isinstance(model, Backend):
             default_backends().entry_for(model)
+        self.tool_specs = tuple(tools)  # as given: a Ray worker builds its own from them
         self._toolset = ToolSet(tools, corpus=self.corpus,
                                 images_dir=self.library.scratch("tool-images"))
         try:
@@ -306,12 +307,10 @@ class Engine:
                on_progress: Callable[[str, int, int], None] | None = None,
                on_phase: Callable[[str], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
-               allow_errors: bool = False, scorer: str | None = None,
+               allow_errors: bool = False, scorer: str | None = None, cluster: Any = None,
                **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
-        object; default: the registry's first evolver) and land the change
-        through the regression gate.
-
+        object; default: the registry's first evolver) and land the change through the gate.
         Learns from ``traces``, or from the stored traces ``trace_filter`` selects
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
@@ -328,7 +327,8 @@ class Engine:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
         kept as a candidate) unless ``allow_errors``. ``scorer`` (a built-in name,
         ``file.py:function`` or ``module:function``) scores every task, the gate's included,
-        instead of each task's own.
+        instead of each task's own. ``cluster`` (``scale.RayExecutor``) runs the collection,
+        the check runs, the gate and an evolver's map phase on Ray.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
         from whetstone.engine.evolution.pipeline import evolve
@@ -337,12 +337,12 @@ class Engine:
             get_scorer(scorer)  # an unknown name or a broken user scorer fails now
 
         if concurrency is None:
-            concurrency = auto_concurrency(self.backend)
+            concurrency = cluster.workers if cluster else auto_concurrency(self.backend)
         if method is None:
             method = (registry or self.registry).names("evolver")[0]
         if isinstance(method, str):
-            evolver = (registry or self.registry).evolver(
-                method, options, shared={"seed": seed, "concurrency": concurrency})
+            evolver = (registry or self.registry).evolver(method, options, shared={
+                "seed": seed, "concurrency": concurrency, **(cluster.shared if cluster else {})})
         elif options:
             raise ConfigError(f"options {', '.join(sorted(options))} given with a ready "
                               f"evolver", hint="configure the evolver object itself")
@@ -359,7 +359,8 @@ class Engine:
         try:
             return evolve(
                 evolver, self.library, analyst=analyst_backend,
-                make_solver=lambda snap: runner.solver(snapshot=snap, kind=kind), traces=traces,
+                make_solver=cluster.make_solver(runner, kind) if cluster else (
+                    lambda snap: runner.solver(snapshot=snap, kind=kind)), traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
@@ -492,8 +493,6 @@ class Engine:
         server_options.setdefault("traces", self.traces)
         server_options.setdefault("verifier", self.verify_report)
         return create_app(self.backend, **server_options)
-
-    # -- end of chat mode -----------------------------------------------------------------------
 
     def close(self) -> None:
         if self._agent is not None:

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/server", 7),
     ("engine/integrations", 7),
     ("engine/api.py", 7),
+    ("engine/scale.py", 7),
     ("engine/commands", 7),
     ("engine/__init__.py", 7),
     ("cli.py", 7),

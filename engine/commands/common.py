@@ -34,6 +34,7 @@ from whetstone.engine.methods.base import options_from_text
 from whetstone.engine.methods.registry import default_registry
 from whetstone.engine.paths import whetstone_home
 from whetstone.engine.printing import printable
+from whetstone.library_store.pg_connect import STORE_ENV, store_spec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -261,10 +262,42 @@ def default_library_path() -> Path:
 
 
 def library_option(fn: F) -> F:
-    """``--library PATH`` (env ``WHETSTONE_LIBRARY``; default ``$WHETSTONE_HOME/library``)."""
+    """``--library PATH`` (env ``WHETSTONE_LIBRARY``; default ``$WHETSTONE_HOME/library``)
+    and ``--store URL`` (env ``WHETSTONE_STORE``): where the library's shared state lives."""
+    fn = click.option(
+        "--store", envvar=STORE_ENV, default=None, expose_value=False, callback=_use_store,
+        metavar="URL", help="Keep the library's versions, candidates and traces in "
+        "PostgreSQL: postgresql://USER@HOST:PORT/DB?schema=NAME (env WHETSTONE_STORE; "
+        "default: the library folder itself).")(fn)
     return click.option(
         "--library", "library_path", type=click.Path(path_type=Path), envvar="WHETSTONE_LIBRARY",
         default=None, help="Library directory (default: $WHETSTONE_HOME/library).",
+    )(fn)
+
+
+def _use_store(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--store``: checked now, then set as ``WHETSTONE_STORE`` for the whole command, so
+    every library it opens (and every process it starts: Ray workers) uses that store."""
+    if value:
+        try:
+            store_spec(value)
+        except WhetstoneError as exc:
+            raise click.BadParameter(f"{exc.message}; {exc.hint}", ctx, param) from None
+        os.environ[STORE_ENV] = value
+    return value
+
+
+def executor_options(fn: F) -> F:
+    """``--executor local|ray`` and ``--ray-address ADDR`` (env ``RAY_ADDRESS``): where the
+    agent's runs go (docs/middleware.md, "Past one machine")."""
+    fn = click.option(
+        "--ray-address", envvar="RAY_ADDRESS", default=None, metavar="HOST:PORT",
+        help="The Ray cluster for --executor ray (env RAY_ADDRESS; default: start Ray on "
+             "this machine).")(fn)
+    return click.option(
+        "--executor", type=click.Choice(["local", "ray", "asyncio"]), default="local",
+        show_default=True, help="Where the agent's runs (and an evolver's analysts) go: this "
+        "process, or a Ray cluster (pip install 'whetstone-engine[scale]'); asyncio is local.",
     )(fn)
 
 

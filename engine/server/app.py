@@ -136,7 +136,9 @@ def create_app(
     app.state.server = ServerState(backend=backend, settings=settings, service=service,
                                    metrics=metrics, pipeline=pipeline, writer=writer,
                                    adapter=adapter, started_at=int(time.time()),
-                                   api_keys=keys, readiness=Readiness(backend))
+                                   api_keys=keys, readiness=Readiness(
+                                       backend, store=traces.ready if traces is not None and
+                                       traces.remote else None))
     app.add_middleware(Guard, keys=keys, metrics=metrics, web=web or WebPolicy.for_bind())
     install_error_handlers(app, metrics)
     app.include_router(router)

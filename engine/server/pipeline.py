@@ -118,10 +118,12 @@ class ChatPipeline:
             self.metrics.errors.inc(code="verify_failed")
             return {"error": verify_error(exc)}
 
-    def record(self, trace_id: str, build: Callable[[], Trace]) -> None:
-        """Queue the trace ``build()`` makes, built off the loop (``TraceWriter.submit``)."""
+    def record(self, trace_id: str, build: Callable[[], Trace]) -> asyncio.Future[Any] | None:
+        """Queue the trace ``build()`` makes, built off the loop (``TraceWriter.submit``);
+        the future is done once it is built (and spooled, before a remote store)."""
         if self.traces is not None:
-            self.traces.submit(trace_id, build)
+            return self.traces.submit(trace_id, build)
+        return None
 
     async def start(self) -> None:
         if self.traces is not None:

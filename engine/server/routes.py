@@ -2,7 +2,8 @@
 (a ``ServerState`` that ``create_app`` builds), so nothing here is a closure over one app.
 
 - ``POST /v1/chat/completions`` (JSON or SSE): admit (429 past the queue), adapt with the
-  library, answer with the upstream, record the exchange after the reply is sent;
+  library, answer with the upstream, reply once the exchange's trace is stored (spooled, before
+  a remote store);
 - ``POST /v1/feedback``: label a recorded exchange;
 - ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /livez``
   (liveness), ``GET /readyz`` (readiness: the upstream answers, ``probes.py``),
@@ -11,6 +12,7 @@
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
 # run time.
+import asyncio
 import re
 import time
 from collections.abc import Callable
@@ -182,6 +184,7 @@ class _Exchange:
         self.adapted: Adapted | None = None
         self.handed_off = False
         self._ended = False
+        self._spooled: asyncio.Future[Any] | None = None  # the trace in the spool (remote)
 
     async def answer(self, adapted: Adapted, switches: ChatSwitches) -> Response:
         """Answer with the upstream; the reply goes once its trace is written (``_settle``)."""
@@ -251,26 +254,28 @@ class _Exchange:
     def _record(self, completion: Completion | None, failure: str | None, outcome: Any = None,
                 **meta: Any) -> None:
         """Queue the exchange's trace; it is built, cut and written in the writer's threads
-        (a 16 MB request costs the loop nothing here)."""
+        (a 16 MB request costs the loop nothing here). Before a remote store, ``_spooled`` is
+        then done once the trace is in this machine's spool."""
         if self.trace_id is None or self.adapted is None:
             return
         if self.owner is not None:
             meta[OWNER_KEY] = self.owner
         adapted, ended = self.adapted, time.time()
         info = {"served_as": self.model, "stream": self.call.stream, **meta}
-        self.state.pipeline.record(self.trace_id, lambda: chat_trace(
+        self._spooled = self.state.pipeline.record(self.trace_id, lambda: chat_trace(
             self.trace_id or "", adapted, model=self.state.backend.shown_spec,
             started=self.started, ended=ended, completion=completion, error=failure,
             outcome=outcome, request_id=self.request_id, meta=info))
 
     async def _settle(self) -> None:
         """Wait until this exchange's trace is written (the store's one ``write`` of its line,
-        flushed): a reply that hands out a trace id goes only then, so a replica killed
-        with ``kill -9`` after answering has lost no acknowledged trace (docs/middleware.md
-        has the cost). A store slower than ``recording.SETTLE_WAIT_S`` is logged and the
-        reply goes."""
+        flushed), or, before a store across the network (``TraceWriter.durable``), spooled on
+        this machine's disk: a reply that hands out a trace id goes only then, so a replica
+        killed with ``kill -9`` after answering has lost no acknowledged trace, and an outage
+        of the remote store does not hold the replies (docs/middleware.md has the cost). A
+        wait past ``recording.SETTLE_WAIT_S`` is logged and the reply goes."""
         if self.trace_id is not None and self.state.writer is not None:
-            await self.state.writer.settle(self.trace_id)
+            await self.state.writer.settle(self.trace_id, self._spooled)
 
     async def _failed(self, exc: Exception) -> JSONResponse:
         """The error reply, sent once the exchange's trace is written."""
@@ -423,7 +428,7 @@ async def readyz(request: Request) -> Response:
     readiness = state.readiness or Readiness(state.backend)
     reason = await readiness.reason()
     if reason is None:
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", **readiness.report(state.writer)})
     return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503,
                         headers={"Retry-After": "2"})
 
