@@ -86,7 +86,7 @@ def _say(text: str) -> None:
 @click.option("--min-rollback", type=click.IntRange(min=1), default=20, show_default=True,
               help="Roll back once each arm has this many scored requests and the canary is "
                    "worse (the interval below 0).")
-@click.option("--max-scored", type=click.IntRange(min=1), default=400, show_default=True,
+@click.option("--max-scored", type=click.IntRange(min=1), default=1000, show_default=True,
               help="End an undecided canary (expired) after this many scored requests.")
 @click.option("--max-key-share", type=click.FloatRange(min=0, max=1, min_open=True),
               default=0.5, show_default=True,
@@ -175,8 +175,9 @@ def learn(method: str, method_options: tuple[str, ...], every: int, share: float
             learner.run(stop)
     except KeyboardInterrupt:
         stop.set()
-        _say("stopped; a running canary keeps its share: `whetstone library canary stop` "
-             "ends it")
+        running = learner.state.canary()
+        _say("stopped" + (f"; canary {running.id} keeps its share until a learner decides it "
+                          "(`whetstone library canary stop` ends it now)" if running else ""))
         sys.exit(EXIT_INTERRUPTED)
     finally:
         lease.release()

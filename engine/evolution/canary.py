@@ -9,8 +9,9 @@ Newcombe's interval (``stats.independent_difference``).
 One key cannot decide. Within each arm a key's weight is capped at ``max_key_share`` of the
 arm (water-filling: the largest keys are cut down to one level, the rest kept), so a flood
 from one key is worth at most that share; and a decision (promote, roll back) is taken only
-when it is also what the numbers say with each key's feedback left out in turn (the interval;
-the counts are the whole window's): no single key's feedback is what moves it. A flood can at most keep a canary undecided, until it
+when it is also what the numbers say with each key's feedback left out in turn (the others'
+means over the whole window's counts: ``without_key``): no single key's feedback is what
+moves it. A flood can at most keep a canary undecided, until it
 expires (``max_scored``) and the current version stays.
 
 The rules (``CanaryRules``; defaults in docs/learning.md):
@@ -51,7 +52,7 @@ class CanaryRules:
     max_key_share: float = 0.5
     min_keys: int = 3
     min_rollback: int = 20
-    max_scored: int = 400
+    max_scored: int = 1000
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
@@ -147,6 +148,8 @@ class Comparison:
     high: float
     keys: int  # keys with weight on either arm
     requests: dict[str, int]  # scored requests per arm, before weights
+    eff_canary: float = 0.0  # Kish's effective counts, what the interval is taken over
+    eff_current: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         r = 4
@@ -177,7 +180,22 @@ def compare(scored: Sequence[Scored], rules: CanaryRules, *, without: str | None
     (c_mean, c_eff, c_n), (o_mean, o_eff, o_n) = means["canary"], means["current"]
     d = independent_difference(o_mean, o_eff, c_mean, c_eff, rules.confidence)
     counts = {arm: sum(1 for s in scored if s.arm == arm and s.key != without) for arm in ARMS}
-    return Comparison(c_mean, o_mean, c_n, o_n, d.difference, d.low, d.high, len(keys), counts)
+    return Comparison(c_mean, o_mean, c_n, o_n, d.difference, d.low, d.high, len(keys), counts,
+                      c_eff, o_eff)
+
+
+def without_key(scored: Sequence[Scored], key: str, full: Comparison, rules: CanaryRules
+                ) -> Comparison:
+    """The comparison with ``key``'s feedback left out: the means of the others, the interval
+    over the whole window's counts, so what changes is that key's pull on the means, not the
+    data its loss takes away (an honest key left out would otherwise only widen the
+    interval)."""
+    alt = compare(scored, rules, without=key)
+    d = independent_difference(alt.current, full.eff_current, alt.canary, full.eff_canary,
+                               rules.confidence)
+    return Comparison(alt.canary, alt.current, alt.n_canary, alt.n_current, d.difference,
+                      d.low, d.high, alt.keys, alt.requests, full.eff_canary,
+                      full.eff_current)
 
 
 def _says(c: Comparison, rules: CanaryRules, counts: Comparison | None = None) -> str:
@@ -219,7 +237,7 @@ def decide(scored: Sequence[Scored], rules: CanaryRules) -> Verdict:
     pivotal = None
     if said != "wait" and rules.min_keys > 1:
         for key in sorted({s.key for s in scored}):
-            if _says(compare(scored, rules, without=key), rules, full) != said:
+            if _says(without_key(scored, key, full, rules), rules, full) != said:
                 pivotal = key
                 figures += f"; without key {key[:12]} it would not {said}: waiting"
                 said = "wait"
@@ -235,4 +253,4 @@ def decide(scored: Sequence[Scored], rules: CanaryRules) -> Verdict:
 
 __all__ = ["ARMS", "CANARY_META", "FEEDBACK_KEY", "FEEDBACK_WEIGHT", "UNKEYED", "CanaryRules",
            "Comparison", "Scored", "Verdict", "canary_of", "cap_shares", "compare", "decide",
-           "scored_of"]
+           "scored_of", "without_key"]

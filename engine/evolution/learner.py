@@ -263,8 +263,11 @@ class Learner:
                     note=result.patch.message)
         self.state.start_canary(record, step, fence=self.lease.check)
         self._emit(step)
-        self._say(f"canary {record.id} serves {record.share:.0%} of conversations "
-                  f"(gate: {record.gate.get('verdict')}, {record.gate.get('difference')})")
+        diff = record.gate.get("difference")
+        self._say(f"canary {record.id} serves {record.share:.0%} of conversations (gate: "
+                  f"{record.gate.get('verdict')}"
+                  + (f", {diff:+.3f} on {record.gate.get('n_tasks')} held-out tasks)"
+                     if isinstance(diff, (int, float)) else ")"))
         return "canary_started"
 
     # -- the canary ------------------------------------------------------------------------
