@@ -74,7 +74,8 @@ def processes(args: argparse.Namespace, tmp: Path, env: dict[str, str],
         [sys.executable, str(REPO / "cli.py"), "learn", "--library", str(library), "--model",
          f"openai:tiny@{upstream}", "--solver", "direct", "--tools", "", "--every",
          str(args.every), "--poll", "0.5", "--lease-ttl", "600", "--nice",
-         str(args.learner_nice), "--scorer", "normalised"], cwd=REPO, env=env, stdout=out,
+         str(args.learner_nice), "--idle" if args.learner_idle else "--no-idle", "--scorer",
+         "normalised"], cwd=REPO, env=env, stdout=out,
         stderr=subprocess.STDOUT, text=True)
     procs.append(learner)
     deadline = time.monotonic() + 300
@@ -144,7 +145,8 @@ def report(result: dict[str, Any], args: argparse.Namespace, steps: list[str],
     print(f"\nupstream: {args.delay_ms:g} ms a request · {args.rounds} rounds of "
           f"{args.requests} requests per block, one at a time, new questions, medians · "
           f"server: 34 fixture skills + memory, traces recorded, each reply labelled · learner: "
-          f"memory every {args.every} scored traces, nice {args.learner_nice} · load average "
+          f"memory every {args.every} scored traces, nice {args.learner_nice}"
+          f"{', SCHED_IDLE' if args.learner_idle else ''} · load average "
           f"{load[0]:.2f} at start, {load[1]:.2f} at the end, {os.cpu_count()} CPUs\n")
     print("| learner | upstream p50 | whetstone serve p50 | added p50 | learner CPU over the "
           "block |")
@@ -170,6 +172,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=20,
                         help="The learner evolves after this many new scored traces.")
     parser.add_argument("--learner-nice", type=int, default=10)
+    parser.add_argument("--learner-idle", action=argparse.BooleanOptionalAction, default=True,
+                        help="Run the learner in SCHED_IDLE (whetstone learn's default).")
     parser.add_argument("--json", action="store_true", help="Print the figures as JSON too.")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-learner-"))

@@ -32,7 +32,7 @@ def start_learner(library: Path, upstream: str, log: Path) -> subprocess.Popen[b
             [sys.executable, str(REPO / "cli.py"), "learn", "--library", str(library),
              "--model", f"openai:up@{upstream}/v1", "--solver", "direct", "--tools", "",
              "--scorer", "normalised", "--every", "40", "--share", "0.3", "--min-scored", "30",
-             "--min-rollback", "10", "--poll", "0.2", "--lease-ttl", "3", "--nice", "0",
+             "--min-rollback", "10", "--poll", "0.2", "--lease-ttl", "3", "--nice", "0", "--no-idle",
              "-j", "1"], cwd=REPO, env={**os.environ, "OPENAI_API_KEY": ""}, stdout=out,
             stderr=subprocess.STDOUT)
 

@@ -60,6 +60,19 @@ def _method_options(method: str, given: tuple[str, ...]) -> dict[str, Any]:
     return options_from_text(cls.config_class, raw, method=method)
 
 
+def _lower_priority(nice: int, idle: bool) -> None:
+    """Let replicas on the same cores answer first: ``nice`` lowers the learner's priority,
+    ``idle`` puts it in SCHED_IDLE (it runs only when a core has nothing else to do), where
+    the system has it."""
+    if nice and hasattr(os, "nice"):
+        os.nice(nice)
+    if idle and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError as exc:  # a container may forbid it: the nice value still applies
+            _say(f"could not run in the idle class ({exc.strerror}); running at nice {nice}")
+
+
 def _say(text: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     console(stderr=True).print(f"[{stamp}] {text}", markup=False, soft_wrap=True,
@@ -102,6 +115,9 @@ def _say(text: str) -> None:
               help="Seconds a learner's lease outlives its last heartbeat.")
 @click.option("--nice", type=click.IntRange(min=0, max=19), default=10, show_default=True,
               help="Lower the learner's CPU priority by this much, so serving comes first.")
+@click.option("--idle/--no-idle", default=True, show_default=True,
+              help="Run the learner only on CPU time nothing else wants (Linux's SCHED_IDLE "
+                   "class): replicas on the same cores are never kept waiting by it.")
 @click.option("--once", is_flag=True,
               help="Take one step (evolve when enough scored traces came in, or judge the "
                    "canary) and exit.")
@@ -124,7 +140,7 @@ def _say(text: str) -> None:
 def learn(method: str, method_options: tuple[str, ...], every: int, share: float,
           min_scored: int, margin: float, min_rollback: int, max_scored: int,
           max_key_share: float, min_keys: int, limit: int, poll_s: float, lease_ttl: float,
-          nice: int, once: bool, model: str, analyst: str | None, gate_tasks: str | None,
+          nice: int, idle: bool, once: bool, model: str, analyst: str | None, gate_tasks: str | None,
           gate_rule: str, scorer: str | None, allow_errors: bool, concurrency: int | None,
           seed: int, solver: str, library_path: Path | None, otel: Any,
           agent_tools: list[Any]) -> None:
@@ -145,8 +161,7 @@ def learn(method: str, method_options: tuple[str, ...], every: int, share: float
                                              max_key_share=max_key_share, min_keys=min_keys,
                                              min_rollback=min_rollback,
                                              max_scored=max(max_scored, min_scored)))
-    if nice and hasattr(os, "nice"):
-        os.nice(nice)  # the replicas on the same cores answer first
+    _lower_priority(nice, idle)
     err = console(stderr=True)
     with err.status(f"loading {model} …"):
         engine = Engine(model, library=library_path, checkpointing=False, solver=solver,
