@@ -10,7 +10,7 @@ learning server turns that feedback into canaries, promotions and rollbacks.
 
 Processes, as a team would run them: one model server (``whetstone serve --no-library
 --no-record`` on ``--model``; ``--model scripted``: a scripted model of the stage for tests,
-which answers a third of the questions right, two thirds when shown worked examples), and in
+which answers a third of the questions right, all when shown worked examples), and in
 front of it two ``whetstone serve`` replicas with ``--methods METHOD``, each on its own copy
 of an empty library: the frozen one, and the learning one with ``whetstone learn --method
 METHOD`` beside it (the stage's MCP servers as the gate's tools, scorer ``value``).
@@ -87,8 +87,8 @@ def stream(records: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, A
 
 def serve_toy(port: int, tasks: Path) -> None:
     """A model that knows the stage's labels: it looks around with a tool first when it has
-    tools, then answers a third of the questions right, two thirds when the system message
-    shows it worked examples (what learning can gain), the rest wrong."""
+    tools, then answers a third of the questions right, and every one when the system message
+    shows it worked examples (what learning can gain: a test double, not a measurement)."""
     import uvicorn
 
     from whetstone.engine.backends.scripted import ScriptedBackend
@@ -109,7 +109,7 @@ def serve_toy(port: int, tasks: Path) -> None:
         label = labels.get(" ".join(asked.split()))
         third = int(hashlib.sha256(asked.encode()).hexdigest(), 16) % 3
         shown = "worked example" in system.lower()
-        if label is not None and (third == 0 or (shown and third == 1)):
+        if label is not None and (third == 0 or shown):
             return str(label)
         return "I could not find it."
 

@@ -7,7 +7,8 @@ atomically (a replica reads it on every request, a ``stat``, as it reads ``CURRE
 (``v3+canary-...``), the version it was gated against (its base), the root of its file tree
 (the base plus the candidate's change, whose contents the kept candidate holds), the share,
 and the gate's figures. Every step (a canary started, promoted, rolled back, expired,
-abandoned, stopped by hand; an evolve the gate refused) is one line of
+abandoned, stopped by hand; an evolve the gate rejected, one whose change broke the library's
+rules or whose gate runs failed, one that changed nothing) is one line of
 ``learning/steps.jsonl`` with its figures: ``library log`` shows them beside the versions,
 ``/metrics`` counts them. ``learning/status.json`` holds the learner's last comparison, for
 people and ``/metrics``; nothing decides on it.
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # the store owns its learning state; this module never import
 
 LEARNING_DIR = "learning"
 STEPS = ("canary_started", "promoted", "rolled_back", "expired", "abandoned", "stopped",
-         "gate_rejected", "no_change")
+         "gate_rejected", "refused", "no_change")
 Fence = Callable[[], None]  # raises when the writer may no longer write (its lease is lost)
 
 

@@ -24,7 +24,8 @@ from whetstone.library_store.store import Library
 _WORDS = {"canary_started": "canary started", "promoted": "canary promoted",
           "rolled_back": "canary ROLLED BACK", "expired": "canary expired (undecided)",
           "abandoned": "canary abandoned", "stopped": "canary stopped by hand",
-          "gate_rejected": "evolved: the gate rejected it", "no_change": "evolved: no change"}
+          "gate_rejected": "evolved: the gate rejected it",
+          "refused": "evolved: kept as a candidate, not gated", "no_change": "evolved: no change"}
 
 
 def _interval(f: Mapping[str, Any]) -> str:
@@ -58,7 +59,7 @@ def step_text(step: Step) -> str:
     elif step.version:
         parts.append(f"as {step.version}")
     parts.append(_interval(f))
-    if step.note and step.step in ("abandoned", "stopped", "no_change", "expired"):
+    if step.note and step.step in ("abandoned", "stopped", "no_change", "expired", "refused"):
         parts.append(step.note)
     return ": ".join([parts[0], ", ".join(p for p in parts[1:] if p)]) if parts[1:] \
         else parts[0]

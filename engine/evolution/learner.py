@@ -47,7 +47,7 @@ log = logging.getLogger("whetstone.learn")
 EvolveFn = Callable[[Sequence[Trace]], EvolveResult]
 # The steps that end a round of learning: scored traces before the last of them are not new.
 _ROUND_ENDS = ("canary_started", "promoted", "rolled_back", "expired", "abandoned", "stopped",
-               "gate_rejected", "no_change")
+               "gate_rejected", "refused", "no_change")
 
 
 @dataclass(frozen=True)
@@ -229,10 +229,12 @@ class Learner:
                       else f"evolve failed: {exc.message}")
             self._status(f"the last evolve failed: {exc.message}")
             return "evolve_failed"
-        if result.decision is None:
-            self._log(Step("no_change", self.clock(), base, holder=self.lease.holder,
-                           figures={"traces": result.traces}, note=result.note))
-            return "no_change"
+        if result.decision is None:  # nothing to gate, or kept before the gate decided
+            name = "refused" if result.candidate else "no_change"
+            self._log(Step(name, self.clock(), base, holder=self.lease.holder,
+                           figures={"traces": result.traces, "candidate": result.candidate},
+                           note=result.note))
+            return name
         if not result.decision.accepted:
             self._log(Step("gate_rejected", self.clock(), base, holder=self.lease.holder,
                            figures={"gate": gate_figures(result), "traces": result.traces,
