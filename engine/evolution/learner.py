@@ -31,7 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from whetstone.engine.errors import ConfigError, LeaseLost, LibraryError, WhetstoneError
+from whetstone.engine.errors import (
+    ConfigError,
+    LeaseLost,
+    LibraryError,
+    ValidationError,
+    WhetstoneError,
+)
 from whetstone.engine.evolution.canary import CanaryRules, Verdict, canary_of, decide, scored_of
 from whetstone.engine.evolution.pipeline import EvolveResult, training_traces
 from whetstone.engine.runtime.library_tools import validate_library
@@ -294,7 +300,7 @@ class Learner:
     def _promote(self, record: CanaryRecord, verdict: Verdict) -> str:
         base_check = self.library.validator or validate_library
 
-        def fenced(snap: Snapshot, paths: Sequence[str]) -> list[Any]:
+        def fenced(snap: Snapshot, paths: Sequence[str] | None) -> Sequence[ValidationError]:
             # Under the writers' lock, just before the version becomes current.
             self.lease.check()
             running = self.state.canary()

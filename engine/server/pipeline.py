@@ -84,11 +84,12 @@ class ChatPipeline:
             return Adapted(request, query=chat_query(request.messages))
         route = self.canary.route(conversation) if self.canary is not None \
             and conversation is not None else None
-        adapter = self.adapter
+        adapter: ChatAdapter = self.adapter
         if route is not None and route.arm == "canary":
-            adapter = await self._canary_adapter(route.record)
-            if adapter is None:
-                route, adapter = Route(route.record, "current"), self.adapter
+            canary = await self._canary_adapter(route.record)
+            if canary is None:
+                route = Route(route.record, "current")
+            adapter = canary or self.adapter
         adapted = await self._adapt(request, switches, adapter)
         if route is None:
             return adapted
