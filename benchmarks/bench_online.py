@@ -169,7 +169,8 @@ def start_learner(args: argparse.Namespace, setup: Setup, library: Path, name: s
            str(setup.servers_json), "--tools", "", "--scorer", "value", "--every",
            str(args.every), "--share", str(args.share), "--min-scored", str(args.min_scored),
            "--min-rollback", str(args.min_rollback), "--max-scored", str(args.max_scored),
-           "--poll", "2", "--solver", args.solver, "--seed", str(args.seed),
+           "--poll", "2", "--solver", args.solver, "--seed", str(args.seed), "--limit",
+           str(args.limit),
            # The model runs on these cores and keeps them busy: in the idle class the learner
            # would wait for the replay's end; at nice 10 it learns beside it.
            "--no-idle",
@@ -377,6 +378,9 @@ def main() -> None:
     ap.add_argument("--min-scored", type=int, default=50)
     ap.add_argument("--min-rollback", type=int, default=20)
     ap.add_argument("--max-scored", type=int, default=300)
+    ap.add_argument("--limit", type=int, default=400,
+                    help="The newest scored traces each evolve reads (its held-out fifth is "
+                         "the gate's tasks: the gate's cost grows with it).")
     ap.add_argument("--solver", default="agent", choices=["agent", "direct"],
                     help="How the learner's gate answers (agent: with the stage's tools).")
     ap.add_argument("--max-turns", type=int, default=6, help="Tool calls per conversation.")

@@ -192,7 +192,8 @@ def markdown(data: Mapping[str, Any], png: Path | str) -> str:
         f"tools itself, at most {s['max_turns']} calls), feedback on every reply (scorer "
         f"`value`, with the label). Learner: `--method {s['method']} {opts}--every "
         f"{s['every']} --share {s['share']} --min-scored {s['min_scored']} --min-rollback "
-        f"{s['min_rollback']} --max-scored {s['max_scored']} --solver {s['solver']}`. "
+        f"{s['min_rollback']} --max-scored {s['max_scored']} --limit {s.get('limit')} --solver "
+         f"{s['solver']}`. "
         f"{data.get('minutes', '?')} minutes."), "", f"![served accuracy per window]({png})", "",
         "| requests | frozen | learning | Δ (paired, 95% CI) | adversarial replay |",
         "|---|---|---|---|---|"]
