@@ -83,7 +83,8 @@ def learner(eng: Engine, *, every: int = 40, share: float = 0.3,
         return eng.evolve("memory", traces=traces, commit=False, scorer="normalised",
                           candidate_name=f"learn-{time.time_ns()}")
 
-    return Learner(eng.library, lease or FileLease(eng.library.root / "learning", ttl_s=30),
+    # No heartbeat runs when a test takes the steps itself: a lease that outlives the test.
+    return Learner(eng.library, lease or FileLease(eng.library.root / "learning", ttl_s=3600),
                    evolve, LearnerConfig(every=every, share=share, poll_s=0.05, rules=rules),
                    sinks=eng.library.trace_sinks, say=say)
 

@@ -116,6 +116,38 @@ def test_one_keys_flood_can_neither_promote_nor_roll_back() -> None:
     assert decide(alone, rules).action == "wait"
 
 
+def test_a_flood_through_the_server_cannot_promote_a_worse_canary(tmp_path: Path) -> None:
+    """End to end: three honest users see the canary answer worse; a fourth key asks four
+    times as often and up-votes every canary reply, down-votes every other. The learner waits
+    (that key is pivotal) and never promotes."""
+    eng = engine(tmp_path / "lib", scripted(live_loses=True))
+    learn = learner(eng)
+    assert learn.lease.acquire()
+    with running_server(serve_app(eng)) as base:
+        users = Users(base)
+        for n in range(40):
+            users.ask(n, key=KEYS[n % 3])
+        assert learn.step() == "canary_started"
+        record = LearningState(eng.library).canary()
+        assert record is not None
+        flood = KEYS[3]
+        steps = []
+        for n in range(40, 330):
+            if n % 5 == 0:
+                users.ask(n, key=KEYS[n % 3])
+            else:
+                served = users.ask(n, key=flood, flip=False, label=False)
+                # the flood's vote: up for the canary, down for the current version
+                users.client.post("/v1/feedback", headers={"Authorization": f"Bearer {flood}"},
+                                  json={"trace_id": served.trace_id,
+                                        "score": float(served.version == record.id)})
+            steps.append(learn.step())
+    assert "promoted" not in steps and eng.library.current_id() == "v1", Counter(steps)
+    status = LearningState(eng.library).status()["comparison"]
+    assert status["action"] == "wait" and status["pivotal_key"], status
+    eng.close()
+
+
 # --- the loop through a real server ----------------------------------------------------------
 
 def test_a_candidate_that_gains_is_promoted(tmp_path: Path) -> None:
