@@ -342,3 +342,26 @@ def test_manual_rollbacks_are_one_command(tmp_path: Path) -> None:
     assert "canary stopped by hand" in " ".join(
         invoke("library", "log", "--library", lib).split())
     eng.close()
+
+
+def test_the_lease_goes_to_the_next_learner_only_after_its_heartbeat_stops(
+        tmp_path: Path) -> None:
+    now = [0.0]
+    a = FileLease(tmp_path, "a", ttl_s=30, clock=lambda: now[0])
+    b = FileLease(tmp_path, "b", ttl_s=30, clock=lambda: now[0])
+    assert a.acquire() and not b.acquire() and a.current()["holder"] == "a"  # type: ignore[index]
+    for _ in range(5):  # a beats every 10 s: b never gets it
+        now[0] += 10
+        assert a.renew() and not b.acquire()
+    a.check()
+    now[0] += 21  # a third of the time left: a may no longer write
+    with pytest.raises(LeaseLost, match="heartbeat is late"):
+        a.check()
+    now[0] += 10  # expired: b takes it, and a can neither renew nor write
+    assert b.acquire() and not a.renew()
+    with pytest.raises(LeaseLost, match="b holds it"):
+        a.check()
+    a.release()  # not a's to give up
+    assert b.current()["holder"] == "b"  # type: ignore[index]
+    b.release()
+    assert b.current() is None and a.acquire()
