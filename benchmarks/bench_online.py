@@ -17,7 +17,7 @@ METHOD`` beside it (the stage's MCP servers as the gate's tools, scorer ``value`
 
 The client is a team's app: an OpenAI client through each server, the stage's MCP tools as its
 functions, running the calls itself through Whetstone's MCP client until the model answers
-(at most ``--max-turns`` calls). It asks the stage's questions in a seeded order, each once,
+(at most ``--max-turns`` replies that call tools). It asks the stage's questions in a seeded order, each once,
 ``-j`` conversations at a time, through eight API keys; every final reply is scored against
 the task's label (scorer ``value``) and the score and the label are sent to ``/v1/feedback``.
 
@@ -227,7 +227,8 @@ class Client:
 
     def converse(self, base: str, key: str, conversation: str, question: str
                  ) -> tuple[str, str, str, int]:
-        """(the final answer, its trace id, the version that served it, tool calls run)."""
+        """(the final answer, its trace id, the version that served it, tool calls run); a
+        reply that still calls tools after ``--max-turns`` rounds answers with its text."""
         from openai import OpenAI
 
         client = OpenAI(base_url=base + "/v1", api_key=key, http_client=self._http(),
@@ -235,7 +236,7 @@ class Client:
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                           {"role": "user", "content": question}]
         calls = 0
-        for _ in range(self.args.max_turns + 1):
+        for turn in range(self.args.max_turns + 1):
             raw = client.chat.completions.with_raw_response.create(
                 model="model", messages=messages, tools=self.schemas,  # type: ignore[arg-type]
                 temperature=0, max_tokens=self.args.max_tokens,
@@ -243,7 +244,7 @@ class Client:
             reply = raw.parse().choices[0].message
             trace, version = raw.headers.get("x-whetstone-trace-id", ""), \
                 raw.headers.get("x-whetstone-library-version", "")
-            if not reply.tool_calls or calls >= self.args.max_turns:
+            if not reply.tool_calls or turn == self.args.max_turns:
                 return reply.content or "", trace, version, calls
             messages.append(reply.model_dump(exclude_none=True))
             for call in reply.tool_calls:
@@ -383,7 +384,9 @@ def main() -> None:
                          "the gate's tasks: the gate's cost grows with it).")
     ap.add_argument("--solver", default="agent", choices=["agent", "direct"],
                     help="How the learner's gate answers (agent: with the stage's tools).")
-    ap.add_argument("--max-turns", type=int, default=6, help="Tool calls per conversation.")
+    ap.add_argument("--max-turns", type=int, default=6,
+                    help="Replies that call tools per conversation (each may call several); "
+                         "the one after them is the answer.")
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("-j", "--concurrency", type=int, default=2,
                     help="Conversations in flight (each to both servers in turn).")

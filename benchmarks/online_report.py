@@ -189,7 +189,7 @@ def markdown(data: Mapping[str, Any], png: Path | str) -> str:
     lines = [
         (f"Stage `{s['stage']}`, model `{s['model']}`, {s['requests']} requests through each "
         f"server ({s['concurrency']} conversations at a time; the client runs the stage's MCP "
-        f"tools itself, at most {s['max_turns']} calls), feedback on every reply (scorer "
+        f"tools itself, at most {s['max_turns']} rounds of calls), feedback on every reply (scorer "
         f"`value`, with the label). Learner: `--method {s['method']} {opts}--every "
         f"{s['every']} --share {s['share']} --min-scored {s['min_scored']} --min-rollback "
         f"{s['min_rollback']} --max-scored {s['max_scored']} --limit {s.get('limit')} --solver "
