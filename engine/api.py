@@ -308,6 +308,7 @@ class Engine:
                on_phase: Callable[[str], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
                allow_errors: bool = False, scorer: str | None = None, cluster: Any = None,
+               commit: bool = True,
                **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
         object; default: the registry's first evolver) and land the change through the gate.
@@ -328,7 +329,8 @@ class Engine:
         kept as a candidate) unless ``allow_errors``. ``scorer`` (a built-in name,
         ``file.py:function`` or ``module:function``) scores every task, the gate's included,
         instead of each task's own. ``cluster`` (``scale.RayExecutor``) runs the collection,
-        the check runs, the gate and an evolver's map phase on Ray.
+        the check runs, the gate and an evolver's map phase on Ray. ``commit=False`` keeps an
+        accepted change as a candidate (a learner's canary) instead of making it current.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
         from whetstone.engine.evolution.pipeline import evolve
@@ -365,7 +367,8 @@ class Engine:
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
                 max_agent_runs=max_agent_runs, on_progress=on_progress, on_phase=on_phase,
-                allow_errors=allow_errors, agent_tools=runner._tool_list, scorer=scorer)
+                allow_errors=allow_errors, agent_tools=runner._tool_list, scorer=scorer,
+                commit=commit)
         finally:
             if own:
                 analyst_backend.close()
@@ -419,26 +422,29 @@ class Engine:
     # One adapted completion per call, no agent loop; the logic lives in engine/server/
     # (adapter, exchange, client), these methods only wire this engine's objects into it.
 
-    def chat_adapter(self, *, offers_tools: bool = False) -> ChatAdapter:
+    def chat_adapter(self, *, offers_tools: bool = False, snapshot: Snapshot | None = None
+                     ) -> ChatAdapter:
         """What chat mode injects (built once): the library's skills, then ``methods``'
         guidance, within ``config.guidance_budget_tokens``. Chat mode has no agent loop, so
         only the methods' ``guidance`` acts (``check_chat_methods``). A chat completion runs
         no tools, so the skills' lines about their learned tools are left out
         (``SkillsPlugin.offers_tools``); ``offers_tools=True`` is the adapter for a host that
-        offers them itself (the MCP server, a LangChain call with the learned tools bound)."""
+        offers them itself (the MCP server, a LangChain call with the learned tools bound).
+        ``snapshot``: a new adapter reading only that version (a canary; the caller closes it)."""
         key = "_chat_adapter_tools" if offers_tools else "_chat_adapter"
-        adapter: ChatAdapter | None = self.__dict__.get(key)
+        adapter: ChatAdapter | None = None if snapshot else self.__dict__.get(key)
         if adapter is None:
-            plugins, resources = self._host_plugins("chat")
+            plugins, resources = self._host_plugins("chat", snapshot)
             for p in plugins:
                 if isinstance(p, SkillsPlugin):
                     p.offers_tools = offers_tools
             adapter = ChatAdapter(
                 plugins, self.backend,
                 budget_tokens=self.config.guidance_budget_tokens,
-                version_of=lambda: self.version or self.library.current_id(),
-                resources=resources)
-            self.__dict__[key] = adapter
+                version_of=(lambda: snapshot.id) if snapshot else
+                (lambda: self.version or self.library.current_id()), resources=resources)
+            if snapshot is None:
+                self.__dict__[key] = adapter
         return adapter
 
     def check_chat_methods(self) -> None:

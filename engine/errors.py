@@ -138,6 +138,11 @@ class GateRequired(LibraryError):
     about to go live without one."""
 
 
+class LeaseLost(LibraryError):
+    """A learner no longer holds the library's lease (another learner took it after its
+    heartbeat stopped): what it was about to write is not written."""
+
+
 class EmptyCorpus(LibraryError):
     """An evidence corpus was asked for passages but holds no document."""
 

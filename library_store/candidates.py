@@ -141,14 +141,19 @@ class Candidates:
         return lib.format_diff(pairs, snap.id, f"candidate {cand.name}", context=context)
 
     def apply(self, name: str, *, validate: Validate = True, force: bool = False,
-              message: str | None = None, scores: Mapping[str, Any] | None = None
-              ) -> LibraryVersion:
+              message: str | None = None, scores: Mapping[str, Any] | None = None,
+              expect_parent: str | None = None) -> LibraryVersion:
         """Commit a candidate on top of the current version, checked by the library's
         validator unless ``validate`` says otherwise; then it is removed. The version keeps
-        the candidate's scores, and ``scores`` beside them (``ungated``: applied by hand)."""
+        the candidate's scores, and ``scores`` beside them (``ungated``: applied by hand).
+        ``expect_parent``: only on that version (a canary measured against it)."""
         lib = self.library
         cand = self.get(name)
         checked = lib.snapshot()
+        if expect_parent is not None and checked.id != expect_parent:
+            raise LibraryError(f"the library moved from {expect_parent} to {checked.id}; "
+                               f"candidate {name} was measured against {expect_parent}",
+                               hint="measure it again against the current version")
         clashes = self.conflicts(name, checked)
         if clashes and not force:
             raise LibraryError(

@@ -69,7 +69,7 @@ def test_histogram_buckets_are_cumulative() -> None:
 def test_metrics_render_every_family_once() -> None:
     text = Metrics(queued=lambda: 2).render()
     types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
-    assert len(types) == len(set(types)) == 15
+    assert len(types) == len(set(types)) == 17
     assert "whetstone_queue_depth 2" in text and text.endswith("\n")
 
 

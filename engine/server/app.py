@@ -21,7 +21,9 @@ from fastapi import FastAPI
 from whetstone.engine.backends.base import Backend
 from whetstone.engine.errors import AddressInUse, ConfigError, WhetstoneError
 from whetstone.engine.server.adapter import ChatAdapter
+from whetstone.engine.server.canary import CanaryRouter
 from whetstone.engine.server.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
+from whetstone.engine.server.feedback import FeedbackPolicy
 from whetstone.engine.server.guard import Guard
 from whetstone.engine.server.hosts import WebPolicy
 from whetstone.engine.server.metrics import Metrics
@@ -86,6 +88,8 @@ def create_app(
     retrieval_workers: int = 4,
     verifier: Verifier | None = None,
     web: WebPolicy | None = None,
+    canary: CanaryRouter | None = None,
+    feedback_policy: FeedbackPolicy | None = None,
 ) -> FastAPI:
     """Build the app serving ``backend`` as ``model_name`` (default: the upstream's own model
     name, ``naming.upstream_model_name``: never its address).
@@ -100,6 +104,9 @@ def create_app(
     ``verifier`` answers ``{"whetstone": {"verify": true}}`` (the verifier's report on the reply);
     ``retrieval_workers`` threads embed queries. ``web`` says which Host and Origin headers are
     answered (``hosts.WebPolicy``; default: a server on 127.0.0.1's, the loopback names).
+    ``canary`` routes a share of conversations to a learner's canary (``canary.py``);
+    ``feedback_policy`` limits and weighs feedback per key (``feedback.py``; default: 600
+    labels a minute per key, every key weighing 1).
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,
                          default_max_tokens=default_max_tokens,
@@ -114,7 +121,7 @@ def create_app(
     service = ChatService(backend, settings, metrics)
     writer = TraceWriter(traces, metrics) if traces is not None else None
     pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers,
-                            verifier=verifier)
+                            verifier=verifier, canary=canary if adapter is not None else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -138,7 +145,8 @@ def create_app(
                                    adapter=adapter, started_at=int(time.time()),
                                    api_keys=keys, readiness=Readiness(
                                        backend, store=traces.ready if traces is not None and
-                                       traces.remote else None))
+                                       traces.remote else None),
+                                   feedback_policy=feedback_policy or FeedbackPolicy())
     app.add_middleware(Guard, keys=keys, metrics=metrics, web=web or WebPolicy.for_bind())
     install_error_handlers(app, metrics)
     app.include_router(router)

@@ -13,14 +13,17 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from whetstone.engine.errors import ConfigError, WhetstoneError
 from whetstone.engine.server.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
+from whetstone.engine.server.canary import CanaryRouter, Route
 from whetstone.engine.server.metrics import Metrics
 from whetstone.engine.server.recording import TraceWriter
 from whetstone.engine.server.service import error_message, without_paths
 from whetstone.engine.types import Request, Trace
+from whetstone.library_store.learning import CanaryRecord
 
 log = logging.getLogger("whetstone.server")
 
@@ -50,11 +53,14 @@ class ChatPipeline:
 
     def __init__(self, adapter: ChatAdapter | None, traces: TraceWriter | None,
                  metrics: Metrics, *, workers: int = 4,
-                 verifier: Verifier | None = None) -> None:
+                 verifier: Verifier | None = None, canary: CanaryRouter | None = None) -> None:
         self.adapter = adapter
         self.traces = traces
         self.metrics = metrics
         self.verifier = verifier
+        self.canary = canary
+        if canary is not None:
+            canary.attach(metrics)  # its routes and the library's learning state on /metrics
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers),
                                             thread_name_prefix="whetstone-retrieval")
         self._verify_executor = ThreadPoolExecutor(max_workers=VERIFY_WORKERS,
@@ -67,18 +73,49 @@ class ChatPipeline:
         """How the served version came to be: a gate accepted it, or it went live ungated."""
         return self.adapter.library_gate() if self.adapter is not None else None
 
-    async def adapt(self, request: Request, switches: ChatSwitches) -> Adapted:
+    async def adapt(self, request: Request, switches: ChatSwitches,
+                    conversation: str | None = None) -> Adapted:
         """The adapted request. When retrieval fails the request is served without the
-        library (logged and counted): the model answering matters more than the guidance."""
+        library (logged and counted): the model answering matters more than the guidance.
+        While a canary runs, ``conversation`` (``canary.conversation_key``) says which
+        version adapts it; the arm goes into ``meta["canary"]``."""
         if self.adapter is None or not switches.library:
             self.metrics.library.inc(applied="false")
             return Adapted(request, query=chat_query(request.messages))
+        route = self.canary.route(conversation) if self.canary is not None \
+            and conversation is not None else None
+        adapter: ChatAdapter = self.adapter
+        if route is not None and route.arm == "canary":
+            canary = await self._canary_adapter(route.record)
+            if canary is None:
+                route = Route(route.record, "current")
+            adapter = canary or self.adapter
+        adapted = await self._adapt(request, switches, adapter)
+        if route is None:
+            return adapted
+        return replace(adapted, meta={**adapted.meta, "canary": route.meta()})
+
+    async def _canary_adapter(self, record: CanaryRecord) -> ChatAdapter | None:
+        """The canary's adapter (built the first time in a retrieval thread); None, logged
+        and counted, when it cannot be loaded: the request is served by the current version."""
+        assert self.canary is not None
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self.canary.adapter, record)
+        except Exception as exc:  # noqa: BLE001 - the current version still answers
+            log.warning("canary %s could not be loaded; the current version serves its "
+                        "share: %s", record.id, getattr(exc, "message", None) or repr(exc))
+            self.metrics.errors.inc(code="canary_unavailable")
+            return None
+
+    async def _adapt(self, request: Request, switches: ChatSwitches,
+                     adapter: ChatAdapter) -> Adapted:
         loop = asyncio.get_running_loop()
         try:
             # A repeated question is answered from the adapter's cache right here; only a new
             # one pays the thread hop and the embedding.
-            adapted = self.adapter.cached(request, switches) or await loop.run_in_executor(
-                self._executor, self.adapter.adapt, request, switches)
+            adapted = adapter.cached(request, switches) or await loop.run_in_executor(
+                self._executor, adapter.adapt, request, switches)
         except Exception as exc:  # noqa: BLE001 - degrade to a plain proxy, never fail a call
             log.warning("library retrieval failed; answering without it: %s",
                         getattr(exc, "message", None) or repr(exc))
@@ -135,3 +172,5 @@ class ChatPipeline:
             await self.traces.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._verify_executor.shutdown(wait=False, cancel_futures=True)
+        if self.canary is not None:
+            self.canary.close()

@@ -308,13 +308,17 @@ class TraceWriter:
             return False
 
     async def label(self, trace_id: str, score: float, comment: str | None, *,
-                    owner: str | None = None) -> Trace:
+                    owner: str | None = None, key: str | None = None, weight: float = 1.0,
+                    label: str | None = None) -> Trace:
         """Attach feedback to a trace by its exact id; ``NotFound`` when there is none,
         ``WhetstoneError`` when the trace is still queued after ``LABEL_WAIT_S``.
 
         ``owner`` (the ``key_hash`` of the caller's API key; None when the server has no
         keys) must be the key the trace was recorded for: another key's trace is ``NotFound``
-        as well, so a client learns nothing about ids that are not its own."""
+        as well, so a client learns nothing about ids that are not its own. ``key`` and
+        ``weight`` (who sent it, how much it counts: ``feedback.FeedbackPolicy``) are kept on
+        the trace with the time, and ``label`` (the right answer, when the client knows it)
+        as its label."""
         # Wait for the trace's own write: the labelled copy must land after it (the latest
         # line for an id wins).
         await self.written(trace_id)
@@ -325,7 +329,11 @@ class TraceWriter:
         meta = dict(trace.meta)
         if comment is not None:
             meta["feedback"] = comment
-        updated = trace.with_(score=score, meta=meta)
+        if key is not None:
+            meta.update(feedback_key=key, feedback_weight=weight)
+        meta["feedback_at"] = time.time()
+        updated = trace.with_(score=score, meta=meta,
+                              label=label if label is not None else trace.label)
         # append_feedback: an exporter hears of the label, not of a second whole trace
         await asyncio.to_thread(self.store.append_feedback, updated, score, comment)
         self.metrics.feedback.inc()

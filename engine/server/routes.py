@@ -13,10 +13,11 @@
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
 # run time.
 import asyncio
+import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -38,7 +39,9 @@ from whetstone.engine.server.adapter import (
     ChatSwitches,
     last_user_text,
 )
-from whetstone.engine.server.exchange import chat_trace, check_feedback
+from whetstone.engine.server.canary import CONVERSATION_HEADER, conversation_key
+from whetstone.engine.server.exchange import chat_trace, check_feedback, check_label
+from whetstone.engine.server.feedback import FeedbackPolicy, address_key
 from whetstone.engine.server.guard import (
     REQUEST_ID_HEADER,
     TRACE_HEADER,
@@ -91,6 +94,7 @@ class ServerState:
     started_at: int
     api_keys: frozenset[str] = frozenset()
     readiness: Readiness | None = None
+    feedback_policy: FeedbackPolicy = field(default_factory=FeedbackPolicy)
 
 
 def _state(request: Request) -> ServerState:
@@ -152,8 +156,11 @@ async def chat_completions(request: Request) -> Response:
                            "retry shortly", "requests", "rate_limit_exceeded",
                            headers={**headers, "Retry-After": "1"})
     exchange = _Exchange(state, call, started, rid, headers, deadline, _owner(request, state))
+    conversation = conversation_key(call.request.messages, body.get("user"),
+                                    request.headers.get(CONVERSATION_HEADER)) \
+        if state.pipeline.canary is not None else None
     try:
-        adapted = await state.pipeline.adapt(call.request, switches)
+        adapted = await state.pipeline.adapt(call.request, switches, conversation)
         return await exchange.answer(adapted, switches)
     finally:
         if not exchange.handed_off:  # a stream frees its queue place itself, when it ends
@@ -327,13 +334,24 @@ async def feedback(request: Request) -> Response | dict[str, Any]:
                            "invalid_request_error", param="trace_id")
     try:
         score, comment = check_feedback(body.get("score"), body.get("comment"))
+        label = check_label(body.get("label"))
     except ConfigError as exc:
-        param = "comment" if "comment" in exc.message else "score"
+        param = next((p for p in ("comment", "label") if f"'{p}'" in exc.message), "score")
         return error_reply(metrics, 400, error_message(exc), "invalid_request_error",
                            param=param)
+    owner = _owner(request, state)
+    key = owner or address_key(request.client.host if request.client else None)
+    wait = state.feedback_policy.allow(key)
+    if wait is not None:
+        metrics.feedback_limited.inc()
+        return error_reply(metrics, 429, f"too much feedback from this key: at most "
+                           f"{state.feedback_policy.rate_per_min:g} labels a minute; retry in "
+                           f"{math.ceil(wait)} s", "requests", "feedback_rate_limited",
+                           headers={"Retry-After": str(math.ceil(wait))})
     try:
-        trace: Trace = await state.writer.label(trace_id.strip(), score, comment,
-                                                owner=_owner(request, state))
+        trace: Trace = await state.writer.label(
+            trace_id.strip(), score, comment, owner=owner, key=key,
+            weight=state.feedback_policy.weight(key), label=label)
     except NotFound as exc:
         return error_reply(metrics, 404, error_message(exc), "invalid_request_error",
                            "trace_not_found", param="trace_id")
@@ -341,7 +359,7 @@ async def feedback(request: Request) -> Response | dict[str, Any]:
         return error_reply(metrics, 503, error_message(exc), "server_error", "trace_pending",
                            headers={"Retry-After": "1"})
     return {"object": "feedback", "trace_id": trace.id, "score": trace.score,
-            "comment": comment}
+            "comment": comment, **({"label": label} if label is not None else {})}
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
