@@ -71,7 +71,8 @@ def processes(args: argparse.Namespace, tmp: Path, env: dict[str, str],
     log = tmp / "learn.log"
     out = open(log, "w")  # noqa: SIM115 - closed with the process
     learner = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), "learn", "--library", str(library), "--model",
+        [sys.executable, str(REPO / "cli.py"), "learn", "--library", str(library), "--method",
+         "memory", "--model",
          f"openai:tiny@{upstream}", "--solver", "direct", "--tools", "", "--every",
          str(args.every), "--poll", "0.5", "--lease-ttl", "600", "--nice",
          str(args.learner_nice), "--idle" if args.learner_idle else "--no-idle", "--scorer",

@@ -16,18 +16,17 @@ A commit writes new blobs, tree objects and the manifest aside, runs the library
 (given when it is opened; a caller may pass another) on the new version, then makes it current
 with ONE ``os.replace`` of ``CURRENT``. A process killed at any point leaves the old or the new
 version current, never a mix; its temp files are removed by the next writer. A file lock
-serialises writers, and ids are assigned under it, so concurrent writers land in order. Readers
-never lock: a ``Snapshot`` resolves ``CURRENT`` once and reads only immutable objects of that
-version.
+serialises writers, ids assigned under it; readers never lock: a ``Snapshot`` resolves
+``CURRENT`` once and reads only immutable objects of that version.
 
-With ``store="postgresql://..."`` the versions, blobs, pointer, candidates, settings and traces
-live in PostgreSQL instead (backing.py, pg_library.py); the folder keeps what belongs to this
-machine: the view, ``state/``, ``work/``, a server's trace spool.
+With ``store="postgresql://..."`` all but this machine's view, ``state/``, ``work/`` and a
+server's trace spool live in PostgreSQL instead (backing.py, pg_library.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -166,8 +165,9 @@ class Library:
         write replaces it), or the store's pointer as its notifications tell it."""
         vid = self.backing.current()
         if vid is None:
-            raise LibraryError(f"no library at {self.where}",
-                               hint="create one with `whetstone library init`")
+            raise LibraryError(f"no library at {self.where}",  # the cause: /health's "missing"
+                               hint="create one with `whetstone library init`"
+                               ) from FileNotFoundError(errno.ENOENT, "no CURRENT", self.where)
         version_number(vid)
         return vid
 

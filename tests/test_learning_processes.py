@@ -30,7 +30,8 @@ def start_learner(library: Path, upstream: str, log: Path) -> subprocess.Popen[b
     with open(log, "wb") as out:
         return subprocess.Popen(
             [sys.executable, str(REPO / "cli.py"), "learn", "--library", str(library),
-             "--model", f"openai:up@{upstream}/v1", "--solver", "direct", "--tools", "",
+             "--method", "memory", "--model", f"openai:up@{upstream}/v1", "--solver", "direct",
+             "--tools", "",
              "--scorer", "normalised", "--every", "40", "--share", "0.3", "--min-scored", "30",
              "--min-rollback", "10", "--poll", "0.2", "--lease-ttl", "3", "--nice", "0", "--no-idle",
              "-j", "1"], cwd=REPO, env={**os.environ, "OPENAI_API_KEY": ""}, stdout=out,

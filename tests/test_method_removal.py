@@ -38,7 +38,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
     "memory": ("test_adaptation.py", "test_demo_turns.py", "test_langchain.py"),
     "self_consistency": ("test_adaptation.py",),
     "latent": ("test_latent_method.py", "test_latent_tts.py"),
-    "workflows": ("test_workflows.py",),
+    "workflows": ("test_workflows.py", "test_docs_workflows.py"),
 }
 # The core tests each copy runs: the import rules over every file (a removed package must
 # leave no import behind), the records, reply parsing, the agent loop and the trace store;

@@ -338,6 +338,8 @@ async def test_feedback_waits_for_its_trace_only_not_for_steady_traffic() -> Non
     class SlowStore:
         """Each batch takes 0.1 s to write; it keeps what it was given."""
 
+        remote = False
+
         def __init__(self) -> None:
             self.written: list[tuple[str, float | None]] = []
 
@@ -387,6 +389,8 @@ async def test_feedback_on_a_trace_the_store_cannot_take_in_time_fails() -> None
     gate = threading.Event()
 
     class Stuck:
+        remote = False
+
         def encode(self, trace: Any) -> Any:
             return encode_trace(trace)
 

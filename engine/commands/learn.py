@@ -1,6 +1,6 @@
 """``whetstone learn``: the learner beside the ``serve`` replicas (docs/learning.md).
 
-    whetstone learn --library LIB --model SPEC [--method memory] [--option KEY=VALUE]
+    whetstone learn --library LIB --model SPEC --method METHOD [--option KEY=VALUE]
         [--every 50] [--share 0.1] [--min-scored 100] [--margin 0.05] [--scorer value]
         [--mcp-config servers.json ...] [--once]
 
@@ -80,7 +80,7 @@ def _say(text: str) -> None:
 
 
 @click.command("learn")
-@click.option("--method", default="memory", show_default=True,
+@click.option("--method", required=True,
               help="The evolver that makes each candidate (`whetstone methods` lists them).")
 @click.option("--option", "method_options", multiple=True, metavar="KEY=VALUE",
               help="An option of the method, as `whetstone evolve METHOD --KEY VALUE` takes "

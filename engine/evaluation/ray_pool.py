@@ -74,7 +74,7 @@ def cluster_cpus() -> int:
 def actor_options() -> dict[str, Any]:
     """How a worker actor is placed and kept: spread over the nodes, holding no CPU while it
     lives (Ray's default for actors: an idle pool must not starve another one of CPUs, as the
-    gate's solvers would Trace2Skill's analysts), restarted and its calls run again when its
+    gate's solvers would an evolver's analysts), restarted and its calls run again when its
     process dies."""
     return {"scheduling_strategy": "SPREAD", "max_restarts": MAX_RESTARTS,
             "max_task_retries": MAX_RESTARTS}

@@ -13,7 +13,7 @@ import contextlib
 import errno
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -71,6 +71,27 @@ def _settings(backend: Backend, *, model_name: str | None, aliases: tuple[str, .
     )
 
 
+def _lifespan(pipeline: ChatPipeline,
+              backend: Backend) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start the pipeline with the app; on the way out write every queued trace, then close
+    what of the backend is bound to this event loop."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pipeline.start()
+        try:
+            yield
+        finally:
+            await pipeline.stop()  # writes every queued trace before the process ends
+            # The caller owns the backend and closes it; what is bound to this event loop (an
+            # async HTTP pool) can only be closed here, while the loop still runs.
+            aclose = getattr(backend, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return lifespan
+
+
 def create_app(
     backend: Backend,
     *,
@@ -123,23 +144,10 @@ def create_app(
     pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers,
                             verifier=verifier, canary=canary if adapter is not None else None)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await pipeline.start()
-        try:
-            yield
-        finally:
-            await pipeline.stop()  # writes every queued trace before the process ends
-            # The caller owns the backend and closes it; what is bound to this event loop (an
-            # async HTTP pool) can only be closed here, while the loop still runs.
-            aclose = getattr(backend, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
     # No /openapi.json, /docs or /redoc: the API is OpenAI's (docs/middleware.md), and a
     # schema served without a key would map the server for anyone who can reach it.
     app = FastAPI(title="Whetstone", version="0.1.0", docs_url=None, redoc_url=None,
-                  openapi_url=None, lifespan=lifespan)
+                  openapi_url=None, lifespan=_lifespan(pipeline, backend))
     app.state.server = ServerState(backend=backend, settings=settings, service=service,
                                    metrics=metrics, pipeline=pipeline, writer=writer,
                                    adapter=adapter, started_at=int(time.time()),
