@@ -16,6 +16,7 @@ from .engine.commands.corpus import corpus_group
 from .engine.commands.data import data_group
 from .engine.commands.eval import eval_cmd
 from .engine.commands.evolve import evolve_group
+from .engine.commands.learn import learn
 from .engine.commands.library import library_group, skill_group
 from .engine.commands.mcp import mcp
 from .engine.commands.methods import methods_cmd
@@ -68,7 +69,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 
 for _command in (run, traces_group, models, serve, library_group, skill_group, eval_cmd,
-                 evolve_group, methods_cmd, corpus_group, tools_group,
+                 evolve_group, learn, methods_cmd, corpus_group, tools_group,
                  data_group, mcp):
     cli.add_command(_command)
 

@@ -3,7 +3,7 @@ side by side in one interleaved run.
 
     .venv/bin/python benchmarks/bench_middleware.py [--peer litellm] [--rounds 3]
         [--requests 200] [--throughput-requests 400] [--concurrency 16] [--delay-ms 50]
-        [--upstream-slots 64] [--baseline REV] [--json]
+        [--upstream-slots 64] [--baseline REV] [--store postgresql://...] [--json]
 
 Processes, as in production: an upstream server (the scripted backend behind Whetstone's own
 server: a reply derived from the request after ``--delay-ms``, so only the proxies' cost shows;
@@ -21,7 +21,11 @@ bottleneck), and in front of it, each in its own process:
   packaged model cost map (``LITELLM_LOCAL_MODEL_COST_MAP``), telemetry off;
 - with ``--baseline REV``: ``whetstone serve`` from the git revision REV too (its files as
   ``git archive`` gives them, run with this virtualenv), on unique prompts: a change's cost
-  or saving measured in the same run as the code it changes.
+  or saving measured in the same run as the code it changes;
+- with ``--store postgresql://...``: ``whetstone serve --store URL``, the same library kept in
+  PostgreSQL (a schema of its own, ``bench_<random>``, dropped at the end) with its traces
+  written there through the server's spool, on unique prompts: its throughput is printed
+  beside the folder store's (issue 49's target: at least 0.8x).
 
 Each round measures every configuration, interleaved so that load from anything else on the
 machine falls on all alike: latency, ``--requests`` rounds of one request to each configuration
@@ -141,10 +145,10 @@ def checkout(rev: str, into: Path) -> str:
     return short
 
 
-def make_library(root: Path) -> Path:
+def make_library(root: Path, store: str | None = None) -> Path:
     from whetstone.library_store.store import Library
 
-    lib = Library.open(root, create=True)
+    lib = Library.open(root, create=True, store=store)
     changes: dict[str, bytes] = {}
     for skill in sorted(FIXTURE_SKILLS.iterdir()):
         for f in skill.rglob("*"):
@@ -288,6 +292,7 @@ def summarise(configs: list[Config], rounds: list[dict[str, Round]]) -> list[dic
         return statistics.median(kept) if kept else None
 
     direct = [r["direct"] for r in rounds]
+    unique = [r.get(UNIQUE) for r in rounds]
     rows = []
     for c in configs:
         mine = [r[c.name] for r in rounds]
@@ -299,7 +304,10 @@ def summarise(configs: list[Config], rounds: list[dict[str, Round]]) -> list[dic
                                  for m, d in zip(mine, direct, strict=False)]),
             "rps": med([m.rps for m in mine]),
             "vs_direct": med([m.rps / d.rps for m, d in zip(mine, direct, strict=False)]),
+            "vs_folder_unique": med([m.rps / u.rps if u else None
+                                     for m, u in zip(mine, unique, strict=False)]),
             "cpu_ms": med([m.cpu_ms for m in mine]),
+            "rps_by_round": [round(m.rps, 1) for m in mine],
             "wrong": sum(m.wrong for m in mine),
         })
     return rows
@@ -344,6 +352,12 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load: tuple[flo
         shown = f"{value:.2f}x" if what.endswith("LiteLLM") else ms(value)
         print(f"library, unique prompts: {what} {shown} (target {target}): "
               f"{'met' if ok else 'NOT met'}")
+    pg = by.get(PG_UNIQUE)
+    if pg is not None:
+        ratio = pg["vs_folder_unique"]  # within each round, then the median
+        print(f"library, unique prompts, PostgreSQL store against the folder store: throughput "
+              f"{ratio:.2f}x (target >= 0.8x): {'met' if ratio >= 0.8 else 'NOT met'}; proxy "
+              f"CPU per request {ms(pg['cpu_ms'])} vs {ms(unique['cpu_ms'])}")
     for name, base in by.items():
         if name.startswith(BASELINE_PREFIX):
             print(f"library, unique prompts against {name.split(',')[0]}: proxy CPU per request "
@@ -352,13 +366,32 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load: tuple[flo
 
 
 UNIQUE = "whetstone, library, unique prompts"
+PG_UNIQUE = "whetstone --store pg, unique prompts"
 BASELINE_PREFIX = "whetstone @"
+
+
+def bench_schema(url: str) -> str:
+    """``url`` with a schema of this run's own (``schema=bench_<random>``)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "schema"]
+    query.append(("schema", f"bench_{uuid.uuid4().hex[:10]}"))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def drop_schema(url: str) -> None:
+    from whetstone.library_store.pg_connect import StoreUrl, psycopg
+
+    parsed = StoreUrl.parse(url)
+    with psycopg().connect(parsed.conninfo, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{parsed.schema}" CASCADE')
 
 
 def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
                    procs: list[subprocess.Popen[str]]) -> list[Config]:
     """Start every process; the configurations in table order."""
-    library = make_library(tmp / "lib")
+    library = make_library(tmp / "lib", store="file")
     up, plain, lib = free_port(), free_port(), free_port()
     procs.append(start([sys.executable, __file__, "--serve-upstream", str(up), "--delay-ms",
                         str(args.delay_ms), "--upstream-slots", str(args.upstream_slots)], env,
@@ -388,6 +421,15 @@ def configurations(args: argparse.Namespace, tmp: Path, env: dict[str, str],
     for prompts in ("repeated", "unique"):
         configs.append(Config(f"whetstone, library, {prompts} prompts",
                               f"http://127.0.0.1:{lib}/v1", prompts, procs[-1].pid))
+    if args.store:
+        port = free_port()
+        pg_library = make_library(tmp / "lib-pg", store=args.store)
+        procs.append(start([sys.executable, "-m", "whetstone", "serve", *common, "--port",
+                            str(port), "--library", str(pg_library), "--store", args.store],
+                           env, f"http://127.0.0.1:{port}/health",
+                           "whetstone serve --store", log=tmp / "pg.log"))
+        configs.append(Config(PG_UNIQUE, f"http://127.0.0.1:{port}/v1", "unique",
+                              procs[-1].pid))
     if args.baseline:
         src = tmp / "baseline"
         short = checkout(args.baseline, src)
@@ -445,6 +487,9 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV", default=None,
                         help="Also serve unique prompts with whetstone as of this git revision "
                              "(e.g. HEAD~1, main): a change measured against what it changes.")
+    parser.add_argument("--store", metavar="URL", default=None,
+                        help="Also serve the library from this PostgreSQL store (a schema of "
+                             "its own, dropped at the end), on unique prompts.")
     parser.add_argument("--json", action="store_true", help="Print the rows as JSON too.")
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -452,9 +497,11 @@ def main() -> None:
         serve_upstream(args.serve_upstream, args.delay_ms / 1000, args.upstream_slots)
         return
     args.peer_venv = args.peer_venv or cache_dir() / "bench" / f"litellm-{args.litellm_version}"
+    args.store = bench_schema(args.store) if args.store else None
     tmp = Path(tempfile.mkdtemp(prefix="bench-middleware-"))
     env = {**os.environ, "WHETSTONE_HOME": str(tmp / "home"), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "ANONYMIZED_TELEMETRY": "False"}
+           "TRANSFORMERS_OFFLINE": "1", "ANONYMIZED_TELEMETRY": "False",
+           "WHETSTONE_STORE": ""}  # the folder store, unless a command names --store
     procs: list[subprocess.Popen[str]] = []
     load = os.getloadavg()[0]
     try:
@@ -470,6 +517,8 @@ def main() -> None:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if args.store:
+            drop_schema(args.store)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

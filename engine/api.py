@@ -135,6 +135,7 @@ class Engine:
         # the search tool's retriever: no tool opens one.
         if not isinstance(model, Backend):
             default_backends().entry_for(model)
+        self.tool_specs = tuple(tools)  # as given: a Ray worker builds its own from them
         self._toolset = ToolSet(tools, corpus=self.corpus,
                                 images_dir=self.library.scratch("tool-images"))
         try:
@@ -283,12 +284,11 @@ class Engine:
                on_progress: Callable[[str, int, int], None] | None = None,
                on_phase: Callable[[str], None] | None = None,
                registry: MethodRegistry | None = None, solver: str | None = None,
-               allow_errors: bool = False, scorer: str | None = None,
+               allow_errors: bool = False, scorer: str | None = None, cluster: Any = None,
+               commit: bool = True,
                **options: Any) -> EvolveResult:
         """Evolve the library with the evolver registered as ``method`` (or an evolver
-        object; default: the registry's first evolver) and land the change
-        through the regression gate.
-
+        object; default: the registry's first evolver) and land the change through the gate.
         Learns from ``traces``, or from the stored traces ``trace_filter`` selects
         (``"outcome=answered,score<1"`` or ``TraceQuery`` fields; default every finished
         trace but the gate's own runs), the newest ``limit``, only those of ``tasks`` when
@@ -305,7 +305,9 @@ class Engine:
         ``agent`` or ``direct``. A gate run with failed tasks decides nothing (the change is
         kept as a candidate) unless ``allow_errors``. ``scorer`` (a built-in name,
         ``file.py:function`` or ``module:function``) scores every task, the gate's included,
-        instead of each task's own.
+        instead of each task's own. ``cluster`` (``scale.RayExecutor``) runs the collection,
+        the check runs, the gate and an evolver's map phase on Ray. ``commit=False`` keeps an
+        accepted change as a candidate (a learner's canary) instead of making it current.
         """
         # lazy: the evolve path loads yaml and 9 more of our modules
         from .evolution.pipeline import evolve
@@ -314,12 +316,12 @@ class Engine:
             get_scorer(scorer)  # an unknown name or a broken user scorer fails now
 
         if concurrency is None:
-            concurrency = auto_concurrency(self.backend)
+            concurrency = cluster.workers if cluster else auto_concurrency(self.backend)
         if method is None:
             method = (registry or self.registry).names("evolver")[0]
         if isinstance(method, str):
-            evolver = (registry or self.registry).evolver(
-                method, options, shared={"seed": seed, "concurrency": concurrency})
+            evolver = (registry or self.registry).evolver(method, options, shared={
+                "seed": seed, "concurrency": concurrency, **(cluster.shared if cluster else {})})
         elif options:
             raise ConfigError(f"options {', '.join(sorted(options))} given with a ready "
                               f"evolver", hint="configure the evolver object itself")
@@ -333,26 +335,32 @@ class Engine:
         try:
             return evolve(
                 evolver, self.library, analyst=analyst_backend,
-                make_solver=self._solver_factory(getattr(evolver, "runtime_methods", ()), kind),
+                make_solver=self._solver_factory(getattr(evolver, "runtime_methods", ()), kind,
+                                                  cluster),
                 traces=traces,
                 query=TraceQuery(**query), limit=limit, tasks=task_set, labels=labels,
                 gate_tasks=gate_tasks, rule=rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, model=self.backend.shown_spec,
                 max_agent_runs=max_agent_runs, on_progress=on_progress, on_phase=on_phase,
-                allow_errors=allow_errors, agent_tools=self._tool_list, scorer=scorer)
+                allow_errors=allow_errors, agent_tools=self._tool_list, scorer=scorer,
+                commit=commit)
         finally:
             if own:
                 analyst_backend.close()
 
-    def _solver_factory(self, names: Sequence[str], kind: str
+    def _solver_factory(self, names: Sequence[str], kind: str, cluster: Any = None
                         ) -> Callable[[Snapshot | None], Solver]:
         """``snapshot -> solver`` for the evolve path: this engine's solver of ``kind`` over
-        that library version, with the registered runtime methods ``names`` added where the
-        engine does not use them yet (with their defaults). Runs and the gate read the library
-        through the runtime methods the evolver's changes need: a method's own folder reaches
-        a prompt only through its runtime plugin."""
+        that library version (on ``cluster``'s workers when given), with the registered
+        runtime methods ``names`` added where the engine does not use them yet (with their
+        defaults). Runs and the gate read the library through the runtime methods the
+        evolver's changes need: a method's own folder reaches a prompt only through its
+        runtime plugin."""
         have = {m.name if isinstance(m, Plugin) else m[0] for m in self.methods}
         methods = self.methods + self._check_methods([n for n in names if n not in have])
+        if cluster is not None:
+            on_ray: Callable[[Snapshot | None], Solver] = cluster.make_solver(self, kind, methods)
+            return on_ray
         return lambda snapshot: self._solver(snapshot, kind, methods)
 
     def _analyst(self, analyst: Backend | str | None) -> tuple[Backend, bool]:
@@ -386,21 +394,25 @@ class Engine:
     # One adapted completion per call, no agent loop; the logic lives in engine/chat/
     # (adapter, exchange, client), these methods only wire this engine's objects into it.
 
-    def chat_adapter(self, *, offers_tools: bool = False) -> ChatAdapter:
+    def chat_adapter(self, *, offers_tools: bool = False, snapshot: Snapshot | None = None
+                     ) -> ChatAdapter:
         """What chat mode injects (built once): the library's skills, then ``methods``'
         guidance, within ``config.guidance_budget_tokens``. Chat mode has no agent loop, so
         only the methods' ``guidance`` acts (``check_chat_methods``). A chat completion runs
         no tools, so the skills' lines about their learned tools are left out
         (``SkillsPlugin.offers_tools``); ``offers_tools=True`` is the adapter for a host that
-        offers them itself (the MCP server, a LangChain call with the learned tools bound)."""
+        offers them itself (the MCP server, a LangChain call with the learned tools bound).
+        ``snapshot``: a new adapter reading only that version (a canary; the caller closes it)."""
         key = "_chat_adapter_tools" if offers_tools else "_chat_adapter"
-        adapter: ChatAdapter | None = self.__dict__.get(key)
+        adapter: ChatAdapter | None = None if snapshot else self.__dict__.get(key)
         if adapter is None:
             adapter = ChatAdapter(
-                self._host_plugins("chat", offers_tools=offers_tools), self.backend,
+                self._host_plugins("chat", snapshot, offers_tools=offers_tools), self.backend,
                 budget_tokens=self.config.guidance_budget_tokens,
-                version_of=self.pin.current, version_info=self.pin.gate)
-            self.__dict__[key] = adapter
+                version_of=(lambda: snapshot.id) if snapshot else self.pin.current,
+                version_info=self.pin.gate)
+            if snapshot is None:
+                self.__dict__[key] = adapter
         return adapter
 
     def check_chat_methods(self) -> None:
@@ -455,8 +467,6 @@ class Engine:
         server_options.setdefault("traces", self.traces)
         server_options.setdefault("endpoints", self.endpoints())
         return create_app(self.backend, **server_options)
-
-    # -- end of chat mode -----------------------------------------------------------------------
 
     def close(self) -> None:
         if self._agent is not None:

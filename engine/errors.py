@@ -128,9 +128,19 @@ class ValidationError(LibraryError):
         super().__init__(f"{where}: [{rule}] {detail}", hint)
 
 
+class StoreUnavailable(LibraryError):
+    """The shared store (PostgreSQL, ``--store``) cannot be reached or dropped the connection
+    mid-call; what was being written is retried or reported, never half kept."""
+
+
 class GateRequired(LibraryError):
     """The library requires every write to pass a gate (``require_gate``), and this one was
     about to go live without one."""
+
+
+class LeaseLost(LibraryError):
+    """A learner no longer holds the library's lease (another learner took it after its
+    heartbeat stopped): what it was about to write is not written."""
 
 
 class EmptyCorpus(LibraryError):

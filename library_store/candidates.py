@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.errors import LibraryError, NotFound, ValidationError
 from ..engine.types import LibraryVersion
-from .fsutil import atomic_write, make_dirs
 from .paths import Content, check_path, to_bytes
 
 if TYPE_CHECKING:  # the store owns its candidates; this module never imports it at run time
@@ -55,7 +54,8 @@ class Candidate:
 
 
 class Candidates:
-    """The candidates of one library, in ``<library>/candidates/<name>.json``."""
+    """The candidates of one library, in ``<library>/candidates/<name>.json`` (or the store's
+    ``candidates`` table: ``Library.backing``)."""
 
     def __init__(self, library: Library) -> None:
         self.library = library
@@ -63,6 +63,10 @@ class Candidates:
 
     def _path(self, name: str) -> Path:
         return self.dir / f"{name}.json"
+
+    def _where(self, name: str) -> str:
+        lib = self.library
+        return str(self._path(name)) if lib.store is None else f"{name} in {lib.where}"
 
     def save(self, name: str | None, changes: Mapping[str, Content], *, method: str,
              message: str = "", scores: Mapping[str, Any] | None = None,
@@ -82,32 +86,29 @@ class Candidates:
             cand = Candidate(name=name, base=base, created=time.time(), method=method,
                              message=message, changes=hashes, scores=dict(scores or {}),
                              costs=dict(costs or {}))
-            make_dirs(self.dir, durable=lib.durable)
             payload = json.dumps(cand.to_dict(), indent=1, ensure_ascii=False, default=str)
-            atomic_write(self._path(name), payload.encode("utf-8"), tmp_dir=lib.root / ".tmp",
-                         durable=lib.durable)
+            lib.backing.save_candidate(name, payload.encode("utf-8"), cand.created)
         return cand
 
     def list(self) -> list[Candidate]:
         """All candidates, oldest first."""
-        if not self.dir.exists():
-            return []
         found = []
-        for path in self.dir.glob("*.json"):
+        for record in self.library.backing.candidates():
             try:
-                found.append(Candidate.from_dict(json.loads(path.read_text(encoding="utf-8"))))
-            except (json.JSONDecodeError, KeyError, TypeError):
+                found.append(Candidate.from_dict(json.loads(record.decode("utf-8"))))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
                 continue  # a damaged record is skipped; `get` reports it by name
         return sorted(found, key=lambda c: c.created)
 
     def get(self, name: str) -> Candidate:
         try:
-            return Candidate.from_dict(json.loads(self._path(name).read_text(encoding="utf-8")))
+            record = self.library.backing.candidate(name)
+            return Candidate.from_dict(json.loads(record.decode("utf-8")))
         except FileNotFoundError as exc:
             known = ", ".join(c.name for c in self.list()) or "none"
             raise NotFound(f"no candidate named {name!r}", hint=f"candidates: {known}") from exc
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise LibraryError(f"candidate record {self._path(name)} is damaged: {exc}",
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+            raise LibraryError(f"candidate record {self._where(name)} is damaged: {exc}",
                                hint="delete it with `whetstone library candidates drop`") from exc
 
     def _target(self, cand: Candidate) -> dict[str, str | None]:
@@ -140,14 +141,19 @@ class Candidates:
         return lib.format_diff(pairs, snap.id, f"candidate {cand.name}", context=context)
 
     def apply(self, name: str, *, validate: Validate = True, force: bool = False,
-              message: str | None = None, scores: Mapping[str, Any] | None = None
-              ) -> LibraryVersion:
+              message: str | None = None, scores: Mapping[str, Any] | None = None,
+              expect_parent: str | None = None) -> LibraryVersion:
         """Commit a candidate on top of the current version, checked by the library's
         validator unless ``validate`` says otherwise; then it is removed. The version keeps
-        the candidate's scores, and ``scores`` beside them (``ungated``: applied by hand)."""
+        the candidate's scores, and ``scores`` beside them (``ungated``: applied by hand).
+        ``expect_parent``: only on that version (a canary measured against it)."""
         lib = self.library
         cand = self.get(name)
         checked = lib.snapshot()
+        if expect_parent is not None and checked.id != expect_parent:
+            raise LibraryError(f"the library moved from {expect_parent} to {checked.id}; "
+                               f"candidate {name} was measured against {expect_parent}",
+                               hint="measure it again against the current version")
         clashes = self.conflicts(name, checked)
         if clashes and not force:
             raise LibraryError(
@@ -172,11 +178,12 @@ class Candidates:
                 f"{checked.id}; nothing was applied",
                 hint="run `whetstone library candidates apply` again to re-check its "
                      "conflicts against the new version") from exc
-        self._path(name).unlink(missing_ok=True)
+        with lib._write_lock():
+            lib.backing.drop_candidate(name)
         return version
 
     def drop(self, name: str) -> None:
         """Forget a candidate (its contents stay in the blob store)."""
         self.get(name)
         with self.library._write_lock():
-            self._path(name).unlink(missing_ok=True)
+            self.library.backing.drop_candidate(name)

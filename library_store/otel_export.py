@@ -3,7 +3,7 @@
 ``OtelSink`` is a trace sink (``TraceStore.sinks``): every finished trace the store records
 becomes the spans of ``otel_spans.trace_spans``, queued on a ``BatchSpanProcessor`` that
 exports them off the caller's thread; feedback becomes a ``whetstone.feedback`` span in the
-same trace. Off by default: a face builds a sink only when asked (``--otel``,
+same trace, and each step of a learner (``learning``) a ``whetstone.learning.<step>`` span. Off by default: a face builds a sink only when asked (``--otel``,
 ``WHETSTONE_OTEL=1``, ``Engine(otel=True)``), and OpenTelemetry is imported only then.
 
 Where spans go is OpenTelemetry's own configuration, read by the exporters:
@@ -34,7 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.errors import ConfigError
 from ..engine.types import Trace
-from .otel_spans import SpanRecord, feedback_span, trace_spans
+from .otel_spans import (
+    SpanRecord,
+    feedback_span,
+    learning_span,
+    trace_spans,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -239,6 +244,13 @@ class OtelSink:
             if trace.id in self._sent:
                 self._sent[trace.id] = score
         self._send([feedback_span(trace, score, comment, content=self.content)])
+
+    def learning(self, step: Mapping[str, Any]) -> None:
+        """Export a step of learning in production (a canary started, promoted, rolled
+        back: ``whetstone learn``) as a ``whetstone.learning.<step>`` span."""
+        if self._closed:
+            return
+        self._send([learning_span(step)])
 
     def _send(self, records: Sequence[SpanRecord]) -> None:
         for span in (self._span(r) for r in records):

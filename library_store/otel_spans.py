@@ -254,6 +254,10 @@ def _root_attributes(trace: Trace, kind: str, content: bool) -> dict[str, AttrVa
         value = trace.meta.get(key)
         if isinstance(value, str) and value:
             attrs[f"whetstone.{key}"] = value
+    canary = trace.meta.get("canary")
+    if isinstance(canary, Mapping) and isinstance(canary.get("id"), str):
+        attrs["whetstone.canary.id"] = canary["id"]
+        attrs["whetstone.canary.arm"] = str(canary.get("arm", ""))
     conversation = trace.meta.get("thread_id") or trace.meta.get("session_id")
     if isinstance(conversation, str) and conversation:
         attrs["session.id"] = conversation
@@ -312,5 +316,38 @@ def feedback_span(trace: Trace, score: float, comment: str | None, *, content: b
                       events=(SpanEvent("whetstone.feedback", when, dict(attrs)),))
 
 
+def learning_span(step: Mapping[str, Any]) -> SpanRecord:
+    """A step of learning in production (``library_store.learning.Step.to_dict()``) as a
+    ``whetstone.learning.<step>`` span; the steps of one canary share an OpenTelemetry trace
+    (its id made from the canary's), so a backend shows a canary's life as one tree. Its
+    figures are attributes (``whetstone.learning.<name>``, nested names joined with dots)."""
+    when = _ns(float(step.get("time") or time.time()))
+    canary = step.get("canary")
+    key = f"canary:{canary}" if canary else f"step:{step.get('step')}:{step.get('time')}"
+    attrs: dict[str, AttrValue] = {"whetstone.learning.step": str(step.get("step", "")),
+                                   "whetstone.library.version": str(step.get("base", ""))}
+    if canary:
+        attrs["whetstone.canary.id"] = str(canary)
+    if step.get("version"):
+        attrs["whetstone.learning.version"] = str(step["version"])
+    if step.get("holder"):
+        attrs["whetstone.learning.holder"] = str(step["holder"])
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                flatten(f"{prefix}.{k}", v)
+        elif isinstance(value, (bool, int, float, str)):
+            attrs[prefix] = value
+
+    flatten("whetstone.learning", dict(step.get("figures") or {}))
+    span_id = int.from_bytes(os.urandom(8), "big") or 1
+    return SpanRecord(name=f"whetstone.learning.{step.get('step')}",
+                      trace_id=_digest("whetstone-learning:" + key, 16), span_id=span_id,
+                      parent_id=None, start_ns=when, end_ns=when, attributes=attrs,
+                      events=(SpanEvent(f"whetstone.learning.{step.get('step')}", when,
+                                        {"whetstone.learning.step": str(step.get("step"))}),))
+
+
 __all__ = ["MAX_CONTENT_CHARS", "ROOT_NAMES", "SpanEvent", "SpanRecord", "feedback_span",
-           "otel_span_id", "otel_trace_id", "trace_spans"]
+           "learning_span", "otel_span_id", "otel_trace_id", "trace_spans"]

@@ -13,17 +13,20 @@ Layout under the library root::
     .lock .tmp/ .state/  the writers' lock, temp files of writes in flight, view marker
 
 A commit writes new blobs, tree objects and the manifest aside, runs the library's validator
-(given when it is opened; a caller may pass another) on the new version, then makes it current with ONE ``os.replace`` of ``CURRENT``. A process killed
-at any point leaves the old or the new version current, never a mix; its temp files are
-removed by the next writer. A file lock serialises writers, and ids are assigned under it, so
-concurrent writers land in order. Readers never lock: a ``Snapshot`` resolves ``CURRENT`` once
-and reads only immutable objects of that version.
+(given when it is opened; a caller may pass another) on the new version, then makes it current
+with ONE ``os.replace`` of ``CURRENT``. A process killed at any point leaves the old or the new
+version current, never a mix; its temp files are removed by the next writer. A file lock
+serialises writers, ids assigned under it; readers never lock: a ``Snapshot`` resolves
+``CURRENT`` once and reads only immutable objects of that version.
+
+With ``store="postgresql://..."`` all but this machine's view, ``state/``, ``work/`` and a
+server's trace spool live in PostgreSQL instead (backing.py, pg_library.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import errno
 import logging
 import os
 import threading
@@ -34,17 +37,19 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from ..engine.errors import LibraryError, NotFound
+from ..engine.errors import LibraryError, NotFound, StoreUnavailable
 from ..engine.types import LibraryVersion
+from .backing import Backing, open_backing
 from .blobs import BlobStore, unified_diff
 from .candidates import Candidates
 from .change_control import check_gated
-from .fsutil import FileMemo, atomic_write, clean_dir, make_dirs
+from .fsutil import clean_dir, make_dirs
 from .manifest import Manifest, version_number
 from .paths import CORE_ROOTS, Content, check_path, to_bytes
+from .pg_connect import RETRY_S, store_spec
 from .snapshot import Snapshot
 from .state import MethodState, method_state
-from .traces import TraceSink, TraceStore, trace_store
+from .traces import TraceSink, TraceStore
 from .transfer import write_folder
 from .tree import Trees, group_of
 from .validation import Validate, Validator, rejection
@@ -64,23 +69,28 @@ class Library:
 
     ``roots`` are the top-level folders a version may hold besides ``skills/``: the folders
     the installed methods own (``MethodSpec.roots``; ``policies/``, ``memory/``). A library
-    opened without a folder keeps its files in every version but does not show or write them."""
+    opened without a folder keeps its files in every version but does not show or write them.
+
+    ``store``: where the shared state lives, ``postgresql://...`` or ``file`` (default:
+    ``$WHETSTONE_STORE``, else the folder itself); ``root`` is this machine's folder either
+    way."""
 
     def __init__(self, root: Path | str, *, durable: bool = True,
                  lock_timeout: float = 60.0, validator: Validator | None = None,
-                 roots: Sequence[str] = ()) -> None:
+                 roots: Sequence[str] = (), store: str | None = None) -> None:
         self.root = Path(root).expanduser()
         self.roots: tuple[str, ...] = tuple(dict.fromkeys((*CORE_ROOTS, *roots)))
         self.lock_timeout = lock_timeout
         self.validator = validator
-        self.blobs = BlobStore(self.root / "blobs", self.root / ".tmp", durable=durable)
+        self.store = store_spec(store)
+        self.backing: Backing = open_backing(self.store, self.root, durable=durable)
+        self.blobs: BlobStore = self.backing.blobs
         self.trees = Trees(self.blobs)
         self.durable = durable
         self.view = View(self.root, self.roots, self.blobs, self.trees, self.root / ".state",
                          self.root / ".tmp")
         self._manifests: dict[str, Manifest] = {}
-        self._current = FileMemo(self.root / "CURRENT", str.strip)  # asked on every request
-        self._settings = FileMemo(self.root / "library.json", self._parse_settings)
+        self._attempted: Manifest | None = None  # what the commit in progress publishes
         self._thread_lock = threading.RLock()
         self._traces: tuple[dict[str, Any], TraceStore] | None = None
         self._traces_lock = threading.Lock()  # not _thread_lock: a commit may hold that long
@@ -97,15 +107,19 @@ class Library:
     def current_path(self) -> Path:
         return self.root / "CURRENT"
 
+    @property
+    def where(self) -> str:
+        """Where the versions live, as messages name it (the folder, or the store's URL)."""
+        return str(self.root) if self.store is None else self.backing.where
+
     def is_initialized(self) -> bool:
-        return self.current_path.exists()
+        return self.backing.initialized()
 
     @classmethod
     def init(cls, root: Path | str, **kwargs: Any) -> Library:
         """Create the layout and version v1 (empty) unless the library exists already."""
         lib = cls(root, **kwargs)
-        for sub in ("versions", "blobs", ".tmp", ".state", "candidates", "traces", *lib.roots):
-            make_dirs(lib.root / sub, durable=lib.durable)
+        lib._make_folders()
         with lib._write_lock(repair=False):
             if not lib.is_initialized():
                 empty = lib.trees.apply(lib.trees.empty_root, {})
@@ -114,6 +128,11 @@ class Library:
                 lib._publish(first)
                 lib.view.sync(None, empty, first.id)
         return lib
+
+    def _make_folders(self) -> None:
+        """This machine's folders (a store's library gets them on its first open here)."""
+        for sub in (".tmp", ".state", *self.backing.local_folders(), *self.roots):
+            make_dirs(self.root / sub, durable=self.durable)
 
     @classmethod
     def open(cls, root: Path | str, *, create: bool = False, quiet: bool = False,
@@ -127,10 +146,13 @@ class Library:
         if not lib.is_initialized():
             if create:
                 return cls.init(root, **kwargs)
-            where = lib.root.absolute()
-            raise LibraryError(f"no library at {where}",
+            store = "" if lib.store is None else " --store URL"
+            raise LibraryError(f"no library at {lib.where if lib.store else lib.root.absolute()}",
                                hint=f"check the path, or create it: `whetstone library init "
-                                    f"--library {where}` (Python: create=True)")
+                                    f"--library {lib.root.absolute()}{store}` (Python: "
+                                    "create=True)")
+        if lib.store is not None:
+            lib._make_folders()
         lib.repair_view(blocking=False)
         if lib.view_problem is not None and not quiet:
             log.warning("%s (%s)", lib.view_problem.message, lib.view_problem.hint)
@@ -139,13 +161,13 @@ class Library:
     # -- reading ---------------------------------------------------------------------------
 
     def current_id(self) -> str:
-        """The current version id from ``CURRENT``, read again whenever the file changed
-        (every write replaces it: a new inode and new times)."""
-        try:
-            vid = self._current.get()
-        except FileNotFoundError as exc:
-            raise LibraryError(f"no library at {self.root}",
-                               hint="create one with `whetstone library init`") from exc
+        """The current version id: ``CURRENT``, read again whenever the file changed (every
+        write replaces it), or the store's pointer as its notifications tell it."""
+        vid = self.backing.current()
+        if vid is None:
+            raise LibraryError(f"no library at {self.where}",  # the cause: /health's "missing"
+                               hint="create one with `whetstone library init`"
+                               ) from FileNotFoundError(errno.ENOENT, "no CURRENT", self.where)
         version_number(vid)
         return vid
 
@@ -154,9 +176,9 @@ class Library:
         if hit is not None:
             return hit
         try:
-            m = Manifest.from_json((self.root / "versions" / f"{vid}.json").read_bytes())
+            m = Manifest.from_json(self.backing.manifest(vid))
         except FileNotFoundError as exc:
-            raise NotFound(f"version {vid} not found in {self.root}",
+            raise NotFound(f"version {vid} not found in {self.where}",
                            hint="`whetstone library log` lists the versions") from exc
         self._manifests[vid] = m  # immutable once reachable from CURRENT
         return m
@@ -238,7 +260,7 @@ class Library:
         settings = self.settings()
         with self._traces_lock:
             if self._traces is None or self._traces[0] != settings:
-                self._traces = (settings, trace_store(self.root / "traces", settings))
+                self._traces = (settings, self.backing.trace_store(settings))
                 self._traces[1].sinks = self.trace_sinks
             return self._traces[1]
 
@@ -256,18 +278,7 @@ class Library:
 
     def settings(self) -> dict[str, Any]:
         """``library.json`` (e.g. ``{"trace_keep_days": 30}``); empty when absent."""
-        try:
-            return dict(self._settings.get())  # a copy: callers may change it
-        except FileNotFoundError:
-            return {}
-
-    def _parse_settings(self, text: str) -> dict[str, Any]:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise LibraryError(f"{self.root / 'library.json'} is not valid JSON: {exc}",
-                               hint="fix or delete the file") from exc
-        return data if isinstance(data, dict) else {}
+        return self.backing.settings()
 
     def update_settings(self, **values: Any) -> dict[str, Any]:
         """Set keys in ``library.json`` (None removes a key)."""
@@ -278,8 +289,7 @@ class Library:
                     data.pop(k, None)
                 else:
                     data[k] = v
-            atomic_write(self.root / "library.json", json.dumps(data, indent=1).encode(),
-                         tmp_dir=self.root / ".tmp", durable=self.durable)
+            self.backing.write_settings(data)
         return data
 
     # -- writing ---------------------------------------------------------------------------
@@ -298,20 +308,19 @@ class Library:
                     hint="wait for the other process (an evolve or import) to finish") from exc
             try:
                 clean_dir(self.root / ".tmp")  # temp files of a writer that was killed
-                if repair:
-                    self._repair_view_tolerant()
-                yield
+                # The store's own critical section (PostgreSQL: one transaction holding the
+                # writers' advisory lock), inside this folder's.
+                with self.backing.transaction(self.lock_timeout):
+                    if repair:
+                        self._repair_view_tolerant()
+                    yield
             finally:
                 lock.release()
 
     def _publish(self, m: Manifest) -> None:
-        """Write the manifest, then switch ``CURRENT`` to it: the one atomic step of a commit."""
-        tmp = self.root / ".tmp"
-        atomic_write(self.root / "versions" / f"{m.id}.json", m.to_json(), tmp_dir=tmp,
-                     durable=self.durable)
-        # With ``durable`` each write also fsyncs its folder: the manifest's entry in versions/
-        # is on disk before CURRENT names it, and CURRENT's own rename before we return.
-        atomic_write(self.current_path, (m.id + "\n").encode(), tmp_dir=tmp, durable=self.durable)
+        """Make ``m`` current: the one atomic step of a commit (backing.py)."""
+        self._attempted = m
+        self.backing.publish(m)
         self._manifests[m.id] = m
 
     def _view_root(self) -> str | None:
@@ -322,10 +331,7 @@ class Library:
     def _repair_view_locked(self) -> list[str]:
         current = self._manifest(self.current_id())
         shows = self._view_root()
-        if shows == current.root:
-            self.view_problem = None
-            return []
-        stashed = self.view.sync(shows, current.root, current.id)
+        stashed = [] if shows == current.root else self.view.sync(shows, current.root, current.id)
         self.view_problem = None
         return stashed
 
@@ -383,11 +389,32 @@ class Library:
             return self.validator
         return None if validate is False else validate
 
-    def _commit(self, changes: Mapping[str, bytes | None], *, method: str, message: str,
-                scores: Mapping[str, Any] | None, costs: Mapping[str, Any] | None,
-                validate: Validator | None, expect_parent: str | None = None,
-                allow_empty: bool = False, prehashed: Mapping[str, str | None] | None = None
-                ) -> LibraryVersion:
+    def _commit(self, changes: Mapping[str, bytes | None], **options: Any) -> LibraryVersion:
+        """``_commit_once``, again while the store drops the connection (PostgreSQL) for up
+        to ``RETRY_S``: the version being published is looked up first and kept if it
+        landed, since the lost answer leaves that unknown."""
+        deadline = time.monotonic() + RETRY_S
+        with self._thread_lock:
+            while True:
+                self._attempted = None
+                try:
+                    return self._commit_once(changes, **options)
+                except StoreUnavailable:
+                    tried = self._attempted
+                    if tried is not None and self.backing.landed(tried):
+                        self._manifests[tried.id] = tried
+                        return tried.to_version()
+                    if tried is not None:
+                        self._manifests.pop(tried.id, None)
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+
+    def _commit_once(self, changes: Mapping[str, bytes | None], *, method: str, message: str,
+                     scores: Mapping[str, Any] | None, costs: Mapping[str, Any] | None,
+                     validate: Validator | None, expect_parent: str | None = None,
+                     allow_empty: bool = False,
+                     prehashed: Mapping[str, str | None] | None = None) -> LibraryVersion:
         """Commit ``changes`` (contents) and ``prehashed`` (hashes of blobs already stored).
         A library that requires a gate refuses scores without a passing decision."""
         check_gated(self, scores)
@@ -448,11 +475,8 @@ class Library:
     def _unpublish(self, m: Manifest, parent: Manifest) -> None:
         """Make ``parent`` current again after ``m``'s view could not be written, and take
         back the files of ``m`` that did reach the view."""
-        tmp = self.root / ".tmp"
-        atomic_write(self.current_path, (parent.id + "\n").encode(), tmp_dir=tmp,
-                     durable=self.durable)
+        self.backing.unpublish(m, parent)
         self._manifests.pop(m.id, None)
-        (self.root / "versions" / f"{m.id}.json").unlink(missing_ok=True)  # unreachable now
         try:
             # The marker still names what the view showed before; only this commit's own
             # writes are undone, so the next repair from that marker stays exact.
@@ -462,7 +486,7 @@ class Library:
 
     def _put_all(self, changes: Mapping[str, bytes | None]) -> dict[str, str | None]:
         """Store the contents of a change; a large one is flushed to disk once, not per file."""
-        bulk = self.durable and len(changes) > BULK_FILES
+        bulk = self.durable and len(changes) > BULK_FILES and self.store is None
         store = BlobStore(self.blobs.root, self.blobs.tmp_dir, durable=False) if bulk \
             else self.blobs
         hashes = {p: (store.put(b) if b is not None else None) for p, b in changes.items()}
@@ -526,8 +550,7 @@ class Library:
         return write_folder(files, Path(dest), overwrite=overwrite, mtime=snap.manifest.created)
 
     def delete_unit(self, unit: str) -> dict[str, None]:
-        """A change set deleting every file of one unit (``skills/<name>``)."""
-        return {p: None for p in self.snapshot().unit(unit)}
+        return {p: None for p in self.snapshot().unit(unit)}  # every file of ``skills/<name>``
 
     # -- the view (hand edits) -------------------------------------------------------------
 
@@ -569,17 +592,9 @@ class Library:
 
     def verify(self, ref: str | None = None) -> list[str]:
         """Integrity problems of one version: missing or corrupt blobs and tree objects."""
-        m = self._manifest(self.resolve(ref))
-        problems = [f"tree object {d[:12]} is missing or corrupt" for d in
-                    self.trees.objects(m.root) if d != self.trees.empty_root
-                    and not self.blobs.verify(d)]
-        if problems:
-            return problems
-        for path, digest in self.trees.files(m.root).items():
-            if not self.blobs.verify(digest):
-                problems.append(f"{path}: content {digest[:12]} is missing or corrupt")
-        return problems
+        return self.trees.problems(self._manifest(self.resolve(ref)).root)
 
     def units(self, ref: str | None = None) -> list[str]:
         """Every unit (``skills/<name>``, ``policies/<file>``) in a version."""
         return sorted({group_of(p) for p in self.snapshot(ref).files()})
+

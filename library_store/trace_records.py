@@ -25,12 +25,14 @@ _SMALLEST_CUT = 64  # characters of a string's head kept at the tightest cut
 @dataclass(frozen=True)
 class Record:
     """A trace ready to append: its id, start time (which day file) and JSON line (no
-    newline), and whether it had to be cut to fit."""
+    newline), and whether it had to be cut to fit. ``key`` names this one write: a store
+    that may see a write twice (PostgreSQL, after a lost answer) keeps it once."""
 
     id: str
     started: float
     line: str
     truncated: bool = False
+    key: str | None = None
 
 
 def truncated_text(text: str, keep: int) -> str:

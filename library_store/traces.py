@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from filelock import FileLock
 
@@ -180,6 +180,9 @@ class TraceStore:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     # Told of every record (issue 39's export); the Library shares its list with each store.
     sinks: list[TraceSink] = field(default_factory=list)
+    # A store across the network (PostgreSQL): a server spools what it records on its own disk
+    # first and writes it on from there (trace_spool.py).
+    remote: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -189,6 +192,10 @@ class TraceStore:
         self.pruned = 0  # data files this object deleted (an import reports what it cost)
         # Images in traces are kept once by content hash (see library_store/images.py).
         self.images = ImageStore(self.root / "images")
+
+    def ready(self) -> str | None:
+        """None when records can be written now, else why not (a server's ``/readyz``)."""
+        return None
 
     def resolve_images(self, trace: Trace) -> Trace:
         """``trace`` with its stored image references back as inline data-URL parts."""
@@ -531,6 +538,11 @@ def trace_store(root: Path, settings: Mapping[str, Any] | None = None) -> TraceS
     """The store at ``root`` with the bounds a library's settings give (``trace_keep_days``,
     ``trace_max_bytes`` (0: no cap), ``trace_max_record_bytes``); a bad value is a
     ``ConfigError``."""
+    return TraceStore(Path(root), **trace_bounds(settings))
+
+
+def trace_bounds(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``TraceStore``'s bounds from a library's settings (see ``trace_store``)."""
     settings = settings or {}
     kw: dict[str, Any] = {}
     for key, name, kind in (("trace_keep_days", "keep_days", float),
@@ -543,4 +555,4 @@ def trace_store(root: Path, settings: Mapping[str, Any] | None = None) -> TraceS
             raise ConfigError(f"library.json: {key} must be a number >= 0, got {value!r}",
                               hint="fix the value or remove the key")
         kw[name] = kind(value)
-    return TraceStore(Path(root), **kw)
+    return kw

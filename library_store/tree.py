@@ -146,3 +146,12 @@ class Trees:
         """The hashes of the tree objects themselves (root and buckets), for integrity checks."""
         yield root
         yield from self.load(root).values()
+
+    def problems(self, root: str) -> list[str]:
+        """Integrity problems of the tree ``root``: missing or corrupt blobs and tree objects."""
+        problems = [f"tree object {d[:12]} is missing or corrupt" for d in self.objects(root)
+                    if d != self.empty_root and not self.blobs.verify(d)]
+        if problems:
+            return problems
+        return [f"{path}: content {digest[:12]} is missing or corrupt"
+                for path, digest in self.files(root).items() if not self.blobs.verify(digest)]

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_support import pg_cluster, pg_url  # noqa: F401  the PostgreSQL store's fixtures
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CACHE = Path(os.environ.get("WHETSTONE_TEST_CACHE", REPO / ".cache" / "whetstone"))
@@ -37,6 +38,9 @@ def whetstone_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "whetstone-home"
     monkeypatch.setenv("WHETSTONE_HOME", str(home))
     monkeypatch.setenv("WHETSTONE_CACHE", str(SHARED_CACHE))
+    # Libraries keep their state in their folder unless a test names a store (pg_url); set,
+    # not deleted, so a --store a command line set in this process is undone after the test.
+    monkeypatch.setenv("WHETSTONE_STORE", "")
     return home
 
 

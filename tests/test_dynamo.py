@@ -335,3 +335,22 @@ def test_dynamo_needs_labelled_tasks_and_an_evolve_context() -> None:
 
     with pytest.raises(ConfigError, match="needs an evolve context"):
         Dynamo(DynamoConfig()).fit([], {}, ScriptedBackend())
+
+
+def test_a_toolset_pattern_names_the_agents_own_tools_it_matches() -> None:
+    # One command for any environment: "*" is every tool of the agent's own servers.
+    from whetstone.engine.errors import ConfigError
+    from whetstone.engine.methods.dynamo.parts import expand_toolset
+    from whetstone.engine.types import ToolSpec
+    from whetstone.tools.base import Tool
+
+    def tool(name: str) -> Tool:
+        return Tool(ToolSpec(name=name, description=name), lambda a: "")
+
+    known = {"python": tool("python")}
+    own = [tool("db_read_query"), tool("db_list_tables")]
+    assert list(expand_toolset("*", known, lambda: own)) == ["db_read_query", "db_list_tables"]
+    assert list(expand_toolset("python,*_query", known, lambda: own)) == ["python",
+                                                                          "db_read_query"]
+    with pytest.raises(ConfigError, match="fs_"):
+        expand_toolset("fs_*", known, lambda: own)

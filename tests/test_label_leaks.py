@@ -78,6 +78,18 @@ def test_lines_that_carry_a_training_answer_are_dropped_and_counted() -> None:
     assert cleaned.details["label_leaks"]["lines_dropped"] == 5
 
 
+def test_an_examples_own_question_is_kept_when_it_holds_another_tasks_label() -> None:
+    """Issue 48's replay: an order status ("placed") in another order's question beside
+    "Answer as" read as a leak, and the dropped Task line broke the memory file."""
+    questions = [("Where does order 45603 stand right now: what is its status?", "placed"),
+                 ("On what date was order 43073 placed? Answer as YYYY-MM-DD.", "2022-10-22")]
+    memory = ("# Memory\n\n## Example t1\n\nTask: On what date was order 43073 placed? Answer "
+              "as YYYY-MM-DD.\n\n````\n2022-10-22\n````\n")
+    cleaned, leaks = drop_label_leaks(LibraryPatch("memory", {"memory/m.md": memory}, "m"),
+                                      labelled_tasks(questions))
+    assert cleaned.changes["memory/m.md"] == memory and leaks.total == 0
+
+
 class Copier:
     """An evolver that writes what a small analyst wrote: one run's answer, as a pitfall."""
 

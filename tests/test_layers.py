@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, int]] = [
     ("engine/evolution", 7),
     ("engine/api.py", 8),
     ("engine/integrations", 9),
+    ("engine/scale.py", 9),
     ("engine/commands", 10),
     ("cli.py", 11),
     ("engine/__init__.py", 11),

@@ -69,7 +69,7 @@ def test_histogram_buckets_are_cumulative() -> None:
 def test_metrics_render_every_family_once() -> None:
     text = Metrics(queued=lambda: 2).render()
     types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
-    assert len(types) == len(set(types)) == 15
+    assert len(types) == len(set(types)) == 17
     assert "whetstone_queue_depth 2" in text and text.endswith("\n")
 
 
@@ -338,6 +338,8 @@ async def test_feedback_waits_for_its_trace_only_not_for_steady_traffic() -> Non
     class SlowStore:
         """Each batch takes 0.1 s to write; it keeps what it was given."""
 
+        remote = False
+
         def __init__(self) -> None:
             self.written: list[tuple[str, float | None]] = []
 
@@ -387,6 +389,8 @@ async def test_feedback_on_a_trace_the_store_cannot_take_in_time_fails() -> None
     gate = threading.Event()
 
     class Stuck:
+        remote = False
+
         def encode(self, trace: Any) -> Any:
             return encode_trace(trace)
 

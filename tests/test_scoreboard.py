@@ -330,3 +330,33 @@ def test_a_row_may_run_its_agent_on_another_model(tmp_path: Path) -> None:
     without = parse_plan(_plan(path))
     assert row_key(plan, plan.row("toy/agent")) == row_key(without, without.row("toy/agent"))
     assert row_key(plan, plan.row("toy/agent-other")) != row_key(plan, plan.row("toy/agent"))
+
+
+def test_a_collection_cut_short_resumes_with_the_tasks_it_lacks(tmp_path: Path) -> None:
+    """A scoreboard run killed while collecting the train slice's runs keeps them: the next
+    run solves only the tasks without a trace, and the evolver gets the whole slice."""
+    from whetstone.engine.evaluation.benchmarks import load_tasks
+    from whetstone.engine.evaluation.runner import evaluate
+
+    path = _tasks(tmp_path)
+    plan = parse_plan(_plan(path))
+    asked: list[str] = []
+
+    def answer(request: Request) -> str:
+        asked.append(next(m.text for m in request.messages if "What is " in m.text))
+        return _answer_with_skill(request)
+
+    backend = ScriptedBackend(responder=answer)
+    runner = Runner(plan, backend, backend, tmp_path / "work",
+                    registry=_runner(plan, tmp_path).registry)
+    s = plan.set("toy")
+    engine = runner.engine(tmp_path / "work" / "toy" / "collect", plan.row("toy/agent"))
+    first = load_tasks(f"{path}:0:2")
+    evaluate(first, engine.solver(), seed=plan.seed, store=engine.traces, model="scripted:",
+             task_set=s.train)  # the run that was cut after two tasks
+    asked.clear()
+    traces = runner.train_traces(s)
+    assert sorted({t.meta["task_id"] for t in traces}) == ["t0", "t1", "t2", "t3"]
+    assert len(traces) == 4
+    assert not any("What is 0 " in q or "What is 1 " in q for q in asked)
+    assert any("What is 2 " in q for q in asked) and any("What is 3 " in q for q in asked)

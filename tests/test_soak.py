@@ -65,7 +65,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]
     with running_server(upstream_app) as upstream:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "serve", "--upstream", f"openai:tiny@{upstream}/v1",
+            [sys.executable, "-m", "whetstone", "serve", "--upstream", f"openai:tiny@{upstream}/v1",
              "--library", str(library), "--no-library", "--port", str(port),
              "--traces-max-bytes", str(TRACES_CAP), "--max-concurrency", "4",
              "--log-level", "warning"],

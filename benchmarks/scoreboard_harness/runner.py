@@ -458,13 +458,19 @@ class Runner:
             engine = self.engine(folder, base)
             tasks = self.tasks(spec)
             stored = [t for t in engine.traces.query() if t.meta.get("task_set") == tasks.name]
-            if len({t.meta.get("task_id") for t in stored}) < len(tasks):
-                shutil.rmtree(folder, ignore_errors=True)
-                engine = self.engine(folder, base)
-                evaluate(tasks, engine.solver(), concurrency=self.concurrency,
+            done = {t.meta.get("task_id") for t in stored}
+            if len(done & {task.id for task in tasks}) < len(tasks):
+                # A run cut short resumes: only the tasks without a trace run (each task's
+                # seed comes from its id, so the traces are those one whole run would give).
+                missing = TaskSet(tasks.name, tuple(t for t in tasks if t.id not in done))
+                self.on_progress(f"{spec} (resumed, {len(tasks) - len(missing)} collected "
+                                 "before)", 0, len(missing))
+                evaluate(missing, engine.solver(), concurrency=self.concurrency,
                          seed=self.plan.seed, store=engine.traces, model=self.backend.spec,
+                         task_set=tasks.name,
                          on_progress=lambda d, n, r: self.on_progress(f"{spec}", d, n))
-                stored = list(engine.traces.query())
+                stored = [t for t in engine.traces.query()
+                          if t.meta.get("task_set") == tasks.name]
             self._train_traces[spec] = training_traces(stored)
         return self._train_traces[spec]
 

@@ -106,6 +106,26 @@ def check_feedback(score: Any, comment: Any = None) -> tuple[float, str | None]:
     return float(score), comment
 
 
+MAX_LABEL_CHARS = 4_000
+
+
+def check_label(label: Any) -> str | None:
+    """Validate the right answer a client may send with its feedback (``label``): a string
+    or a number, kept as text; ``ConfigError`` otherwise."""
+    if label is None:
+        return None
+    if isinstance(label, bool) or not isinstance(label, (str, int, float)) or (
+            isinstance(label, float) and not math.isfinite(label)):
+        raise ConfigError(f"'label' must be a string or a number, got {type(label).__name__}",
+                          hint="send the right answer as text, e.g. \"label\": \"180.5\"")
+    text = label if isinstance(label, str) else repr(label) if isinstance(label, float) \
+        else str(label)
+    if len(text) > MAX_LABEL_CHARS:
+        raise ConfigError(f"'label' is {len(text)} characters; at most {MAX_LABEL_CHARS} are "
+                          "kept", hint="send the answer itself, not the whole reply")
+    return text
+
+
 # --- one adapted completion (Engine.chat) ----------------------------------------------------
 
 @dataclass(frozen=True)

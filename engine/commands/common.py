@@ -18,11 +18,10 @@ from typing import Any, Self, TypeVar
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import ProgressColumn, Task
 from rich.segment import Segment
 from rich.syntax import Syntax
-from rich.text import Text
 
+from ...library_store.pg_connect import STORE_ENV, store_spec
 from ..errors import (  # noqa: F401 - EXIT_* re-exported for the commands
     EXIT_INTERRUPTED,
     EXIT_NO_ANSWER,
@@ -261,10 +260,42 @@ def default_library_path() -> Path:
 
 
 def library_option(fn: F) -> F:
-    """``--library PATH`` (env ``WHETSTONE_LIBRARY``; default ``$WHETSTONE_HOME/library``)."""
+    """``--library PATH`` (env ``WHETSTONE_LIBRARY``; default ``$WHETSTONE_HOME/library``)
+    and ``--store URL`` (env ``WHETSTONE_STORE``): where the library's shared state lives."""
+    fn = click.option(
+        "--store", envvar=STORE_ENV, default=None, expose_value=False, callback=_use_store,
+        metavar="URL", help="Keep the library's versions, candidates and traces in "
+        "PostgreSQL: postgresql://USER@HOST:PORT/DB?schema=NAME (env WHETSTONE_STORE; "
+        "default: the library folder itself).")(fn)
     return click.option(
         "--library", "library_path", type=click.Path(path_type=Path), envvar="WHETSTONE_LIBRARY",
         default=None, help="Library directory (default: $WHETSTONE_HOME/library).",
+    )(fn)
+
+
+def _use_store(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--store``: checked now, then set as ``WHETSTONE_STORE`` for the whole command, so
+    every library it opens (and every process it starts: Ray workers) uses that store."""
+    if value:
+        try:
+            store_spec(value)
+        except WhetstoneError as exc:
+            raise click.BadParameter(f"{exc.message}; {exc.hint}", ctx, param) from None
+        os.environ[STORE_ENV] = value
+    return value
+
+
+def executor_options(fn: F) -> F:
+    """``--executor local|ray`` and ``--ray-address ADDR`` (env ``RAY_ADDRESS``): where the
+    agent's runs go (docs/middleware.md, "Past one machine")."""
+    fn = click.option(
+        "--ray-address", envvar="RAY_ADDRESS", default=None, metavar="HOST:PORT",
+        help="The Ray cluster for --executor ray (env RAY_ADDRESS; default: start Ray on "
+             "this machine).")(fn)
+    return click.option(
+        "--executor", type=click.Choice(["local", "ray", "asyncio"]), default="local",
+        show_default=True, help="Where the agent's runs (and an evolver's analysts) go: this "
+        "process, or a Ray cluster (pip install 'whetstone-engine[scale]'); asyncio is local.",
     )(fn)
 
 
@@ -365,38 +396,6 @@ def methods_option(fn: F) -> F:
     return click.option("--methods", "methods", default="", metavar="A,B",
                         help="Runtime methods to use besides skills, comma-separated "
                              "(`whetstone methods` lists them).")(fn)
-
-
-def measured_rate(task: Task) -> float | None:
-    """Tasks per second as measured: the tasks completed over the wall time since the bar
-    started (None before the first one). Not rich's own estimate, which counts the tasks of
-    its last 30 s over the time from the first of them to the last: after a slow first task,
-    or when tasks finish in batches (``-j``), it read 2-30x the real rate."""
-    elapsed = task.finished_time if task.finished_time is not None else task.elapsed
-    if not task.completed or not elapsed:
-        return None
-    return task.completed / elapsed
-
-
-class RateColumn(ProgressColumn):
-    """Tasks per minute, measured (``measured_rate``; ``-`` until a task is done)."""
-
-    def render(self, task: Task) -> Text:
-        rate = measured_rate(task)
-        return Text("- tasks/min" if rate is None else f"{rate * 60:.1f} tasks/min")
-
-
-class EtaColumn(ProgressColumn):
-    """The time left at the measured rate (``-:--:--`` until a task is done)."""
-
-    def render(self, task: Task) -> Text:
-        rate = measured_rate(task)
-        if task.finished:
-            return Text("0:00:00")
-        if rate is None or task.remaining is None:
-            return Text("-:--:--")
-        left = int(task.remaining / rate + 0.5)
-        return Text(f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}")
 
 
 class Concurrency(click.ParamType):

@@ -97,7 +97,12 @@ def gate_line(m: Any) -> str:
     if not record["gated"]:
         return f"UNGATED ({record.get('by') or m.method})"
     gate = m.scores["gate"]
-    return f"gated: {verdict_text(gate)} ({record['rule']}, {record['n_tasks']} tasks)"
+    line = f"gated: {verdict_text(gate)} ({record['rule']}, {record['n_tasks']} tasks)"
+    canary = m.scores.get("canary")
+    if isinstance(canary, Mapping) and "difference" in canary:
+        line += (f"; canary {canary['difference']:+.3f} [{canary.get('ci_low', 0):+.3f}, "
+                 f"{canary.get('ci_high', 0):+.3f}] on {canary.get('n_canary', 0):.0f} live")
+    return line
 
 
 def print_record(out: Console, scores: Mapping[str, Any], costs: Mapping[str, Any]) -> None:

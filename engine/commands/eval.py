@@ -42,14 +42,13 @@ from ..evaluation.tasks import TaskSet
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
-    EtaColumn,
     MethodGroup,
-    RateColumn,
     check_before_loading,
     concurrency_option,
     console,
     default_library_path,
     emit_json,
+    executor_options,
     fail,
     handle_errors,
     json_option,
@@ -60,6 +59,7 @@ from .common import (
     parse_methods,
     solver_option,
 )
+from .progress import EtaColumn, RateColumn
 from .tool_options import tool_options
 
 SolverFactory = Callable[[str, Path, "str | None"], Solver]
@@ -82,6 +82,23 @@ def _factory(ctx: click.Context, methods: str, method_config: tuple[str, ...], s
             else solver_factory(methods=chosen, solver=solver))
     ctx.call_on_close(made.close)  # type: ignore[attr-defined]
     return made
+
+
+def _ray_factory(ctx: click.Context, address: str | None, workers: int | None, methods: str,
+                 method_config: tuple[str, ...], solver: str,
+                 tools: list[Any] | None) -> SolverFactory:
+    """``--executor ray``: the tasks run on the cluster's workers (``engine/scale.py``);
+    they stop, and a Ray started here shuts down, when the command ends."""
+    # lazy: ray, the scale extra
+    from ..scale import RayExecutor
+
+    with console(stderr=True).status("connecting to Ray …"):
+        cluster = RayExecutor(address, workers=workers)
+    ctx.call_on_close(cluster.close)
+    chosen = parse_methods(methods, method_config)
+    if tools is None:
+        return cluster.eval_factory(methods=chosen, solver=solver)
+    return cluster.eval_factory(methods=chosen, solver=solver, tools=tools)
 
 
 def _run(tasks: TaskSet, solver: Solver, *, label: str, scorer: str | None,
@@ -237,6 +254,7 @@ Example, a HumanEval-style code task scored by running its tests
                    "errors), pairing only the tasks scored in both; without it such a "
                    "comparison is refused.")
 @solver_option
+@executor_options
 @methods_option
 @json_option
 @click.pass_context
@@ -246,8 +264,9 @@ Example, a HumanEval-style code task scored by running its tests
 def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_path: Path | None,
              version: str | None, concurrency: int | None, seed: int, scorer: str | None,
              trust_task_scorers: bool, limit: int | None, compare_versions: tuple[str, str] | None, allow_errors: bool,
-             solver: str, methods: str, method_config: tuple[str, ...], as_json: bool,
-             agent_tools: list[Any], otel: Any) -> None:
+             solver: str, executor: str, ray_address: str | None, methods: str,
+             method_config: tuple[str, ...], as_json: bool, agent_tools: list[Any],
+             otel: Any) -> None:
     """Score the agent on a task set: accuracy with a 95% CI, tokens and latency per task.
 
     A task whose solver or scorer raises, or whose run failed (a model call that could not
@@ -261,7 +280,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         raise ConfigError("--version and --compare cannot be combined",
                           hint="--compare V1 V2 names both versions")
     check_before_loading(specs=(model,), scorer=scorer)
-    factory = _factory(ctx, methods, method_config, solver, agent_tools)
+    factory = _ray_factory(ctx, ray_address, concurrency, methods, method_config, solver,
+                           agent_tools) if executor == "ray" else \
+        _factory(ctx, methods, method_config, solver, agent_tools)
     # With --scorer the tasks' own scorer names are never resolved, so none of them can run.
     tasks = load_tasks(tasks_spec, limit=limit,
                        trust_scorers=trust_task_scorers or scorer is not None)
@@ -282,7 +303,9 @@ def eval_cmd(ctx: click.Context, tasks_spec: str | None, model: str, library_pat
         ctx.call_on_close(sink.close)
     common: dict[str, Any] = {"scorer": scorer, "concurrency": concurrency, "seed": seed,
                               "store": store, "model": model, "quiet": as_json,
-                              "run_meta": {"solver": solver, "methods": methods},
+                              "run_meta": {"solver": solver, "methods": methods,
+                                           **({"executor": "ray"} if executor == "ray"
+                                              else {})},
                               "clock": ctx.obj.get("clock") if isinstance(ctx.obj, dict)
                               else None}
     versions = list(compare_versions) if compare_versions else [version]

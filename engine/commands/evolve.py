@@ -28,6 +28,7 @@ from .common import (
     concurrency_option,
     console,
     emit_json,
+    executor_options,
     handle_errors,
     json_option,
     library_option,
@@ -75,6 +76,7 @@ def _shared_options() -> list[click.Option]:
         click.option("--diff", "show_diff", is_flag=True,
                      help="Print the whole diff of the change (default: one line a file)."),
         solver_option,
+        executor_options,
         *reversed(tool_click_options()),
         library_option,
         json_option,
@@ -204,9 +206,10 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
          gate_tasks: str | None, gate_rule: str, allow_errors: bool, scorer: str | None,
          concurrency: int | None, seed: int, candidate_name: str | None, dry_run: bool,
          show_diff: bool, library_path: Path | None, solver: str, as_json: bool,
-         agent_tools: list[Any]) -> None:
-    """Build the engine and call ``Engine.evolve``, showing its progress on stderr (bars on a
-    terminal, plain lines off one, JSON events with ``--json``)."""
+         agent_tools: list[Any], executor: str, ray_address: str | None) -> None:
+    """Build the engine and call ``Engine.evolve`` (its runs on a Ray cluster with
+    ``--executor ray``), showing its progress on stderr (bars on a terminal, plain lines off
+    one, JSON events with ``--json``)."""
     from ..api import Engine  # lazy: loads numpy and 31 more of our modules
 
     check_before_loading(specs=(model, analyst), task_sets=(tasks_spec, gate_tasks),
@@ -215,15 +218,25 @@ def _run(method: str, options: dict[str, Any], *, tasks_spec: str | None,
     with err.status(f"loading {model} …"):
         engine = Engine(model, library=library_path, checkpointing=False, solver=solver,
                         tools=agent_tools)
+    cluster = None
     try:
+        if executor == "ray":
+            # lazy: ray, the scale extra
+            from ..scale import RayExecutor
+
+            with err.status("connecting to Ray …"):
+                cluster = RayExecutor(ray_address, workers=concurrency)
         with CommandProgress(err, choose_mode(err, as_json)) as shown:
             result = engine.evolve(
                 method, tasks=tasks_spec, trace_filter=trace_filter, limit=limit,
                 analyst=analyst, gate_tasks=load_tasks(gate_tasks) if gate_tasks else None,
                 rule=gate_rule, seed=seed, concurrency=concurrency,
                 candidate_name=candidate_name, dry_run=dry_run, on_progress=shown.progress,
-                on_phase=shown.note, allow_errors=allow_errors, scorer=scorer, **options)
+                on_phase=shown.note, allow_errors=allow_errors, scorer=scorer, cluster=cluster,
+                **options)
     finally:
+        if cluster is not None:
+            cluster.close()
         engine.close()
     if as_json:
         emit_json(result.to_dict())

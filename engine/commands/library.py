@@ -33,6 +33,7 @@ from ..library.checks import import_check, library_validator, validate_library
 from ..library.opening import open_library
 from ..methods.base import LibraryPatch
 from ..methods.registry import default_registry
+from .canary import canary_group, step_text, steps_by_base
 from .common import (
     EXIT_PARTIAL,
     console,
@@ -90,6 +91,7 @@ def library_group() -> None:
 
 
 library_group.add_command(config_cmd)
+library_group.add_command(canary_group)
 
 
 @library_group.command("init")
@@ -195,11 +197,13 @@ def show_cmd(name: str, file: str | None, version: str | None, library_path: Pat
 @json_option
 @handle_errors
 def log_cmd(limit: int | None, library_path: Path | None, as_json: bool) -> None:
-    """The versions, newest first."""
+    """The versions, newest first, each with the learner's steps while it was current."""
     lib = _open(library_path)
     versions = lib.log(limit)
+    steps = steps_by_base(lib)  # a learner's steps, under the version current then
     if as_json:
-        emit_json([_manifest_dict(m) for m in versions])
+        emit_json([{**_manifest_dict(m), **({"learning": [s.to_dict() for s in steps[m.id]]}
+                                            if m.id in steps else {})} for m in versions])
         return
     table = Table(title=f"library log ({lib.root})")
     for col in ("version", "parent", "time", "method", "files", "change", "message", "gate"):
@@ -207,6 +211,8 @@ def log_cmd(limit: int | None, library_path: Path | None, as_json: bool) -> None
     for m in versions:
         c = m.counts
         change = f"+{c.get('added', 0)} ~{c.get('modified', 0)} -{c.get('deleted', 0)}"
+        for step in steps.get(m.id, ()):
+            table.add_row("", "", _when(step.time), "learn", "", "", step_text(step), "")
         table.add_row(m.id, m.parent or "-", _when(m.created), m.method,
                       str(c.get("files", "")), change, m.message[:60], gate_line(m))
     console().print(table)

@@ -18,7 +18,9 @@ from .common import (
     console,
     handle_errors,
     library_option,
+    methods_option,
     otel_options,
+    parse_methods,
     skills_config,
     skills_options,
     web_options,
@@ -55,6 +57,20 @@ def _newest_gated(library_path: Path | None, version: str | None, no_library: bo
     out.print(f"gated only: {said}; a version gated later is served after a restart",
               markup=False, soft_wrap=True)
     return chosen.id
+
+
+def canary_router(engine: Any) -> Any:
+    """The replica's ``CanaryRouter``: a learner's canary gets the adapter the current version
+    has (the same skills options and methods), reading only the canary's files."""
+    # lazy: FastAPI and 20 more of our modules, only when serving
+    from ..server.canary import CanaryRouter
+
+    def build(snapshot: Any) -> Any:
+        adapter = engine.chat_adapter(snapshot=snapshot)
+        adapter.warm_up()  # its retrieval index is synced before its first answer
+        return adapter
+
+    return CanaryRouter(engine.library, build)
 
 
 @click.command("serve")
@@ -125,6 +141,18 @@ def _newest_gated(library_path: Path | None, version: str | None, no_library: bo
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True,
               help="uvicorn's log level ('warning' drops the per-request access log).")
+# 600: engine/server/feedback.py's DEFAULT_RATE_PER_MIN (not imported: `whetstone --help`
+# imports every command module, and this one loads none of the server's).
+@click.option("--feedback-rate", type=click.FloatRange(min=0), default=600.0,
+              show_default=True, help="Labels a minute one key may send to /v1/feedback "
+                                      "(429 past it; 0: no limit).")
+@click.option("--feedback-weights", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help='How much each key\'s feedback counts: a JSON object '
+                                 '{"<key>": 2, "sha256:<hex>": 0.5, "*": 1}.')
+@click.option("--no-canary", is_flag=True,
+              help="Serve the current version to every conversation, whatever canary a "
+                   "learner runs (`whetstone learn`).")
+@methods_option
 @handle_errors
 @otel_options
 def serve(upstream: str, library_path: Path | None, library_version: str | None,
@@ -137,7 +165,9 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
           retrieval_workers: int, max_queue: int,
           upstream_timeout: float | None, stream_idle_timeout: float,
           header_timeout: float, max_connections: int | None, max_connections_per_ip: int,
-          traces_max_bytes: int | None, log_level: str, otel: Any) -> None:
+          traces_max_bytes: int | None, log_level: str, feedback_rate: float,
+          feedback_weights: Path | None, no_canary: bool, methods: str,
+          method_config: tuple[str, ...], otel: Any) -> None:
     """Serve UPSTREAM over an OpenAI-compatible API with the library applied to each request
     (/v1/chat/completions, /v1/models, /v1/feedback, /health, /metrics); /v1/embeddings and
     /v1/completions pass through to an openai: upstream as sent."""
@@ -150,11 +180,17 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
 
     # lazy: 6 of our modules, `whetstone --help` imports every command module
     from ..server.connections import ConnectionLimits
+
+    # lazy: 6 of our modules, `whetstone --help` imports every command module
+    from ..server.feedback import FeedbackPolicy, load_feedback_weights
     from ..server.guard import load_api_keys
 
     out = console(stderr=True)
     if gated_only:
         library_version = _newest_gated(library_path, library_version, no_library, out)
+    policy = FeedbackPolicy(feedback_rate, load_feedback_weights(feedback_weights)
+                            if feedback_weights is not None else None)
+    chosen = [m for m in parse_methods(methods, method_config) if m[0] != "skills"]
     keys = load_api_keys(api_keys, api_keys_file)
     check_exposed_bind(host, keys, insecure, "serve")
     limits = ConnectionLimits(header_timeout_s=header_timeout, max_connections=max_connections,
@@ -171,10 +207,14 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
             engine = Engine(get_backend(upstream, options), library=library_path,
                             version=library_version, skills=not no_library,
                             checkpointing=False, corpus=corpus_name,
-                            methods=() if no_library else [("skills", skills)], otel=otel)
+                            methods=() if no_library else [("skills", skills), *chosen],
+                            otel=otel)
             adapter = None if no_library else engine.chat_adapter()
             if adapter is not None:
                 adapter.warm_up()  # load the embedder and sync the index before a request
+        # A pinned version (--version, --gated-only) is what this replica serves, canary or not.
+        canary = None if adapter is None or no_canary or library_version is not None \
+            else canary_router(engine)
         version = adapter.library_version() if adapter is not None else None
         traces = None if no_record else engine.traces
         if traces is not None and traces_max_bytes is not None:
@@ -190,7 +230,7 @@ def serve(upstream: str, library_path: Path | None, library_version: str | None,
                    api_keys=keys, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
                    max_queue=max_queue, request_timeout_s=upstream_timeout,
                    retrieval_workers=retrieval_workers,
-                   stream_idle_s=stream_idle_timeout)
+                   stream_idle_s=stream_idle_timeout, canary=canary, feedback_policy=policy)
     finally:
         sock.close()
         if engine is not None:

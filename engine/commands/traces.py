@@ -41,6 +41,8 @@ def trace_store(library_path: Path | None) -> TraceStore:
     library = Library(root)
     if not library.is_initialized() and not may_create_library(root):
         Library.open(root)  # raises: a mistyped --library is an error, not an empty store
+    if library.store is not None:
+        return library.traces  # the store's tables, bounded as its settings say
     return open_trace_store(root / "traces", library.settings())
 
 

@@ -5,6 +5,8 @@
 - ``paired_bootstrap``: the mean paired difference b - a with a percentile bootstrap interval
   that resamples tasks, so both versions are always judged on the same draw (seeded).
 - ``mcnemar_exact``: McNemar's exact test (two-sided binomial on the discordant pairs).
+- ``independent_difference``: the difference of two independent (weighted) means of scores in
+  [0, 1] with Newcombe's score interval (two live arms of a canary, never paired).
 - ``missed_regression``: how large a drop a paired comparison of n tasks could have missed
   (``unseen_share``: the least any n tasks leave open).
 """
@@ -48,6 +50,63 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     lo = 0.0 if successes == 0 else max(0.0, centre - half)
     hi = 1.0 if successes == n else min(1.0, centre + half)
     return lo, hi
+
+
+def wilson_bounds(p: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson's interval for a proportion ``p`` seen over ``n`` trials, ``n`` possibly
+    fractional (an effective count of weighted trials); (0, 1) when ``n`` is 0."""
+    if n < 0 or not 0.0 <= p <= 1.0:
+        raise EvalError(f"need 0 <= p <= 1 and n >= 0, got {p} over {n}", hint="check counts")
+    if n == 0:
+        return 0.0, 1.0
+    z = _z(confidence)
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> tuple[float, float]:
+    """(the weighted mean, Kish's effective count (sum w)^2 / sum w^2); (0, 0) when the
+    weights sum to 0."""
+    if len(values) != len(weights) or any(w < 0 for w in weights):
+        raise EvalError("weights must be as many as the values and never negative",
+                        hint="check the weights")
+    total = sum(weights)
+    if total <= 0:
+        return 0.0, 0.0
+    mean = sum(v * w for v, w in zip(values, weights, strict=False)) / total
+    return mean, total * total / sum(w * w for w in weights)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``mean_b - mean_a`` of two independent samples with its interval; ``n_a``, ``n_b``
+    are (effective) counts."""
+
+    difference: float
+    low: float
+    high: float
+    mean_a: float
+    mean_b: float
+    n_a: float
+    n_b: float
+    confidence: float = 0.95
+
+
+def independent_difference(mean_a: float, n_a: float, mean_b: float, n_b: float,
+                           confidence: float = 0.95) -> Difference:
+    """``mean_b - mean_a`` of two independent means of scores in [0, 1] with Newcombe's
+    hybrid score interval (his method 10: each side's Wilson bounds, squared and added), which
+    keeps its coverage with few trials where the normal interval does not. Counts may be
+    effective (weighted, ``weighted_mean``); scores between 0 and 1 have a variance of at most
+    p(1 - p), so for them the interval errs wide. A side with no trials gives (-1, 1)."""
+    la, ua = wilson_bounds(mean_a, n_a, confidence)
+    lb, ub = wilson_bounds(mean_b, n_b, confidence)
+    d = mean_b - mean_a
+    low = d - math.sqrt((mean_b - lb) ** 2 + (ua - mean_a) ** 2)
+    high = d + math.sqrt((ub - mean_b) ** 2 + (mean_a - la) ** 2)
+    return Difference(d, max(-1.0, low), min(1.0, high), mean_a, mean_b, n_a, n_b, confidence)
 
 
 def _percentiles(samples: Sequence[float], confidence: float) -> tuple[float, float]:

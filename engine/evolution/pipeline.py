@@ -207,7 +207,8 @@ def split_for_gate(traces: Sequence[Trace], *,
 @dataclass
 class EvolveResult:
     """What happened to a patch. Exactly one of ``version`` / ``candidate`` is set when the
-    gate ran; neither on a dry run or an empty patch. ``traces``: how many it learned from."""
+    gate ran (a candidate also when the gate accepted a change not to be committed); neither
+    on a dry run or an empty patch. ``traces``: how many it learned from."""
 
     patch: LibraryPatch
     diff: str
@@ -267,9 +268,12 @@ def gate_and_apply(
     on_run: Callable[[str], None] | None = None,
     allow_errors: bool = False,
     scorer: str | None = None,
+    commit: bool = True,
 ) -> EvolveResult:
     """Score ``patch`` against the current version and land it as a version or a candidate.
     ``scorer`` (a name ``get_scorer`` reads) scores every gate task instead of its own.
+    ``commit=False`` keeps an accepted change as a candidate too (``decision.accepted`` says
+    it passed): a learner serves it as a canary before it may become current.
     ``on_run`` is told which of the gate's two runs ("current", "candidate") starts. When
     tasks fail in a gate run, nothing is decided (unless ``allow_errors``): the patch is kept
     as a candidate and ``note`` names the failed tasks."""
@@ -310,7 +314,7 @@ def gate_and_apply(
     result.decision = decision
     scores = {"gate": decision.to_dict()}
     costs = {**dict(patch.costs), "gate_seconds": result.seconds["gate"]}
-    if decision.accepted:
+    if decision.accepted and commit:
         say("commit: a new version")
         # validate=False: validate_library has passed this very change on a preview of
         # ``current``, and expect_parent lands it only on that version, so the committed
@@ -355,6 +359,7 @@ def evolve(
     allow_errors: bool = False,
     agent_tools: Callable[[], Sequence[Tool]] | None = None,
     scorer: str | None = None,
+    commit: bool = True,
 ) -> EvolveResult:
     """Learn from traces with ``evolver`` and land the patch through the gate.
 
@@ -366,7 +371,8 @@ def evolve(
     run with failed tasks decides nothing unless ``allow_errors`` (see ``gate_and_apply``).
     ``agent_tools()``: the tools the agent runs with (``EvolveContext.agent_tools``).
     ``scorer`` (the person's choice: ``--scorer``) scores every task instead of its own: the
-    runs collected, the evolver's own runs of ``tasks`` and the gate.
+    runs collected, the evolver's own runs of ``tasks`` and the gate. ``commit=False``: an
+    accepted change is kept as a candidate (``gate_and_apply``).
     """
     report = on_progress or (lambda phase, done, total: None)
     say = on_phase or (lambda phase: None)
@@ -411,7 +417,8 @@ def evolve(
         patch, library, make_solver=make_solver, gate_tasks=split.gate, rule=rule, seed=seed,
         concurrency=concurrency, candidate_name=candidate_name, dry_run=dry_run,
         on_progress=lambda done, n, r: report(f"gate: {which[-1]}", done, n),
-        on_phase=say, on_run=which.append, allow_errors=allow_errors, scorer=scorer)
+        on_phase=say, on_run=which.append, allow_errors=allow_errors, scorer=scorer,
+        commit=commit)
     result.traces = len(split.train)
     result.split = split.to_dict()
     result.seconds["fit"] = fit_s

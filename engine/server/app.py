@@ -13,7 +13,7 @@ import contextlib
 import errno
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -21,7 +21,9 @@ from fastapi import FastAPI
 from ..backends.base import Backend
 from ..chat.adapter import ChatAdapter
 from ..errors import AddressInUse, ConfigError, WhetstoneError
+from .canary import CanaryRouter
 from .connections import ConnectionGuard, ConnectionLimits, guarded_protocol
+from .feedback import FeedbackPolicy
 from .guard import Guard
 from .hosts import WebPolicy
 from .metrics import Metrics
@@ -69,6 +71,27 @@ def _settings(backend: Backend, *, model_name: str | None, aliases: tuple[str, .
     )
 
 
+def _lifespan(pipeline: ChatPipeline,
+              backend: Backend) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start the pipeline with the app; on the way out write every queued trace, then close
+    what of the backend is bound to this event loop."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pipeline.start()
+        try:
+            yield
+        finally:
+            await pipeline.stop()  # writes every queued trace before the process ends
+            # The caller owns the backend and closes it; what is bound to this event loop (an
+            # async HTTP pool) can only be closed here, while the loop still runs.
+            aclose = getattr(backend, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return lifespan
+
+
 def create_app(
     backend: Backend,
     *,
@@ -86,6 +109,8 @@ def create_app(
     retrieval_workers: int = 4,
     endpoints: Endpoints | None = None,
     web: WebPolicy | None = None,
+    canary: CanaryRouter | None = None,
+    feedback_policy: FeedbackPolicy | None = None,
 ) -> FastAPI:
     """Build the app serving ``backend`` as ``model_name`` (default: the upstream's own model
     name, ``naming.upstream_model_name``: never its address).
@@ -101,6 +126,9 @@ def create_app(
     the reply; ``Engine.app`` gives the installed methods');
     ``retrieval_workers`` threads embed queries. ``web`` says which Host and Origin headers are
     answered (``hosts.WebPolicy``; default: a server on 127.0.0.1's, the loopback names).
+    ``canary`` routes a share of conversations to a learner's canary (``canary.py``);
+    ``feedback_policy`` limits and weighs feedback per key (``feedback.py``; default: 600
+    labels a minute per key, every key weighing 1).
     """
     settings = _settings(backend, model_name=model_name, aliases=aliases,
                          default_max_tokens=default_max_tokens,
@@ -115,29 +143,19 @@ def create_app(
     service = ChatService(backend, settings, metrics)
     writer = TraceWriter(traces, metrics) if traces is not None else None
     pipeline = ChatPipeline(adapter, writer, metrics, workers=retrieval_workers,
-                            endpoints=endpoints)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await pipeline.start()
-        try:
-            yield
-        finally:
-            await pipeline.stop()  # writes every queued trace before the process ends
-            # The caller owns the backend and closes it; what is bound to this event loop (an
-            # async HTTP pool) can only be closed here, while the loop still runs.
-            aclose = getattr(backend, "aclose", None)
-            if aclose is not None:
-                await aclose()
+                            endpoints=endpoints, canary=canary if adapter is not None else None)
 
     # No /openapi.json, /docs or /redoc: the API is OpenAI's (docs/middleware.md), and a
     # schema served without a key would map the server for anyone who can reach it.
     app = FastAPI(title="Whetstone", version="0.1.0", docs_url=None, redoc_url=None,
-                  openapi_url=None, lifespan=lifespan)
+                  openapi_url=None, lifespan=_lifespan(pipeline, backend))
     app.state.server = ServerState(backend=backend, settings=settings, service=service,
                                    metrics=metrics, pipeline=pipeline, writer=writer,
                                    adapter=adapter, started_at=int(time.time()),
-                                   api_keys=keys, readiness=Readiness(backend))
+                                   api_keys=keys, readiness=Readiness(
+                                       backend, store=traces.ready if traces is not None and
+                                       traces.remote else None),
+                                   feedback_policy=feedback_policy or FeedbackPolicy())
     app.add_middleware(Guard, keys=keys, metrics=metrics, web=web or WebPolicy.for_bind())
     install_error_handlers(app, metrics)
     app.include_router(router)

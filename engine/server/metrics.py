@@ -180,16 +180,28 @@ class Metrics:
             "Client connections the server closed on its own, by reason: max_connections and "
             "max_per_ip (refused when accepted), header_timeout (headers too slow).",
             ("reason",))
+        self.feedback_limited = Counter(
+            "whetstone_feedback_rate_limited_total",
+            "Feedback refused (429) by the per-key rate limit (--feedback-rate).")
+        self.canary_requests = Counter(
+            "whetstone_canary_requests_total",
+            "Chat requests routed while a canary ran, by arm (canary or current).", ("arm",))
+        # More families rendered after these, read when scraped (the library's learning
+        # state: engine/server/canary.py).
+        self.extra: list[Callable[[], list[str]]] = []
 
     def all(self) -> list[Counter | Gauge | Histogram]:
         return [self.requests, self.latency, self.upstream_latency, self.retrieval_latency,
                 self.tokens, self.errors, self.library, self.traces_written, self.trace_errors,
-                self.feedback, self.in_flight, self.queued, self.traces_pending,
-                self.connections_open, self.connections_closed]
+                self.feedback, self.feedback_limited, self.canary_requests, self.in_flight,
+                self.queued, self.traces_pending, self.connections_open,
+                self.connections_closed]
 
     def render(self) -> str:
         """The exposition text, one metric family after another."""
         lines: list[str] = []
         for metric in self.all():
             lines.extend(metric.render())
+        for more in self.extra:
+            lines.extend(more())
         return "\n".join(lines) + "\n"

@@ -13,11 +13,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Protocol
 
+from ...library_store.learning import CanaryRecord
 from ..chat.adapter import Adapted, ChatAdapter, ChatSwitches, chat_query
 from ..errors import ConfigError, WhetstoneError
 from ..types import Request, Trace
+from .canary import CanaryRouter, Route
 from .metrics import Metrics
 from .recording import TraceWriter
 from .service import error_message, without_paths
@@ -55,11 +58,15 @@ class ChatPipeline:
 
     def __init__(self, adapter: ChatAdapter | None, traces: TraceWriter | None,
                  metrics: Metrics, *, workers: int = 4,
-                 endpoints: Endpoints | None = None) -> None:
+                 endpoints: Endpoints | None = None, canary: CanaryRouter | None = None
+                 ) -> None:
         self.adapter = adapter
         self.traces = traces
         self.metrics = metrics
         self.endpoints = endpoints
+        self.canary = canary
+        if canary is not None:
+            canary.attach(metrics)  # its routes and the library's learning state on /metrics
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers),
                                             thread_name_prefix="whetstone-retrieval")
         self._endpoint_executor = ThreadPoolExecutor(max_workers=ENDPOINT_WORKERS,
@@ -72,19 +79,50 @@ class ChatPipeline:
         """How the served version came to be: a gate accepted it, or it went live ungated."""
         return self.adapter.library_gate() if self.adapter is not None else None
 
-    async def adapt(self, request: Request, switches: ChatSwitches) -> Adapted:
+    async def adapt(self, request: Request, switches: ChatSwitches,
+                    conversation: str | None = None) -> Adapted:
         """The adapted request. When retrieval fails the request is served without the
-        library (logged and counted): the model answering matters more than the guidance."""
+        library (logged and counted): the model answering matters more than the guidance.
+        While a canary runs, ``conversation`` (``canary.conversation_key``) says which
+        version adapts it; the arm goes into ``meta["canary"]``."""
         if self.adapter is None or not switches.library:
             self.metrics.library.inc(applied="false")
             return Adapted(request, query=chat_query(request.messages))
+        route = self.canary.route(conversation) if self.canary is not None \
+            and conversation is not None else None
+        adapter: ChatAdapter = self.adapter
+        if route is not None and route.arm == "canary":
+            canary = await self._canary_adapter(route.record)
+            if canary is None:
+                route = Route(route.record, "current")
+            adapter = canary or self.adapter
+        adapted = await self._adapt(request, switches, adapter)
+        if route is None:
+            return adapted
+        return replace(adapted, meta={**adapted.meta, "canary": route.meta()})
+
+    async def _canary_adapter(self, record: CanaryRecord) -> ChatAdapter | None:
+        """The canary's adapter (built the first time in a retrieval thread); None, logged
+        and counted, when it cannot be loaded: the request is served by the current version."""
+        assert self.canary is not None
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self.canary.adapter, record)
+        except Exception as exc:  # noqa: BLE001 - the current version still answers
+            log.warning("canary %s could not be loaded; the current version serves its "
+                        "share: %s", record.id, getattr(exc, "message", None) or repr(exc))
+            self.metrics.errors.inc(code="canary_unavailable")
+            return None
+
+    async def _adapt(self, request: Request, switches: ChatSwitches,
+                     adapter: ChatAdapter) -> Adapted:
         loop = asyncio.get_running_loop()
         try:
             # A repeated question is answered from the adapter's cache right here; only a new
             # one pays the thread hop and the embedding.
-            cached = self.adapter.cached(request, switches)
+            cached = adapter.cached(request, switches)
             adapted = cached if cached is not None else await loop.run_in_executor(
-                self._executor, self.adapter.adapt, request, switches)
+                self._executor, adapter.adapt, request, switches)
         except Exception as exc:  # noqa: BLE001 - degrade to a plain proxy, never fail a call
             log.warning("library retrieval failed; answering without it: %s",
                         getattr(exc, "message", None) or repr(exc))
@@ -135,10 +173,12 @@ class ChatPipeline:
                 out[name] = {"error": endpoint_error(exc)}
         return out
 
-    def record(self, trace_id: str, build: Callable[[], Trace]) -> None:
-        """Queue the trace ``build()`` makes, built off the loop (``TraceWriter.submit``)."""
+    def record(self, trace_id: str, build: Callable[[], Trace]) -> asyncio.Future[Any] | None:
+        """Queue the trace ``build()`` makes, built off the loop (``TraceWriter.submit``);
+        the future is done once it is built (and spooled, before a remote store)."""
         if self.traces is not None:
-            self.traces.submit(trace_id, build)
+            return self.traces.submit(trace_id, build)
+        return None
 
     async def start(self) -> None:
         if self.traces is not None:
@@ -150,3 +190,5 @@ class ChatPipeline:
             await self.traces.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._endpoint_executor.shutdown(wait=False, cancel_futures=True)
+        if self.canary is not None:
+            self.canary.close()

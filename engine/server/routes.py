@@ -2,7 +2,8 @@
 (a ``ServerState`` that ``create_app`` builds), so nothing here is a closure over one app.
 
 - ``POST /v1/chat/completions`` (JSON or SSE): admit (429 past the queue), adapt with the
-  library, answer with the upstream, record the exchange after the reply is sent;
+  library, answer with the upstream, reply once the exchange's trace is stored (spooled, before
+  a remote store);
 - ``POST /v1/feedback``: label a recorded exchange;
 - ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /livez``
   (liveness), ``GET /readyz`` (readiness: the upstream answers, ``probes.py``),
@@ -11,10 +12,12 @@
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at
 # run time.
+import asyncio
+import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -37,9 +40,11 @@ from ..chat.adapter import (
     ChatSwitches,
     last_user_text,
 )
-from ..chat.exchange import chat_trace, check_feedback
+from ..chat.exchange import chat_trace, check_feedback, check_label
 from ..errors import BackendError, ConfigError, NotFound, WhetstoneError
 from ..types import Completion, Trace
+from .canary import CONVERSATION_HEADER, conversation_key
+from .feedback import FeedbackPolicy, address_key
 from .guard import (
     REQUEST_ID_HEADER,
     TRACE_HEADER,
@@ -89,6 +94,7 @@ class ServerState:
     started_at: int
     api_keys: frozenset[str] = frozenset()
     readiness: Readiness | None = None
+    feedback_policy: FeedbackPolicy = field(default_factory=FeedbackPolicy)
 
 
 def _state(request: Request) -> ServerState:
@@ -151,8 +157,11 @@ async def chat_completions(request: Request) -> Response:
                            "retry shortly", "requests", "rate_limit_exceeded",
                            headers={**headers, "Retry-After": "1"})
     exchange = _Exchange(state, call, started, rid, headers, deadline, _owner(request, state))
+    conversation = conversation_key(call.request.messages, body.get("user"),
+                                    request.headers.get(CONVERSATION_HEADER)) \
+        if state.pipeline.canary is not None else None
     try:
-        adapted = await state.pipeline.adapt(call.request, switches)
+        adapted = await state.pipeline.adapt(call.request, switches, conversation)
         return await exchange.answer(adapted, switches)
     finally:
         if not exchange.handed_off:  # a stream frees its queue place itself, when it ends
@@ -183,6 +192,7 @@ class _Exchange:
         self.adapted: Adapted | None = None
         self.handed_off = False
         self._ended = False
+        self._spooled: asyncio.Future[Any] | None = None  # the trace in the spool (remote)
 
     async def answer(self, adapted: Adapted, switches: ChatSwitches) -> Response:
         """Answer with the upstream; the reply goes once its trace is written (``_settle``)."""
@@ -252,26 +262,28 @@ class _Exchange:
     def _record(self, completion: Completion | None, failure: str | None, outcome: Any = None,
                 **meta: Any) -> None:
         """Queue the exchange's trace; it is built, cut and written in the writer's threads
-        (a 16 MB request costs the loop nothing here)."""
+        (a 16 MB request costs the loop nothing here). Before a remote store, ``_spooled`` is
+        then done once the trace is in this machine's spool."""
         if self.trace_id is None or self.adapted is None:
             return
         if self.owner is not None:
             meta[OWNER_KEY] = self.owner
         adapted, ended = self.adapted, time.time()
         info = {"served_as": self.model, "stream": self.call.stream, **meta}
-        self.state.pipeline.record(self.trace_id, lambda: chat_trace(
+        self._spooled = self.state.pipeline.record(self.trace_id, lambda: chat_trace(
             self.trace_id or "", adapted, model=self.state.backend.shown_spec,
             started=self.started, ended=ended, completion=completion, error=failure,
             outcome=outcome, request_id=self.request_id, meta=info))
 
     async def _settle(self) -> None:
         """Wait until this exchange's trace is written (the store's one ``write`` of its line,
-        flushed): a reply that hands out a trace id goes only then, so a replica killed
-        with ``kill -9`` after answering has lost no acknowledged trace (docs/middleware.md
-        has the cost). A store slower than ``recording.SETTLE_WAIT_S`` is logged and the
-        reply goes."""
+        flushed), or, before a store across the network (``TraceWriter.durable``), spooled on
+        this machine's disk: a reply that hands out a trace id goes only then, so a replica
+        killed with ``kill -9`` after answering has lost no acknowledged trace, and an outage
+        of the remote store does not hold the replies (docs/middleware.md has the cost). A
+        wait past ``recording.SETTLE_WAIT_S`` is logged and the reply goes."""
         if self.trace_id is not None and self.state.writer is not None:
-            await self.state.writer.settle(self.trace_id)
+            await self.state.writer.settle(self.trace_id, self._spooled)
 
     async def _failed(self, exc: Exception) -> JSONResponse:
         """The error reply, sent once the exchange's trace is written."""
@@ -323,13 +335,24 @@ async def feedback(request: Request) -> Response | dict[str, Any]:
                            "invalid_request_error", param="trace_id")
     try:
         score, comment = check_feedback(body.get("score"), body.get("comment"))
+        label = check_label(body.get("label"))
     except ConfigError as exc:
-        param = "comment" if "comment" in exc.message else "score"
+        param = next((p for p in ("comment", "label") if f"'{p}'" in exc.message), "score")
         return error_reply(metrics, 400, error_message(exc), "invalid_request_error",
                            param=param)
+    owner = _owner(request, state)
+    key = owner or address_key(request.client.host if request.client else None)
+    wait = state.feedback_policy.allow(key)
+    if wait is not None:
+        metrics.feedback_limited.inc()
+        return error_reply(metrics, 429, f"too much feedback from this key: at most "
+                           f"{state.feedback_policy.rate_per_min:g} labels a minute; retry in "
+                           f"{math.ceil(wait)} s", "requests", "feedback_rate_limited",
+                           headers={"Retry-After": str(math.ceil(wait))})
     try:
-        trace: Trace = await state.writer.label(trace_id.strip(), score, comment,
-                                                owner=_owner(request, state))
+        trace: Trace = await state.writer.label(
+            trace_id.strip(), score, comment, owner=owner, key=key,
+            weight=state.feedback_policy.weight(key), label=label)
     except NotFound as exc:
         return error_reply(metrics, 404, error_message(exc), "invalid_request_error",
                            "trace_not_found", param="trace_id")
@@ -337,7 +360,7 @@ async def feedback(request: Request) -> Response | dict[str, Any]:
         return error_reply(metrics, 503, error_message(exc), "server_error", "trace_pending",
                            headers={"Retry-After": "1"})
     return {"object": "feedback", "trace_id": trace.id, "score": trace.score,
-            "comment": comment}
+            "comment": comment, **({"label": label} if label is not None else {})}
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
@@ -424,7 +447,7 @@ async def readyz(request: Request) -> Response:
     readiness = state.readiness or Readiness(state.backend)
     reason = await readiness.reason()
     if reason is None:
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", **readiness.report(state.writer)})
     return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503,
                         headers={"Retry-After": "2"})
 

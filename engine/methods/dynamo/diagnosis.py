@@ -33,7 +33,7 @@ class DiagnosePhase(RunCore):
             for line in a.text.splitlines():
                 if line.startswith("Model calls "):
                     names.setdefault(line[len("Model calls "):].split("(")[0], None)
-        given = [n.strip() for n in self.cfg.toolset.split(",") if n.strip()]
+        given = list(self._given_tools()) if self.cfg.toolset else []
         return ", ".join(dict.fromkeys([*given, *names])) or "(none used)"
 
     async def _diagnose(self) -> list[Cluster]:

@@ -62,7 +62,8 @@ class DynamoConfig:
                       min=1)
     rounds: int = knob(2, help="Most rounds of attempt, diagnose, write, test, check.", min=1)
     toolset: str = knob("", help="Given-toolset mode: tools supplied in advance "
-                                 "(comma-separated, e.g. python); learn only when to call each.")
+                                 "(comma-separated, e.g. python; a pattern such as '*' names the "
+                                 "agent's own tools it matches); learn only when to call each.")
     max_failures: int = knob(12, help="Failures diagnosed per round.", min=1)
     batch_size: int = knob(4, help="Failures per diagnosis call.", min=1)
     contrast: int = knob(2, help="Correct attempts shown beside each batch of failures.", min=0)

@@ -6,15 +6,17 @@ are tried and written by ``whetstone.engine.methods.dynamo.sandbox``.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ....skills.format import MAX_DESCRIPTION, NAME_RE
+from ....tools.base import Tool
 from ....tools.learned import PROVENANCE_FILE, TOOL_NAME, ToolDefinition, define_tool
-from ...errors import ParseError, ValidationError
+from ...errors import ConfigError, ParseError, ValidationError
 from ...replies import extract_json_object, salvage_truncated_json
 from ..analyst import AnalystStats
 
@@ -408,3 +410,28 @@ def merge(clusters: list[Cluster]) -> list[Cluster]:
         else:
             same.failures = list(dict.fromkeys(same.failures + c.failures))
     return sorted(out, key=lambda c: -len(c.failures))
+
+
+def expand_toolset(toolset: str, known: dict[str, Tool],
+                   agent_tools: Callable[[], Sequence[Tool]]) -> dict[str, Tool]:
+    """The tools a ``toolset`` names, by name: built-in, visual and learned ones (``known``),
+    else the agent's own (functions, MCP servers' tools). An entry may be a pattern naming
+    the agent's own tools it matches (``*``: all of them), so one command fits any
+    environment's servers. ``ConfigError`` naming what matched nothing."""
+    asked = [n.strip() for n in toolset.split(",") if n.strip()]
+    tools = dict(known)
+    if any(n not in known for n in asked):
+        tools.update({t.name: t for t in agent_tools() if t.name not in known})
+    own = [n for n in tools if n not in known]
+    names: list[str] = []
+    unknown: list[str] = []
+    for n in asked:
+        pattern = any(c in n for c in "*?[")
+        matched = [t for t in own if fnmatch.fnmatchcase(t, n)] if pattern else \
+            ([n] if n in tools else [])
+        names += matched
+        unknown += [] if matched else [n]
+    if unknown:
+        raise ConfigError(f"unknown tool(s) in toolset: {', '.join(unknown)}",
+                          hint="tools: " + ", ".join(tools))
+    return {n: tools[n] for n in dict.fromkeys(names)}

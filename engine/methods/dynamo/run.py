@@ -17,13 +17,13 @@ from ....tools.images import ImageFiles
 from ....tools.learned_run import run_learned
 from ....tools.visual import visual_tools
 from ...backends.base import Backend
-from ...errors import ConfigError
 from ..analyst import ask_parsed
 from ..base import EvolveContext, library_texts
 from . import PROMPTS
 from .parts import (
     Attempt,
     DynamoState,
+    expand_toolset,
 )
 
 if TYPE_CHECKING:
@@ -134,13 +134,6 @@ class RunCore:
             if not isinstance(self.library, Mapping):
                 known.update({t.name: t for t in library_tools(
                     self.library, images=self.images, sandbox=self.method.sandbox)[0]})
-            names = [n.strip() for n in self.cfg.toolset.split(",") if n.strip()]
-            if any(n not in known for n in names):  # the user's functions, MCP servers' tools
-                known.update({t.name: t for t in self.context.agent_tools()})
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise ConfigError(f"unknown tool(s) in toolset: {', '.join(unknown)}",
-                                  hint="tools: " + ", ".join(known))
-            self._given = {n: known[n] for n in names}
+            self._given = expand_toolset(self.cfg.toolset, known, self.context.agent_tools)
         return self._given
 

@@ -1,11 +1,14 @@
-"""Run Trace2Skill's MAP phase on a Ray cluster (``--executor ray``; ``pip install ray``).
+"""Run Trace2Skill's MAP phase on a Ray cluster (``--executor ray``, the cluster at
+``--ray-address`` / ``RAY_ADDRESS``, else a local Ray; ``pip install 'whetstone-engine[scale]'``).
 
 Each worker is an actor holding its own analyst backend: built from the spec inside the worker
 when the backend cannot travel (a loaded local model), or shipped as is when it can (remote
 APIs, the scripted double). Batches keep their index, so seeds — and results — match the
-local asyncio executor. The evolver reaches this module, never the other way: what the map
-needs of it is ``BatchAnalyst``, and its class travels to the workers by reference (Ray
-pickles a class by its import path).
+local asyncio executor. A worker killed mid-map is restarted and its batches analysed again
+(``ray_pool.MAX_RESTARTS``): a batch's result depends only on the batch and its seed. The
+evolver reaches this module, never the other way: what the map needs of it is
+``BatchAnalyst``, and its class travels to the workers by reference (Ray pickles a class by its
+import path).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Protocol
 
 from ...backends.base import Backend
 from ...backends.registry import get_backend
-from ...errors import ModelNotInstalled
+from ...evaluation.ray_pool import actor_options, connect, disconnect, ray_module
 from ...types import Trace
 from .edits import SkillPatch
 
@@ -68,19 +71,10 @@ class _Worker:
 def map_on_ray(t2s: BatchAnalyst, batches: Sequence[list[Trace]], base: Mapping[str, str],
                analyst: Backend, labels: Mapping[str, str] | None) -> list[SkillPatch | None]:
     """Analyse every batch on Ray with ``t2s.config.workers`` actors; results in batch order."""
+    ray = ray_module()
+    started_here = connect(local_cpus=t2s.config.workers)
     try:
-        import ray  # optional extra: ray
-    except ImportError:
-        raise ModelNotInstalled(
-            "--executor ray needs the 'ray' package",
-            hint="pip install 'whetstone-engine[ray]', or drop --executor to run locally",
-        ) from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(num_cpus=max(1, t2s.config.workers), include_dashboard=False,
-                 log_to_driver=False, ignore_reinit_error=True)
-    try:
-        Actor = ray.remote(num_cpus=1)(_Worker)
+        Actor = ray.remote(**actor_options())(_Worker)
         shipped = _portable(analyst)
         actors = [Actor.remote(type(t2s), t2s.config, shipped) for _ in range(t2s.config.workers)]
         pending = [actors[i % len(actors)].analyse.remote(i, batch, dict(base),
@@ -95,7 +89,8 @@ def map_on_ray(t2s: BatchAnalyst, batches: Sequence[list[Trace]], base: Mapping[
             t2s.report.map.add(stats)
             done += 1
             t2s.on_progress("map", done, len(batches))
+        for actor in actors:
+            ray.kill(actor)
         return results
     finally:
-        if started_here:
-            ray.shutdown()
+        disconnect(started_here)

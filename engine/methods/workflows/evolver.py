@@ -27,6 +27,7 @@ runtime method on (``runtime_methods``). A workflow's calls never hold a trainin
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import zlib
@@ -55,6 +56,7 @@ from .harvest import (
     digest,
     looked_around,
     names_in,
+    useful,
     worked_calls,
 )
 from .induce import (
@@ -78,6 +80,9 @@ if TYPE_CHECKING:
     from ...backends.base import Backend
 
 
+log = logging.getLogger("whetstone.methods.workflows")
+
+
 @dataclass(frozen=True)
 class WorkflowsConfig:
     """Knobs of the workflows evolver."""
@@ -91,10 +96,11 @@ class WorkflowsConfig:
     explore: bool = knob(True, help="Ask the analyst for calls on kinds of training question "
                          "that no kept workflow answers.")
     explore_tasks: int = knob(2, help="Questions explored per kind.", min=1)
-    explore_turns: int = knob(4, help="Calls the analyst may write per explored question.",
+    explore_turns: int = knob(5, help="Calls the analyst may write per explored question.",
                               min=1)
-    max_analyst_calls: int = knob(160, help="Analyst calls the exploration may make in all.",
-                                  min=0)
+    max_analyst_calls: int = knob(240, help="Analyst calls the exploration may make in all "
+                                  "(each turn samples again, up to twice, when a reply repeats "
+                                  "a call).", min=0)
     replace: bool = knob(False, help="Start the file over instead of adding to it.")
     seed: int = knob(0, cli=False)
     concurrency: int = knob(2, cli=False)
@@ -190,6 +196,7 @@ class _Fit:
         self.tasks = self._tasks()
         self.wording = Wording(t.question for t in self.tasks)
         self._results: dict[str, ToolResult] = {}
+        self._peeked: list[CallRecord] = []
         self.details: dict[str, Any] = defaultdict(int)
         self.analyst_calls = 0
 
@@ -286,8 +293,13 @@ class _Fit:
         """EXPLORE (module docstring): the kinds no kept workflow answers, biggest first."""
         covered = set().union(*answered.values()) if answered else set()
         order = kinds([t for t in self.tasks if t.id not in covered], self.wording)
-        looked = looked_around(self.traces, self.host, self.wording) + self._look()
+        # The learner's own look first (what there is, what its records look like), then
+        # what the runs' own looks showed that answered with something.
+        looked = self._look()
         looked += await self._peek(looked)
+        seen = {call_key(c.tool, c.arguments) for c, _ in looked}
+        looked += [(c, n) for c, n in looked_around(self.traces, self.host, self.wording)
+                   if call_key(c.tool, c.arguments) not in seen and useful(c.result)]
         known = digest(looked)
         shown = [c for c, _ in looked]
         # Calls that answered other kinds, newest first: what is found teaches what is next.
@@ -315,11 +327,16 @@ class _Fit:
                         self.first_args, turns=self.cfg.explore_turns,
                         seed=self.cfg.seed + zlib.crc32(task.id.encode()) % 10_000,
                         run_tool=asyncio.to_thread, known=shown,
-                        general=self._general(task))
+                        general=self._general(task), values=self._values(task.question),
+                        first_tool=self.record_tool)
                 async with lock:
                     self.analyst_calls += found.analyst_calls - self.cfg.explore_turns
                     self.details["explored"] += 1
                     self.details["bad_replies"] += found.bad_replies
+                    log.info("explored %r: %s after %d analyst calls (%d in all)",
+                             task.question, "found" if found.found else "not found",
+                             found.analyst_calls, self.analyst_calls)
+                    self.context.on_progress("workflows explored", self.details["explored"], 0)
                     if not found.found:
                         continue
                     self.details["explored_found"] += 1
@@ -331,12 +348,18 @@ class _Fit:
                     await asyncio.to_thread(self.admit, [w], kept, answered)
                     if len(kept) > before or any(task.id in ids for ids in answered.values()):
                         self.details["explored_kept"] += 1
+                        log.info("kept a workflow for %r: %s", task.question,
+                                 [(c.tool, c.arguments) for c in found.calls])
                         examples.append((task.question, found.calls[-1]))
                         return
             done += 1
             self.context.on_progress("workflows explore", done, len(order))
 
         await asyncio.gather(*(one_kind(g) for g in order))
+
+    def _values(self, question: str) -> list[str]:
+        """What ``question`` names (``Wording.values_in``)."""
+        return self.wording.values_in(question)
 
     def _general(self, task: TaskRecord) -> Callable[[Sequence[CallRecord]], bool]:
         """Whether calls that reached ``task``'s answer make a workflow (they take the
@@ -356,7 +379,7 @@ class _Fit:
             if t.spec.parameters.get("required"):
                 continue
             res = self.call(t.name, {})
-            if res.error is None and res.output.strip():
+            if res.error is None and useful(res.output):
                 out.append((CallRecord(t.name, {}, res.output), 1))
                 listed += names_in(res.output)
         for t in self.tools:
@@ -368,9 +391,15 @@ class _Fit:
                 if len(out) >= budget:
                     return out
                 res = self.call(t.name, {required[0]: name})
-                if res.error is None and res.output.strip() and "rror" not in res.output[:40]:
+                if res.error is None and useful(res.output):
                     out.append((CallRecord(t.name, {required[0]: name}, res.output), 1))
         return out
+
+    @property
+    def record_tool(self) -> str:
+        """The tool the analyst's look inside showed records with (the most used)."""
+        tools = [c.tool for c in self._peeked]
+        return max(set(tools), key=tools.count) if tools else ""
 
     async def _peek(self, looked: Sequence[tuple[CallRecord, int]], most: int = 12
                     ) -> list[tuple[CallRecord, int]]:
@@ -410,6 +439,7 @@ class _Fit:
             if res.error is None and res.output.strip():
                 out.append((CallRecord(got[0], got[1], res.output), 1))
         self.details["peeked"] = len(out)
+        self._peeked = [c for c, _ in out]
         return out
 
     def patch(self, workflows: list[Workflow], answered: Mapping[str, set[str]],

@@ -25,7 +25,13 @@ from ...types import Request
 from . import PROMPTS
 from .harvest import compact
 from .induce import CallRecord
-from .values import distinctive, holds, near_misses, supports
+from .values import (
+    distinctive,
+    holds,
+    leaf_values,
+    near_misses,
+    supports,
+)
 
 RESULT_CHARS = 1500
 
@@ -118,6 +124,30 @@ def _answer_last(calls: Sequence[CallRecord], answer: Any,
     return None
 
 
+def _clipped(result: str) -> str:
+    text = compact(result)
+    return text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + " …"
+
+
+def code_link(result: str, answer: Any, known: Sequence[CallRecord]
+              ) -> tuple[str, str, str] | None:
+    """A value of ``result`` (a code, an id) that an earlier result shows on the line of the
+    answer ("GR | Garden"), with that line and the call that showed it: the record the
+    question names leads to the answer through it. None when none does."""
+    leaves = leaf_values(result) or []
+    candidates = [str(v) for v in leaves if isinstance(v, (str, int)) and not isinstance(v, bool)
+                  and 0 < len(str(v)) <= 40]
+    for c in known:
+        for line in compact(c.result).splitlines():
+            if not supports(line, answer):
+                continue
+            for v in candidates:
+                if supports(line, v) and not supports(str(answer), v):
+                    what = f"{c.tool}({json.dumps(c.arguments, ensure_ascii=False)})"
+                    return v, line.strip()[:200], what
+    return None
+
+
 def where_shown(known: Sequence[CallRecord], answer: Any, limit: int = 2) -> list[str]:
     """Lines saying which earlier results hold ``answer`` (as it is, or in another form:
     ``near_misses``), with the line it stands on: where to read it from."""
@@ -144,8 +174,8 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                   temperature: float = 0.3, max_tokens: int = 300,
                   run_tool: Callable[..., Any] | None = None,
                   known: Sequence[CallRecord] = (), resamples: int = 2,
-                  general: Callable[[Sequence[CallRecord]], bool] | None = None
-                  ) -> Exploration:
+                  general: Callable[[Sequence[CallRecord]], bool] | None = None,
+                  values: Sequence[str] = (), first_tool: str = "") -> Exploration:
     """Look for the calls that answer ``question`` (see the module docstring). ``call``
     runs a host tool; ``run_tool`` (an awaitable runner such as ``asyncio.to_thread``) keeps
     the event loop free while it does; ``known``: calls whose results the analyst was shown
@@ -154,14 +184,28 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
     tool the analyst used last (or another), up to ``resamples`` times before it counts as
     the turn's. ``general(calls)``: whether the calls that reached the answer would answer
     other questions of the kind (they take the question's values); when not, the analyst is
-    asked for calls that do, and the dialogue goes on."""
+    asked for calls that do, and the dialogue goes on.
+
+    ``values``: what the question names (its rare spans). The dialogue starts from them: the
+    first call asked for returns the whole record a value names (a small model writes that
+    far more often than the one call that answers), which often holds the answer, kept as
+    it is or another way; when it holds a value (a code) that an earlier result shows on the
+    line of the answer, the analyst is asked for the call that reads the answer for it. That
+    first call is begun as a call of ``first_tool`` (the tool that showed records when the
+    learner looked around) on backends that can prefill; where an earlier result holds the
+    answer is said only after it, so the analyst starts from the question's record."""
     out = Exploration(question)
     made: set[str] = {call_key(c.tool, c.arguments) for c in known}
     task = PROMPTS.render("explore.yaml#task", question=question, answer=str(answer))
+    if values:
+        task += "\n" + PROMPTS.render("explore.yaml#record", values=", ".join(
+            f'"{v}"' for v in values))
     hints = where_shown(known, answer)
+    if not values:  # nothing to start from: say at once where the answer shows
+        task, hints = "\n".join([task, *hints]), []
     messages: list[dict[str, str]] = [
         {"role": "system", "content": system},
-        {"role": "user", "content": "\n".join([task, *hints])}]
+        {"role": "user", "content": task}]
     used: list[str] = []  # the tools this dialogue called, in order
     for turn in range(turns):
         reply = ""
@@ -170,8 +214,13 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             # A call is one line of JSON: what follows a blank line is the analyst explaining
             # it. A repeat is sampled again, hotter, and begun as a call of another tool (the
             # 0.5B and the 1.5B repeat a look they were shown, at any temperature).
-            prefix = "" if attempt == 0 or not analyst.capabilities.prefill \
-                else _steer(names, used, parsed if isinstance(parsed, str) else "")
+            if not analyst.capabilities.prefill:
+                prefix = ""
+            elif attempt == 0:
+                prefix = _steer(names, [first_tool], "") if turn == 0 and values \
+                    and first_tool in names else ""
+            else:
+                prefix = _steer(names, used, parsed if isinstance(parsed, str) else "")
             request = Request(messages=tuple(messages),  # type: ignore[arg-type]
                               max_tokens=max_tokens, stop=("\n\n",), prefix=prefix,
                               temperature=min(1.0, temperature + 0.35 * attempt),
@@ -220,15 +269,22 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             messages.append({"role": "user", "content": PROMPTS.render(
                 "explore.yaml#not_general", question=question)})
             continue
-        text = compact(result.output)
-        text = text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + " …"
+        link = code_link(result.output, answer, [*known, *out.calls[:-1]])
+        if link is not None:
+            value, line, where = link
+            messages.append({"role": "user", "content": PROMPTS.render(
+                "explore.yaml#link", tool=tool, result=_clipped(result.output), value=value,
+                line=line, where=where, answer=str(answer))})
+            continue
         misses = near_misses(result.output, answer)
+        said = [PROMPTS.render("explore.yaml#near", misses="; ".join(misses))] if misses else []
+        said += hints  # where an earlier result holds the answer: after the first call
+        hints = []
         messages.append({"role": "user", "content": PROMPTS.render(
-            "explore.yaml#result", tool=tool, result=text, answer=str(answer),
-            hint=(PROMPTS.render("explore.yaml#near", misses="; ".join(misses)) + "\n")
-            if misses else "")})
+            "explore.yaml#result", tool=tool, result=_clipped(result.output), answer=str(answer),
+            hint="\n".join(said) + "\n" if said else "")})
     out.transcript = messages
     return out
 
 
-__all__ = ["Exploration", "call_key", "examples_text", "explore", "parse_call", "tools_text", "where_shown"]
+__all__ = ["Exploration", "call_key", "code_link", "examples_text", "explore", "parse_call", "tools_text", "where_shown"]

@@ -112,7 +112,14 @@ def names_in(result: str, limit: int = 24) -> list[str]:
     return list(dict.fromkeys(found))[:limit]
 
 
-def digest(calls: Sequence[tuple[CallRecord, int]], budget_chars: int = 4000,
+def useful(result: str) -> bool:
+    """Whether a result shows something: not empty, not an error, not an empty listing."""
+    text = result.strip()
+    return bool(text) and text not in ("[]", "{}", "()", "None", "null") and \
+        not text.lower().startswith(("error", "database error", "(no output)"))
+
+
+def digest(calls: Sequence[tuple[CallRecord, int]], budget_chars: int = 6000,
            result_chars: int = 900) -> str:
     """What ``calls`` showed, one call and its result each (``compact``), within
     ``budget_chars``."""
@@ -130,4 +137,5 @@ def digest(calls: Sequence[tuple[CallRecord, int]], budget_chars: int = 4000,
     return "\n\n".join(out)
 
 
-__all__ = ["Worked", "compact", "digest", "host_calls", "looked_around", "names_in", "worked_calls"]
+__all__ = ["Worked", "compact", "digest", "host_calls", "looked_around", "names_in", "useful",
+           "worked_calls"]

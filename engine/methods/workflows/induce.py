@@ -80,6 +80,36 @@ class Wording:
         return named and n < 0.1 * len(self.questions)
 
 
+    def values_in(self, question: str) -> list[str]:
+        """What ``question`` names, before any call is known: runs of words that are rare
+        among the questions, written as names (capitalised after the first word) or holding
+        a digit (and not in a tenth of the questions)."""
+        words = list(_WORD.finditer(question))
+        marks = []
+        for i, w in enumerate(words):
+            text = w.group()
+            n = self.count(text)
+            after_stop = i > 0 and question[:w.start()].rstrip()[-1:] in ".?!:"
+            named = (i > 0 and not after_stop and text[:1].isupper()) or \
+                any(c.isdigit() for c in text)
+            marks.append(text.casefold() not in _STOP and (
+                n < self.cut or (named and n < 0.1 * len(self.questions))))
+        spans: list[str] = []
+        i = 0
+        while i < len(words):
+            if not marks[i]:
+                i += 1
+                continue
+            j = i
+            while j + 1 < len(words) and marks[j + 1] and \
+                    not question[words[j].end():words[j + 1].start()].strip():
+                j += 1
+            span = question[words[i].start():words[j].end()]
+            spans.append(re.sub(r"['’]s\Z", "", span))  # "Corwa Lonter's" names Corwa Lonter
+            i = j + 1
+        return spans
+
+
 def _boundaried(text: str, span: str) -> list[int]:
     pattern = r"(?<![A-Za-z0-9])" + re.escape(span) + r"(?![A-Za-z0-9])"
     return [m.start() for m in re.finditer(pattern, text, re.IGNORECASE)]
@@ -145,7 +175,13 @@ def _pieces(text: str) -> list[str]:
     pieces += [p for p in re.split(r"[/\\]", text) if p]
     pieces += [p for p in re.split(r"[/\\.,;:=()\s'\"]+", text) if p]
     pieces += _WORD.findall(text)
-    return list(dict.fromkeys(p.strip() for p in pieces if len(p.strip()) >= 2))
+    # A one-character piece only when it is quoted or a number written once (a status code
+    # 2): "a" or the 1 of a LIMIT 1 would otherwise link to any result.
+    once = {p for p in re.findall(r"(?<![\w.])\d(?![\w.])", text)
+            if len(re.findall(rf"(?<![\w.]){p}(?![\w.])", text)) == 1}
+    return list(dict.fromkeys(p.strip() for p in pieces if len(p.strip()) >= 2
+                              or p.strip() in once or (p in [a or b for a, b in out]
+                                                        and p.strip())))
 
 
 def induce(question: str, calls: Sequence[CallRecord], answer: Any, wording: Wording
