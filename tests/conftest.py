@@ -23,6 +23,14 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+# A pytest-xdist worker (make test's -n 2) starts with COLUMNS=80 and LINES=24 in its
+# environment, which a plain pytest run has not; the command line reads COLUMNS as a terminal's
+# width (piped output is otherwise drawn whole: commands/common.py's PIPED_WIDTH), so tests that
+# read a table or a progress line would pass alone and fail on the workers. A test that wants a
+# width sets it itself (CliRunner(env={"COLUMNS": ...})).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
