@@ -360,3 +360,28 @@ def test_a_collection_cut_short_resumes_with_the_tasks_it_lacks(tmp_path: Path) 
     assert len(traces) == 4
     assert not any("What is 0 " in q or "What is 1 " in q for q in asked)
     assert any("What is 2 " in q for q in asked) and any("What is 3 " in q for q in asked)
+
+
+def test_a_row_may_learn_from_a_teams_chat_log(tmp_path: Path) -> None:
+    """``from_log``: the train runs go through an OpenAI chat-completion log and `whetstone
+    traces import` (a real process) before the evolver sees them: the imported traces carry
+    the log's expected answers, scored by the set's scorer, and no task ids of ours."""
+    path = _tasks(tmp_path)
+    row = {"set": "toy", "name": "toy-from-log",
+           "evolve": {"method": "toy", "options": {"note": "add twice"},
+                      "rule": "mean_not_worse", "from_log": True}}
+    plan = parse_plan(_plan(path, rows=[row]))
+    base = parse_plan(_plan(path))
+    assert row_key(base, base.rows[2]) == row_key(plan, plan.rows[2])  # old keys hold
+    outcomes = run_plan(_runner(plan, tmp_path), tmp_path / "results", say=lambda s: None,
+                        only=["toy/agent", "toy/toy-from-log"])
+    evolved = outcomes["toy/toy-from-log"].evolve
+    assert evolved is not None
+    assert evolved["imported"]["log_lines"] == 4 and evolved["imported"]["imported"] == 4
+    assert evolved["imported"]["scorer"]["scored"] == 4  # the log's answers, scored on import
+    assert evolved["traces"] == 4 and evolved["accepted"]
+    log = (tmp_path / "work" / "toy" / "toy-from-log" / "team-log.jsonl").read_text()
+    first = json.loads(log.splitlines()[0])
+    assert first["messages"][0] == {"role": "user", "content": "What is 0 + 0?"}
+    assert first["expected"] == "0" and "task_id" not in log
+    assert outcomes["toy/toy-from-log"].result.accuracy == 1.0

@@ -54,6 +54,9 @@ class EvolvePlan:
     max_agent_runs: int | None = None
     train: str | None = None  # None: the set's slices; a row may evolve on more train runs
     dev: str | None = None    # or gate on a larger dev slice (the test slice is the set's)
+    # Learn from the train runs as a team's logger wrote them (an OpenAI chat-completion
+    # log, read back by `whetstone traces import`: team_log.py), not from native traces.
+    from_log: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,12 +192,12 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
         evolve = None
         if r.get("evolve"):
             e = dict(r["evolve"])
-            _only(e, {"method", "options", "analyst", "rule", "max_agent_runs", "train", "dev"},
-                  where + " evolve")
+            _only(e, {"method", "options", "analyst", "rule", "max_agent_runs", "train", "dev",
+                      "from_log"}, where + " evolve")
             evolve = EvolvePlan(method=e["method"], options=dict(e.get("options") or {}),
                                 analyst=e.get("analyst"), rule=e.get("rule"),
                                 max_agent_runs=e.get("max_agent_runs"), train=e.get("train"),
-                                dev=e.get("dev"))
+                                dev=e.get("dev"), from_log=bool(e.get("from_log", False)))
         if r.get("library_of") and r.get("evolve"):
             raise ConfigError(f"{where}: give `evolve` or `library_of`, not both",
                               hint="library_of scores the library another row evolved")
@@ -290,6 +293,8 @@ def row_key(plan: Plan, row: RowPlan) -> str:
         for k in ("train", "dev"):
             if data["row"]["evolve"][k] is None:
                 del data["row"]["evolve"][k]
+        if not data["row"]["evolve"]["from_log"]:
+            del data["row"]["evolve"]["from_log"]
         # The gate's default hashes as the name it had when these keys were made, so a change
         # of default does not rerun every evolved row: the page decides a row saved under the
         # old rule again from its figures and says so (page._gate).
@@ -526,8 +531,14 @@ class Runner:
         traces = self.train_traces(s, train)
         engine = self.engine(folder, row)
         t0 = time.time()
+        tasks: TaskSet | None = self.tasks(train)
+        imported: dict[str, Any] | None = None
+        if row.evolve.from_log:
+            # A team hands over its log and a labelled dev set, not a task set of its runs.
+            traces, imported = self._from_log(traces, folder, self.tasks(train).scorer)
+            tasks = None
         res = engine.evolve(
-            row.evolve.method, traces=traces, tasks=self.tasks(train),
+            row.evolve.method, traces=traces, tasks=tasks,
             gate_tasks=self.tasks(dev), analyst=self.analyst_for(row),
             rule=row.evolve.rule or DEFAULT_RULE,
             seed=self.plan.seed, concurrency=self.concurrency,
@@ -543,7 +554,25 @@ class Runner:
             "candidate": res.candidate, "changed": sorted(res.patch.changes),
             "details": _jsonable(dict(res.patch.details)),
         }
+        if imported is not None:
+            info["imported"] = imported
         return info, res.candidate
+
+    def _from_log(self, traces: list[Trace], folder: Path, scorer: str
+                  ) -> tuple[list[Trace], dict[str, Any]]:
+        """The train runs written as a team's OpenAI chat log, imported into the row's
+        library with `whetstone traces import`, and read back: what the evolver learns from."""
+        from scoreboard_harness.team_log import import_log, write_log
+
+        log = folder / "team-log.jsonl"
+        lines = write_log(traces, log)
+        report = import_log(log, folder, scorer)
+        ids = set(report.get("ids") or ())
+        # A fresh reader: the store the row's engine holds was opened before the import.
+        got = [t for t in self.engine(folder).traces.query() if t.id in ids]
+        return got, {"log_lines": lines, "imported": len(got),
+                     "skipped": len(report.get("skipped") or ()),
+                     "scorer": report.get("scorer")}
 
 
 def tool_calls(engine: Any, result: EvalResult) -> dict[str, Any]:
