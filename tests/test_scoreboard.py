@@ -4,6 +4,7 @@ evolved rows gated on dev, the page pairs every row with the set's baseline."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -385,3 +386,35 @@ def test_a_row_may_learn_from_a_teams_chat_log(tmp_path: Path) -> None:
     assert first["messages"][0] == {"role": "user", "content": "What is 0 + 0?"}
     assert first["expected"] == "0" and "task_id" not in log
     assert outcomes["toy/toy-from-log"].result.accuracy == 1.0
+
+
+def test_the_page_gives_each_evolved_row_a_command_the_cli_takes(tmp_path: Path) -> None:
+    """docs/results.md names, for every evolved row of the real plan, the `whetstone evolve`
+    command that makes its library; each of them parses (every option exists) with the
+    evolvers installed here, and a row learning from a log imports it first."""
+    from click.testing import CliRunner
+    from scoreboard_harness.page import evolve_command
+    from scoreboard_harness.runner import load_plan
+
+    from whetstone.cli import cli
+    from whetstone.engine.methods.registry import default_registry
+
+    plan = load_plan(Path(__file__).resolve().parents[1] / "benchmarks" / "scoreboard.yaml")
+    installed = set(default_registry().names("evolver"))
+    checked = 0
+    for row in plan.rows:
+        if row.evolve is None or row.evolve.method not in installed:
+            continue
+        command = evolve_command(plan, plan.set(row.set), row)
+        parts = [shlex.split(c) for c in command.split(" && ")]
+        assert parts[-1][:3] == ["whetstone", "evolve", row.evolve.method]
+        assert ("--tasks" in parts[-1]) is not row.evolve.from_log
+        if row.evolve.from_log:
+            assert parts[0][:3] == ["whetstone", "traces", "import"]
+        for args in parts:
+            got = CliRunner().invoke(cli, [*args[1:], "--help"])
+            assert got.exit_code == 0, (command, got.output)
+        checked += 1
+    assert checked >= len(installed & {r.evolve.method for r in plan.rows if r.evolve}) > 0
+    page = render(plan, {}, tmp_path, command="x")
+    assert "--mcp-config benchmarks/fixtures/env_ledger/servers.json" in page

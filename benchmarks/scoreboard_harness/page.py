@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scoreboard_harness.runner import Plan, PoolPlan, RowOutcome, SectionPlan, SetPlan
+from scoreboard_harness.runner import (
+    Plan,
+    PoolPlan,
+    RowOutcome,
+    RowPlan,
+    SectionPlan,
+    SetPlan,
+)
 from whetstone.engine.evaluation.compare import compare
 from whetstone.engine.evaluation.gate import DEFAULT_RULE, decide_again, summary
 from whetstone.engine.evaluation.results import EvalResult
@@ -73,6 +81,50 @@ def _calls(counted: Mapping[str, Any] | None) -> str:
     return f"{counted['rate']:.0%} ({counted['per_task']:.1f}/task)"
 
 
+DEFAULT_TOOLS = ("calculator", "python")
+
+
+def evolve_command(plan: Plan, s: SetPlan, row: RowPlan) -> str:
+    """The `whetstone evolve` command that makes a row's library as the row does: the same
+    evolver and options, the train slice's runs, the gate on the dev slice, the same model,
+    analyst, tools and MCP servers. A row learning from a team's log imports it first."""
+    e = row.evolve
+    assert e is not None
+    train, dev = e.train or s.train, e.dev or s.dev
+    args = ["whetstone", "evolve", e.method, "--model", row.model or plan.model]
+    if not e.from_log:
+        args += ["--tasks", train]
+    args += ["--gate-tasks", dev]
+    analyst = e.analyst or plan.analyst
+    if analyst and analyst != (row.model or plan.model):
+        args += ["--analyst", analyst]
+    if e.rule and e.rule != DEFAULT_RULE:
+        args += ["--gate-rule", e.rule]
+    if row.solver != "agent":
+        args += ["--solver", row.solver]
+    if tuple(row.tools) != DEFAULT_TOOLS:
+        args += ["--tools", ",".join(row.tools)]
+    if row.mcp:
+        args += ["--mcp-config", row.mcp]
+    for key, value in e.options.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            args += [flag, str(value)]
+    command = shlex.join(args)
+    if e.from_log:
+        command = (f"whetstone traces import team-log.jsonl --format openai --scorer "
+                   f"{shlex.quote(_scorer_of(train))} && {command}")
+    return command
+
+
+def _scorer_of(spec: str) -> str:
+    from whetstone.engine.evaluation.benchmarks import load_tasks  # lazy: reads the set
+
+    return load_tasks(spec).scorer
+
+
 def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> str:
     rows = [r for r in plan.rows if r.set == s.name]
     base = outcomes.get(f"{s.name}/{s.baseline}")
@@ -119,6 +171,11 @@ def render_set(plan: Plan, s: SetPlan, outcomes: Mapping[str, RowOutcome]) -> st
                          + (f" {_calls(calls.get('candidate'))} |" if mcp else "")
                          + f" {cr.mean_tokens:.0f} | | not committed |")
     notes = [f"- **{r.name}**: {r.note}" for r in rows if r.note]
+    evolved = [r for r in rows if r.evolve is not None]
+    if evolved:
+        notes += ["", ("Each evolved row's library, made by hand (the row's evolve, as a "
+                       "command; run it from the repository's root):"), ""]
+        notes += [f"- **{r.name}**: `{evolve_command(plan, s, r)}`" for r in evolved]
     notes += [f"- †{i + 1}: run before {plan.code_changes[i][1]}: {plan.code_changes[i][2]}"
               for i in sorted(stale)]
     return "\n".join(lines + ([""] + notes if notes else []))
