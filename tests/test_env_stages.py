@@ -414,3 +414,43 @@ def test_the_agent_loop_reaches_the_filesystem_server(tmp_path: Path) -> None:
     assert where.as_posix() in acts[0]["output"]["observation"]
     assert acts[1]["output"]["observation"].strip() == t["expected"]
     assert trace["answer"] == t["expected"]
+
+
+@pytest.mark.memory
+def test_evolve_on_a_stage_prints_the_gates_decision_with_its_interval(tmp_path: Path) -> None:
+    """The stages' evolve command as docs/results.md gives it (`whetstone evolve METHOD --tasks
+    ENV@train --gate-tasks ENV@dev --tools '' --mcp-config FILE`), on the ledger's database
+    through mcp-server-sqlite: a scripted model whose train runs query the server and answer
+    with what it returned, and which answers nothing on dev. The evolver keeps those runs; the
+    gate runs both versions on dev through the same server and prints its decision: the
+    verdict, the difference and its interval, on the dev tasks it names."""
+    from click.testing import CliRunner  # only this test and the run test drive the CLI
+
+    from whetstone.cli import cli
+
+    sqlite_server()
+    kind = "item_category"
+    picked = [(t, e) for t, e in entities("ledger") if t["metadata"]["kind"] == kind]
+    train = [(t, e) for t, e in picked if split_of(t["id"]) == "train"][:2]
+    dev = [(t, e) for t, e in picked if split_of(t["id"]) == "dev"][:2]
+    for name, part in (("train", train), ("dev", dev)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t, _ in part))
+    replies = []
+    for t, entity in train:
+        sql = env_ledger.LABELS[kind].replace("?", f"'{entity}'")
+        replies += [f"Action: ledger_read_query[{json.dumps({'query': sql})}]",
+                    f"Final Answer: {t['expected']}"]
+    replies += ["Final Answer: I cannot tell."] * (2 * len(dev))
+    (tmp_path / "replies.json").write_text(json.dumps(replies))
+    (tmp_path / "lib").mkdir()
+    res = CliRunner().invoke(cli, [
+        "evolve", "memory", "--model", f"scripted:{tmp_path / 'replies.json'}",
+        "--tasks", str(tmp_path / "train.jsonl"), "--gate-tasks", str(tmp_path / "dev.jsonl"),
+        "--tools", "", "--mcp-config", str(stage("ledger") / "servers.json"),
+        "--library", str(tmp_path / "lib"), "-j", "1"])
+    assert res.exit_code in (0, 12), res.output  # 12: the gate kept it as a candidate
+    text = " ".join(res.output.split())
+    assert re.search(r"[+-]0\.\d+ \[[+-]0\.\d+, [+-]0\.\d+\] on 2 tasks", text), text
+    assert "gate rejected" in text or "gate accepted" in text, text
+    # Both train runs were supported by what the server returned: both were kept.
+    assert "2 demonstrations added (2 kept) from 2 runs" in text, text
