@@ -190,18 +190,25 @@ def shape(trace: Trace) -> dict[str, Any]:
             "library_version": trace.library_version, "meta": meta, "steps": steps}
 
 
-def actor_pids(name: str) -> list[int]:
+def actor_pids(name: str, token: str | None = None) -> list[int]:
     """Processes of this machine running Ray actor class ``name`` (Ray titles them
-    ``ray::<class>``): the workers of this test's cluster."""
+    ``ray::<class>``) of the cluster whose auth token is ``token`` (default: this process's
+    ``RAY_AUTH_TOKEN``): the workers of this test's cluster, not those of a cluster another
+    pytest-xdist worker started beside it."""
+    token = token or os.environ.get("RAY_AUTH_TOKEN")
+    mark = f"RAY_AUTH_TOKEN={token}".encode() if token else None
     out = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 cmd = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                if not cmd.startswith(f"ray::{name}"):
+                    continue
+                if mark is not None and mark not in (proc / "environ").read_bytes().split(b"\0"):
+                    continue
             except OSError:
                 continue
-            if cmd.startswith(f"ray::{name}"):
-                out.append(int(proc.name))
+            out.append(int(proc.name))
     return sorted(out)
 
 
@@ -217,7 +224,7 @@ def test_a_ray_eval_equals_a_local_eval(ray_cluster: Cluster, upstream: tuple[st
 
     def watch() -> None:  # the solver actors alive during the Ray eval
         while not watching.is_set():
-            seen.update(actor_pids("_SolverActor"))
+            seen.update(actor_pids("_SolverActor", ray_cluster.env["RAY_AUTH_TOKEN"]))
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
