@@ -11,7 +11,7 @@ import os
 
 import click
 
-from .engine.commands.common import QUIET, configure_logging, handle_errors
+from .engine.commands.common import QUIET, configure_logging, fail
 from .engine.commands.corpus import corpus_group
 from .engine.commands.data import data_group
 from .engine.commands.eval import eval_cmd
@@ -25,6 +25,7 @@ from .engine.commands.run import run
 from .engine.commands.serve import serve
 from .engine.commands.tools import tools_group
 from .engine.commands.traces import traces_group
+from .engine.errors import WhetstoneError
 from .engine.methods.registry import default_registry
 
 
@@ -60,11 +61,15 @@ class WhetstoneGroup(click.Group):
 @click.option("--quiet", "-q", is_flag=True,
               help="Print results and errors only: no progress, notes or warnings on stderr.")
 @click.pass_context
-@handle_errors
 def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """Whetstone: adapt frozen models at inference time with skills, tools and notes
     learned from their own traces."""
-    configure_logging(verbose, quiet, os.environ.get("WHETSTONE_LOG_LEVEL"))
+    # Its one error is the logging options' (no Ctrl-C to catch yet): reported here rather
+    # than through handle_errors, whose wrapper would call back up into this module.
+    try:
+        configure_logging(verbose, quiet, os.environ.get("WHETSTONE_LOG_LEVEL"))
+    except WhetstoneError as exc:
+        fail(exc)
     ctx.meta[QUIET] = quiet
 
 
