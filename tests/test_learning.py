@@ -72,6 +72,17 @@ def honest(canary_right: float, current_right: float, per_key: int = 40) -> list
     return out
 
 
+def ask_until(users, learn, wanted: str) -> None:  # type: ignore[no-untyped-def]
+    """Honest users ask and the learner steps until it reaches ``wanted`` (asserted)."""
+    steps = []
+    for n in range(40, 400):
+        users.ask(n)
+        steps.append(learn.step())
+        if steps[-1] == wanted:
+            break
+    assert steps[-1] == wanted, Counter(steps)
+
+
 def test_one_key_is_capped_and_a_lone_key_weighs_nothing() -> None:
     assert cap_shares({"a": 10, "b": 10, "c": 10}, 0.5) == {"a": 10, "b": 10, "c": 10}
     capped = cap_shares({"a": 1, "b": 1, "flood": 100}, 0.5)
@@ -166,13 +177,7 @@ def test_a_candidate_that_gains_is_promoted(tmp_path: Path) -> None:
         assert learn.step() == "canary_started"
         record = LearningState(eng.library).canary()
         assert record is not None and record.base == "v1" and record.share == 0.3
-        steps = []
-        for n in range(40, 400):
-            users.ask(n)
-            steps.append(learn.step())
-            if steps[-1] == "promoted":
-                break
-        assert steps[-1] == "promoted", Counter(steps)
+        ask_until(users, learn, "promoted")
         metrics = httpx.get(base + "/metrics").text
         served_after = users.ask(1001)
     # The canary served about its share, each answer right; the current version a third.
@@ -213,13 +218,7 @@ def test_one_that_loses_live_is_rolled_back_at_once(tmp_path: Path) -> None:
         assert learn.step() == "canary_started"  # the gate saw a gain
         record = LearningState(eng.library).canary()
         assert record is not None
-        steps = []
-        for n in range(40, 400):
-            users.ask(n)
-            steps.append(learn.step())
-            if steps[-1] == "rolled_back":
-                break
-        assert steps[-1] == "rolled_back", Counter(steps)
+        ask_until(users, learn, "rolled_back")
         after = users.ask(1001)
     step = LearningState(eng.library).steps()[-1]
     assert step.step == "rolled_back" and step.figures["ci_high"] < 0
