@@ -116,7 +116,9 @@ def test_corpus_add_refuses_a_path_through_a_linked_folder(tmp_path: Path,
                                                            ) -> None:
     secret = tmp_path / "outside" / "secret.txt"
     secret.parent.mkdir()
-    secret.write_text("the vault code is 4711\n")
+    # A marker no hash or embedding byte run matches by chance (a bare "4711" sits in
+    # hex digests about once in a few thousand libraries).
+    secret.write_text("the vault code is kestrel-quartz-4711\n")
     (tmp_path / "evil").mkdir()
     (tmp_path / "evil" / "up").symlink_to(tmp_path / "outside")  # a linked middle folder
     (tmp_path / "notes.md").write_text("# Paris\n\nThe Eiffel Tower was completed in 1889.\n")
@@ -132,7 +134,7 @@ def test_corpus_add_refuses_a_path_through_a_linked_folder(tmp_path: Path,
         assert report["corpus"]["documents"] == 1, (typed, report)
         assert any("evil/up" in s and "symbolic link" in s for s in report["skipped"]), report
     stored = b"".join(p.read_bytes() for p in lib.rglob("*") if p.is_file())
-    assert b"4711" not in stored
+    assert b"kestrel-quartz" not in stored
     # The real path is read.
     res = CliRunner().invoke(cli, ["corpus", "add", str(secret), "--library", str(lib),
                                    "--json"])
