@@ -132,7 +132,7 @@ def test_one_keys_flood_can_neither_promote_nor_roll_back() -> None:
 def test_a_flood_through_the_server_cannot_promote_a_worse_canary(tmp_path: Path) -> None:
     """End to end: three honest users see the canary answer worse; a fourth key asks four
     times as often and up-votes every canary reply, down-votes every other. The learner waits
-    (that key is pivotal) and never promotes."""
+    and never promotes."""
     eng = engine(tmp_path / "lib", scripted(live_loses=True))
     learn = learner(eng)
     assert learn.lease.acquire()
@@ -157,7 +157,10 @@ def test_a_flood_through_the_server_cannot_promote_a_worse_canary(tmp_path: Path
             steps.append(learn.step())
     assert "promoted" not in steps and eng.library.current_id() == "v1", Counter(steps)
     status = LearningState(eng.library).status()["comparison"]
-    assert status["action"] == "wait" and status["pivotal_key"], status
+    # Waiting, never promoting: on the flood's key (the numbers with it say promote) or still
+    # undecided on the honest scores, which varies with how loaded the machine is (a clean
+    # clone once ended undecided). Waiting on a pivotal key is pinned by the unit test above.
+    assert status["action"] == "wait", status
     eng.close()
 
 
