@@ -15,6 +15,8 @@ import pytest
 from whetstone.engine.api import Engine
 from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
+from whetstone.engine.methods.base import EvolveContext
+from whetstone.engine.methods.workflows.evolver import WorkflowsConfig, _Fit
 from whetstone.engine.methods.workflows.induce import (
     CallRecord,
     Wording,
@@ -30,7 +32,13 @@ from whetstone.engine.methods.workflows.records import (
     parse_workflows,
     render_workflows,
 )
-from whetstone.engine.methods.workflows.values import learn_selector, select, supports
+from whetstone.engine.methods.workflows.values import (
+    holds,
+    learn_selector,
+    near_misses,
+    select,
+    supports,
+)
 from whetstone.engine.types import Request
 from whetstone.tools.base import Tool
 from whetstone.tools.functions import function_tool
@@ -104,6 +112,78 @@ def test_induce_follows_a_value_from_one_result_into_the_next_call() -> None:
     team = next(s for s in w.slots if s.from_step == 0)
     assert team.select == Selector("key", "team")
     assert w.steps[1].arguments["path"] == "/srv/repo/teams/{" + team.name + "}.json"
+
+
+def test_a_date_kept_in_seconds_is_found_at_any_time_of_its_day() -> None:
+    # 1992-08-21 12:00 UTC: a birth recorded at noon, a visit at 14:07, never midnight
+    noon = "[{'born_at': 714398400}]"
+    assert holds(noon, "1992-08-21") == "date:seconds"
+    sel = learn_selector(noon, "1992-08-21")
+    assert sel == Selector("key", "born_at", convert="date:seconds")
+    assert select("[{'born_at': 1732442820}]", sel) == "2024-11-24"  # 10:07 that day
+    assert select("[{'born_at': -86399}]", sel) == "1969-12-31"  # before 1970
+    assert holds("[{'born_at': 714484800}]", "1992-08-21") is None  # the next day's noon
+    assert any("714398400" in m for m in near_misses(noon, "1992-08-21"))
+
+
+def test_a_possessive_name_becomes_a_slot_without_its_s() -> None:
+    names = ("Corwa Lonter", "Al Bo", "Cy Dee", "Ed Fo", "Gil Ho", "Ida Ju")
+    questions = [f"What is {n}'s role at the clinic?" for n in names] + QUESTIONS
+    call = CallRecord("db_read_query", {"query": "SELECT meaning FROM staff WHERE "
+                                                 "given || ' ' || family = 'Corwa Lonter'"},
+                      "[{'meaning': 'clerk'}]")
+    w = induce(questions[0], [call], "clerk", Wording(questions))
+    assert w is not None and w.patterns == ("What is {family}'s role at the clinic?",)
+    assert read_slots(w.patterns, "What is Ida Ju's role at the clinic?") == {"family": "Ida Ju"}
+
+
+SERVICES = ("relay-api", "kiln-sync", "moss-cron", "fern-web", "tarn-proxy", "wick-store")
+
+
+def test_a_path_a_search_found_becomes_a_slot_and_its_folder_an_answer() -> None:
+    questions = [f"{s} is at which release?" for s in SERVICES] + \
+        [f"{s} belongs to which product area?" for s in SERVICES]
+    found = CallRecord("fs_search", {"path": ".", "pattern": "**/relay-api"},
+                       "/srv/tree/services/media/relay-api\n")
+    for path in ("/srv/tree/services/media/relay-api/VERSION",
+                 "services/media/relay-api/VERSION"):  # the server reads both
+        w = induce(questions[0], [found, CallRecord("fs_read", {"path": path}, "4.1.9\n")],
+                   "4.1.9", Wording(questions))
+        assert w is not None
+        assert w.steps[0].arguments == {"path": ".", "pattern": "**/{value}"}
+        assert w.steps[1].arguments == {"path": "{path}/VERSION"}  # not the folder "media"
+        assert w.slots[1] == Slot("path", "/srv/tree/services/media/relay-api", 0,
+                                  Selector("whole"))
+        assert read_slots(w.patterns, "kiln-sync is at which release?") == {"value": "kiln-sync"}
+    area = induce(questions[6], [found], "media", Wording(questions))
+    assert area is not None and area.answer == Selector("segment", index=-2)
+    assert select("/srv/tree/services/search/kiln-sync", area.answer) == "search"
+    assert select("two\nlines/a/b", area.answer) is None  # one path, or nothing
+
+
+def test_the_look_around_walks_a_tree_past_its_first_level() -> None:
+    tree = {"/t": ["[DIR] services", "[FILE] README.md"], "/t/services": ["[DIR] media"],
+            "/t/services/media": ["[DIR] relay-api"], "/t/services/media/relay-api":
+            ["[FILE] VERSION"]}
+
+    def fs_roots() -> str:
+        """The folders this server may read."""
+        return "Allowed directories:\n/t"
+
+    def fs_list(path: str) -> str:
+        """List a folder."""
+        if path not in tree:
+            raise ValueError(f"no folder {path}")
+        return "\n".join(tree[path])
+
+    tools = [function_tool(fs_roots), function_tool(fs_list)]
+    fit = _Fit(WorkflowsConfig(), [], {}, ScriptedBackend(responder=lambda r: ""), None,
+               EvolveContext(tasks=tasks("t", TRAIN_NAMES, TRAIN_PEOPLE),
+                             agent_tools=lambda: tools))
+    looked = [c.arguments.get("path") for c, _ in fit._look()]
+    assert looked == [None, "/t", "/t/services", "/t/services/media",
+                      "/t/services/media/relay-api"]
+    assert len(fit._look(budget=3)) == 3
 
 
 def test_a_value_with_a_quote_cannot_end_the_string_it_stands_in() -> None:
@@ -213,6 +293,9 @@ def test_evolve_learns_workflows_and_the_agent_calls_them(tmp_path: Path, db_too
     assert added["usd_of_title"]["hits"] == len(TRAIN_NAMES)
     assert added["label_of_name"]["hits"] == len(TRAIN_PEOPLE)  # found exploring, then checked
     assert details["explored_kept"] == 1 and result.patch.costs["analyst_calls"] >= 2
+    explored = details["explorations"]  # why a kind was (not) learned can be read back
+    assert explored[0]["found"] and explored[0]["hits"] == len(TRAIN_PEOPLE)
+    assert explored[0]["calls"][-1]["tool"] == "db_read_query"
     text = result.patch.changes["workflows/db.yaml"] if "workflows/db.yaml" in \
         result.patch.changes else next(iter(result.patch.changes.values()))
     assert "Northmoor" not in text and "Southfen" not in text  # no label is learned

@@ -45,6 +45,7 @@ from ...types import Request, Trace
 from ..base import EvolveContext, LibraryPatch, knob, library_texts
 from . import PROMPTS
 from .explore import (
+    Exploration,
     call_key,
     examples_text,
     explore,
@@ -54,6 +55,7 @@ from .explore import (
 from .harvest import (
     Worked,
     digest,
+    folders_in,
     looked_around,
     names_in,
     useful,
@@ -81,6 +83,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("whetstone.methods.workflows")
+EXPLORED_KEPT = 80  # explorations recorded in an evolve's details
 
 
 @dataclass(frozen=True)
@@ -247,8 +250,10 @@ class _Fit:
         return hits, tries, ids
 
     def admit(self, candidates: Sequence[Workflow], kept: dict[str, Workflow],
-              answered: dict[str, set[str]]) -> None:
-        """Score ``candidates`` and keep those that pass (merged by their calls)."""
+              answered: dict[str, set[str]]) -> list[tuple[int, int]]:
+        """Score ``candidates`` and keep those that pass (merged by their calls); (hits,
+        tries) of each."""
+        scores: list[tuple[int, int]] = []
         for w in candidates:
             key = w.key()
             if key in kept:  # the same calls from another wording: one more pattern
@@ -256,10 +261,12 @@ class _Fit:
                 merged = replace(old, patterns=tuple(dict.fromkeys(old.patterns + w.patterns)))
                 w = merged
             hits, tries, ids = self.score(w)
+            scores.append((hits, tries))
             self.details["checked"] += 1
             if hits >= self.cfg.min_hits and tries and hits / tries >= self.cfg.min_precision:
                 kept[key] = replace(w, hits=hits, tries=tries)
                 answered[key] = set(ids)
+        return scores
 
     # -- the whole fit --------------------------------------------------------------------
 
@@ -337,6 +344,7 @@ class _Fit:
                              task.question, "found" if found.found else "not found",
                              found.analyst_calls, self.analyst_calls)
                     self.context.on_progress("workflows explored", self.details["explored"], 0)
+                    record = self._explored_record(task, found)
                     if not found.found:
                         continue
                     self.details["explored_found"] += 1
@@ -345,7 +353,8 @@ class _Fit:
                         self.details["explored_not_general"] += 1
                         continue
                     before = len(kept)
-                    await asyncio.to_thread(self.admit, [w], kept, answered)
+                    [(hits, tries)] = await asyncio.to_thread(self.admit, [w], kept, answered)
+                    record.update(pattern=w.patterns[0], hits=hits, tries=tries)
                     if len(kept) > before or any(task.id in ids for ids in answered.values()):
                         self.details["explored_kept"] += 1
                         log.info("kept a workflow for %r: %s", task.question,
@@ -356,6 +365,19 @@ class _Fit:
             self.context.on_progress("workflows explore", done, len(order))
 
         await asyncio.gather(*(one_kind(g) for g in order))
+
+    def _explored_record(self, task: TaskRecord, found: Exploration) -> dict[str, Any]:
+        """What one exploration did, kept in the evolve's details (the first
+        ``EXPLORED_KEPT``): why a kind was not learned can be read from them."""
+        record: dict[str, Any] = {
+            "task": task.id, "found": found.found, "analyst_calls": found.analyst_calls,
+            "bad_replies": found.bad_replies,
+            "calls": [{"tool": c.tool, "arguments": dict(c.arguments),
+                       "result": c.result[:200]} for c in found.calls]}
+        log_ = self.details.setdefault("explorations", [])
+        if len(log_) < EXPLORED_KEPT:
+            log_.append(record)
+        return record
 
     def _values(self, question: str) -> list[str]:
         """What ``question`` names (``Wording.values_in``)."""
@@ -372,7 +394,9 @@ class _Fit:
         """The learner's own look around, at most ``budget`` calls: each host tool that needs
         no argument (a list of tables, the allowed folders), then each tool that takes one
         text argument with each name those results listed (a table's columns, a folder's
-        listing). Only what answered is kept."""
+        listing), then, breadth first, the folders a listing marks as folders (``[DIR] x``,
+        ``x/``) with the tool that listed them: a tree's answers sit folders deep. Only what
+        answered is kept."""
         out: list[tuple[CallRecord, int]] = []
         listed: list[str] = []
         for t in self.tools:
@@ -382,6 +406,7 @@ class _Fit:
             if res.error is None and useful(res.output):
                 out.append((CallRecord(t.name, {}, res.output), 1))
                 listed += names_in(res.output)
+        walk: list[tuple[str, str, str]] = []  # (tool, argument, folder) still to list
         for t in self.tools:
             required = list(t.spec.parameters.get("required") or [])
             props = t.spec.parameters.get("properties") or {}
@@ -393,6 +418,14 @@ class _Fit:
                 res = self.call(t.name, {required[0]: name})
                 if res.error is None and useful(res.output):
                     out.append((CallRecord(t.name, {required[0]: name}, res.output), 1))
+                    walk += [(t.name, required[0], f"{name.rstrip('/')}/{sub}")
+                             for sub in folders_in(res.output)]
+        while walk and len(out) < budget:
+            tool, arg, path = walk.pop(0)
+            res = self.call(tool, {arg: path})
+            if res.error is None and useful(res.output):
+                out.append((CallRecord(tool, {arg: path}, res.output), 1))
+                walk += [(tool, arg, f"{path}/{sub}") for sub in folders_in(res.output)]
         return out
 
     @property

@@ -112,6 +112,19 @@ def names_in(result: str, limit: int = 24) -> list[str]:
     return list(dict.fromkeys(found))[:limit]
 
 
+def folders_in(result: str, limit: int = 24) -> list[str]:
+    """The entries a listing marks as folders (``[DIR] services``, ``services/``)."""
+    found = []
+    for line in result.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].upper() in ("[DIR]", "DIR", "<DIR>", "D"):
+            found.append(words[1].strip("/"))
+        elif len(words) == 1 and len(words[0]) > 1 and words[0].endswith("/") \
+                and "/" not in words[0][:-1]:
+            found.append(words[0][:-1])
+    return [f for f in dict.fromkeys(found) if f not in (".", "..")][:limit]
+
+
 def useful(result: str) -> bool:
     """Whether a result shows something: not empty, not an error, not an empty listing."""
     text = result.strip()
@@ -137,5 +150,5 @@ def digest(calls: Sequence[tuple[CallRecord, int]], budget_chars: int = 6000,
     return "\n\n".join(out)
 
 
-__all__ = ["Worked", "compact", "digest", "host_calls", "looked_around", "names_in", "useful",
-           "worked_calls"]
+__all__ = ["Worked", "compact", "digest", "folders_in", "host_calls", "looked_around", "names_in",
+           "useful", "worked_calls"]

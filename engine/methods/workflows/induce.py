@@ -126,6 +126,8 @@ def question_spans(question: str, arguments: Sequence[str], wording: Wording) ->
             if any(taken[i:i + size]):
                 continue
             span = question[words[i].start():words[i + size - 1].end()]
+            # "Corwa Lonter's role": the name is "Corwa Lonter" (the possessive is wording).
+            span = re.sub(r"['’]s\Z", "", span)
             if len(span) < 2 or not any(_boundaried(a, span) for a in arguments):
                 continue
             if not wording.is_value(span, question):
@@ -140,13 +142,13 @@ def _slot_name(args: Sequence[str], span: str, used: set[str]) -> str:
     """A name for the slot that ``span`` fills, from what stands before it in the arguments:
     ``title = 'X'`` -> ``title``, ``services/X/`` -> ``services``; ``value`` otherwise."""
     name = ""
-    for a in args:
-        for at in _boundaried(a, span):
-            m = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\W{0,6}\Z", a[:at])
-            if m:
-                name = m.group(1).lower()
-                break
-        if name:
+    # Named where it is first used: a later call's path may hold a value before it (the
+    # folder a search found), which is no name.
+    first = next((a for a in args if _boundaried(a, span)), "")
+    for at in _boundaried(first, span):
+        m = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\W{0,6}\Z", first[:at])
+        if m:
+            name = m.group(1).lower()
             break
     name = re.sub(r"[^a-z0-9_]", "_", name).strip("_")
     if not name or not SLOT_RE.fullmatch(name) or name in {"select", "from", "where", "and",
@@ -184,6 +186,23 @@ def _pieces(text: str) -> list[str]:
                                                         and p.strip())))
 
 
+def _path_prefix(result: str, value: str) -> str:
+    """The start of ``value`` that is the path ``result`` holds (a search's one hit), or the
+    end of it from a folder on (``services/media/relay`` of ``/srv/tree/services/media/relay``,
+    as the server reads a path relative to its folder); "" when none is. The workflow then
+    reads the whole path from the result: the folder it sits in is the result's to say."""
+    line = (result or "").strip()
+    if "\n" in line or "/" not in line or " " in line or len(line) > 1000:
+        return ""
+    for k in range(len(line)):
+        tail = line[k:]
+        if (k and line[k - 1] != "/") or "/" not in tail.strip("/"):
+            continue
+        if value.startswith(tail) and value[len(tail):len(tail) + 1] in ("", "/"):
+            return tail
+    return ""
+
+
 def induce(question: str, calls: Sequence[CallRecord], answer: Any, wording: Wording
            ) -> Workflow | None:
     """The workflow ``calls`` (a run's calls up to the one whose result held ``answer``)
@@ -213,6 +232,16 @@ def induce(question: str, calls: Sequence[CallRecord], answer: Any, wording: Wor
         args: dict[str, Any] = {}
         for key, value in call.arguments.items():
             if isinstance(value, str):
+                for j in sorted(dependent):  # a path an earlier call found, gone on from
+                    tail = _path_prefix(calls[j].result, value)
+                    if tail:
+                        name = next(n for n in ("path", *(f"path{i}" for i in range(2, 99)))
+                                    if n not in used)
+                        used.add(name)
+                        slots.append(Slot(name, example=calls[j].result.strip(), from_step=j,
+                                          select=Selector("whole")))
+                        value = "{" + name + "}" + value[len(tail):]
+                        break
                 for span in spans:
                     value = _replace(value, span, names[span])
                 # A value this call took from an earlier call's result.

@@ -23,9 +23,10 @@ value's own single quotes are doubled (the SQL convention), so a value never end
 it stands in. A slot comes from the task (``patterns`` read it from the question; the model
 may also pass it) or from an earlier step's result (``from_step`` with a ``select``or). The
 answer is read from the last step's result by ``answer``: ``whole`` (the result is the value),
-``cell`` (a table or JSON value holding exactly one value) or ``key`` (the value written after
+``cell`` (a table or JSON value holding exactly one value), ``key`` (the value written after
 ``key`` in ``key: value``, ``key = value`` or ``"key": "value"`` form, its ``index``-th
-occurrence), then converted when the environment keeps it another way (``convert``: money in
+occurrence) or ``segment`` (a result that is one path: its ``index``-th part, counted from the
+end when negative: the folder a search found a service in), then converted when the environment keeps it another way (``convert``: money in
 cents read as ``scale:-2``, a date kept as days since 1970 as ``date:days``).
 """
 
@@ -41,7 +42,7 @@ from ...errors import ValidationError
 WORKFLOWS_DIR = "workflows"
 TOOL_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 SLOT_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
-SELECTOR_KINDS = ("whole", "cell", "key")
+SELECTOR_KINDS = ("whole", "cell", "key", "segment")
 # How a value may be kept in a result when not as asked for: a number scaled by a power of ten
 # (scale:-2: money kept in cents, read back divided by 100), a date kept as a number (the
 # digits YYYYMMDD, days or seconds since 1970-01-01).
@@ -68,6 +69,8 @@ class Selector:
             out["key"] = self.key
             if self.index:
                 out["index"] = self.index
+        if self.kind == "segment":
+            out["index"] = self.index
         if self.convert:
             out["convert"] = self.convert
         return out

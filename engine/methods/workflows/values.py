@@ -154,7 +154,7 @@ _ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})\Z")
 _EPOCH = "1970-01-01"
 _WORDS = {"date:yyyymmdd": "the date written as the number YYYYMMDD",
           "date:days": "the number of days since 1970-01-01",
-          "date:seconds": "the number of seconds since 1970-01-01 (midnight UTC)"}
+          "date:seconds": "the number of seconds since 1970-01-01 UTC (a time on that day)"}
 
 
 def _date(text: str) -> Any:
@@ -188,6 +188,25 @@ def kept_forms(value: Any) -> list[tuple[float, str]]:
     return out
 
 
+def forms_in(result: str, value: Any) -> list[tuple[float, str]]:
+    """``kept_forms`` of ``value``, and for a date each number of ``result`` that falls
+    inside its day as seconds since 1970: a time kept in seconds is rarely midnight (a visit
+    at 14:07, a birth recorded at noon), and the date is what the question asks for."""
+    out = kept_forms(value)
+    day = _date(str(value)) if isinstance(value, str) else None
+    if day is None or result is None or len(result) > MAX_RESULT_CHARS:
+        return out
+    import datetime as dt  # lazy: only when a date is looked for
+
+    start = (day - dt.date(1970, 1, 1)).days * 86400
+    for m in _NUMBER.finditer(result):
+        n = float(m.group())
+        if n.is_integer() and start < n < start + 86400 and \
+                not any(same_number(n, raw) for raw, _ in out):
+            out.append((n, "date:seconds"))
+    return out
+
+
 def convert(raw: str, how: str) -> str | None:
     """The value ``raw`` read back by the conversion ``how`` (None when it cannot be)."""
     if not how:
@@ -217,7 +236,7 @@ def near_misses(result: str, value: Any) -> list[str]:
         return []
     numbers = {float(m.group()) for m in _NUMBER.finditer(result)}
     out: list[str] = []
-    for raw, how in kept_forms(value):
+    for raw, how in forms_in(result, value):
         if not any(same_number(raw, n) for n in numbers):
             continue
         if how.startswith("scale:"):
@@ -226,7 +245,8 @@ def near_misses(result: str, value: Any) -> list[str]:
                 f"the expected answer divided by {10 ** -k:g}"
         else:
             word = f"the expected date as {_WORDS[how]}"
-        out.append(f"{raw:g} in the result is {word}")
+        shown = str(int(raw)) if float(raw).is_integer() else f"{raw:g}"
+        out.append(f"{shown} in the result is {word}")
     return out
 
 
@@ -235,7 +255,7 @@ def holds(result: str, value: Any) -> str | None:
     in another form, None when not at all."""
     if supports(result, value):
         return ""
-    for raw, how in kept_forms(value):
+    for raw, how in forms_in(result, value):
         if supports(result, raw):
             return how
     return None
@@ -247,6 +267,10 @@ def _learn_plain(result: str, value: Any) -> Selector | None:
         return None
     if equal_values(result.strip(), value):
         return Selector("whole")
+    parts = _segments(result)
+    for i in range(len(parts) - 1, -1, -1):  # the nearest the end: robust to the root
+        if equal_values(parts[i], value):
+            return Selector("segment", index=i - len(parts))
     leaves = leaf_values(result)
     cell = leaves is not None and len(leaves) == 1 and equal_values(leaves[0], value)
     for start, _ in _occurrences(result, value):
@@ -271,11 +295,20 @@ def learn_selector(result: str, value: Any) -> Selector | None:
     found = _learn_plain(result, value)
     if found is not None:
         return found
-    for raw, how in kept_forms(value):
+    for raw, how in forms_in(result, value):
         sel = _learn_plain(result, raw)
         if sel is not None:
             return replace(sel, convert=how)
     return None
+
+
+def _segments(result: str) -> list[str]:
+    """The parts of a result that is one path (``/srv/tree/services/media/relay``); empty
+    for anything else."""
+    text = result.strip()
+    if "\n" in text or "/" not in text or len(text) > 1000 or " " in text:
+        return []
+    return [p for p in text.split("/") if p]
 
 
 def _select_plain(result: str, selector: Selector) -> str | None:
@@ -285,6 +318,10 @@ def _select_plain(result: str, selector: Selector) -> str | None:
     if selector.kind == "whole":
         text = result.strip()
         return text or None
+    if selector.kind == "segment":
+        parts = _segments(result)
+        at = selector.index
+        return parts[at] if -len(parts) <= at < len(parts) else None
     if selector.kind == "cell":
         leaves = leaf_values(result)
         if leaves is None or len(leaves) != 1 or leaves[0] is None:
@@ -304,5 +341,6 @@ def select(result: str, selector: Selector) -> str | None:
     return None if raw is None else convert(raw, selector.convert)
 
 
-__all__ = ["as_number", "convert", "distinctive", "equal_values", "holds", "kept_forms",
-           "leaf_values", "learn_selector", "near_misses", "select", "structured", "supports"]
+__all__ = ["as_number", "convert", "distinctive", "equal_values", "forms_in", "holds",
+           "kept_forms", "leaf_values", "learn_selector", "near_misses", "select", "structured",
+           "supports"]
