@@ -201,6 +201,7 @@ class Asked:
     started: float
     ended: float
     answer: str
+    error: str = ""  # the server refused or failed the reply (scored 0, no feedback sent)
 
 
 class Client:
@@ -226,10 +227,13 @@ class Client:
         return self._local.http
 
     def converse(self, base: str, key: str, conversation: str, question: str
-                 ) -> tuple[str, str, str, int]:
-        """(the final answer, its trace id, the version that served it, tool calls run); a
-        reply that still calls tools after ``--max-turns`` rounds answers with its text."""
-        from openai import OpenAI
+                 ) -> tuple[str, str, str, int, str]:
+        """(the final answer, its trace id, the version that served it, tool calls run, the
+        error that ended it); a reply that still calls tools after ``--max-turns`` rounds
+        answers with its text. A reply the server fails (a conversation whose tool results
+        outgrew the model's context: 502) ends the conversation as a team's app would show
+        it, with no answer: it scores 0 and gets no feedback."""
+        from openai import APIStatusError, OpenAI
 
         client = OpenAI(base_url=base + "/v1", api_key=key, http_client=self._http(),
                         max_retries=2)
@@ -237,15 +241,19 @@ class Client:
                                           {"role": "user", "content": question}]
         calls = 0
         for turn in range(self.args.max_turns + 1):
-            raw = client.chat.completions.with_raw_response.create(
-                model="model", messages=messages, tools=self.schemas,  # type: ignore[arg-type]
-                temperature=0, max_tokens=self.args.max_tokens,
-                extra_headers={CONVERSATION_HEADER: conversation})
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model="model", messages=messages, tools=self.schemas,  # type: ignore
+                    temperature=0, max_tokens=self.args.max_tokens,
+                    extra_headers={CONVERSATION_HEADER: conversation})
+            except APIStatusError as e:
+                return "", "", e.response.headers.get("x-whetstone-library-version", ""), \
+                    calls, f"{e.status_code}: {e.message}"[:300]
             reply = raw.parse().choices[0].message
             trace, version = raw.headers.get("x-whetstone-trace-id", ""), \
                 raw.headers.get("x-whetstone-library-version", "")
             if not reply.tool_calls or turn == self.args.max_turns:
-                return reply.content or "", trace, version, calls
+                return reply.content or "", trace, version, calls, ""
             messages.append(reply.model_dump(exclude_none=True))
             for call in reply.tool_calls:
                 calls += 1
@@ -253,7 +261,7 @@ class Client:
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": result.output if result.ok else
                                  f"error: {result.error}"})
-        return "", "", "", calls
+        return "", "", "", calls, ""
 
     def ask(self, replay: str, server: str, base: str, i: int, task: dict[str, Any],
             key_index: int, flip: bool) -> Asked:
@@ -262,8 +270,8 @@ class Client:
 
         started = time.time()
         key = self.keys[key_index]
-        answer, trace, version, calls = self.converse(base, key, f"{replay}-{i}",
-                                                      task["question"])
+        answer, trace, version, calls, error = self.converse(base, key, f"{replay}-{i}",
+                                                             task["question"])
         record = TaskRecord(id=task["id"], question=task["question"], expected=task["expected"],
                             scorer="value", metadata=task.get("metadata") or {})
         right = float(get_scorer("value")(answer, record))
@@ -276,7 +284,8 @@ class Client:
             self._http().post(base + "/v1/feedback", json=body,
                               headers={"Authorization": f"Bearer {key}"}).raise_for_status()
         return Asked(replay, server, i, task["id"], str((task.get("metadata") or {}).get(
-            "kind", "")), key_index, version, right, calls, started, time.time(), answer[:200])
+            "kind", "")), key_index, version, right, calls, started, time.time(), answer[:200],
+            error)
 
     def close(self) -> None:
         self.toolset.close()

@@ -177,6 +177,14 @@ def summary_lines(data: Mapping[str, Any]) -> list[str]:
                        f"difference {tr['difference']:+.3f} [{tr['low']:+.3f}, {tr['high']:+.3f}]"
                        f" on {tr['n_canary']}/{tr['n_current']}"
                        + ("  HARMFUL" if c["harmful"] else ""))
+    failed: dict[str, int] = {}
+    for r in data["requests"]:
+        if r.get("error"):
+            name = f"{r['replay']} {r['server']}"
+            failed[name] = failed.get(name, 0) + 1
+    out.append("replies the server failed (scored 0, no feedback; a conversation past the "
+               "model's context): " + (", ".join(f"{k} {v}" for k, v in sorted(failed.items()))
+                                       or "none"))
     harmful = sum(c["harmful"] for cs in a["canaries"].values() for c in cs)
     out.append(f"harmful promotions (promoted with a true live difference below 0): {harmful}")
     return out
