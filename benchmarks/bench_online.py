@@ -4,7 +4,8 @@ against the task's label as a user's thumbs-up would, and ``whetstone learn`` be
 learning server turns that feedback into canaries, promotions and rollbacks.
 
     .venv/bin/python benchmarks/bench_online.py [--model embedded] [--stage env_ledger]
-        [--requests 1500] [--method memory] [--every 50] [--share 0.25] [--min-scored 50]
+        [--requests 1500] [--method memory] [--analyst SPEC] [--every 50] [--share 0.25]
+        [--min-scored 50]
         [-j 2] [--no-adversarial]
     .venv/bin/python benchmarks/bench_online.py --render     # the page section from the saved run
 
@@ -174,6 +175,7 @@ def start_learner(args: argparse.Namespace, setup: Setup, library: Path, name: s
            # The model runs on these cores and keeps them busy: in the idle class the learner
            # would wait for the replay's end; at nice 10 it learns beside it.
            "--no-idle",
+           *(["--analyst", args.analyst] if args.analyst else []),
            *[x for o in args.option for x in ("--option", o)]]
     setup.procs.append(subprocess.Popen(cmd, cwd=REPO, env=setup.env, stdout=out,
                                         stderr=subprocess.STDOUT, text=True))
@@ -383,6 +385,9 @@ def main() -> None:
                     help="The learner's evolver and the servers' runtime method.")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="An option of the method (whetstone learn --option).")
+    ap.add_argument("--analyst", default="",
+                    help="The learner's analyst model (default: the served model), e.g. "
+                         "embedded:qwen-1.5b, loaded in the learner's own process.")
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--share", type=float, default=0.25)
     ap.add_argument("--min-scored", type=int, default=50)

@@ -193,12 +193,13 @@ def summary_lines(data: Mapping[str, Any]) -> list[str]:
 def markdown(data: Mapping[str, Any], png: Path | str) -> str:
     """The page section: the settings, the figure, the windows and the summary."""
     s, a = data["settings"], data["analysis"]
-    opts = " ".join(f"--option {o}" for o in s.get("option") or [])
+    opts = "".join(f" --option {o}" for o in s.get("option") or [])
+    opts += f" --analyst {s['analyst']}" if s.get("analyst") else ""
     lines = [
         (f"Stage `{s['stage']}`, model `{s['model']}`, {s['requests']} requests through each "
         f"server ({s['concurrency']} conversations at a time; the client runs the stage's MCP "
         f"tools itself, at most {s['max_turns']} rounds of calls), feedback on every reply (scorer "
-        f"`value`, with the label). Learner: `--method {s['method']} {opts}--every "
+        f"`value`, with the label). Learner: `--method {s['method']}{opts} --every "
         f"{s['every']} --share {s['share']} --min-scored {s['min_scored']} --min-rollback "
         f"{s['min_rollback']} --max-scored {s['max_scored']} --limit {s.get('limit')} --solver "
          f"{s['solver']}`. "
