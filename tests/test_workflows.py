@@ -296,6 +296,7 @@ def test_evolve_learns_workflows_and_the_agent_calls_them(tmp_path: Path, db_too
     explored = details["explorations"]  # why a kind was (not) learned can be read back
     assert explored[0]["found"] and explored[0]["hits"] == len(TRAIN_PEOPLE)
     assert explored[0]["calls"][-1]["tool"] == "db_read_query"
+    assert explored[0]["turns"][0].startswith("assistant: ")
     text = result.patch.changes["workflows/db.yaml"] if "workflows/db.yaml" in \
         result.patch.changes else next(iter(result.patch.changes.values()))
     assert "Northmoor" not in text and "Southfen" not in text  # no label is learned

@@ -373,7 +373,10 @@ class _Fit:
             "task": task.id, "found": found.found, "analyst_calls": found.analyst_calls,
             "bad_replies": found.bad_replies,
             "calls": [{"tool": c.tool, "arguments": dict(c.arguments),
-                       "result": c.result[:200]} for c in found.calls]}
+                       "result": c.result[:200]} for c in found.calls],
+            # what the analyst wrote each turn, and what it was told back (an error, a
+            # repeat, not a call): the calls above are only those that ran
+            "turns": [f"{m['role']}: {m['content'][:160]}" for m in found.transcript[2:]][:24]}
         log_ = self.details.setdefault("explorations", [])
         if len(log_) < EXPLORED_KEPT:
             log_.append(record)
