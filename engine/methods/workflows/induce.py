@@ -23,7 +23,7 @@ from .records import (
     Workflow,
     placeholders,
 )
-from .values import holds, learn_selector, supports
+from .values import holds, learn_selector, one_path, supports
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'&./-]*[A-Za-z0-9]|[A-Za-z0-9]")
 _STOP = frozenset((
@@ -191,9 +191,7 @@ def _path_prefix(result: str, value: str) -> str:
     end of it from a folder on (``services/media/relay`` of ``/srv/tree/services/media/relay``,
     as the server reads a path relative to its folder); "" when none is. The workflow then
     reads the whole path from the result: the folder it sits in is the result's to say."""
-    line = (result or "").strip()
-    if "\n" in line or "/" not in line or " " in line or len(line) > 1000:
-        return ""
+    line = one_path(result)
     for k in range(len(line)):
         tail = line[k:]
         if (k and line[k - 1] != "/") or "/" not in tail.strip("/"):

@@ -26,7 +26,8 @@ answer is read from the last step's result by ``answer``: ``whole`` (the result 
 ``cell`` (a table or JSON value holding exactly one value), ``key`` (the value written after
 ``key`` in ``key: value``, ``key = value`` or ``"key": "value"`` form, its ``index``-th
 occurrence) or ``segment`` (a result that is one path: its ``index``-th part, counted from the
-end when negative: the folder a search found a service in), then converted when the environment keeps it another way (``convert``: money in
+end when negative: the folder a search found a service in), then converted when the
+environment keeps it another way (``convert``: money in
 cents read as ``scale:-2``, a date kept as days since 1970 as ``date:days``).
 """
 

@@ -302,13 +302,18 @@ def learn_selector(result: str, value: Any) -> Selector | None:
     return None
 
 
-def _segments(result: str) -> list[str]:
-    """The parts of a result that is one path (``/srv/tree/services/media/relay``); empty
-    for anything else."""
-    text = result.strip()
+def one_path(result: str | None) -> str:
+    """The result when it is one path (``/srv/tree/services/media/relay``, a search's one
+    hit), stripped; "" for anything else."""
+    text = (result or "").strip()
     if "\n" in text or "/" not in text or len(text) > 1000 or " " in text:
-        return []
-    return [p for p in text.split("/") if p]
+        return ""
+    return text
+
+
+def _segments(result: str) -> list[str]:
+    """The parts of a result that is one path; empty for anything else."""
+    return [p for p in one_path(result).split("/") if p]
 
 
 def _select_plain(result: str, selector: Selector) -> str | None:
@@ -342,5 +347,5 @@ def select(result: str, selector: Selector) -> str | None:
 
 
 __all__ = ["as_number", "convert", "distinctive", "equal_values", "forms_in", "holds",
-           "kept_forms", "leaf_values", "learn_selector", "near_misses", "select", "structured",
-           "supports"]
+           "kept_forms", "leaf_values", "learn_selector", "near_misses", "one_path", "select",
+           "structured", "supports"]
