@@ -4,6 +4,7 @@ read_query does, in process); the models are scripted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -17,6 +18,7 @@ from whetstone.engine.backends.scripted import ScriptedBackend
 from whetstone.engine.evaluation.tasks import TaskRecord, TaskSet
 from whetstone.engine.methods.base import EvolveContext
 from whetstone.engine.methods.workflows.evolver import WorkflowsConfig, _Fit
+from whetstone.engine.methods.workflows.explore import explore, layout_of
 from whetstone.engine.methods.workflows.induce import (
     CallRecord,
     Wording,
@@ -40,7 +42,7 @@ from whetstone.engine.methods.workflows.values import (
     supports,
 )
 from whetstone.engine.types import Request
-from whetstone.tools.base import Tool
+from whetstone.tools.base import Tool, ToolResult
 from whetstone.tools.functions import function_tool
 
 pytestmark = [pytest.mark.workflows]  # every test here uses it
@@ -184,6 +186,78 @@ def test_the_look_around_walks_a_tree_past_its_first_level() -> None:
     assert looked == [None, "/t", "/t/services", "/t/services/media",
                       "/t/services/media/relay-api"]
     assert len(fit._look(budget=3)) == 3
+
+
+def test_an_answer_kept_over_several_records_is_their_sum() -> None:
+    bills = "[{'bill': 1, 'cents': 110480}, {'bill': 2, 'cents': 29650}]"
+    assert holds(bills, "1401.30") == "scale:-2"  # no one record holds it
+    sel = learn_selector(bills, "1401.30")
+    assert sel == Selector("sum", "cents", convert="scale:-2")
+    assert Selector.from_dict(sel.to_dict()) == sel
+    assert select("[{'bill': 7, 'cents': 500}]", sel) == "5"  # a visit billed once
+    assert select("[]", sel) is None  # nothing billed: abstains
+    assert select("[{'cents': 'n/a'}, {'cents': 5}]", sel) is None
+    assert learn_selector("[{'cents': 1450}]", "14.50") == Selector("key", "cents",
+                                                                    convert="scale:-2")
+    assert holds(bills, "1401.31") is None
+
+
+VISITS = {101: [12040, 8075], 102: [4510], 103: [3020, 3090, 1575], 104: [9905]}
+
+
+def test_a_key_learned_from_one_record_is_kept_as_a_sum_where_that_answers(
+        tmp_path: Path) -> None:
+    path = tmp_path / "bills.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE bills (visit INTEGER, cents INTEGER)")
+        db.executemany("INSERT INTO bills VALUES (?, ?)",
+                       [(v, c) for v, cs in VISITS.items() for c in cs])
+
+    def db_read_query(query: str) -> str:
+        """Run a read-only SQL query."""
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            con.row_factory = sqlite3.Row
+            return str([dict(r) for r in con.execute(query).fetchall()])
+
+    tools = [function_tool(db_read_query)]
+    train = TaskSet("b", tuple(TaskRecord(f"b{v}", f"What was visit {v} billed?",
+                                          expected=sum(cs) / 100, scorer="numeric")
+                               for v, cs in VISITS.items()))
+    fit = _Fit(WorkflowsConfig(), [], {}, ScriptedBackend(responder=lambda r: ""), None,
+               EvolveContext(tasks=train, agent_tools=lambda: tools))
+    one = CallRecord("db_read_query", {"query": "SELECT cents FROM bills WHERE visit = 102"},
+                     db_read_query("SELECT cents FROM bills WHERE visit = 102"))
+    w = induce("What was visit 102 billed?", [one], 45.1, fit.wording)
+    assert w is not None and w.answer == Selector("key", "cents", convert="scale:-2")
+    kept: dict[str, Workflow] = {}
+    assert fit.admit([w], kept, {}) == [(4, 4)]  # as a key: 2 of 4
+    [got] = kept.values()
+    assert got.answer.kind == "sum"
+
+
+def test_a_call_that_fails_is_answered_with_the_layout_it_missed() -> None:
+    staff = CallRecord("db_describe", {"table_name": "staff"},
+                       "[{'name': 'given'}, {'name': 'family'}, {'name': 'role'}]")
+    other = CallRecord("db_describe", {"table_name": "wards"}, "[{'name': 'title'}]")
+    replies = iter(json.dumps({"name": "q", "arguments": {"query": q}}) for q in (
+        "SELECT role FROM staff WHERE name = 'Al Bo'",
+        "SELECT role FROM staff WHERE given = 'Al' AND family = 'Bo'"))
+    analyst = ScriptedBackend(responder=lambda r: next(replies), prefill=True)
+
+    def run(tool: str, args: dict[str, Any]) -> ToolResult:
+        if "name =" in args["query"]:
+            return ToolResult(output="Database error: no such column: name")
+        return ToolResult(output="[{'role': 'nurse'}]")
+
+    found = asyncio.run(explore(analyst, "system", "What is Al Bo's role?", "nurse", run,
+                                {"q": "query"}, known=[other, staff], turns=2))
+    assert found.found and found.calls[-1].arguments["query"].endswith("family = 'Bo'")
+    told = found.transcript[3]["content"]  # what the failed call was answered with
+    assert "no such column" in told and "given" in told and "family" in told
+    assert "title" not in told  # only the layout the call named
+    assert layout_of("q", {"query": "SELECT 1 FROM staffing"}, [staff]) == []
+    # each turn's reply is begun as a call, so that it cannot open with an explanation
+    assert [r.prefix for r in analyst.requests] == ['{"name": "'] * 2
 
 
 def test_a_value_with_a_quote_cannot_end_the_string_it_stands_in() -> None:

@@ -261,6 +261,13 @@ class _Fit:
                 merged = replace(old, patterns=tuple(dict.fromkeys(old.patterns + w.patterns)))
                 w = merged
             hits, tries, ids = self.score(w)
+            if w.answer.kind == "key" and tries and hits / tries < self.cfg.min_precision:
+                # Learned from a record that stood alone (one bill of a visit): where a
+                # key has several records, the answer may be their sum.
+                summed = replace(w, answer=replace(w.answer, kind="sum", index=0))
+                got = self.score(summed)
+                if got[0] > hits:
+                    w, (hits, tries, ids) = summed, got
             scores.append((hits, tries))
             self.details["checked"] += 1
             if hits >= self.cfg.min_hits and tries and hits / tries >= self.cfg.min_precision:

@@ -13,6 +13,7 @@ its answer, or that only fits its own question, is never kept.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from ...errors import BackendError
 from ...runtime.call_forms import json_calls, tool_call_blocks
 from ...types import Request
 from . import PROMPTS
-from .harvest import compact
+from .harvest import compact, useful
 from .induce import CallRecord
 from .values import (
     distinctive,
@@ -34,6 +35,7 @@ from .values import (
 )
 
 RESULT_CHARS = 1500
+CALL_START = '{"name": "'
 
 
 @dataclass
@@ -148,6 +150,28 @@ def code_link(result: str, answer: Any, known: Sequence[CallRecord]
     return None
 
 
+def layout_of(tool: str, args: Mapping[str, Any], known: Sequence[CallRecord],
+              limit: int = 2) -> list[str]:
+    """Earlier results that describe what a call names: a look whose one text argument (a
+    table, a folder) stands as a word in the call's arguments ("FROM staff", ".../services/x").
+    Shown again when the call failed or came back empty, the layout is beside the mistake
+    (a column the table does not have, a folder that is elsewhere) instead of pages above it."""
+    text = json.dumps(args, ensure_ascii=False)
+    out: list[str] = []
+    for c in known:
+        values = [v for v in c.arguments.values() if isinstance(v, str)]
+        if len(c.arguments) != 1 or len(values) != 1 or len(values[0]) < 2 or \
+                (c.tool == tool and dict(c.arguments) == dict(args)) or not useful(c.result):
+            continue
+        if re.search(r"(?<![\w-])" + re.escape(values[0]) + r"(?![\w-])", text) is None:
+            continue
+        what = f"{c.tool}({json.dumps(c.arguments, ensure_ascii=False)})"
+        out.append(PROMPTS.render("explore.yaml#layout", call=what, result=_clipped(c.result)))
+        if len(out) >= limit:
+            break
+    return out
+
+
 def where_shown(known: Sequence[CallRecord], answer: Any, limit: int = 2) -> list[str]:
     """Lines saying which earlier results hold ``answer`` (as it is, or in another form:
     ``near_misses``), with the line it stands on: where to read it from."""
@@ -217,8 +241,10 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             if not analyst.capabilities.prefill:
                 prefix = ""
             elif attempt == 0:
+                # Begun as a call: unbegun, the 1.5B often explains first, and the blank
+                # line that ends a call ends the explanation, a turn spent on no call.
                 prefix = _steer(names, [first_tool], "") if turn == 0 and values \
-                    and first_tool in names else ""
+                    and first_tool in names else CALL_START
             else:
                 prefix = _steer(names, used, parsed if isinstance(parsed, str) else "")
             request = Request(messages=tuple(messages),  # type: ignore[arg-type]
@@ -278,6 +304,8 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
             continue
         misses = near_misses(result.output, answer)
         said = [PROMPTS.render("explore.yaml#near", misses="; ".join(misses))] if misses else []
+        if not useful(result.output):  # a wrong name or value: the layout it missed
+            said += layout_of(tool, args, [*known, *out.calls[:-1]])
         said += hints  # where an earlier result holds the answer: after the first call
         hints = []
         messages.append({"role": "user", "content": PROMPTS.render(
@@ -287,4 +315,4 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
     return out
 
 
-__all__ = ["Exploration", "call_key", "code_link", "examples_text", "explore", "parse_call", "tools_text", "where_shown"]
+__all__ = ["Exploration", "call_key", "code_link", "examples_text", "explore", "layout_of", "parse_call", "tools_text", "where_shown"]

@@ -43,7 +43,7 @@ from ...errors import ValidationError
 WORKFLOWS_DIR = "workflows"
 TOOL_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 SLOT_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
-SELECTOR_KINDS = ("whole", "cell", "key", "segment")
+SELECTOR_KINDS = ("whole", "cell", "key", "segment", "sum")
 # How a value may be kept in a result when not as asked for: a number scaled by a power of ten
 # (scale:-2: money kept in cents, read back divided by 100), a date kept as a number (the
 # digits YYYYMMDD, days or seconds since 1970-01-01).
@@ -66,9 +66,9 @@ class Selector:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
-        if self.kind == "key":
+        if self.kind in ("key", "sum"):
             out["key"] = self.key
-            if self.index:
+            if self.index and self.kind == "key":
                 out["index"] = self.index
         if self.kind == "segment":
             out["index"] = self.index

@@ -252,12 +252,52 @@ def near_misses(result: str, value: Any) -> list[str]:
 
 def holds(result: str, value: Any) -> str | None:
     """How ``result`` holds ``value``: "" as it is, a conversion (``kept_forms``) when only
-    in another form, None when not at all."""
+    in another form or as the sum of its records' field (``learn_sum``), None when not at
+    all."""
     if supports(result, value):
         return ""
     for raw, how in forms_in(result, value):
         if supports(result, raw):
             return how
+    summed = learn_sum(result, value)
+    return None if summed is None else summed.convert
+
+
+def _column(result: str, key: str) -> list[float] | None:
+    """The numbers ``key`` holds in each record of ``result`` (a list of records), or None
+    when it is not that, or a record's ``key`` is no number."""
+    rows = structured(result) if result is not None and len(result) <= MAX_RESULT_CHARS \
+        else None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return None
+    numbers = [as_number(r.get(key)) if not isinstance(r.get(key), str) else None
+               for r in rows]
+    return None if any(n is None for n in numbers) else numbers  # type: ignore[return-value]
+
+
+def _sum_text(total: float) -> str:
+    return str(int(total)) if total.is_integer() and abs(total) < 1e15 else f"{total:.10g}"
+
+
+def learn_sum(result: str, value: Any) -> Selector | None:
+    """``value`` as the sum of one numeric field over the records of ``result`` (several
+    bills of one visit), as it is or in a kept form (``forms_in``): a ``sum`` selector, or
+    None. Only a field of two or more records: one record's field is a ``key``."""
+    rows = structured(result) if result is not None and len(result) <= MAX_RESULT_CHARS \
+        else None
+    if not isinstance(rows, list) or len(rows) < 2 or not isinstance(rows[0], dict):
+        return None
+    number = as_number(value)
+    targets = ([(number, "")] if number is not None and distinctive(value) else []) + \
+        [(raw, how) for raw, how in forms_in(result, value) if how.startswith("scale:")]
+    for key in rows[0]:
+        column = _column(result, str(key))
+        if column is None:
+            continue
+        total = sum(column)
+        for raw, how in targets:
+            if same_number(total, raw):
+                return Selector("sum", str(key), convert=how)
     return None
 
 
@@ -289,7 +329,8 @@ def learn_selector(result: str, value: Any) -> Selector | None:
     """How to read ``value`` back out of ``result``: the whole result, the value after a key
     (the first such key that reads it back: it still reads the value when other results of
     the call hold more), or its one value; when the result keeps it only in another form
-    (``kept_forms``), where that form stands and the conversion back. None when none does."""
+    (``kept_forms``), where that form stands and the conversion back; else the sum of a field
+    over its records (``learn_sum``). None when none does."""
     if result is None:
         return None
     found = _learn_plain(result, value)
@@ -299,7 +340,7 @@ def learn_selector(result: str, value: Any) -> Selector | None:
         sel = _learn_plain(result, raw)
         if sel is not None:
             return replace(sel, convert=how)
-    return None
+    return learn_sum(result, value)
 
 
 def one_path(result: str | None) -> str:
@@ -327,6 +368,9 @@ def _select_plain(result: str, selector: Selector) -> str | None:
         parts = _segments(result)
         at = selector.index
         return parts[at] if -len(parts) <= at < len(parts) else None
+    if selector.kind == "sum":
+        column = _column(result, selector.key)
+        return _sum_text(sum(column)) if column else None
     if selector.kind == "cell":
         leaves = leaf_values(result)
         if leaves is None or len(leaves) != 1 or leaves[0] is None:
@@ -347,5 +391,5 @@ def select(result: str, selector: Selector) -> str | None:
 
 
 __all__ = ["as_number", "convert", "distinctive", "equal_values", "forms_in", "holds",
-           "kept_forms", "leaf_values", "learn_selector", "near_misses", "one_path", "select",
+           "kept_forms", "leaf_values", "learn_selector", "learn_sum", "near_misses", "one_path", "select",
            "structured", "supports"]
