@@ -263,15 +263,18 @@ def holds(result: str, value: Any) -> str | None:
     return None if summed is None else summed.convert
 
 
-def _column(result: str, key: str) -> list[float] | None:
-    """The numbers ``key`` holds in each record of ``result`` (a list of records), or None
-    when it is not that, or a record's ``key`` is no number."""
+def _records(result: str | None) -> list[dict[Any, Any]] | None:
+    """``result`` as a list of records (one dict each), or None when it is not one."""
     rows = structured(result) if result is not None and len(result) <= MAX_RESULT_CHARS \
         else None
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         return None
-    numbers = [as_number(r.get(key)) if not isinstance(r.get(key), str) else None
-               for r in rows]
+    return rows
+
+
+def _column(rows: list[dict[Any, Any]], key: str) -> list[float] | None:
+    """The number ``key`` holds in each of ``rows``, or None when one holds no number."""
+    numbers = [None if isinstance(r.get(key), str) else as_number(r.get(key)) for r in rows]
     return None if any(n is None for n in numbers) else numbers  # type: ignore[return-value]
 
 
@@ -283,15 +286,14 @@ def learn_sum(result: str, value: Any) -> Selector | None:
     """``value`` as the sum of one numeric field over the records of ``result`` (several
     bills of one visit), as it is or in a kept form (``forms_in``): a ``sum`` selector, or
     None. Only a field of two or more records: one record's field is a ``key``."""
-    rows = structured(result) if result is not None and len(result) <= MAX_RESULT_CHARS \
-        else None
-    if not isinstance(rows, list) or len(rows) < 2 or not isinstance(rows[0], dict):
+    rows = _records(result)
+    if rows is None or len(rows) < 2:
         return None
     number = as_number(value)
     targets = ([(number, "")] if number is not None and distinctive(value) else []) + \
         [(raw, how) for raw, how in forms_in(result, value) if how.startswith("scale:")]
     for key in rows[0]:
-        column = _column(result, str(key))
+        column = _column(rows, key)
         if column is None:
             continue
         total = sum(column)
@@ -369,8 +371,9 @@ def _select_plain(result: str, selector: Selector) -> str | None:
         at = selector.index
         return parts[at] if -len(parts) <= at < len(parts) else None
     if selector.kind == "sum":
-        column = _column(result, selector.key)
-        return _sum_text(sum(column)) if column else None
+        rows = _records(result)
+        column = _column(rows, selector.key) if rows is not None else None
+        return _sum_text(sum(column)) if column is not None else None
     if selector.kind == "cell":
         leaves = leaf_values(result)
         if leaves is None or len(leaves) != 1 or leaves[0] is None:
