@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,13 @@ from whetstone.engine.methods.workflows.induce import (
     induce,
     read_slots,
 )
+from whetstone.engine.methods.workflows.plugin import shown_calls
 from whetstone.engine.methods.workflows.records import (
     CallStep,
     Selector,
     Slot,
     Workflow,
+    check_workflow,
     fill,
     parse_workflows,
     render_workflows,
@@ -200,6 +203,12 @@ def test_an_answer_kept_over_several_records_is_their_sum() -> None:
     assert learn_selector("[{'cents': 1450}]", "14.50") == Selector("key", "cents",
                                                                     convert="scale:-2")
     assert holds(bills, "1401.31") is None
+    w = Workflow("bill_of_visit", "", (Slot("visit", "101"),),
+                 (CallStep("db", {"query": "SELECT cents FROM bills WHERE visit = {visit}"}),),
+                 sel, ("What was visit {visit} billed?",), 4, 4)
+    assert check_workflow(w) == []
+    assert "names the key" in " ".join(check_workflow(replace(w, answer=Selector("sum"))))
+    assert "the sum of cents over the records" in shown_calls(w, {"visit": "101"})
 
 
 VISITS = {101: [12040, 8075], 102: [4510], 103: [3020, 3090, 1575], 104: [9905]}

@@ -107,10 +107,8 @@ def shown_calls(w: Workflow, values: Mapping[str, str]) -> str:
             for s in w.slots if s.from_step is not None}}) for k, v in step.arguments.items()}
         lines.append(PROMPTS.render("guidance.yaml#step", n=str(i + 1), tool=step.tool,
                                     arguments=json.dumps(args, ensure_ascii=False)))
-    where = w.answer.key if w.answer.kind in ("key", "sum") else ""
-    lines.append(PROMPTS.render("guidance.yaml#answer_sum" if w.answer.kind == "sum" else
-                                "guidance.yaml#answer_key" if where else
-                                "guidance.yaml#answer_whole", key=where))
+    said = {"key": "answer_key", "sum": "answer_sum"}.get(w.answer.kind, "answer_whole")
+    lines.append(PROMPTS.render(f"guidance.yaml#{said}", key=w.answer.key))
     if w.answer.convert:
         kind, _, arg = w.answer.convert.partition(":")
         if kind == "scale":

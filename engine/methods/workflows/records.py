@@ -26,7 +26,8 @@ answer is read from the last step's result by ``answer``: ``whole`` (the result 
 ``cell`` (a table or JSON value holding exactly one value), ``key`` (the value written after
 ``key`` in ``key: value``, ``key = value`` or ``"key": "value"`` form, its ``index``-th
 occurrence) or ``segment`` (a result that is one path: its ``index``-th part, counted from the
-end when negative: the folder a search found a service in), then converted when the
+end when negative: the folder a search found a service in) or ``sum`` (``key``'s numbers added
+over the records of a result: a visit billed in several bills), then converted when the
 environment keeps it another way (``convert``: money in
 cents read as ``scale:-2``, a date kept as days since 1970 as ``date:days``).
 """
@@ -236,6 +237,8 @@ def check_workflow(wf: Workflow) -> list[str]:
     if wf.answer.kind not in SELECTOR_KINDS:
         problems.append(f"answer kind {wf.answer.kind!r} is not one of {SELECTOR_KINDS}")
     for sel in (wf.answer, *(s.select for s in wf.slots if s.select is not None)):
+        if sel.kind in ("key", "sum") and not sel.key:
+            problems.append(f"a {sel.kind!r} selector names the key it reads")
         if sel.convert not in CONVERSIONS:
             problems.append(f"convert {sel.convert!r} is not one of {CONVERSIONS[1:]}")
     names = [s.name for s in wf.slots]
