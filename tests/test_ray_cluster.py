@@ -256,8 +256,9 @@ def test_a_ray_eval_equals_a_local_eval(ray_cluster: Cluster, upstream: tuple[st
     assert len(by_run) == 2
     first, second = by_run.values()
     assert first == second and len(first) == len(TASKS)
-    # Two solver actors ran, one CPU each: one on each node of the cluster.
-    assert len(seen - earlier) == 2, (seen, earlier)
+    # Solver actors ran, one CPU each, at least one on each node of the cluster (Ray may
+    # start a third one while one of the two is still being placed: seen on a loaded run).
+    assert len(seen - earlier) >= 2, (seen, earlier)
 
 
 EVOLVE = """
