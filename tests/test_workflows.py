@@ -269,6 +269,24 @@ def test_a_call_that_fails_is_answered_with_the_layout_it_missed() -> None:
     assert [r.prefix for r in analyst.requests] == ['{"name": "'] * 2
 
 
+def test_an_analyst_that_only_repeats_itself_is_given_up_after_patience_turns() -> None:
+    seen = CallRecord("q", {"query": "SELECT * FROM staff"}, "[{'given': 'Al'}]")
+    again = json.dumps({"name": "q", "arguments": {"query": "SELECT * FROM staff"}})
+    analyst = ScriptedBackend(responder=lambda r: again, prefill=True)
+
+    def run(tool: str, args: dict[str, Any]) -> ToolResult:
+        raise AssertionError("a repeated call is never run")
+
+    found = asyncio.run(explore(analyst, "system", "What is Al Bo's role?", "nurse", run,
+                                {"q": "query"}, known=[seen], turns=5, resamples=2))
+    # two turns of three samples each, every one a repeat: the other three turns are not spent
+    assert not found.found and found.analyst_calls == 6 and found.bad_replies == 6
+    never = asyncio.run(explore(analyst, "system", "What is Al Bo's role?", "nurse", run,
+                                {"q": "query"}, known=[seen], turns=5, resamples=2,
+                                patience=0))
+    assert never.analyst_calls == 15
+
+
 def test_a_value_with_a_quote_cannot_end_the_string_it_stands_in() -> None:
     assert fill("SELECT 1 WHERE t = '{title}'", {"title": "O'Brien"}) == \
         "SELECT 1 WHERE t = 'O''Brien'"

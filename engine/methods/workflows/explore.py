@@ -199,7 +199,8 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                   run_tool: Callable[..., Any] | None = None,
                   known: Sequence[CallRecord] = (), resamples: int = 2,
                   general: Callable[[Sequence[CallRecord]], bool] | None = None,
-                  values: Sequence[str] = (), first_tool: str = "") -> Exploration:
+                  values: Sequence[str] = (), first_tool: str = "",
+                  patience: int = 2) -> Exploration:
     """Look for the calls that answer ``question`` (see the module docstring). ``call``
     runs a host tool; ``run_tool`` (an awaitable runner such as ``asyncio.to_thread``) keeps
     the event loop free while it does; ``known``: calls whose results the analyst was shown
@@ -217,7 +218,12 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
     line of the answer, the analyst is asked for the call that reads the answer for it. That
     first call is begun as a call of ``first_tool`` (the tool that showed records when the
     learner looked around) on backends that can prefill; where an earlier result holds the
-    answer is said only after it, so the analyst starts from the question's record."""
+    answer is said only after it, so the analyst starts from the question's record.
+
+    ``patience``: turns that may end with no new call run (every sample a repeat or no call)
+    before the question is given up. A 1.5B that has repeated itself through its resamples
+    twice has nothing left to try, and its turns are the exploration's cost (0 never gives
+    up)."""
     out = Exploration(question)
     made: set[str] = {call_key(c.tool, c.arguments) for c in known}
     task = PROMPTS.render("explore.yaml#task", question=question, answer=str(answer))
@@ -231,7 +237,10 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
         {"role": "system", "content": system},
         {"role": "user", "content": task}]
     used: list[str] = []  # the tools this dialogue called, in order
+    idle = 0  # turns that ran no call
     for turn in range(turns):
+        if patience and idle >= patience:
+            break
         reply = ""
         parsed: tuple[str, dict[str, Any]] | str = "no reply"
         for attempt in range(resamples + 1):
@@ -265,6 +274,7 @@ async def explore(analyst: Backend, system: str, question: str, answer: Any,
                 break
             out.bad_replies += 1
         messages.append({"role": "assistant", "content": reply})
+        idle += isinstance(parsed, str)
         if isinstance(parsed, str) and parsed.startswith("repeated:"):
             messages.append({"role": "user", "content": PROMPTS.render(
                 "explore.yaml#repeated", answer=str(answer))})
