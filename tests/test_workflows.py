@@ -244,6 +244,33 @@ def test_a_key_learned_from_one_record_is_kept_as_a_sum_where_that_answers(
     assert got.answer.kind == "sum"
 
 
+def test_a_label_in_a_calls_value_is_refused_and_one_inside_a_name_is_not() -> None:
+    def db_read_query(query: str) -> str:
+        """Run a read-only SQL query."""
+        return "[]"
+
+    train = TaskSet("o", (
+        TaskRecord("o1", "What is the status of order 42249?", expected="placed"),
+        TaskRecord("o2", "When was order 42250 placed?", expected="2023-06-15"),
+        TaskRecord("o3", "What is the total of order 42251?", expected="1715.49")))
+    fit = _Fit(WorkflowsConfig(), [], {}, ScriptedBackend(responder=lambda r: ""), None,
+               EvolveContext(tasks=train, agent_tools=lambda: [function_tool(db_read_query)]))
+
+    def flow(query: str) -> Workflow:
+        return Workflow("w", "", (Slot("order_no", "42250"),),
+                        (CallStep("db_read_query", {"query": query}),), Selector("cell"),
+                        (f"{query[:12]} {{order_no}}?",), hits=3, tries=3)
+
+    kept = [flow("SELECT placed_day FROM order_head WHERE order_no = {order_no}")]
+    refused = [flow("SELECT st FROM order_head WHERE st_text = 'placed' AND n = {order_no}"),
+               flow("SELECT '2023-06-15' FROM order_head WHERE order_no = {order_no}"),
+               flow("SELECT 1715.49 FROM order_head WHERE order_no = {order_no}")]
+    patch = fit.patch(kept + refused, {}, 0.0)
+    assert patch.details["refused_labels"] == 3
+    [text] = patch.changes.values()
+    assert text is not None and "placed_day" in text and "'placed'" not in text
+
+
 def test_a_call_that_fails_is_answered_with_the_layout_it_missed() -> None:
     staff = CallRecord("db_describe", {"table_name": "staff"},
                        "[{'name': 'given'}, {'name': 'family'}, {'name': 'role'}]")

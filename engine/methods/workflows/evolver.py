@@ -75,7 +75,7 @@ from .records import (
     render_workflows,
 )
 from .runner import run_workflow
-from .values import distinctive, supports
+from .values import as_number, distinctive, supports
 
 if TYPE_CHECKING:
     from ....library_store.store import Snapshot
@@ -133,6 +133,18 @@ def _file_name(tools: Sequence[Tool], workflows: Sequence[Workflow]) -> str:
     name = re.sub(r"[^a-z0-9]+", "-", (max(set(servers), key=servers.count) if servers
                                        else "workflows").lower()).strip("-")
     return name if NAME_RE.fullmatch(name) else "workflows"
+
+
+def holds_label(argument: str, label: str) -> bool:
+    """Whether a call's ``argument`` holds a training ``label`` as a value of its own. A label
+    inside a name (a status "placed" in the column ``placed_day``) is the layout: an
+    identifier's ``_`` joins it as a letter does."""
+    if not supports(argument, label):
+        return False
+    if as_number(label) is not None:
+        return True  # a number: ``supports`` already reads it whole
+    words = r"\s+".join(re.escape(w) for w in label.split())
+    return re.search(r"(?<![\w])" + words + r"(?![\w])", argument, re.IGNORECASE) is not None
 
 
 def kinds(tasks: Sequence[TaskRecord], wording: Wording, threshold: float = 0.8
@@ -509,7 +521,7 @@ class _Fit:
             fresh.append(replace(w, name=name, description=""))
         labels = {str(t.expected) for t in self.tasks if distinctive(t.expected)}
         clean = [w for w in fresh if not any(
-            isinstance(v, str) and any(supports(v, lab) for lab in labels
+            isinstance(v, str) and any(holds_label(v, lab) for lab in labels
                                        if lab.casefold() in v.casefold())
             for s in w.steps for v in s.arguments.values())]
         self.details["refused_labels"] = len(fresh) - len(clean)
