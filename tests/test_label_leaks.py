@@ -90,6 +90,25 @@ def test_an_examples_own_question_is_kept_when_it_holds_another_tasks_label() ->
     assert cleaned.changes["memory/m.md"] == memory and leaks.total == 0
 
 
+def test_a_label_inside_a_name_is_the_layout_not_a_leak() -> None:
+    """The ledger's order-date workflow reads the column ``placed_day``; "placed" is an order
+    status (another task's label), and the file was refused whole for its ``answer:`` line."""
+    questions = [("What is the status of order 44853?", "placed"),
+                 ("When was order 43073 placed? Answer as YYYY-MM-DD.", "2022-10-22")]
+    flows = ("workflows:\n- name: placed_day_of_order_no\n  steps:\n  - tool: q\n"
+             "    arguments: {query: 'SELECT placed_day FROM order_head WHERE order_no = "
+             "{order_no}'}\n  answer: {kind: key, key: placed_day, convert: 'date:days'}\n")
+    tasks = labelled_tasks(questions)
+    cleaned, leaks = drop_label_leaks(LibraryPatch("workflows", {"workflows/l.yaml": flows},
+                                                   "w"), tasks)
+    assert cleaned.changes["workflows/l.yaml"] == flows and leaks.total == 0
+    # the label standing as a value is still one
+    leaking = flows.replace("key: placed_day", "key: st, expected: placed")
+    _, leaks = drop_label_leaks(LibraryPatch("workflows", {"workflows/l.yaml": leaking}, "w"),
+                                tasks)
+    assert leaks.refused == ["workflows/l.yaml"]
+
+
 class Copier:
     """An evolver that writes what a small analyst wrote: one run's answer, as a pitfall."""
 

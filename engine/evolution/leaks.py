@@ -82,12 +82,13 @@ def distinctive(label: str) -> bool:
 
 
 def holds(line: str, label: str) -> bool:
-    """Whether ``line`` holds ``label`` as a whole value."""
+    """Whether ``line`` holds ``label`` as a whole value. A label inside a name (a status
+    "placed" in the column ``placed_day``) is the layout: ``_`` joins it as a letter does."""
     value = _number(label.strip())
     if value is not None:
         return any(_number(m.group()) == value for m in _NUMBER.finditer(line))
     words = label.split()
-    pattern = r"(?<![A-Za-z0-9])" + r"\s+".join(map(re.escape, words)) + r"(?![A-Za-z0-9])"
+    pattern = r"(?<![A-Za-z0-9_])" + r"\s+".join(map(re.escape, words)) + r"(?![A-Za-z0-9_])"
     return re.search(pattern, line, re.IGNORECASE) is not None
 
 
