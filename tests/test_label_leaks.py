@@ -90,6 +90,7 @@ def test_an_examples_own_question_is_kept_when_it_holds_another_tasks_label() ->
     assert cleaned.changes["memory/m.md"] == memory and leaks.total == 0
 
 
+@pytest.mark.workflows
 def test_a_label_inside_a_name_is_the_layout_not_a_leak() -> None:
     """The ledger's order-date workflow reads the column ``placed_day``; "placed" is an order
     status (another task's label), and the file was refused whole for its ``answer:`` line."""
